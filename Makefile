@@ -1,0 +1,48 @@
+# Sluice: make demo | make test | make bench [B=name] | make lint
+# Every target creates .venv and installs what it needs on first use; the
+# second time the stamp files make it a quick no-op.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.sluice-installed
+JARS   := $(VENV)/.sluice-jars
+REDIS  := $(VENV)/.sluice-redis
+B      ?=
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench lint install clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[lake,airflow,dev]'
+	@touch $@
+
+# Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under ~/.ivy2*).
+$(JARS): $(STAMP)
+	$(PY) -m pipeline.lake.session --warm
+	@touch $@
+
+$(REDIS):
+	@bash scripts/ensure-redis.sh
+	@mkdir -p $(VENV) && touch $@
+
+install: $(STAMP) $(JARS) $(REDIS)
+
+demo: install
+	$(VENV)/bin/sluice demo
+
+test: install
+	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) tests/bench/run.py $(B)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline dags plugins tests
+	$(VENV)/bin/ruff format --check pipeline dags plugins tests
+	$(VENV)/bin/mypy pipeline
+
+clean:
+	rm -rf var bench-results

@@ -1,0 +1,1 @@
+"""Chain streams: block batches, the muxing producer, resumption and its server (seed 004)."""

@@ -1,0 +1,71 @@
+"""The ``sluice`` command.
+
+Each subcommand lives next to the part it runs and is imported only when
+called, so ``sluice bus`` never loads Spark and ``sluice --help`` is instant.
+A subcommand module exposes ``main(argv: list[str]) -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from pipeline import __version__
+from pipeline.errors import SluiceError
+from pipeline.settings import Settings
+
+#: subcommand -> (module with ``main(argv)``, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("pipeline.demo", "run the whole flow once on this machine with embedded defaults"),
+    "node": ("pipeline.streams.cli", "run a node: stream service, stream transport, workers"),
+    "bus": ("pipeline.bus.cli", "run the reliable message bus for one twin (and 'bus keygen')"),
+    "serve": ("pipeline.chain.cli", "run the websocket resumption server"),
+    "subscribe": ("pipeline.chain.subscribe_cli", "subscribe to a chain stream and print updates"),
+    "produce": ("pipeline.chain.produce_cli", "write a synthetic chain into a Redis stream"),
+    "lake": ("pipeline.lake.cli", "run one lake job: archive, canonical, trim, replay, audit, maintain"),
+}
+
+
+def _usage() -> str:
+    lines = [f"sluice {__version__}", "", "usage: sluice COMMAND [ARGS...]", "", "commands:"]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Settings come from SLUICE_* environment variables and ./sluice.toml."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        print(__version__)
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"sluice: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    try:
+        level = Settings.load().log_level
+    except SluiceError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        code: int = module.main(rest)
+    except SluiceError as exc:
+        print(f"sluice {name}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""The one exception tree of Sluice.
+
+Every exception Sluice raises on purpose derives from :class:`SluiceError`.
+Protocol errors are split the way h11 and websockets split them: a
+``LocalProtocolError`` is our own misuse (a bug or bad arguments on this side),
+a ``RemoteProtocolError`` is something a peer sent. Errors are converted to
+wire replies at one boundary per transport, and only ``public_message`` is ever
+sent to a peer: internal details stay in the logs.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+    #: A short text that is safe to send to a peer.
+    public_message: str = "internal error"
+
+    def __init__(self, message: str = "", *, public: str | None = None) -> None:
+        super().__init__(message or self.public_message)
+        if public is not None:
+            self.public_message = public
+
+
+class ConfigError(SluiceError):
+    """A setting is missing or invalid."""
+
+    public_message = "configuration error"
+
+
+class ProtocolError(SluiceError):
+    """A wire protocol was violated."""
+
+    public_message = "protocol error"
+
+
+class LocalProtocolError(ProtocolError):
+    """This side tried to do something the protocol forbids."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids (malformed frame, bad JSON...)."""
+
+
+class PayloadTooLarge(RemoteProtocolError):
+    """A message or frame exceeds the configured size limit."""
+
+    public_message = "payload too large"
+
+
+# --- routing and streams -------------------------------------------------
+
+
+class RoutingError(SluiceError):
+    """A routed message could not be routed."""
+
+    public_message = "routing error"
+
+
+class UnroutableMessage(RoutingError):
+    """No local worker or transport for the first hop of the onward route."""
+
+    public_message = "unroutable message"
+
+
+class UnknownAddressType(RoutingError):
+    """An address type with no registered transport."""
+
+    public_message = "unknown address type"
+
+
+class StreamError(SluiceError):
+    """A stream service or stream client error."""
+
+    public_message = "stream error"
+
+
+class StreamNotFound(StreamError):
+    """The stream does not exist (or was deleted under a consumer)."""
+
+    public_message = "stream not found"
+
+
+class LeaseHeld(StreamError):
+    """Another node holds the consumer lease on this stream."""
+
+    public_message = "stream is consumed by another node"
+
+
+# --- reliable message bus --------------------------------------------------
+
+
+class BusError(SluiceError):
+    """A reliable-message-bus error."""
+
+    public_message = "bus error"
+
+
+class EnvelopeError(BusError, RemoteProtocolError):
+    """An envelope failed validation (the text goes to ``err``)."""
+
+    public_message = "invalid envelope"
+
+
+class DestinationNotFound(BusError):
+    """A destination twin is not in the directory."""
+
+    public_message = "destination not found"
+
+
+class SignatureError(BusError):
+    """A bus-to-bus request is unsigned, forged, or from an unknown twin."""
+
+    public_message = "invalid signature"
+
+
+class ReplayError(BusError):
+    """A request uid was already seen within its expiry."""
+
+    public_message = "replayed request"
+
+
+class RequestExpired(BusError):
+    """A request outlived its ``exp``."""
+
+    public_message = "request expired"
+
+
+class RemoteError(BusError):
+    """The remote side answered with ``err`` set."""
+
+    public_message = "remote error"
+
+
+# --- dialogue --------------------------------------------------------------
+
+
+class DialogueError(SluiceError):
+    """A Dialogue connection error."""
+
+    public_message = "dialogue error"
+
+
+class DialogueClosed(DialogueError):
+    """The dialogue is closed (or closing) and cannot carry this operation."""
+
+    public_message = "dialogue closed"
+
+
+class RequestCancelled(DialogueError):
+    """The peer cancelled the request or declined to answer it."""
+
+    public_message = "request cancelled"
+
+
+class DuplexError(DialogueError):
+    """The peer terminated a duplex with an error; ``data`` holds its payload."""
+
+    public_message = "duplex terminated with an error"
+
+    def __init__(self, message: str = "", *, data: bytes = b"") -> None:
+        super().__init__(message)
+        self.data = data
+
+
+# --- chain streams and resumption -----------------------------------------
+
+
+class ChainError(SluiceError):
+    """A chain-stream error."""
+
+    public_message = "chain error"
+
+
+class BadBatch(ChainError, RemoteProtocolError):
+    """Bytes that do not decode to a valid block batch."""
+
+    public_message = "invalid block batch"
+
+
+class BadParams(ChainError):
+    """Invalid JSON-RPC params (maps to -32602)."""
+
+    public_message = "invalid params"
+
+
+class ResumptionError(ChainError):
+    """A subscription cannot be resumed from the requested point."""
+
+    public_message = "cannot resume"
+
+
+class SlowConsumer(ChainError):
+    """A subscriber fell behind its bounded send buffer."""
+
+    public_message = "subscriber too slow"
+
+
+# --- lake ------------------------------------------------------------------
+
+
+class LakeError(SluiceError):
+    """A lake job failed."""
+
+    public_message = "lake error"
+
+
+class LakePathError(LakeError):
+    """The lake path cannot be written or read."""
+
+
+class RedisUnavailable(LakeError, StreamError):
+    """Redis cannot be reached."""
+
+    public_message = "redis unavailable"
+
+
+class ArchiveError(LakeError):
+    """An archive interval could not be archived."""

@@ -1,0 +1,107 @@
+"""Every Redis key name Sluice uses, built here and nowhere else.
+
+Sluice's own keys start ``sluice:`` and put the stream name in a hash tag
+(``sluice:{name}:...``) so all keys of one stream land in one Redis Cluster
+slot. The reliable message bus keeps the seed's ``msgbus.*`` names exactly.
+"""
+
+from __future__ import annotations
+
+from pipeline.errors import ConfigError
+
+_FORBIDDEN = set("{}\r\n ")
+
+
+def _check(name: str) -> str:
+    if not name or len(name) > 200 or any(ch in _FORBIDDEN for ch in name):
+        raise ConfigError(f"invalid stream name {name!r}")
+    return name
+
+
+# --- streams (stream service, stream transport, chain streams) -------------
+
+
+def stream(name: str) -> str:
+    """The Redis stream holding the entries of logical stream ``name``."""
+    return f"sluice:{{{_check(name)}}}:stream"
+
+
+def stream_name(key: str) -> str:
+    """Inverse of :func:`stream`."""
+    prefix, suffix = "sluice:{", "}:stream"
+    if not (key.startswith(prefix) and key.endswith(suffix)):
+        raise ConfigError(f"not a sluice stream key: {key!r}")
+    return key[len(prefix) : -len(suffix)]
+
+
+def dead_letter(name: str) -> str:
+    """Where a consumer moves entries whose handler kept failing."""
+    return f"sluice:{{{_check(name)}}}:dead"
+
+
+def consumer_index(name: str) -> str:
+    """Hash: client id -> last processed entry id (monotonic)."""
+    return f"sluice:{{{_check(name)}}}:index"
+
+
+def push_dedup(name: str, request_id: str) -> str:
+    """Remembers the entry id of a push, so a repeated request id is idempotent."""
+    return f"sluice:{{{_check(name)}}}:push:{request_id}"
+
+
+def consumer_lease(name: str) -> str:
+    """Lease key: which node consumes this stream."""
+    return f"sluice:{{{_check(name)}}}:lease"
+
+
+def failures(name: str) -> str:
+    """Hash: entry id -> handler failure count."""
+    return f"sluice:{{{_check(name)}}}:failures"
+
+
+def streams_registry() -> str:
+    """Set of logical stream names created through the stream service."""
+    return "sluice:streams"
+
+
+# --- lake --------------------------------------------------------------------
+
+
+def archive_lock(name: str) -> str:
+    """Held while one interval of ``name`` is archived or trimmed."""
+    return f"sluice:{{{_check(name)}}}:archive-lock"
+
+
+# --- reliable message bus (seed 002 names, unchanged) ------------------------
+
+BUS_LOCAL = "msgbus.system.local"
+BUS_REMOTE = "msgbus.system.remote"
+BUS_REPLY = "msgbus.system.reply"
+BUS_BACKLOG = "msgbus.system.backlog"
+
+
+def bus_command(cmd: str) -> str:
+    """The queue a handler of ``cmd`` pops requests from."""
+    if not cmd:
+        raise ConfigError("empty bus command")
+    return f"msgbus.{cmd}"
+
+
+def bus_counter(dst: int) -> str:
+    """Per-destination counter for uids ``dst.counter``."""
+    return f"msgbus.system.counter.{dst}"
+
+
+def bus_seen() -> str:
+    """Sorted set of request uids seen from peers (score = expiry), for replay protection."""
+    return "msgbus.system.seen"
+
+
+def bus_expiry() -> str:
+    """Sorted set of backlog uids by expiry time, swept by the scrubber."""
+    return "msgbus.system.expiry"
+
+
+def bus_directory() -> str:
+    """Hash: twin id -> JSON {url, key} (the Redis form of the twin directory)."""
+    return "msgbus.system.directory"

@@ -1,0 +1,55 @@
+"""The Delta tables of the lake: names and schemas, with no Spark import.
+
+Spark DDL strings are used by the jobs; the arrow schemas by the JVM-free
+reader and by tests that write tables with delta-rs. Column order matters:
+``num`` comes early in ``blocks`` so Delta collects min/max stats on it and
+readers skip files by block number.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+STREAM_ENTRIES = "stream_entries"
+BLOCKS = "blocks"
+ARCHIVE_LOG = "archive_log"
+
+#: Table properties every table keeps so delta-rs' pyarrow path can read it.
+TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+}
+
+STREAM_ENTRIES_DDL = (
+    "stream STRING NOT NULL, entry_id STRING NOT NULL, entry_ms BIGINT NOT NULL, "
+    "entry_seq BIGINT NOT NULL, fields MAP<STRING, BINARY>, valid_block BOOLEAN, "
+    "archived_at TIMESTAMP"
+)
+
+BLOCKS_DDL = (
+    "stream STRING NOT NULL, num BIGINT NOT NULL, hash STRING NOT NULL, "
+    "parent STRING NOT NULL, canonical BOOLEAN NOT NULL, entry_id STRING NOT NULL, "
+    "entry_ms BIGINT NOT NULL, payload BINARY NOT NULL, archived_at TIMESTAMP"
+)
+
+ARCHIVE_LOG_DDL = (
+    "stream STRING NOT NULL, start_ms BIGINT NOT NULL, end_ms BIGINT NOT NULL, "
+    "entries BIGINT NOT NULL, blocks BIGINT NOT NULL, invalid BIGINT NOT NULL, "
+    "first_id STRING, last_id STRING, run_id STRING, archived_at TIMESTAMP"
+)
+
+#: ``hash`` and ``parent`` are lower-case hex without ``0x``; ``payload`` is
+#: :func:`pipeline.chain.batch.encode_block` bytes.
+BLOCKS_ARROW = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("num", pa.int64(), nullable=False),
+        pa.field("hash", pa.string(), nullable=False),
+        pa.field("parent", pa.string(), nullable=False),
+        pa.field("canonical", pa.bool_(), nullable=False),
+        pa.field("entry_id", pa.string(), nullable=False),
+        pa.field("entry_ms", pa.int64(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+        pa.field("archived_at", pa.timestamp("us", tz="UTC")),
+    ]
+)

@@ -1,0 +1,181 @@
+"""One ``Settings`` object, read from ``SLUICE_*`` variables and an optional ``sluice.toml``.
+
+Precedence, highest first: explicit keyword arguments, environment variables,
+the ``[sluice]`` table of ``sluice.toml`` (path in ``SLUICE_CONFIG``, default
+``./sluice.toml`` if present), then the embedded defaults below. The defaults
+run everything on one machine: a private ``redis-server``, Spark
+``local[*]``, Airflow on SQLite, the lake under ``./var/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pipeline.errors import ConfigError
+
+_PREFIX = "SLUICE_"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedisSettings:
+    """Where Redis is: host, port, db and optional password."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    password: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisSettings:
+        """Parse ``redis://[:password@]host[:port][/db]``."""
+        parsed = urlparse(url)
+        if parsed.scheme not in ("redis", "rediss"):
+            raise ConfigError(f"not a redis URL: {url!r}")
+        db_text = parsed.path.lstrip("/") or "0"
+        if not db_text.isdigit():
+            raise ConfigError(f"redis db must be a number in {url!r}")
+        return cls(
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port or 6379,
+            db=int(db_text),
+            password=parsed.password,
+        )
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/{self.db}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LakeSettings:
+    """Where the Delta tables live: a local path or an object-store URI."""
+
+    uri: str = "./var/lake"
+
+    @classmethod
+    def from_url(cls, url: str) -> LakeSettings:
+        if not url:
+            raise ConfigError("empty lake URI")
+        if "://" not in url or url.startswith("file://"):
+            path = url.removeprefix("file://")
+            return cls(uri=str(Path(path).expanduser().absolute()))
+        return cls(uri=url)
+
+    def table(self, name: str) -> str:
+        """The URI of one table under the lake root."""
+        return f"{self.uri.rstrip('/')}/{name}"
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Every setting of Sluice. Field ``x`` is read from ``SLUICE_X``."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    lake_uri: str = "./var/lake"
+    var_dir: str = "./var"
+    spark_master: str = "local[*]"
+    spark_shuffle_partitions: int = 4
+    #: Streams archived by ``sluice_archive`` (logical stream names).
+    streams: tuple[str, ...] = ("chain:demo",)
+    #: Which of those carry one block batch per entry.
+    chain_streams: tuple[str, ...] = ("chain:demo",)
+    archive_cron: str = "*/5 * * * *"
+    archive_partitions: int = 4
+    #: Entries younger than this stay in Redis even when archived.
+    hot_retention_s: int = 3600
+    reorg_threshold: int = 64
+    #: Largest routed message / frame / stream payload accepted, in bytes.
+    max_payload: int = 1 << 20
+    # routing and streams
+    node_name: str = "node"
+    node_workers: tuple[str, ...] = ("echo",)
+    node_listen: str = ""
+    consumer_max_failures: int = 3
+    lease_ttl_s: int = 15
+    # reliable message bus
+    bus_twin: int = 0
+    bus_listen: str = "127.0.0.1:8051"
+    bus_directory: str = ""
+    bus_key_file: str = ""
+    bus_legacy_peers: bool = False
+    # resumption server
+    serve_host: str = "127.0.0.1"
+    serve_port: int = 8765
+    serve_stream: str = "chain:demo"
+    serve_token: str = ""
+    serve_send_buffer: int = 4096
+    serve_heartbeat_s: float = 20.0
+    log_level: str = "INFO"
+
+    @property
+    def redis(self) -> RedisSettings:
+        return RedisSettings.from_url(self.redis_url)
+
+    @property
+    def lake(self) -> LakeSettings:
+        return LakeSettings.from_url(self.lake_uri)
+
+    @classmethod
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+        **overrides: Any,
+    ) -> Settings:
+        """Build settings from ``sluice.toml``, then ``SLUICE_*``, then ``overrides``."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        path = Path(config_path or env.get(_PREFIX + "CONFIG", "sluice.toml"))
+        if path.is_file():
+            try:
+                doc = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: {exc}") from exc
+            values.update(doc.get("sluice", {}))
+        for f in fields(cls):
+            raw = env.get(_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = raw
+        values.update(overrides)
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELD_TYPES.get(name)
+    if kind is None:
+        raise ConfigError(f"unknown setting {name!r}")
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            return str(value).strip().lower() in ("1", "true", "yes", "on")
+        if kind == "tuple[str, ...]":
+            return _split(value) if isinstance(value, str) else tuple(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name!r}: cannot read {value!r} as {kind}") from exc
+
+
+__all__ = ["LakeSettings", "RedisSettings", "Settings", "field"]

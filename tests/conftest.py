@@ -1,0 +1,117 @@
+"""Shared fixtures: a real redis-server, a local Spark with Delta, an Airflow metadata DB.
+
+Nothing here is a fake: each fixture starts the real component (or uses the
+one named by ``SLUICE_TEST_REDIS_URL``) and tears it down at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from pipeline.localredis import LocalRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis | None]:
+    """The session's redis-server (None when ``SLUICE_TEST_REDIS_URL`` names an external one)."""
+    if os.environ.get("SLUICE_TEST_REDIS_URL"):
+        yield None
+        return
+    server = LocalRedis(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: LocalRedis | None) -> Iterator[str]:
+    """URL of an empty Redis database (flushed before each test)."""
+    url = os.environ.get("SLUICE_TEST_REDIS_URL") or (redis_server.url if redis_server else "")
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    yield url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_factory(tmp_path: Path) -> Iterator[Callable[..., LocalRedis]]:
+    """Start extra private redis-servers (own port and dir); all are stopped after the test."""
+    started: list[LocalRedis] = []
+
+    def make(**kwargs: Any) -> LocalRedis:
+        server = LocalRedis(tmp_path / f"redis{len(started)}", **kwargs).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A session-scoped local Spark with Delta (UI off, few shuffle partitions)."""
+    from pipeline.lake.session import build_session
+    from pipeline.settings import Settings
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    os.environ.setdefault("SPARK_LOCAL_DIRS", str(warehouse))
+    session = build_session(
+        Settings.load(spark_master="local[2]", spark_shuffle_partitions=2),
+        app_name="sluice-tests",
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def lake_uri(tmp_path: Path) -> str:
+    return str(tmp_path / "lake")
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A temporary AIRFLOW_HOME with a migrated SQLite metadata database.
+
+    The variables are set for the whole test session (Airflow reads its
+    configuration once per process); ``dags/`` of this checkout is the DAG folder.
+    """
+    home = tmp_path_factory.mktemp("airflow")
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    }
+    os.environ.update(env)
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        check=True,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+    )
+    yield home
