@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("pipeline.chain.cli", "run the websocket resumption server"),
     "subscribe": ("pipeline.chain.subscribe_cli", "subscribe to a chain stream and print updates"),
     "produce": ("pipeline.chain.produce_cli", "write a synthetic chain into a Redis stream"),
-    "lake": ("pipeline.lake.cli", "run one lake job: archive, canonical, trim, replay, audit, maintain"),
+    "lake": (
+        "pipeline.lake.cli",
+        "run one lake job: archive, canonical, trim, replay, audit, maintain",
+    ),
 }
 
 

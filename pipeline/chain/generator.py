@@ -1,0 +1,150 @@
+"""A synthetic chain for demos, tests and benchmarks: blocks with sub-batches and reorgs.
+
+Deterministic for a given ``seed``. :meth:`SyntheticChain.step` returns the
+blocks to emit next, in production order: usually one new block; on a reorg,
+the replacement branch starting below the head (its first block's parent is the
+canonical block at the fork point), which then becomes canonical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from pipeline import keys
+from pipeline.chain.batch import ENTRY_FIELD, Block, SubBatch, encode_block
+
+GENESIS_PARENT = bytes(32)
+
+
+class SyntheticChain:
+    """Generates blocks; ``canonical[n]`` is the current canonical block at height ``n``."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        keys: int = 64,
+        prefixes: Sequence[str] = ("s/",),
+        updates_per_block: int = 4,
+        deletes_per_block: int = 1,
+        value_size: int = 16,
+        reorg_every: int = 0,
+        reorg_depth: int = 2,
+    ) -> None:
+        if reorg_depth < 1:
+            raise ValueError("reorg_depth must be >= 1")
+        self._rng = random.Random(seed)
+        self._salt = seed.to_bytes(8, "big", signed=True)
+        self.keys = keys
+        self.prefixes = tuple(prefixes)
+        self.updates_per_block = updates_per_block
+        self.deletes_per_block = deletes_per_block
+        self.value_size = value_size
+        self.reorg_every = reorg_every
+        self.reorg_depth = reorg_depth
+        self.canonical: list[Block] = []
+        #: every block ever emitted, canonical or not, in emission order
+        self.emitted: list[Block] = []
+        self.reorgs = 0
+        self._since_reorg = 0
+
+    @property
+    def head(self) -> Block | None:
+        return self.canonical[-1] if self.canonical else None
+
+    def _kv(self, prefix: str) -> tuple[dict[str, bytes], tuple[str, ...]]:
+        rng = self._rng
+        updates = {
+            f"{prefix}k{rng.randrange(self.keys)}": rng.randbytes(self.value_size)
+            for _ in range(self.updates_per_block)
+        }
+        deletes = tuple(
+            sorted(
+                {f"{prefix}k{rng.randrange(self.keys)}" for _ in range(self.deletes_per_block)}
+                - updates.keys()
+            )
+        )
+        return updates, deletes
+
+    def _make(self, num: int, parent: bytes) -> Block:
+        updates, deletes = self._kv("")
+        subs = []
+        for prefix in self.prefixes:
+            sub_updates, sub_deletes = self._kv(prefix)
+            digest = hashlib.blake2b(digest_size=32)
+            for key in sorted(sub_updates):
+                digest.update(key.encode() + b"=" + sub_updates[key])
+            for key in sub_deletes:
+                digest.update(b"-" + key.encode())
+            subs.append(SubBatch(id=digest.digest(), updates=sub_updates, deletes=sub_deletes))
+        block_hash = hashlib.blake2b(
+            parent + num.to_bytes(8, "big") + self._salt + self._rng.randbytes(8), digest_size=32
+        ).digest()
+        return Block(
+            num=num,
+            hash=block_hash,
+            parent=parent,
+            updates=updates,
+            deletes=deletes,
+            batches={p: s.id for p, s in zip(self.prefixes, subs, strict=True)},
+            subbatches=tuple(subs),
+        )
+
+    def step(self) -> list[Block]:
+        """The blocks to emit next (one, or a replacement branch on a reorg)."""
+        self._since_reorg += 1
+        head = self.head
+        if (
+            head is not None
+            and self.reorg_every
+            and self._since_reorg >= self.reorg_every
+            and len(self.canonical) > 1
+        ):
+            self._since_reorg = 0
+            depth = self._rng.randint(1, min(self.reorg_depth, len(self.canonical) - 1))
+            fork = len(self.canonical) - depth  # first replaced height
+            del self.canonical[fork:]
+            out = []
+            for num in range(fork, fork + depth + 1):
+                block = self._make(num, self.canonical[-1].hash)
+                self.canonical.append(block)
+                out.append(block)
+            self.reorgs += 1
+        else:
+            num = 0 if head is None else head.num + 1
+            block = self._make(num, GENESIS_PARENT if head is None else head.hash)
+            self.canonical.append(block)
+            out = [block]
+        self.emitted.extend(out)
+        return out
+
+    def take(self, n: int) -> list[Block]:
+        """Emit at least ``n`` more blocks (a reorg branch is never cut) and return them."""
+        out: list[Block] = []
+        while len(out) < n:
+            out.extend(self.step())
+        return out
+
+
+class _XAdd(Protocol):
+    def xadd(self, name: str, fields: dict[bytes, bytes], id: str = ...) -> object: ...
+
+
+def write_blocks(
+    client: _XAdd, stream: str, blocks: Iterable[Block], *, ids: Iterable[str] | None = None
+) -> int:
+    """XADD each block as one chain-stream entry of ``stream`` (ids auto unless given)."""
+    key = keys.stream(stream)
+    id_iter = iter(ids) if ids is not None else None
+    count = 0
+    for block in blocks:
+        fields = {ENTRY_FIELD: encode_block(block)}
+        if id_iter is None:
+            client.xadd(key, fields)
+        else:
+            client.xadd(key, fields, id=next(id_iter))
+        count += 1
+    return count
