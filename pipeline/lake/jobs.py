@@ -1,0 +1,76 @@
+"""Helpers shared by the Spark lake jobs: table creation and lake-path checks.
+
+Imported only by the Spark jobs (archive, canonical, maintain); Spark itself
+is imported lazily so this module stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.errors import LakePathError
+from pipeline.lake import tables
+from pipeline.settings import LakeSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: table -> (DDL, partition columns)
+LAYOUT: dict[str, tuple[str, tuple[str, ...]]] = {
+    tables.STREAM_ENTRIES: (tables.STREAM_ENTRIES_DDL, ("stream",)),
+    tables.BLOCKS: (tables.BLOCKS_DDL, ("stream",)),
+    tables.ARCHIVE_LOG: (tables.ARCHIVE_LOG_DDL, ()),
+}
+
+_CREATE_ATTEMPTS = 5
+
+
+def table_sql(lake: LakeSettings, name: str) -> str:
+    """The Spark SQL identifier of a lake table (a path-based Delta table)."""
+    return "delta.`" + lake.table(name).replace("`", "``") + "`"
+
+
+def check_lake_path(lake: LakeSettings) -> None:
+    """Fail early with :class:`LakePathError` when a local lake root cannot be written."""
+    if "://" in lake.uri:
+        return  # object stores: the first write reports access errors
+    root = Path(lake.uri)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LakePathError(f"cannot create the lake directory {root}: {exc}") from exc
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise LakePathError(f"the lake directory {root} is not writable")
+    for name in LAYOUT:
+        table = root / name
+        if table.exists() and not os.access(table, os.W_OK | os.X_OK):
+            raise LakePathError(f"the lake table {table} is not writable")
+
+
+def ensure_tables(spark: SparkSession, lake: LakeSettings) -> None:
+    """Create the lake tables that do not exist yet, with :data:`tables.TABLE_PROPERTIES`.
+
+    Safe to race with another job creating the same table: a lost race is
+    retried and then finds the table in place.
+    """
+    from delta.tables import DeltaTable
+
+    check_lake_path(lake)
+    props = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
+    for name, (ddl, partitions) in LAYOUT.items():
+        part_sql = f" PARTITIONED BY ({', '.join(partitions)})" if partitions else ""
+        sql = (
+            f"CREATE TABLE IF NOT EXISTS {table_sql(lake, name)} ({ddl}) USING DELTA"
+            f"{part_sql} TBLPROPERTIES ({props})"
+        )
+        for attempt in range(_CREATE_ATTEMPTS):
+            if DeltaTable.isDeltaTable(spark, lake.table(name)):
+                break
+            try:
+                spark.sql(sql)
+                break
+            except Exception as exc:  # a concurrent create commits first: look again
+                if attempt == _CREATE_ATTEMPTS - 1:
+                    raise LakePathError(f"cannot create {lake.table(name)}: {exc}") from exc

@@ -1,0 +1,246 @@
+"""The JVM-free reader of the ``blocks`` table (delta-rs through its pyarrow path).
+
+Theory of operation: a :class:`LakeReader` holds one snapshot of the
+``blocks`` Delta table (``refresh()`` moves it to the latest version). Every
+query builds a pyarrow dataset of the snapshot's files, pruned by the Delta
+min/max statistics on ``num`` and by the ``stream`` partition, and filters
+rows after reading. ``iter_canonical`` streams a range in ``num`` order
+without sorting the whole range: files are visited by their minimum ``num``
+and a row is emitted once no unread file can still hold a smaller ``num``.
+
+This module never imports Spark: the resumption server reads history through
+it without starting a JVM. The table must keep deletion vectors and column
+mapping off (``tables.TABLE_PROPERTIES``); a table that has either is refused
+with :class:`~pipeline.errors.LakeError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from pipeline.errors import LakeError, LakePathError
+from pipeline.lake import tables
+from pipeline.settings import LakeSettings
+
+#: Columns of the arrow fast path, in this order.
+ARROW_COLUMNS = ("num", "hash", "parent", "payload")
+_ROW_COLUMNS = ["num", "hash", "parent", "canonical", "payload"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockRow:
+    """One row of ``blocks``: hashes as raw bytes, payload as ``encode_block`` bytes."""
+
+    num: int
+    hash: bytes
+    parent: bytes
+    canonical: bool
+    payload: bytes
+
+
+class LakeReader:
+    """Reads canonical (and reorged) blocks of any stream from the lake, without Spark."""
+
+    def __init__(self, lake_uri: str, storage_options: dict[str, str] | None = None) -> None:
+        self._uri = LakeSettings.from_url(lake_uri).table(tables.BLOCKS)
+        self._storage_options = storage_options
+        self._table: Any = None  # deltalake.DeltaTable once the table exists
+        self._min_nums: tuple[int | None, dict[str, int]] | None = None
+        self.refresh()
+
+    @property
+    def version(self) -> int | None:
+        """The Delta version of the snapshot read, or None when there is no table yet."""
+        return None if self._table is None else int(self._table.version())
+
+    def refresh(self) -> None:
+        """Move to the latest version of the table (or notice that it now exists)."""
+        from deltalake import DeltaTable
+
+        try:
+            if self._table is not None:
+                self._table.update_incremental()
+            elif DeltaTable.is_deltatable(self._uri, self._storage_options):
+                self._table = DeltaTable(self._uri, storage_options=self._storage_options)
+            else:
+                return
+        except OSError as exc:
+            raise LakePathError(f"cannot read the lake table {self._uri}: {exc}") from exc
+        _check_readable(self._table, self._uri)
+
+    # --- point queries -------------------------------------------------------
+
+    def head(self, stream: str) -> BlockRow | None:
+        """The canonical block with the highest ``num``, or None when there is none."""
+        dataset = self._dataset([("stream", "=", stream)])
+        if dataset is None:
+            return None
+        nums = _canonical_only(
+            dataset.to_table(columns=["num", "canonical"], filter=_stream(stream))
+        ).column("num")
+        if len(nums) == 0:
+            return None
+        top = pc.max(nums).as_py()
+        return self.canonical_at(stream, int(top))
+
+    def canonical_at(self, stream: str, num: int) -> BlockRow | None:
+        """The canonical block at height ``num``, or None."""
+        rows = self._select(stream, [("num", "=", num)], pc.field("num") == num)
+        canonical = [row for row in rows if row.canonical]
+        return canonical[0] if canonical else None
+
+    def find_hash(self, stream: str, hash: bytes) -> BlockRow | None:
+        """The block with this hash, canonical or reorged, or None."""
+        hexed = hash.hex()
+        rows = self._select(stream, [("hash", "=", hexed)], pc.field("hash") == hexed)
+        if not rows:
+            return None
+        # (stream, hash) is unique in the table; prefer canonical if a bad write ever duplicated it.
+        return max(rows, key=lambda r: r.canonical)
+
+    # --- range scans ---------------------------------------------------------
+
+    def iter_canonical(
+        self, stream: str, start: int, stop: int | None = None, batch_rows: int = 8192
+    ) -> Iterator[list[BlockRow]]:
+        """Canonical blocks with ``start <= num < stop`` in ``num`` order, in lists of at most ``batch_rows``."""
+        for table in self.iter_canonical_arrow(stream, start, stop, batch_rows=batch_rows):
+            yield _rows(table, canonical=True)
+
+    def iter_canonical_arrow(
+        self, stream: str, start: int, stop: int | None = None, batch_rows: int = 8192
+    ) -> Iterator[pa.Table]:
+        """Like :meth:`iter_canonical`, as arrow tables of :data:`ARROW_COLUMNS`.
+
+        ``hash`` and ``parent`` are the stored lower-case hex strings here;
+        ``num`` is strictly increasing across all yielded tables.
+        """
+        if batch_rows < 1:
+            raise ValueError("batch_rows must be at least 1")
+        if start < 0 or (stop is not None and stop < start):
+            raise ValueError(f"bad block range [{start}, {stop})")
+        pruning: list[tuple[str, str, Any]] = [("stream", "=", stream), ("num", ">=", start)]
+        row_filter = _stream(stream) & (pc.field("num") >= start)
+        if stop is not None:
+            pruning.append(("num", "<", stop))
+            row_filter = row_filter & (pc.field("num") < stop)
+        dataset = self._dataset(pruning)
+        if dataset is None:
+            return
+        fragments = sorted(
+            ((self._min_num(f.path), f) for f in dataset.get_fragments()),
+            key=lambda item: item[0],
+        )
+        pending: pa.Table | None = None
+        for index, (_, fragment) in enumerate(fragments):
+            loaded = _canonical_only(
+                fragment.to_table(
+                    schema=dataset.schema, columns=[*ARROW_COLUMNS, "canonical"], filter=row_filter
+                )
+            ).select(list(ARROW_COLUMNS))
+            pending = loaded if pending is None else pa.concat_tables([pending, loaded])
+            # Rows below the next file's minimum num can no longer be preceded by anything.
+            bound = fragments[index + 1][0] if index + 1 < len(fragments) else None
+            pending = pending.sort_by("num")
+            if bound is None:
+                ready, pending = pending, None
+            else:
+                cut = _count_below(pending, bound)
+                ready, pending = pending.slice(0, cut), pending.slice(cut)
+            for offset in range(0, ready.num_rows, batch_rows):
+                yield ready.slice(offset, batch_rows)
+
+    # --- internals -----------------------------------------------------------
+
+    def _dataset(self, pruning: Sequence[tuple[str, str, Any]]) -> ds.Dataset | None:
+        if self._table is None:
+            return None
+        try:
+            dataset: ds.Dataset = self._table.to_pyarrow_dataset(
+                file_pruning_predicate=list(pruning)
+            )
+        except OSError as exc:
+            raise LakePathError(f"cannot read the lake table {self._uri}: {exc}") from exc
+        return dataset
+
+    def _select(
+        self, stream: str, pruning: Sequence[tuple[str, str, Any]], row_filter: pc.Expression
+    ) -> list[BlockRow]:
+        dataset = self._dataset([("stream", "=", stream), *pruning])
+        if dataset is None:
+            return []
+        table = dataset.to_table(columns=_ROW_COLUMNS, filter=_stream(stream) & row_filter)
+        return _rows(table, canonical=None)
+
+    def _min_num(self, path: str) -> int:
+        if self._min_nums is None or self._min_nums[0] != self.version:
+            actions = pa.table(self._table.get_add_actions(flatten=True))
+            mins: dict[str, int] = {}
+            if "min.num" in actions.column_names:
+                for p, m in zip(
+                    actions.column("path").to_pylist(),
+                    actions.column("min.num").to_pylist(),
+                    strict=True,
+                ):
+                    if m is not None:
+                        mins[p] = int(m)
+            self._min_nums = (self.version, mins)
+        # A file without statistics may hold anything: read it first.
+        return self._min_nums[1].get(path, -1)
+
+
+def _canonical_only(table: pa.Table) -> pa.Table:
+    """Keep canonical rows.
+
+    Done after reading, never in a dataset filter: delta-rs gives each file a
+    guarantee built from its statistics, and a file with no min/max on the
+    boolean ``canonical`` (Spark collects none) turns any filter on it into null.
+    """
+    return table.filter(pc.fill_null(table.column("canonical"), False))
+
+
+def _stream(stream: str) -> pc.Expression:
+    return pc.field("stream") == stream
+
+
+def _count_below(table: pa.Table, bound: int) -> int:
+    """How many leading rows of a num-sorted table have ``num < bound``."""
+    mask = pc.less(table.column("num"), bound)
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+
+
+def _rows(table: pa.Table, *, canonical: bool | None) -> list[BlockRow]:
+    nums = table.column("num").to_pylist()
+    hashes = table.column("hash").to_pylist()
+    parents = table.column("parent").to_pylist()
+    payloads = table.column("payload").to_pylist()
+    flags = (
+        [canonical] * len(nums) if canonical is not None else table.column("canonical").to_pylist()
+    )
+    fromhex = bytes.fromhex
+    return [
+        BlockRow(num=n, hash=fromhex(h), parent=fromhex(p), canonical=c, payload=b)
+        for n, h, p, c, b in zip(nums, hashes, parents, flags, payloads, strict=True)
+    ]
+
+
+def _check_readable(table: Any, uri: str) -> None:
+    protocol = table.protocol()
+    features = set(protocol.reader_features or ())
+    bad = features & {"deletionVectors", "columnMapping"}
+    config = table.metadata().configuration
+    if config.get("delta.enableDeletionVectors", "false").lower() == "true":
+        bad.add("deletionVectors")
+    if config.get("delta.columnMapping.mode", "none").lower() != "none":
+        bad.add("columnMapping")
+    if bad:
+        raise LakeError(
+            f"{uri} uses {sorted(bad)}: the JVM-free reader needs deletion vectors and "
+            "column mapping off (see pipeline.lake.tables.TABLE_PROPERTIES)"
+        )

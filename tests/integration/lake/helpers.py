@@ -1,0 +1,51 @@
+"""Small builders for lake tests: chains of blocks and rows of the blocks table."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+from pipeline.chain.batch import Block, encode_block
+
+GENESIS_PARENT = b"\x00" * 32
+
+
+def block_hash(num: int, branch: str = "main") -> bytes:
+    return hashlib.sha256(f"{branch}:{num}".encode()).digest()
+
+
+def chain(
+    start: int, stop: int, *, branch: str = "main", parent: bytes | None = None, size: int = 16
+) -> list[Block]:
+    """Blocks ``start..stop-1`` linked by parent hashes; the first one's parent is ``parent``."""
+    blocks = []
+    prev = (
+        parent
+        if parent is not None
+        else (GENESIS_PARENT if start == 0 else block_hash(start - 1, branch))
+    )
+    for num in range(start, stop):
+        h = block_hash(num, branch)
+        blocks.append(Block(num=num, hash=h, parent=prev, updates={"k": bytes([num % 256]) * size}))
+        prev = h
+    return blocks
+
+
+def block_rows(stream: str, blocks: list[Block], *, canonical: bool = True) -> list[dict[str, Any]]:
+    """Rows of the ``blocks`` table for ``blocks``, entry ids made up from the block number."""
+    now = datetime.now(UTC)
+    return [
+        {
+            "stream": stream,
+            "num": b.num,
+            "hash": b.hash.hex(),
+            "parent": b.parent.hex(),
+            "canonical": canonical,
+            "entry_id": f"{1000 + b.num}-0",
+            "entry_ms": 1000 + b.num,
+            "payload": encode_block(b),
+            "archived_at": now,
+        }
+        for b in blocks
+    ]
