@@ -118,6 +118,11 @@ class Settings:
     serve_send_buffer: int = 4096
     serve_heartbeat_s: float = 20.0
     log_level: str = "INFO"
+    # Airflow side of the lake (dags/, plugins/sluice_airflow)
+    #: Wall-clock limit of one lake job child process (archive, canonical, trim...).
+    lake_job_timeout_s: int = 1800
+    #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
+    archive_parallelism: int = 1
 
     @property
     def redis(self) -> RedisSettings:

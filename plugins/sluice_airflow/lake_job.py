@@ -1,0 +1,204 @@
+"""Run one lake job as a child process: ``python -m pipeline.lake.cli JOB ...``.
+
+Why a child process and not an in-process SparkSession: a task on
+LocalExecutor runs in a forked, supervised worker process. A JVM started
+there (py4j gateway, Spark driver) outlives a killed task, holds a 2 GB heap
+per worker, and a second task in the same process would reuse a session whose
+master or settings may differ. One child per task gives each job a clean
+interpreter and JVM, an enforced wall-clock limit, and one process group that
+is killed as a whole on timeout, on task termination (SIGTERM arrives as an
+exception and the ``finally`` kills the group) and, on Linux, when the task
+process itself dies (``PR_SET_PDEATHSIG``). The child's stderr (its logging
+and Spark's) streams into the task log line by line; its stdout is one JSON
+document, the job's result, which becomes the task's XCom value.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+#: The module every job goes through (its ``main(argv)`` is ``sluice lake``).
+CLI_MODULE = "pipeline.lake.cli"
+#: Lines of the child's stderr kept for the error message of a failed job.
+TAIL_LINES = 40
+#: Largest stdout accepted from a job (its JSON result).
+MAX_STDOUT = 4 << 20
+#: Seconds between SIGTERM and SIGKILL when stopping a job.
+KILL_GRACE_S = 10.0
+
+#: Child bootstrap: ask Linux for SIGTERM when the task process dies
+#: (PR_SET_PDEATHSIG; done in the child itself, as ``preexec_fn`` is unsafe in
+#: a threaded parent), exit if that parent is already gone, then run the CLI.
+_BOOT = """\
+import ctypes, os, runpy, signal, sys
+parent, module = int(sys.argv.pop(1)), sys.argv.pop(1)
+if sys.platform.startswith("linux"):
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != parent:
+    sys.exit("sluice lake job: the task process that started this job is gone")
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+class LakeJobError(RuntimeError):
+    """A lake job failed, timed out, or did not print a JSON result."""
+
+    def __init__(self, message: str, *, returncode: int | None, stderr_tail: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+def run_lake_job(
+    job: str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 1800.0,
+    python: str | None = None,
+    module: str = CLI_MODULE,
+) -> Any:
+    """Run ``python -m pipeline.lake.cli JOB ARGS`` and return its parsed JSON stdout.
+
+    ``module`` replaces ``pipeline.lake.cli`` (any module with a ``__main__`` guard).
+    ``env`` is added on top of this process's environment (``SLUICE_*``
+    settings for the job). Raises :class:`LakeJobError` on a non-zero exit
+    (with the last lines of stderr, where the CLI prints its error), on
+    timeout (the whole process group is killed first) and on stdout that is
+    not JSON.
+    """
+    if timeout_s <= 0:
+        raise ValueError("timeout_s must be positive")
+    cmd = [python or sys.executable, "-c", _BOOT, str(os.getpid()), module, job, *args]
+    child_env = {**os.environ, **(env or {})}
+    log.info("lake job: python -m %s %s", module, " ".join([job, *args]))
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    out = bytearray()
+    readers = [
+        threading.Thread(target=_pump_stderr, args=(proc.stderr, tail), daemon=True),
+        threading.Thread(target=_pump_stdout, args=(proc.stdout, out), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            _join(readers)
+            raise LakeJobError(
+                f"lake job {job!r} exceeded its {timeout_s:g}s limit and was killed",
+                returncode=proc.returncode,
+                stderr_tail="\n".join(tail),
+            ) from None
+    finally:
+        if proc.poll() is None:  # task terminated (SIGTERM -> exception) mid-job
+            _stop(proc)
+    if not _join(readers, timeout=5.0):
+        # Something the job started still holds its pipes: stop the whole group.
+        _killpg(proc.pid)
+        _join(readers)
+    stderr_tail = "\n".join(tail)
+    if returncode != 0:
+        last = tail[-1] if tail else "(no output)"
+        raise LakeJobError(
+            f"lake job {job!r} failed with exit code {returncode}: {last}",
+            returncode=returncode,
+            stderr_tail=stderr_tail,
+        )
+    if len(out) > MAX_STDOUT:
+        raise LakeJobError(
+            f"lake job {job!r} printed more than {MAX_STDOUT} bytes on stdout",
+            returncode=returncode,
+            stderr_tail=stderr_tail,
+        )
+    return parse_result(job, out.decode("utf-8", "replace"), stderr_tail=stderr_tail)
+
+
+def parse_result(job: str, stdout: str, *, stderr_tail: str = "") -> Any:
+    """The JSON result of a job: the whole stdout, or else its last non-empty line."""
+    text = stdout.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines:
+        try:
+            return json.loads(lines[-1])
+        except json.JSONDecodeError:
+            pass
+    raise LakeJobError(
+        f"lake job {job!r} did not print a JSON result (stdout: {text[-200:]!r})",
+        returncode=0,
+        stderr_tail=stderr_tail,
+    )
+
+
+def _pump_stderr(stream: IO[bytes], tail: collections.deque[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip()
+        if line:
+            tail.append(line)
+            log.info("| %s", line)
+    stream.close()
+
+
+def _pump_stdout(stream: IO[bytes], out: bytearray) -> None:
+    while chunk := stream.read(65536):
+        if len(out) <= MAX_STDOUT:
+            out.extend(chunk)
+    stream.close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the job's process group, then SIGKILL it after a grace period."""
+    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; make sure nothing it started (a JVM) stays behind.
+        _killpg(proc.pid)
+        return
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _join(threads: Sequence[threading.Thread], timeout: float = KILL_GRACE_S) -> bool:
+    """Join the pipe readers; True when all of them finished."""
+    for thread in threads:
+        thread.join(timeout=timeout)
+    return not any(thread.is_alive() for thread in threads)
