@@ -1,0 +1,107 @@
+"""The Python bus client: ``await bus.call(cmd, dst=[...], data=...)``.
+
+It speaks only the seed's Redis protocol: RPUSH the envelope to
+``msgbus.system.local`` on the twin's own Redis, then BLPOP the ``ret`` queue
+(a fresh uuid4) once per destination. Every answer carries ``src`` = the
+destination it answers for, which is how answers are put back in ``dst`` order.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.bus.envelope import Envelope, decode, encode_data
+from pipeline.errors import RemoteError, RequestExpired
+
+#: Extra seconds the client waits past ``exp`` for the bus's own "request expired" answer.
+GRACE_S = 5.0
+
+
+class CallFailed(RemoteError):
+    """At least one destination answered with ``err``; ``answers`` holds all of them."""
+
+    def __init__(self, message: str, answers: list[Envelope]) -> None:
+        super().__init__(message, public=next((a.err for a in answers if a.err), message))
+        self.answers = answers
+
+
+class BusClient:
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.redis = client
+
+    @classmethod
+    def from_url(cls, url: str, *, max_connections: int = 64) -> BusClient:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=30
+        )
+        return cls(aioredis.Redis(connection_pool=pool))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
+
+    async def request(
+        self,
+        cmd: str,
+        *,
+        dst: list[int],
+        data: bytes | str = b"",
+        exp: int = 60,
+        retries: int = 3,
+        wait_s: float | None = None,
+    ) -> list[Envelope]:
+        """Send one request; return every answer envelope (err or not), in ``dst`` order."""
+        if not dst:
+            raise ValueError("dst must name at least one twin")
+        ret = str(uuid.uuid4())
+        env = Envelope(
+            cmd=cmd,
+            exp=exp,
+            try_=retries,
+            dat=encode_data(data),
+            dst=list(dst),
+            ret=ret,
+            now=int(time.time()),
+        )
+        await self.redis.rpush(keys.BUS_LOCAL, env.encode())
+        limit = time.monotonic() + (wait_s if wait_s is not None else exp + GRACE_S)
+        by_src: dict[int, list[Envelope]] = {}
+        for _ in dst:
+            left = limit - time.monotonic()
+            popped = await self.redis.blpop([ret], timeout=max(left, 0.01)) if left > 0 else None
+            if popped is None:
+                await self.redis.delete(ret)
+                raise RequestExpired(f"no answer to {cmd} on {ret} in time")
+            answer = decode(popped[1], reply=True)
+            by_src.setdefault(answer.src, []).append(answer)
+        ordered: list[Envelope] = []
+        for twin in dst:
+            queue = by_src.get(twin)
+            if not queue:
+                raise RemoteError(f"no answer from twin {twin}")
+            ordered.append(queue.pop(0))
+        return ordered
+
+    async def call(
+        self,
+        cmd: str,
+        *,
+        dst: list[int],
+        data: bytes | str = b"",
+        exp: int = 60,
+        retries: int = 3,
+        wait_s: float | None = None,
+    ) -> list[bytes]:
+        """One result per destination, in ``dst`` order; :class:`RemoteError` if any has ``err``."""
+        answers = await self.request(
+            cmd, dst=dst, data=data, exp=exp, retries=retries, wait_s=wait_s
+        )
+        failed = [a for a in answers if a.err]
+        if failed:
+            text = "; ".join(f"twin {a.src}: {a.err}" for a in failed)
+            raise CallFailed(text, answers)
+        return [a.data for a in answers]

@@ -1,0 +1,150 @@
+"""Inbound HTTP: the seed's ``POST /zbus-remote`` and ``POST /zbus-reply`` endpoints.
+
+Both take one envelope as the JSON body, signed by the sending bus
+(``X-Sluice-Twin`` names it, ``X-Sluice-Signature`` is Ed25519 over the exact
+body), and answer:
+
+=====  ==========================================================
+200    accepted (queued to ``msgbus.system.remote`` / ``.reply``)
+400    the envelope is invalid
+401    unsigned (and legacy peers are not allowed) or bad signature
+403    unknown sender twin, or a reply from a twin the request was not sent to
+404    not for this twin, or a reply whose uid is not in the backlog
+409    a request uid already seen within its expiry (replay)
+410    the request expired
+503    Redis is unavailable (the sender retries)
+=====  ==========================================================
+
+Only the short public text of an error is sent back; details are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis.exceptions
+from aiohttp import web
+
+from pipeline import keys
+from pipeline.bus import envelope
+from pipeline.bus.directory import Directory
+from pipeline.bus.forward import REMOTE_PATH, REPLY_PATH
+from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER
+from pipeline.bus.store import BusStore
+from pipeline.errors import EnvelopeError, SignatureError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ingress:
+    """What the endpoints need to judge an incoming envelope."""
+
+    twin: int
+    directory: Directory
+    store: BusStore
+    legacy_peers: bool
+    default_exp: int
+    max_exp: int
+    max_size: int
+
+
+def _refuse(status: int, text: str) -> web.Response:
+    return web.json_response({"error": text}, status=status)
+
+
+async def _authenticate(
+    ing: Ingress, request: web.Request, body: bytes, src: int
+) -> web.Response | None:
+    """None when the body is signed by ``src`` (or legacy and unsigned), else the refusal."""
+    header = request.headers.get(TWIN_HEADER)
+    if header is not None and header.strip() != str(src):
+        return _refuse(401, "sender twin does not match src")
+    peer = await ing.directory.lookup(src)
+    if peer is None:
+        return _refuse(403, "unknown twin")
+    signature = request.headers.get(SIGNATURE_HEADER)
+    if signature is None:
+        if ing.legacy_peers:
+            return None
+        return _refuse(401, SignatureError.public_message)
+    if peer.verifier is None:
+        return _refuse(401, "no public key for this twin")
+    try:
+        peer.verifier.verify(body, signature)
+    except SignatureError:
+        log.warning("bus: forged or corrupted signature from twin %s", src)
+        return _refuse(401, SignatureError.public_message)
+    return None
+
+
+async def _decode(
+    ing: Ingress, request: web.Request, *, reply: bool
+) -> tuple[bytes, envelope.Envelope] | web.Response:
+    body = await request.read()
+    try:
+        env = envelope.decode(body, reply=reply, max_size=ing.max_size)
+    except EnvelopeError as exc:
+        return _refuse(400, exc.public_message)
+    return body, env
+
+
+def build_app(ing: Ingress) -> web.Application:
+    async def remote(request: web.Request) -> web.Response:
+        decoded = await _decode(ing, request, reply=False)
+        if isinstance(decoded, web.Response):
+            return decoded
+        body, env = decoded
+        if env.dst != [ing.twin]:
+            return _refuse(404, "destination mismatch")
+        if not env.uid:
+            return _refuse(400, "invalid envelope: uid missing")
+        refusal = await _authenticate(ing, request, body, env.src)
+        if refusal is not None:
+            return refusal
+        now = time.time()
+        expires = envelope.deadline(
+            env, received=now, default_exp=ing.default_exp, max_exp=ing.max_exp
+        )
+        if expires <= now:
+            return _refuse(410, "request expired")
+        queued = env.copy(ret=keys.BUS_REPLY).encode()
+        try:
+            fresh = await ing.store.accept_request(f"{env.src}:{env.uid}", expires, queued)
+        except (redis.exceptions.RedisError, OSError):
+            log.exception("bus: redis unavailable")
+            return _refuse(503, "redis unavailable")
+        if not fresh:
+            log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
+            return _refuse(409, "replayed request")
+        return web.json_response({"ok": True})
+
+    async def reply(request: web.Request) -> web.Response:
+        decoded = await _decode(ing, request, reply=True)
+        if isinstance(decoded, web.Response):
+            return decoded
+        body, env = decoded
+        if env.dst != [ing.twin]:
+            return _refuse(404, "destination mismatch")
+        refusal = await _authenticate(ing, request, body, env.src)
+        if refusal is not None:
+            return refusal
+        try:
+            result = await ing.store.accept_reply(env.uid, env.src, env.encode())
+        except (redis.exceptions.RedisError, OSError):
+            log.exception("bus: redis unavailable")
+            return _refuse(503, "redis unavailable")
+        if result == 0:
+            log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
+            return _refuse(404, "unknown uid")
+        if result < 0:
+            log.warning("bus: reply %s from twin %s: request went elsewhere", env.uid, env.src)
+            return _refuse(403, "reply from the wrong twin")
+        return web.json_response({"ok": True})
+
+    app = web.Application(client_max_size=ing.max_size + 4096)
+    app.router.add_post(REMOTE_PATH, remote)
+    app.router.add_post(REPLY_PATH, reply)
+    return app

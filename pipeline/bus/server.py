@@ -1,0 +1,140 @@
+"""The Python bus server: async handlers for ``msgbus.$cmd`` queues.
+
+::
+
+    server = BusServer.from_url("redis://127.0.0.1:6379/0")
+
+    @server.handler("wallet.balance")
+    async def balance(data: bytes, request: Envelope) -> bytes:
+        return b"42"
+
+    await server.serve()   # until cancelled
+
+A handler gets the decoded ``dat`` and the request envelope and returns the
+reply payload. The reply follows the seed: ``src`` and ``dst`` swapped,
+``dat`` the base64 payload, ``now`` the response time, pushed to
+``msgbus.system.reply`` (or, with ``direct=True``, straight to ``ret``: the
+no-bus baseline). A handler that raises :class:`HandlerError` answers with its
+message in ``err``; any other exception is logged and answered with a generic
+``err``. Either way the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import redis.asyncio as aioredis
+import redis.exceptions
+
+from pipeline import keys
+from pipeline.bus.envelope import Envelope, decode, encode_data
+from pipeline.errors import EnvelopeError, HandlerError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[bytes, Envelope], Awaitable[bytes | str | None]]
+
+HANDLER_FAILED = "handler failed"
+
+
+class BusServer:
+    def __init__(
+        self, client: aioredis.Redis, *, workers: int = 4, batch: int = 32, direct: bool = False
+    ) -> None:
+        self.redis = client
+        self.workers = workers
+        self.batch = batch
+        self.direct = direct
+        self.handlers: dict[str, Handler] = {}
+        self.served = 0
+        self.failed = 0
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: int | bool) -> BusServer:
+        workers = int(kwargs.get("workers", 4))
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=workers + 8, timeout=30
+        )
+        return cls(aioredis.Redis(connection_pool=pool), **kwargs)  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
+
+    def handler(self, cmd: str) -> Callable[[Handler], Handler]:
+        """Register ``fn`` as the handler of ``cmd``."""
+        keys.bus_command(cmd)  # validates
+
+        def register(fn: Handler) -> Handler:
+            self.handlers[cmd] = fn
+            return fn
+
+        return register
+
+    async def serve(self) -> None:
+        """Serve registered commands until cancelled."""
+        if not self.handlers:
+            raise HandlerError("no handler registered")
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self.workers):
+                group.create_task(self._worker())
+
+    async def _worker(self) -> None:
+        queues = [keys.bus_command(cmd) for cmd in self.handlers]
+        pause = 0.1
+        while True:
+            try:
+                popped = await self.redis.blmpop(
+                    1, len(queues), *queues, direction="LEFT", count=self.batch
+                )
+                if not popped:
+                    continue
+                items = cast(list[bytes], popped[1])
+                replies = await asyncio.gather(*(self._answer(raw) for raw in items))
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for target, reply in replies:
+                        if target:
+                            pipe.rpush(target, reply)
+                    await pipe.execute()
+                pause = 0.1
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("bus server: redis error %r, retrying in %.1fs", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    async def _answer(self, raw: bytes) -> tuple[str, bytes]:
+        try:
+            request = decode(raw)
+        except EnvelopeError as exc:
+            log.warning("bus server: dropped invalid request: %s", exc)
+            return "", b""
+        handler = self.handlers.get(request.cmd)
+        err = ""
+        payload: bytes | str | None = None
+        if handler is None:
+            err = f"no handler for {request.cmd}"
+        else:
+            try:
+                payload = await handler(request.data, request)
+            except HandlerError as exc:
+                err = exc.public_message
+            except Exception:  # the boundary: log it all, send a generic text, keep serving
+                log.exception("bus server: handler of %s failed", request.cmd)
+                err = HANDLER_FAILED
+        if err:
+            self.failed += 1
+        self.served += 1
+        me = request.dst[0]
+        reply = request.copy(
+            src=me,
+            dst=[request.src],
+            dat=encode_data(payload or b""),
+            now=int(time.time()),
+            err=err,
+        )
+        target = request.ret if self.direct else keys.BUS_REPLY
+        return target, reply.encode()

@@ -1,0 +1,213 @@
+"""Two or three real buses on loopback, each twin with its own redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.bus.client import CallFailed
+from pipeline.bus.envelope import Envelope
+from pipeline.errors import HandlerError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def echo(data: bytes, request: Envelope) -> bytes:
+    return b"echo:" + data
+
+
+def serve(twin: Any, **handlers: Any) -> tuple[Any, asyncio.Task[None]]:
+    server = twin.server()
+    for cmd, fn in handlers.items():
+        server.handler(cmd.replace("_", "."))(fn)
+    return server, asyncio.create_task(server.serve())
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def raw_call(url: str, doc: dict[str, Any], answers: int, wait: float = 10) -> list[dict[str, Any]]:
+    """A client written only from the seed: RPUSH the JSON, BLPOP ``ret``."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.rpush("msgbus.system.local", json.dumps(doc))
+        out = []
+        for _ in range(answers):
+            popped = await client.blpop([doc["ret"]], timeout=wait)
+            assert popped is not None, "no answer"
+            out.append(json.loads(popped[1]))
+        return out
+    finally:
+        await client.aclose()
+
+
+def seed_request(cmd: str, dst: list[int], data: bytes, **fields: Any) -> dict[str, Any]:
+    doc = {
+        "ver": 1, "uid": "", "cmd": cmd, "exp": 3600, "try": 4,
+        "dat": base64.b64encode(data).decode(), "src": 0, "dst": dst,
+        "ret": str(uuid.uuid4()), "shm": "", "now": int(time.time()), "err": "",
+    }  # fmt: skip
+    doc.update(fields)
+    return doc
+
+
+async def test_raw_seed_client_call_between_two_twins(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    _, task = serve(b, wallet_balance=echo)
+    try:
+        [answer] = await raw_call(a.url, seed_request("wallet.balance", [b.id], b"GA7O"), 1)
+    finally:
+        await stop(task)
+    assert set(answer) == {"ver", "uid", "cmd", "exp", "try", "dat", "src", "dst", "ret", "shm", "now", "err"}
+    assert answer["err"] == ""
+    assert base64.b64decode(answer["dat"]) == b"echo:GA7O"
+    assert answer["src"] == b.id and answer["dst"] == [a.id]
+    assert answer["uid"] == f"{b.id}.1"
+    # the backlog is cleaned once answered; the counter moved
+    ra = aioredis.Redis.from_url(a.url)
+    assert await ra.hlen(keys.BUS_BACKLOG) == 0
+    assert await ra.get(keys.bus_counter(b.id)) == b"1"
+    await ra.aclose()
+
+
+async def test_raw_seed_handler_with_literal_swap(twins):
+    """A handler written from the seed swaps dst and src literally (src becomes a list)."""
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    rb = aioredis.Redis.from_url(b.url)
+
+    async def handler() -> None:
+        _, raw = await rb.blpop(["msgbus.calc.double"], timeout=10)
+        msg = json.loads(raw)
+        assert msg["ret"] == "msgbus.system.reply" and msg["src"] == a.id
+        number = int(base64.b64decode(msg["dat"]))
+        msg["src"], msg["dst"] = msg["dst"], msg["src"]
+        msg["dat"] = base64.b64encode(str(number * 2).encode()).decode()
+        msg["now"] = int(time.time())
+        await rb.rpush("msgbus.system.reply", json.dumps(msg))
+
+    try:
+        answers = await asyncio.gather(
+            handler(), raw_call(a.url, seed_request("calc.double", [b.id], b"21"), 1)
+        )
+    finally:
+        await rb.aclose()
+    [answer] = answers[1]
+    assert base64.b64decode(answer["dat"]) == b"42"
+    assert answer["src"] == b.id and answer["dst"] == [a.id] and answer["err"] == ""
+
+
+async def test_sdk_call_multi_destination_and_same_twin(twins):
+    a, b, c = twins(3)
+    for t in (a, b, c):
+        await t.start_bus()
+
+    def who(twin: Any) -> Any:
+        async def handler(data: bytes, request: Envelope) -> bytes:
+            return f"{twin.id}:{data.decode()}".encode()
+
+        return handler
+
+    tasks = [serve(t, who_am_i=who(t))[1] for t in (a, b, c)]
+    try:
+        results = await a.client().call("who.am.i", dst=[c.id, a.id, b.id], data="x")
+    finally:
+        for task in tasks:
+            await stop(task)
+    assert results == [f"{c.id}:x".encode(), f"{a.id}:x".encode(), f"{b.id}:x".encode()]
+
+
+async def test_unknown_destination_and_partial_failure(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    _, task = serve(b, echo=echo)
+    try:
+        [answer] = await raw_call(a.url, seed_request("echo", [4242], b""), 1)
+        assert answer["err"] == "destination not found"
+        assert answer["src"] == 4242
+        with pytest.raises(CallFailed) as info:
+            await a.client().call("echo", dst=[b.id, 4242], data=b"hi")
+    finally:
+        await stop(task)
+    assert "destination not found" in str(info.value)
+    ok, bad = info.value.answers
+    assert ok.data == b"echo:hi" and not ok.err and bad.err == "destination not found"
+
+
+async def test_handler_error_and_server_keeps_serving(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+
+    async def picky(data: bytes, request: Envelope) -> bytes:
+        if data == b"bad":
+            raise HandlerError("invalid address format")
+        if data == b"crash":
+            raise RuntimeError("secret internal detail")
+        return b"fine"
+
+    _, task = serve(b, picky=picky)
+    client = a.client()
+    try:
+        with pytest.raises(CallFailed, match="invalid address format"):
+            await client.call("picky", dst=[b.id], data=b"bad")
+        with pytest.raises(CallFailed) as info:
+            await client.call("picky", dst=[b.id], data=b"crash")
+        assert "secret" not in str(info.value) and "handler failed" in str(info.value)
+        assert await client.call("picky", dst=[b.id], data=b"ok") == [b"fine"]
+    finally:
+        await stop(task)
+
+
+async def test_expiry_when_nobody_handles(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    # nobody serves msgbus.nobody on b: the request waits there until a's scrubber expires it
+    doc = seed_request("nobody", [b.id], b"", exp=1)
+    started = time.monotonic()
+    [answer] = await raw_call(a.url, doc, 1)
+    assert answer["err"] == "request expired"
+    assert answer["src"] == b.id
+    assert time.monotonic() - started < 8
+    rb = aioredis.Redis.from_url(b.url)
+    assert await rb.llen("msgbus.nobody") == 1  # it did reach the remote side
+    await rb.aclose()
+    # already expired when sent: answered at once
+    [late] = await raw_call(a.url, seed_request("nobody", [b.id], b"", now=int(time.time()) - 100, exp=10), 1)
+    assert late["err"] == "request expired"
+
+
+async def test_retries_while_remote_bus_is_down(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    _, task = serve(b, echo=echo)
+    client = a.client()
+    try:
+        call = asyncio.create_task(client.call("echo", dst=[b.id], data=b"late", retries=12))
+        await asyncio.sleep(0.8)
+        assert not call.done()
+        assert a.bus is not None and a.bus.forwarder.retried >= 2
+        await b.start_bus()
+        assert await asyncio.wait_for(call, 15) == [b"echo:late"]
+        # with no retries left the caller gets an err, not silence
+        await b.stop_bus()
+        with pytest.raises(CallFailed, match="remote unreachable"):
+            await client.call("echo", dst=[b.id], data=b"never", retries=1)
+    finally:
+        await stop(task)
