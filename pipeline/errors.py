@@ -218,3 +218,16 @@ class RedisUnavailable(LakeError, StreamError):
 
 class ArchiveError(LakeError):
     """An archive interval could not be archived."""
+
+
+class HandlerError(BusError):
+    """Raised by a bus handler to answer its caller with this message in ``err``.
+
+    Any other exception from a handler is logged and answered with a generic
+    ``err``, so internal details never reach a peer.
+    """
+
+    public_message = "handler error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, public=message)

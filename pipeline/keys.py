@@ -105,3 +105,13 @@ def bus_expiry() -> str:
 def bus_directory() -> str:
     """Hash: twin id -> JSON {url, key} (the Redis form of the twin directory)."""
     return "msgbus.system.directory"
+
+
+def bus_inflight(queue: str) -> str:
+    """Processing list where the bus moves what it popped from ``queue`` until it is handled."""
+    return f"{queue}.inflight"
+
+
+def bus_outbox() -> str:
+    """Hash: outbound id -> JSON of a request or reply waiting for its HTTP POST to succeed."""
+    return "msgbus.system.outbox"

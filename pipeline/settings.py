@@ -110,6 +110,13 @@ class Settings:
     bus_directory: str = ""
     bus_key_file: str = ""
     bus_legacy_peers: bool = False
+    #: ``exp`` 0 means this many seconds; larger ``exp`` values are capped at bus_max_exp_s.
+    bus_default_exp_s: int = 300
+    bus_max_exp_s: int = 86400
+    #: ``try`` is capped at this many retries; backoff doubles from base up to max.
+    bus_max_try: int = 16
+    bus_retry_base_s: float = 0.1
+    bus_retry_max_s: float = 2.0
     # resumption server
     serve_host: str = "127.0.0.1"
     serve_port: int = 8765
