@@ -1,0 +1,101 @@
+"""Byte channels the Dialogue connection runs over: TCP streams and aiohttp websockets.
+
+A channel is a reliable ordered byte pipe: ``read()`` returns the next chunk
+(b"" at the end), ``send()`` writes and drains, ``close()`` ends it (bounded).
+Over a websocket, each binary message carries a chunk of the Dialogue byte
+stream (the writer batches whole frames into one message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+
+from pipeline.errors import RemoteProtocolError
+
+READ_SIZE = 1 << 18
+#: Drain only when the transport buffers more than this (draining an empty buffer costs a hop).
+DRAIN_ABOVE = 1 << 16
+
+
+class Channel(Protocol):
+    async def read(self) -> bytes: ...
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+class StreamChannel:
+    """An asyncio stream pair (TCP, Unix socket, socketpair)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def read(self) -> bytes:
+        return await self.reader.read(READ_SIZE)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        if self.writer.transport.get_write_buffer_size() > DRAIN_ABOVE:
+            await self.writer.drain()
+
+    async def close(self) -> None:
+        writer = self.writer
+        if writer.is_closing():
+            return
+        try:
+            await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (ConnectionError, OSError):
+            pass  # the peer is gone already: closing is all that is left
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+    def abort(self) -> None:
+        self.writer.transport.abort()
+
+
+WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+
+
+class WebSocketChannel:
+    """An aiohttp websocket (server or client side); binary messages only."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+
+    async def read(self) -> bytes:
+        msg = await self.ws.receive()
+        if msg.type is aiohttp.WSMsgType.BINARY:
+            data: bytes = msg.data
+            return data if data else await self.read()
+        if msg.type in (
+            aiohttp.WSMsgType.CLOSE,
+            aiohttp.WSMsgType.CLOSING,
+            aiohttp.WSMsgType.CLOSED,
+        ):
+            return b""
+        if msg.type is aiohttp.WSMsgType.ERROR:
+            raise ConnectionError(f"websocket error: {msg.data!r}")
+        raise RemoteProtocolError(f"websocket {msg.type.name} message", public="binary only")
+
+    async def send(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
+
+    async def close(self) -> None:
+        if not self.ws.closed:
+            await self.ws.close()
+
+    def abort(self) -> None:
+        """Nothing to do synchronously: aiohttp bounds its own close handshake."""

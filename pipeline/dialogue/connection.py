@@ -1,0 +1,606 @@
+"""The asyncio layer of Dialogue: a :class:`Connection` over a byte channel.
+
+It drives a :class:`pipeline.dialogue.protocol.Dialogue` machine with three
+owned tasks: a reader (bytes in, events dispatched synchronously), a writer
+(the one path every byte goes out through: it batches whatever the machine
+produced since its last turn into one write, and drains), and, for async
+message handlers, a message dispatcher. Request and duplex handlers run as
+owned tasks, bounded in number; every task is awaited (or cancelled and
+awaited) by :meth:`Connection.close`.
+
+Handlers: ``on_message(data)`` and ``on_request(data) -> bytes | None`` may be
+plain functions (called inline, the fast path) or coroutine functions;
+``on_duplex(duplex)`` is a coroutine function. A request handler returning
+None, or raising, declines the request (an empty Response; the exception is
+logged, never sent). The peer cancelling a request cancels its handler task.
+
+Everything is bounded: the machine's output buffer (senders wait above
+``write_high``), the message queue, the number of handler tasks and each
+duplex's receive queue (above their bounds the reader stops reading the
+transport until they drain), and :meth:`close` by its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+from pipeline.dialogue import events as ev
+from pipeline.dialogue.channel import Channel, StreamChannel, WebSocket, WebSocketChannel
+from pipeline.dialogue.duplex import Duplex
+from pipeline.dialogue.packets import DEFAULT_MAX_FRAME
+from pipeline.dialogue.protocol import Dialogue, Role, State
+from pipeline.errors import (
+    DialogueClosed,
+    DialogueError,
+    ProtocolError,
+    RequestCancelled,
+)
+
+log = logging.getLogger(__name__)
+
+MessageHandler = Callable[[bytes], Any]
+RequestHandler = Callable[[bytes], Any]
+DuplexHandler = Callable[[Duplex], Awaitable[None]]
+
+#: Error data sent when a duplex handler fails or none is installed (details stay in our logs).
+HANDLER_FAILED = b"handler failed"
+NO_HANDLER = b"no duplex handler"
+
+
+class Connection:
+    """One Dialogue connection. Use ``async with`` or call :meth:`start` and :meth:`close`."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        role: Role,
+        *,
+        on_message: MessageHandler | None = None,
+        on_request: RequestHandler | None = None,
+        on_duplex: DuplexHandler | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        window: int | None = None,
+        duplex_queue_bytes: int = 1 << 20,
+        max_queued_messages: int = 1024,
+        max_handlers: int = 256,
+        write_high: int = 1 << 18,
+        close_timeout: float = 5.0,
+        end_timeout: float = 10.0,
+        name: str = "dialogue",
+    ) -> None:
+        self.channel = channel
+        self.name = name
+        self._proto = Dialogue(role, max_frame=max_frame, window=window)
+        self._on_message = on_message
+        self._async_messages = inspect.iscoroutinefunction(on_message)
+        self._on_request = on_request
+        self._on_duplex = on_duplex
+        # Flow control grants back half a window at a time, so the receive queue
+        # must hold a whole window (plus one frame) before the fallback pauses reading.
+        self._duplex_high = max(duplex_queue_bytes, (window or 0) + max_frame)
+        self._max_queued_messages = max_queued_messages
+        self._max_handlers = max_handlers
+        self._write_high = write_high
+        self.close_timeout = close_timeout
+        self.end_timeout = end_timeout
+        self._loop = asyncio.get_running_loop()
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._duplexes: dict[tuple[int, bool], Duplex] = {}
+        self._request_tasks: dict[int, asyncio.Task[None]] = {}
+        self._duplex_tasks: set[asyncio.Task[None]] = set()
+        self._messages: deque[bytes] = deque()
+        self._message_waiter: asyncio.Future[None] | None = None
+        self._flush_waiters: list[asyncio.Future[None]] = []
+        self._writer_wake: asyncio.Future[None] | None = None
+        self._pressure: set[object] = set()
+        self._read_allowed = asyncio.Event()
+        self._read_allowed.set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_when: float | None = None
+        self._closed = asyncio.Event()
+        self._writer_done = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shutdown_task: asyncio.Future[None] | None = None
+        #: Set when the dialogue ended: why, and the protocol error if it was one.
+        self.close_reason: str | None = None
+        self.error: ProtocolError | None = None
+
+    # ---------------------------------------------------------------- factories
+
+    @classmethod
+    async def connect(cls, host: str, port: int, **options: Any) -> Connection:
+        """Open a TCP connection as the client and start it."""
+        reader, writer = await asyncio.open_connection(host, port)
+        conn = cls(StreamChannel(reader, writer), Role.CLIENT, **options)
+        conn.start()
+        return conn
+
+    @classmethod
+    def over_streams(
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, role: Role, **options: Any
+    ) -> Connection:
+        return cls(StreamChannel(reader, writer), role, **options)
+
+    @classmethod
+    def over_websocket(cls, ws: WebSocket, role: Role, **options: Any) -> Connection:
+        return cls(WebSocketChannel(ws), role, **options)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        if self._tasks:
+            return
+        self._tasks.append(self._loop.create_task(self._reader(), name=f"{self.name}-reader"))
+        self._tasks.append(self._loop.create_task(self._writer(), name=f"{self.name}-writer"))
+        if self._async_messages:
+            self._tasks.append(
+                self._loop.create_task(self._dispatch_messages(), name=f"{self.name}-messages")
+            )
+        self._after()  # a flow-control HELLO may be waiting
+
+    async def __aenter__(self) -> Connection:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def role(self) -> Role:
+        return self._proto.role
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @property
+    def protocol(self) -> Dialogue:
+        """The state machine (read-only use: statistics, state)."""
+        return self._proto
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (a machine deadline)
+        """Close as the seed says for our role, bounded by ``timeout``; then stop every task.
+
+        Safe to call twice and from several tasks.
+        """
+        timeout = self.close_timeout if timeout is None else timeout
+        if not self.closed and self._tasks:
+            self._proto.close(deadline=self._loop.time() + timeout)
+            self._after()
+            try:
+                async with asyncio.timeout(timeout + 0.5):
+                    await self._closed.wait()
+            except TimeoutError:
+                self._proto.abort("close timed out")
+                self._after()
+        if self._shutdown_task is None:
+            self._shutdown_task = self._loop.create_future()
+            try:
+                await self._shutdown()
+            finally:
+                self._shutdown_task.set_result(None)
+        else:
+            await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self) -> None:
+        self._proto.abort("closed")
+        self._after()
+        writer = self._tasks[1] if len(self._tasks) > 1 else None
+        if writer is not None:
+            try:
+                async with asyncio.timeout(self.close_timeout):
+                    await asyncio.shield(writer)
+            except TimeoutError:
+                self.channel.abort()
+        handlers = [*self._request_tasks.values(), *self._duplex_tasks]
+        for task in [*self._tasks, *handlers]:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, *handlers, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("%s: task failed", self.name, exc_info=result)
+        try:
+            async with asyncio.timeout(self.close_timeout):
+                await self.channel.close()
+        except TimeoutError:
+            self.channel.abort()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    # -------------------------------------------------------------- operations
+
+    async def send_message(self, data: bytes) -> None:
+        """Send one message (waits only when the output buffer is over its bound)."""
+        self._proto.send_message(data)
+        self._after()
+        if self._proto.bytes_to_send > self._write_high:
+            await self._wait_flushed()
+
+    async def request(self, data: bytes, *, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        """Send a request and return the response data.
+
+        Raises :class:`RequestCancelled` if the peer declined, ``TimeoutError``
+        after ``timeout`` (the request is then cancelled on the wire) and
+        :class:`DialogueClosed` if the dialogue ended first. Cancelling the
+        caller cancels the request on the wire.
+        """
+        deadline = None if timeout is None else self._loop.time() + timeout
+        pid = self._proto.send_request(data, deadline=deadline)
+        future: asyncio.Future[bytes] = self._loop.create_future()
+        self._pending[pid] = future
+        try:
+            self._after()
+            if self._proto.bytes_to_send > self._write_high:
+                await self._wait_flushed()
+            return await future
+        except asyncio.CancelledError:
+            if self._proto.cancel_request(pid):
+                self._after()
+            raise
+        finally:
+            del self._pending[pid]
+
+    def duplex(self, data: bytes | None = None) -> Duplex:
+        """Open a duplex: ``async with conn.duplex() as d:`` (DuplexInitial carries ``data``)."""
+        pid = self._proto.open_duplex(data)
+        duplex = Duplex(self, pid, True, None, self._duplex_high)
+        self._duplexes[(pid, True)] = duplex
+        self._after()
+        return duplex
+
+    async def _duplex_send(self, duplex: Duplex, data: bytes) -> None:
+        proto = self._proto
+        while True:
+            if not duplex.sending:
+                raise (
+                    DialogueClosed("duplex is ended")
+                    if duplex._failure is None
+                    else duplex._failure
+                )
+            credit = proto.send_credit(duplex.id, duplex.local)
+            if credit is None or credit > 0:
+                break
+            duplex._writable = self._loop.create_future()
+            try:
+                await duplex._writable
+            finally:
+                duplex._writable = None
+        proto.duplex_send(duplex.id, duplex.local, data)
+        self._after()
+        if proto.bytes_to_send > self._write_high:
+            await self._wait_flushed()
+
+    async def _duplex_end(self, duplex: Duplex, error: bytes | None) -> None:
+        if duplex._failure is not None or self._proto.state is State.CLOSED:
+            return
+        deadline = self._loop.time() + self.end_timeout
+        self._proto.duplex_end(duplex.id, duplex.local, error, deadline=deadline)
+        self._after()
+        if self._proto.bytes_to_send > self._write_high:
+            await self._wait_flushed()
+
+    def _consumed(self, duplex: Duplex, nbytes: int, low: bool) -> None:
+        if nbytes:
+            self._proto.consumed(duplex.id, duplex.local, nbytes)
+        if low:
+            self._relieve(duplex)
+        self._after()
+
+    # ------------------------------------------------------------------ engine
+
+    def _after(self) -> None:
+        """Dispatch new events, wake the writer, keep the deadline timer right."""
+        proto = self._proto
+        events = proto.events_received()
+        while events:
+            self._dispatch(events)
+            events = proto.events_received()
+        wake = self._writer_wake
+        if wake is not None and (proto.bytes_to_send or proto.state is State.CLOSED):
+            if not wake.done():
+                wake.set_result(None)
+        if proto.has_deadlines or self._timer is not None:
+            when = proto.next_deadline()
+            if when != self._timer_when:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = None if when is None else self._loop.call_at(when, self._on_timer)
+                self._timer_when = when
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_when = None
+        self._proto.expire(self._loop.time())
+        self._after()
+
+    async def _reader(self) -> None:
+        proto = self._proto
+        channel = self.channel
+        try:
+            while proto.state is not State.CLOSED:
+                if not self._read_allowed.is_set():
+                    await self._read_allowed.wait()
+                data = await channel.read()
+                if data:
+                    proto.receive_data(data)
+                else:
+                    proto.receive_eof()
+                self._after()
+        except (ConnectionError, OSError, ProtocolError) as exc:
+            proto.abort(f"read failed: {exc!r}")
+            self._after()
+
+    async def _writer(self) -> None:
+        proto = self._proto
+        channel = self.channel
+        try:
+            while True:
+                data = proto.data_to_send()
+                if data:
+                    await channel.send(data)
+                    self._wake_flush_waiters()
+                    continue
+                self._wake_flush_waiters()
+                if proto.state is State.CLOSED:
+                    break
+                self._writer_wake = self._loop.create_future()
+                try:
+                    await self._writer_wake
+                finally:
+                    self._writer_wake = None
+        except (ConnectionError, OSError) as exc:
+            proto.abort(f"write failed: {exc!r}")
+            self._after()
+        finally:
+            self._writer_done = True
+            self._wake_flush_waiters()
+        await channel.close()
+
+    def _wake_flush_waiters(self) -> None:
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_flushed(self) -> None:
+        while self._proto.bytes_to_send > self._write_high:
+            if self._writer_done:
+                raise DialogueClosed(self.close_reason or "dialogue closed")
+            waiter = self._loop.create_future()
+            self._flush_waiters.append(waiter)
+            await waiter
+
+    # ---------------------------------------------------------- event dispatch
+
+    def _dispatch(self, events: list[ev.Event]) -> None:
+        pending = self._pending
+        for event in events:
+            kind = type(event)
+            if kind is ev.ResponseReceived:
+                assert isinstance(event, ev.ResponseReceived)
+                future = pending.get(event.id)
+                if future is not None and not future.done():
+                    future.set_result(event.data)
+            elif kind is ev.MessageReceived:
+                assert isinstance(event, ev.MessageReceived)
+                self._message(event.data)
+            elif kind is ev.RequestReceived:
+                assert isinstance(event, ev.RequestReceived)
+                self._request(event.id, event.data)
+            elif kind is ev.DuplexData:
+                assert isinstance(event, ev.DuplexData)
+                duplex = self._duplexes.get((event.id, event.local))
+                if duplex is not None and duplex._feed(event.data):
+                    self._press(duplex)
+            else:
+                self._dispatch_rare(event)
+
+    def _dispatch_rare(self, event: ev.Event) -> None:
+        if isinstance(event, ev.RequestDeclined | ev.RequestTimedOut | ev.RequestAborted):
+            future = self._pending.get(event.id)
+            if future is None or future.done():
+                return
+            if isinstance(event, ev.RequestDeclined):
+                future.set_exception(RequestCancelled("the peer declined the request"))
+            elif isinstance(event, ev.RequestTimedOut):
+                future.set_exception(TimeoutError("request timed out"))
+            else:
+                future.set_exception(self._closed_error())
+        elif isinstance(event, ev.RequestCancelled):
+            task = self._request_tasks.get(event.id)
+            if task is not None:
+                task.cancel()
+        elif isinstance(event, ev.DuplexOpened):
+            self._incoming_duplex(event.id, event.data)
+        elif isinstance(event, ev.DuplexEnded):
+            duplex = self._duplexes.get((event.id, event.local))
+            if duplex is not None:
+                duplex._ended(event.error)
+        elif isinstance(event, ev.DuplexClosed):
+            duplex = self._duplexes.pop((event.id, event.local), None)
+            if duplex is not None:
+                self._relieve(duplex)
+                if event.abandoned and not duplex.peer_ended:
+                    closing = self._proto.state is State.CLOSED
+                    duplex._fail(
+                        self._closed_error() if closing else TimeoutError("peer never ended")
+                    )
+                duplex.sending = False
+        elif isinstance(event, ev.DuplexWritable):
+            duplex = self._duplexes.get((event.id, event.local))
+            if duplex is not None:
+                duplex._wake_writer()
+        elif isinstance(event, ev.CloseRequested):
+            # The server wants to close: as the client we start the close ourselves.
+            self._proto.close(deadline=self._loop.time() + self.close_timeout)
+        elif isinstance(event, ev.ConnectionClosed):
+            self._connection_closed(event)
+
+    def _connection_closed(self, event: ev.ConnectionClosed) -> None:
+        self.close_reason = event.reason
+        self.error = event.error
+        if event.error is not None:
+            log.warning("%s: protocol error, closing: %s", self.name, event.error)
+        error = self._closed_error()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for duplex in self._duplexes.values():
+            duplex._fail(error)
+        self._duplexes.clear()
+        for task in self._request_tasks.values():
+            task.cancel()
+        self._pressure.clear()
+        self._read_allowed.set()
+        if self._message_waiter is not None and not self._message_waiter.done():
+            self._message_waiter.set_result(None)
+        self._closed.set()
+
+    def _closed_error(self) -> DialogueError:
+        error = self._proto.error
+        if error is not None:
+            exc = DialogueClosed(f"dialogue closed: {error}")
+            exc.__cause__ = error
+            return exc
+        return DialogueClosed(f"dialogue closed: {self._proto.close_reason}")
+
+    def _press(self, key: object) -> None:
+        self._pressure.add(key)
+        self._read_allowed.clear()
+
+    def _relieve(self, key: object) -> None:
+        if key in self._pressure:
+            self._pressure.discard(key)
+            if not self._pressure:
+                self._read_allowed.set()
+
+    # --------------------------------------------------------------- handlers
+
+    def _message(self, data: bytes) -> None:
+        handler = self._on_message
+        if handler is None:
+            log.debug("%s: message dropped, no handler", self.name)
+            return
+        if not self._async_messages:
+            try:
+                handler(data)
+            except Exception:
+                log.exception("%s: message handler failed", self.name)
+            return
+        self._messages.append(data)
+        if len(self._messages) >= self._max_queued_messages:
+            self._press("messages")
+        waiter = self._message_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _dispatch_messages(self) -> None:
+        handler = self._on_message
+        assert handler is not None
+        queue = self._messages
+        while True:
+            while queue:
+                data = queue.popleft()
+                if len(queue) < self._max_queued_messages // 2:
+                    self._relieve("messages")
+                try:
+                    await handler(data)
+                except Exception:
+                    log.exception("%s: message handler failed", self.name)
+            if self.closed:
+                return
+            self._message_waiter = self._loop.create_future()
+            try:
+                await self._message_waiter
+            finally:
+                self._message_waiter = None
+
+    def _request(self, pid: int, data: bytes) -> None:
+        handler = self._on_request
+        if handler is None:
+            self._proto.respond(pid, None)
+            return
+        try:
+            result = handler(data)
+        except Exception:
+            log.exception("%s: request handler failed", self.name)
+            self._proto.respond(pid, None)
+            return
+        if not inspect.isawaitable(result):
+            self._proto.respond(pid, result)
+            return
+        task = self._loop.create_task(self._answer(pid, result), name=f"{self.name}-request-{pid}")
+        self._request_tasks[pid] = task
+        task.add_done_callback(self._request_done)
+        if len(self._request_tasks) >= self._max_handlers:
+            self._press("requests")
+
+    async def _answer(self, pid: int, awaitable: Awaitable[bytes | None]) -> None:
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if self._proto.state is not State.CLOSED:
+                self._proto.respond(pid, None)  # no-op when the peer cancelled
+                self._after()
+            raise
+        except Exception:
+            log.exception("%s: request handler failed", self.name)
+            result = None
+        self._proto.respond(pid, result)
+        self._after()
+
+    def _request_done(self, task: asyncio.Task[None]) -> None:
+        for pid, t in self._request_tasks.items():
+            if t is task:
+                del self._request_tasks[pid]
+                break
+        if len(self._request_tasks) < self._max_handlers // 2 + 1:
+            self._relieve("requests")
+
+    def _incoming_duplex(self, pid: int, data: bytes | None) -> None:
+        duplex = Duplex(self, pid, False, data, self._duplex_high)
+        self._duplexes[(pid, False)] = duplex
+        duplex.sending = self._proto.can_send(pid, False)
+        if self._on_duplex is None:
+            duplex.detached = True
+            if duplex.sending:
+                duplex.sending = False
+                self._proto.duplex_end(pid, False, NO_HANDLER)
+            return
+        task = self._loop.create_task(self._run_duplex(duplex), name=f"{self.name}-duplex-{pid}")
+        self._duplex_tasks.add(task)
+        task.add_done_callback(self._duplex_task_done)
+        if len(self._duplex_tasks) >= self._max_handlers:
+            self._press("duplexes")
+
+    async def _run_duplex(self, duplex: Duplex) -> None:
+        handler = self._on_duplex
+        assert handler is not None
+        error: bytes | None = None
+        try:
+            await handler(duplex)
+        except DialogueError as exc:
+            log.info("%s: duplex %d ended: %s", self.name, duplex.id, exc)
+            error = HANDLER_FAILED
+        except Exception:
+            log.exception("%s: duplex handler failed", self.name)
+            error = HANDLER_FAILED
+        duplex._detach()
+        if duplex.sending and not self.closed:
+            await duplex.end(error)
+
+    def _duplex_task_done(self, task: asyncio.Task[None]) -> None:
+        self._duplex_tasks.discard(task)
+        if len(self._duplex_tasks) < self._max_handlers // 2 + 1:
+            self._relieve("duplexes")

@@ -1,0 +1,124 @@
+"""Events the Dialogue state machine reports to its I/O layer.
+
+Frozen, slotted, keyword-only dataclasses (h11's style). A duplex is named by
+``(id, local)``: ``local`` is True for a duplex this side opened, because the
+two peers pick duplex ids independently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.errors import ProtocolError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every Dialogue event."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageReceived(Event):
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceived(Event):
+    """The peer asks; answer with ``Dialogue.respond(id, data)``."""
+
+    id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestCancelled(Event):
+    """The peer cancelled a request it sent us: answering is now optional."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseReceived(Event):
+    id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestDeclined(Event):
+    """The peer answered our request with an empty response."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestTimedOut(Event):
+    """Our request passed its deadline; the machine sent the cancellation."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestAborted(Event):
+    """Our request can no longer be answered (the dialogue is closing or closed)."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DuplexOpened(Event):
+    """The peer opened a duplex (``local`` is always False); ``data`` from DuplexInitial."""
+
+    id: int
+    data: bytes | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DuplexData(Event):
+    id: int
+    local: bool
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DuplexEnded(Event):
+    """The peer will send no more on this duplex; ``error`` is its error data, if any."""
+
+    id: int
+    local: bool
+    error: bytes | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DuplexClosed(Event):
+    """Both halves are done (or we stopped waiting for the peer's end): the id is forgotten."""
+
+    id: int
+    local: bool
+    abandoned: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DuplexWritable(Event):
+    """Flow control: the peer granted credit again for our sending half."""
+
+    id: int
+    local: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseRequested(Event):
+    """(client) The server signalled it wants to close: call ``close()``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerClosing(Event):
+    """(server) The client closed: finish outstanding work, then the machine answers."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionClosed(Event):
+    """The dialogue is over. ``error`` is set for a protocol violation; ``reason`` always."""
+
+    reason: str
+    clean: bool
+    error: ProtocolError | None = None
