@@ -1,0 +1,136 @@
+"""Bi-directional streams using workers (seed 000).
+
+A node consumes its own stream and publishes to other nodes' streams. An
+entry is msgpack ``[return_stream, encoded TransportMessage]``:
+
+* :class:`BiPublisher` (a local worker) pops itself from the onward route and
+  publishes the message with the return stream in its state;
+* the bi-directional consumer decodes an entry, ensures a local publisher for
+  its return stream exists (:class:`ReturnRegistry`), prepends that
+  publisher's address to the return route and routes the message on the
+  local node.
+
+So with publishers named as in the seed, a message sent as
+``onward [bds_publisher_local_address_on_remote, remote_destination],
+return [sender]`` reaches ``remote_destination`` with return route
+``[bds_publisher_local_address_on_sender, sender]``, and its reply travels
+``onward [bds_publisher_local_address_on_sender, sender], return
+[remote_destination]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import msgpack
+
+from pipeline.errors import LocalProtocolError, RemoteProtocolError
+from pipeline.routing.message import Address, TransportMessage
+from pipeline.routing.node import Context, Node
+from pipeline.streams.client import Consumer, Publisher
+
+
+def encode_entry(return_stream: str, message: TransportMessage) -> bytes:
+    data: bytes = msgpack.packb([return_stream, message.encode()], use_bin_type=True)
+    return data
+
+
+def decode_entry(data: bytes, *, max_payload: int) -> tuple[str, TransportMessage]:
+    """Raises RemoteProtocolError for anything that is not ``[str, message bytes]``."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, max_bin_len=max_payload + 65536, max_map_len=0)
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        raise RemoteProtocolError(f"malformed stream entry: {exc}") from exc
+    if not (isinstance(obj, list) and len(obj) == 2):
+        raise RemoteProtocolError("malformed stream entry: not [return_stream, message]")
+    ret, encoded = obj
+    if not isinstance(ret, str) or not ret or not isinstance(encoded, bytes):
+        raise RemoteProtocolError("malformed stream entry: bad return stream or message")
+    return ret, TransportMessage.decode(encoded, max_payload=max_payload)
+
+
+class BiPublisher(Publisher):
+    """Publishes routed messages to ``stream``, tagged with ``return_stream``."""
+
+    def __init__(self, stream: str, return_stream: str, *, service: str = "stream_service") -> None:
+        super().__init__(stream, service=service)
+        self.return_stream = return_stream
+
+    def encode(self, ctx: Context) -> bytes:
+        m = ctx.message
+        return encode_entry(
+            self.return_stream, TransportMessage(m.onward_route.rest(), m.return_route, m.payload)
+        )
+
+
+class ReturnRegistry:
+    """Maps a return stream to the local publisher that writes to it (one per stream)."""
+
+    def __init__(
+        self,
+        node: Node,
+        own_stream: str,
+        *,
+        name_for: Callable[[str], str] = lambda stream: f"bds_publisher:{stream}",
+        max_publishers: int = 1000,
+        service: str = "stream_service",
+    ) -> None:
+        self.node = node
+        self.own_stream = own_stream
+        self.name_for = name_for
+        self.max_publishers = max_publishers
+        self.service = service
+        self.names: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    async def ensure(self, stream: str, name: str | None = None) -> Address:
+        """The address of the publisher to ``stream``, created on first use."""
+        found = self.names.get(stream)
+        if found is not None:
+            return Address.local(found)
+        async with self._lock:
+            found = self.names.get(stream)
+            if found is None:
+                if len(self.names) >= self.max_publishers:
+                    raise LocalProtocolError(
+                        f"more than {self.max_publishers} return streams on node {self.node.name}"
+                    )
+                found = name or self.name_for(stream)
+                publisher = BiPublisher(stream, self.own_stream, service=self.service)
+                await self.node.add_worker(found, publisher)
+                self.names[stream] = found
+        return Address.local(found)
+
+
+def bidirectional_consumer(
+    node: Node,
+    registry: ReturnRegistry,
+    *,
+    client_id: str,
+    holder: str,
+    max_failures: int = 3,
+    lease_ttl_ms: int = 15_000,
+    service: str = "stream_service",
+    batch: int = 1000,
+) -> Consumer:
+    """A consumer of ``registry.own_stream`` that routes entries on ``node`` (seed 000)."""
+
+    async def handle(index: str, data: bytes) -> asyncio.Future[None]:
+        ret, message = decode_entry(data, max_payload=node.max_payload)
+        publisher = await registry.ensure(ret)
+        traced = TransportMessage(
+            message.onward_route, message.return_route.prepend(publisher), message.payload
+        )
+        return await node.deliver_tracked(traced)
+
+    return Consumer(
+        registry.own_stream,
+        handle,
+        client_id=client_id,
+        holder=holder,
+        max_failures=max_failures,
+        lease_ttl_ms=lease_ttl_ms,
+        service=service,
+        batch=batch,
+    )

@@ -1,0 +1,412 @@
+"""Stream client: request/reply with the stream service, and Publisher / Consumer workers.
+
+:class:`StreamClient` sends stream-protocol requests as routed messages whose
+return route is the owning worker's address, and matches replies by
+``request_id`` in the worker's :meth:`~pipeline.routing.node.Worker.intercept`
+(so a worker waiting for an answer never waits on its own mailbox). Every
+call has a timeout; at most ``max_pending`` calls are in flight.
+
+:class:`Publisher` pushes what it receives to one stream, many messages per
+``Push`` (its mailbox is drained in batches), retrying a failed push with the
+same ``request_id`` (idempotent) a bounded number of times.
+
+:class:`Consumer` holds the stream's lease, pulls (long poll), hands each
+entry to its handler and saves its index only after the handlers completed:
+at-least-once. An entry whose handler failed ``max_failures`` times (or that
+can never be handled: malformed, unroutable, too large) goes to the
+dead-letter stream, so one bad entry never blocks the stream. On stop it
+finishes the current batch, saves its index and releases the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from pipeline.errors import (
+    LeaseHeld,
+    PayloadTooLarge,
+    RemoteProtocolError,
+    RoutingError,
+    SluiceError,
+    StreamError,
+    StreamNotFound,
+)
+from pipeline.routing.message import Address, Route, TransportMessage
+from pipeline.routing.node import Context, Node, Worker, WorkerContext
+from pipeline.streams import protocol as p
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: A consumer's handler: gets (index, data); returns None when done, or a
+#: future that completes when the entry was handled. Raising = a failure.
+Handler = Callable[[str, bytes], Awaitable["asyncio.Future[None] | None"]]
+
+#: Errors no retry can fix: the entry goes to the dead-letter stream at once.
+PERMANENT = (RemoteProtocolError, RoutingError, PayloadTooLarge)
+
+
+def new_request_id() -> str:
+    return os.urandom(12).hex()
+
+
+class StreamClient:
+    """Correlates stream-protocol requests and replies for one worker address."""
+
+    def __init__(
+        self,
+        node: Node,
+        address: Address,
+        *,
+        service: str = "stream_service",
+        timeout_s: float = 5.0,
+        max_pending: int = 256,
+    ) -> None:
+        self.node = node
+        self.address = address
+        self.service = Route([service])
+        self.timeout_s = timeout_s
+        self._pending: dict[str, asyncio.Future[p.StreamMessage]] = {}
+        self._slots = asyncio.Semaphore(max_pending)
+
+    def intercept(self, message: TransportMessage) -> bool:
+        """Resolve a pending call with this reply; False if it is not one."""
+        try:
+            reply = p.decode(message.payload, max_payload=self.node.max_payload + 4096)
+        except RemoteProtocolError:
+            return False
+        rid = getattr(reply, "request_id", "")
+        future = self._pending.get(rid)
+        if future is None or not p.is_reply(reply):
+            self.node.counters["stream_client.unexpected_replies"] += 1
+            log.warning("%s: reply to no pending request (%s)", self.address, type(reply).__name__)
+            return True
+        if not future.done():
+            future.set_result(reply)
+        return True
+
+    async def call(
+        self,
+        route: Route,
+        request: p.StreamMessage,
+        expect: type[T],
+        timeout_s: float | None = None,
+    ) -> T:
+        rid: str = getattr(request, "request_id")  # noqa: B009 - every request has one
+        async with self._slots:
+            future: asyncio.Future[p.StreamMessage] = asyncio.get_running_loop().create_future()
+            self._pending[rid] = future
+            try:
+                await self.node.deliver(
+                    TransportMessage(route, Route([self.address]), p.encode(request))
+                )
+                async with asyncio.timeout(timeout_s or self.timeout_s):
+                    reply = await future
+            except TimeoutError as exc:
+                raise StreamError(
+                    f"stream service did not answer {type(request).__name__} in time"
+                ) from exc
+            finally:
+                self._pending.pop(rid, None)
+        if isinstance(reply, p.Error):
+            raise reply.exception()
+        if not isinstance(reply, expect):
+            raise RemoteProtocolError(
+                f"stream service answered {type(request).__name__} with {type(reply).__name__}"
+            )
+        return reply
+
+    async def create(self, name: str) -> p.Init:
+        return await self.call(
+            self.service, p.CreateStream(request_id=new_request_id(), name=name), p.Init
+        )
+
+    async def push(self, stream_address: str, data: list[bytes], request_id: str) -> p.PushConfirm:
+        req = p.Push(request_id=request_id, data=tuple(data))
+        return await self.call(Route([stream_address]), req, p.PushConfirm)
+
+    async def pull(self, stream_address: str, index: str, limit: int, wait_ms: int) -> p.Messages:
+        req = p.Pull(request_id=new_request_id(), index=index, limit=limit, wait_ms=wait_ms)
+        timeout = self.timeout_s + wait_ms / 1000
+        return await self.call(Route([stream_address]), req, p.Messages, timeout)
+
+    async def get_index(self, client_id: str, stream: str) -> str:
+        req = p.GetIndex(request_id=new_request_id(), client_id=client_id, stream=stream)
+        return (await self.call(self.service, req, p.Index)).index
+
+    async def save_index(self, client_id: str, stream: str, index: str) -> str:
+        req = p.SaveIndex(
+            request_id=new_request_id(), client_id=client_id, stream=stream, index=index
+        )
+        return (await self.call(self.service, req, p.Index)).index
+
+    async def lease(self, stream: str, holder: str, ttl_ms: int) -> None:
+        req = p.Lease(request_id=new_request_id(), stream=stream, holder=holder, ttl_ms=ttl_ms)
+        await self.call(self.service, req, p.Ok)
+
+    async def release(self, stream: str, holder: str) -> None:
+        req = p.Release(request_id=new_request_id(), stream=stream, holder=holder)
+        await self.call(self.service, req, p.Ok)
+
+    async def dead_letter(self, stream: str, index: str, data: bytes, reason: str) -> None:
+        req = p.DeadLetter(
+            request_id=new_request_id(), stream=stream, index=index, data=data, reason=reason[:500]
+        )
+        await self.call(self.service, req, p.Ok)
+
+
+class StreamPusher:
+    """Pushes batches to one stream with idempotent retries (used by Publisher and the transport)."""
+
+    def __init__(
+        self,
+        client: StreamClient,
+        stream: str,
+        *,
+        max_attempts: int = 8,
+        backoff_max_s: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.stream = stream
+        self.max_attempts = max_attempts
+        self.backoff_max_s = backoff_max_s
+        self._address: str | None = None
+
+    async def ensure(self) -> str:
+        if self._address is None:
+            self._address = (await self.client.create(self.stream)).address
+        return self._address
+
+    async def push(self, data: list[bytes]) -> p.PushConfirm:
+        """Push ``data`` as one request; retried with the same request id on failure."""
+        rid = new_request_id()
+        delay = 0.05
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                address = await self.ensure()
+                return await self.client.push(address, data, rid)
+            except StreamNotFound:
+                self._address = None  # the service lost the stream's address: create again
+                last: SluiceError = StreamNotFound(f"stream {self.stream!r} not found")
+            except PERMANENT:
+                raise
+            except StreamError as exc:
+                last = exc
+            self.client.node.counters["stream_client.push_retries"] += 1
+            log.warning(
+                "push to %s failed (attempt %d/%d): %s",
+                self.stream,
+                attempt,
+                self.max_attempts,
+                last,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff_max_s)
+        raise StreamError(f"push to {self.stream!r} failed {self.max_attempts} times: {last}")
+
+
+class Publisher(Worker):
+    """Publishes the payload of every message it receives to ``stream``."""
+
+    mailbox_size = 8192
+    batch_size = 1000
+
+    def __init__(self, stream: str, *, service: str = "stream_service") -> None:
+        self.stream = stream
+        self.service = service
+        self._client: StreamClient | None = None
+        self._pusher: StreamPusher | None = None
+
+    async def setup(self, wctx: WorkerContext) -> None:
+        self._client = StreamClient(wctx.node, wctx.address, service=self.service)
+        self._pusher = StreamPusher(self._client, self.stream)
+
+    def intercept(self, message: TransportMessage) -> bool:
+        return self._client is not None and self._client.intercept(message)
+
+    def encode(self, ctx: Context) -> bytes:
+        """What goes into the stream for one received message."""
+        return ctx.payload
+
+    async def handle(self, ctx: Context) -> None:
+        await self.handle_batch([ctx])
+
+    async def handle_batch(self, batch: list[Context]) -> None:
+        assert self._pusher is not None
+        data = [self.encode(ctx) for ctx in batch]
+        confirm = await self._pusher.push(data)
+        self.counters_add(batch[0].node, len(confirm.indexes))
+
+    def counters_add(self, node: Node, n: int) -> None:
+        node.counters[f"publisher.{self.stream}.pushed"] += n
+
+
+class Consumer(Worker):
+    """Consumes ``stream`` from its saved index, at-least-once, holding the stream's lease."""
+
+    mailbox_size = 64
+
+    def __init__(
+        self,
+        stream: str,
+        handler: Handler,
+        *,
+        client_id: str,
+        holder: str,
+        max_failures: int = 3,
+        batch: int = 1000,
+        wait_ms: int = 500,
+        lease_ttl_ms: int = 15_000,
+        service: str = "stream_service",
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        self.stream = stream
+        self.handler = handler
+        self.client_id = client_id
+        self.holder = holder
+        self.max_failures = max(1, max_failures)
+        self.batch = batch
+        self.wait_ms = min(wait_ms, max(50, lease_ttl_ms // 3))
+        self.lease_ttl_ms = lease_ttl_ms
+        self.service = service
+        self.backoff_max_s = backoff_max_s
+        self.index = ""
+        self.ready = asyncio.Event()
+        self.refused: LeaseHeld | None = None
+        self._stop = asyncio.Event()
+        self._client: StreamClient | None = None
+        self._node: Node | None = None
+        self._has_lease = False
+
+    async def setup(self, wctx: WorkerContext) -> None:
+        self._node = wctx.node
+        self._client = StreamClient(wctx.node, wctx.address, service=self.service)
+
+    def intercept(self, message: TransportMessage) -> bool:
+        return self._client is not None and self._client.intercept(message)
+
+    async def handle(self, ctx: Context) -> None:
+        assert self._node is not None
+        self._node.counters["consumer.unexpected_messages"] += 1
+        log.warning("consumer %s: unexpected message %r", self.stream, ctx.message)
+
+    def stopping(self) -> None:
+        self._stop.set()
+
+    def _count(self, what: str, n: int = 1) -> None:
+        assert self._node is not None
+        self._node.counters[f"consumer.{what}"] += n
+
+    async def run(self, wctx: WorkerContext) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                await self._session()
+                delay = 0.05
+            except LeaseHeld as exc:
+                self.refused = exc
+                self._has_lease = False
+                self._count("lease_refused")
+                log.error("consumer %s: %s", self.stream, exc)
+            except StreamNotFound as exc:
+                self._count("stream_missing")
+                log.error("consumer %s: stream vanished, creating it again: %s", self.stream, exc)
+            except (StreamError, RemoteProtocolError, RoutingError) as exc:
+                self._count("errors")
+                log.error("consumer %s: %s; retrying in %.2fs", self.stream, exc, delay)
+            else:
+                continue
+            await self._sleep(delay)
+            delay = min(delay * 2, self.backoff_max_s)
+        await self._finish()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
+        except TimeoutError:
+            pass
+
+    async def _finish(self) -> None:
+        if self._has_lease and self._client is not None:
+            try:
+                await self._client.release(self.stream, self.holder)
+            except (StreamError, RemoteProtocolError) as exc:
+                log.warning("consumer %s: lease not released: %s", self.stream, exc)
+            self._has_lease = False
+
+    async def _session(self) -> None:
+        client = self._client
+        assert client is not None
+        await client.lease(self.stream, self.holder, self.lease_ttl_ms)
+        self._has_lease = True
+        self.refused = None
+        renewed = time.monotonic()
+        address = (await client.create(self.stream)).address
+        self.index = await client.get_index(self.client_id, self.stream) or self.index or "0-0"
+        self.ready.set()
+        while not self._stop.is_set():
+            if time.monotonic() - renewed > self.lease_ttl_ms / 3000:
+                await client.lease(self.stream, self.holder, self.lease_ttl_ms)
+                renewed = time.monotonic()
+            reply = await client.pull(address, self.index, self.batch, self.wait_ms)
+            if not reply.messages:
+                continue
+            await self._process(list(reply.messages))
+            last = reply.messages[-1][0]
+            self.index = await client.save_index(self.client_id, self.stream, last)
+            self._count("handled", len(reply.messages))
+
+    async def _process(self, entries: list[tuple[str, bytes]]) -> None:
+        failures: dict[str, int] = {}
+        todo = entries
+        while todo:
+            started: list[tuple[str, bytes, Any]] = []
+            for index, data in todo:
+                try:
+                    started.append((index, data, await self.handler(index, data)))
+                except asyncio.CancelledError:
+                    raise
+                except (
+                    Exception
+                ) as exc:  # a handler failure is counted, retried, then dead-lettered
+                    started.append((index, data, exc))
+            retry: list[tuple[str, bytes]] = []
+            for index, data, outcome in started:
+                error = outcome if isinstance(outcome, BaseException) else None
+                if isinstance(outcome, asyncio.Future):
+                    try:
+                        await outcome
+                    except asyncio.CancelledError:
+                        if self._cancelling():
+                            raise
+                        error = StreamError("handler was cancelled")
+                    except Exception as exc:  # same: counted below, never hidden
+                        error = exc
+                if error is None:
+                    continue
+                failures[index] = failures.get(index, 0) + 1
+                self._count("handler_failures")
+                if isinstance(error, PERMANENT) or failures[index] >= self.max_failures:
+                    await self._dead_letter(index, data, error, failures[index])
+                else:
+                    retry.append((index, data))
+            todo = retry
+
+    @staticmethod
+    def _cancelling() -> bool:
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+    async def _dead_letter(self, index: str, data: bytes, error: BaseException, tries: int) -> None:
+        assert self._client is not None
+        reason = f"{type(error).__name__}: {error} (after {tries} attempt(s))"
+        log.error("consumer %s: entry %s dead-lettered: %s", self.stream, index, reason)
+        await self._client.dead_letter(self.stream, index, data, reason)
+        self._count("dead_lettered")

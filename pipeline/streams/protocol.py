@@ -1,0 +1,359 @@
+"""The stream protocol: requests to the stream service and its replies. Pure codec.
+
+A stream-protocol message is the payload of a routed message, msgpack
+``[kind, field, ...]`` with fields in the dataclass order below. Requests
+that act on one stream's entries (``Push``, ``Pull``) are sent to that
+stream's address (``Init.address``); the others go to the service address.
+
+=================  ===========================================  =====================
+request            fields                                       reply
+=================  ===========================================  =====================
+``CreateStream``   request_id, name                             ``Init``
+``Push``           request_id, data (one or more entries)       ``PushConfirm``
+``Pull``           request_id, index, limit, wait_ms            ``Messages``
+``GetIndex``       request_id, client_id, stream                ``Index``
+``SaveIndex``      request_id, client_id, stream, index         ``Index`` (monotonic)
+``Lease``          request_id, stream, holder, ttl_ms           ``Ok`` or ``Error``
+``Release``        request_id, stream, holder                   ``Ok``
+``DeadLetter``     request_id, stream, index, data, reason      ``Ok``
+=================  ===========================================  =====================
+
+Any request can be answered with ``Error{request_id, code, message}``.
+Indexes are Redis entry ids, opaque to clients; ``""`` means "none saved".
+A repeated ``Push.request_id`` gets the first push's indexes back
+(``status`` :data:`DUPLICATE`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+
+from pipeline.errors import (
+    LeaseHeld,
+    PayloadTooLarge,
+    RedisUnavailable,
+    RemoteProtocolError,
+    StreamError,
+    StreamNotFound,
+)
+
+#: Most entries in one Push or one Messages reply.
+MAX_BATCH = 10_000
+MAX_TEXT = 1024
+
+
+class Kind(enum.IntEnum):
+    CREATE = 1
+    INIT = 2
+    PUSH = 3
+    PUSH_CONFIRM = 4
+    PULL = 5
+    MESSAGES = 6
+    GET_INDEX = 7
+    SAVE_INDEX = 8
+    INDEX = 9
+    LEASE = 10
+    RELEASE = 11
+    DEAD_LETTER = 12
+    OK = 13
+    ERROR = 14
+
+
+class ErrorCode(enum.StrEnum):
+    BAD_REQUEST = "bad_request"
+    NOT_FOUND = "not_found"
+    LEASE_HELD = "lease_held"
+    TOO_LARGE = "too_large"
+    UNAVAILABLE = "unavailable"
+
+
+NEW = 1
+DUPLICATE = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateStream:
+    request_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Init:
+    request_id: str
+    name: str
+    #: Local address (on the service's node) to send Push and Pull for this stream to.
+    address: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Push:
+    request_id: str
+    data: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushConfirm:
+    request_id: str
+    status: int
+    indexes: tuple[str, ...]
+
+    @property
+    def index(self) -> str:
+        return self.indexes[-1] if self.indexes else ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pull:
+    request_id: str
+    index: str
+    limit: int
+    wait_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Messages:
+    request_id: str
+    messages: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetIndex:
+    request_id: str
+    client_id: str
+    stream: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SaveIndex:
+    request_id: str
+    client_id: str
+    stream: str
+    index: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Index:
+    request_id: str
+    client_id: str
+    stream: str
+    index: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    request_id: str
+    stream: str
+    holder: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    request_id: str
+    stream: str
+    holder: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    request_id: str
+    stream: str
+    index: str
+    data: bytes
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ok:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error:
+    request_id: str
+    code: str
+    message: str
+
+    def exception(self) -> StreamError | PayloadTooLarge | RemoteProtocolError:
+        """The local exception this error reply stands for."""
+        text = f"stream service: {self.message}"
+        if self.code == ErrorCode.NOT_FOUND:
+            return StreamNotFound(text)
+        if self.code == ErrorCode.LEASE_HELD:
+            return LeaseHeld(text)
+        if self.code == ErrorCode.TOO_LARGE:
+            return PayloadTooLarge(text)
+        if self.code == ErrorCode.UNAVAILABLE:
+            return RedisUnavailable(text)
+        if self.code == ErrorCode.BAD_REQUEST:
+            return RemoteProtocolError(text)
+        return StreamError(text)
+
+
+StreamMessage = (
+    CreateStream
+    | Init
+    | Push
+    | PushConfirm
+    | Pull
+    | Messages
+    | GetIndex
+    | SaveIndex
+    | Index
+    | Lease
+    | Release
+    | DeadLetter
+    | Ok
+    | Error
+)
+
+_CLASSES: dict[Kind, type[Any]] = {
+    Kind.CREATE: CreateStream,
+    Kind.INIT: Init,
+    Kind.PUSH: Push,
+    Kind.PUSH_CONFIRM: PushConfirm,
+    Kind.PULL: Pull,
+    Kind.MESSAGES: Messages,
+    Kind.GET_INDEX: GetIndex,
+    Kind.SAVE_INDEX: SaveIndex,
+    Kind.INDEX: Index,
+    Kind.LEASE: Lease,
+    Kind.RELEASE: Release,
+    Kind.DEAD_LETTER: DeadLetter,
+    Kind.OK: Ok,
+    Kind.ERROR: Error,
+}
+_KINDS: dict[type[Any], Kind] = {cls: kind for kind, cls in _CLASSES.items()}
+_FIELDS: dict[Kind, tuple[str, ...]] = {
+    kind: tuple(f.name for f in fields(cls)) for kind, cls in _CLASSES.items()
+}
+_REPLIES = (Init, PushConfirm, Messages, Index, Ok, Error)
+
+
+def is_reply(message: StreamMessage) -> bool:
+    return isinstance(message, _REPLIES)
+
+
+def encode(message: StreamMessage) -> bytes:
+    kind = _KINDS[type(message)]
+    body: list[Any] = [int(kind)]
+    for name in _FIELDS[kind]:
+        value = getattr(message, name)
+        if name == "messages":
+            value = [[i, d] for i, d in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        body.append(value)
+    data: bytes = msgpack.packb(body, use_bin_type=True)
+    return data
+
+
+def _bad(reason: str) -> RemoteProtocolError:
+    return RemoteProtocolError(f"malformed stream message: {reason}")
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise _bad(f"{name} must be a string of at most {MAX_TEXT} characters")
+    return value
+
+
+def _int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad(f"{name} must be an integer")
+    return value
+
+
+def _check(kind: Kind, name: str, value: Any, max_payload: int) -> Any:
+    if name in ("limit", "wait_ms", "ttl_ms", "status"):
+        return _int(value, name)
+    if name == "data" and kind == Kind.DEAD_LETTER:
+        if not isinstance(value, bytes):
+            raise _bad("data must be bytes")
+        return value
+    if name == "data":
+        if not isinstance(value, list) or not value or len(value) > MAX_BATCH:
+            raise _bad(f"data must be a list of 1..{MAX_BATCH} entries")
+        for item in value:
+            if not isinstance(item, bytes):
+                raise _bad("data entries must be bytes")
+            if len(item) > max_payload:
+                raise PayloadTooLarge(f"entry of {len(item)} bytes exceeds {max_payload}")
+        return tuple(value)
+    if name == "indexes":
+        if not isinstance(value, list) or len(value) > MAX_BATCH:
+            raise _bad("indexes must be a list")
+        return tuple(_text(i, "index") for i in value)
+    if name == "messages":
+        if not isinstance(value, list) or len(value) > MAX_BATCH:
+            raise _bad("messages must be a list")
+        out = []
+        for item in value:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes)):
+                raise _bad("a message must be [index, bytes]")
+            out.append((_text(item[0], "index"), item[1]))
+        return tuple(out)
+    return _text(value, name)
+
+
+def decode(data: bytes, *, max_payload: int = 1 << 20) -> StreamMessage:
+    """Parse one stream-protocol message; raises RemoteProtocolError (or PayloadTooLarge)."""
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            max_bin_len=max_payload,
+            max_str_len=MAX_TEXT * 4,
+            max_array_len=MAX_BATCH + 8,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        if "exceeds max_bin_len" in str(exc):
+            raise PayloadTooLarge(f"stream entry exceeds {max_payload} bytes") from exc
+        raise _bad(str(exc)) from exc
+    if not isinstance(obj, list) or not obj:
+        raise _bad("not a non-empty array")
+    raw_kind = obj[0]
+    if not isinstance(raw_kind, int) or isinstance(raw_kind, bool):
+        raise _bad("kind must be an integer")
+    try:
+        kind = Kind(raw_kind)
+    except ValueError as exc:
+        raise _bad(f"unknown kind {raw_kind}") from exc
+    names = _FIELDS[kind]
+    if len(obj) != len(names) + 1:
+        raise _bad(f"{kind.name} takes {len(names)} fields, got {len(obj) - 1}")
+    values = {n: _check(kind, n, v, max_payload) for n, v in zip(names, obj[1:], strict=True)}
+    message: StreamMessage = _CLASSES[kind](**values)
+    return message
+
+
+__all__ = [
+    "DUPLICATE",
+    "NEW",
+    "CreateStream",
+    "DeadLetter",
+    "Error",
+    "ErrorCode",
+    "GetIndex",
+    "Index",
+    "Init",
+    "Kind",
+    "Lease",
+    "Messages",
+    "Ok",
+    "Pull",
+    "Push",
+    "PushConfirm",
+    "Release",
+    "SaveIndex",
+    "StreamMessage",
+    "decode",
+    "encode",
+    "is_reply",
+]

@@ -1,0 +1,309 @@
+"""The stream service worker: the stream protocol (see ``protocol.py``) on Redis Streams.
+
+Run one per node at local address ``stream_service``; clients reach it only
+through routed messages. ``CreateStream{name}`` gives the stream a local
+address on this node (``stream_service:<name>``) that ``Push`` and ``Pull``
+are sent to; Redis is the store shared between nodes.
+
+* Push: one Lua script per push (atomic): if ``keys.push_dedup`` exists, the
+  first push's indexes are returned (status DUPLICATE); else every entry is
+  ``XADD``-ed and the indexes remembered for ``dedup_ttl_ms``. All pushes the
+  mailbox holds go to Redis in one pipeline.
+* Pull: a long poll, ``XREAD COUNT limit`` and, if nothing is there,
+  ``XREAD BLOCK wait_ms`` (bounded by ``max_wait_ms``), each in its own task
+  (at most ``max_pulls`` at once) so a waiting pull never blocks pushes.
+* SaveIndex is monotonic (Lua compare of entry ids); GetIndex returns ``""``
+  when nothing was saved.
+* Leases (``Lease`` / ``Release``) as in ``lease.py``; ``DeadLetter`` appends
+  to ``keys.dead_letter``.
+
+Every bad request and every Redis failure is answered with an ``Error``
+reply, logged and counted (``node.counters["stream_service.<what>"]``); none
+stops the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from pipeline import keys
+from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
+from pipeline.routing.node import Context, Node, Worker, WorkerContext
+from pipeline.streams import protocol as p
+from pipeline.streams.lease import Leases
+
+log = logging.getLogger(__name__)
+
+FIELD = b"data"
+INDEX_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
+DEAD_LETTER_MAXLEN = 100_000
+
+_PUSH = """
+local prev = redis.call('GET', KEYS[2])
+if prev then return {0, prev} end
+local ids = {}
+for i = 3, #ARGV do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[i])
+end
+local joined = table.concat(ids, ',')
+redis.call('SET', KEYS[2], joined, 'PX', ARGV[1])
+return {1, joined}
+"""
+
+_CREATE = """
+local created = 0
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local id = redis.call('XADD', KEYS[1], '*', 'init', '')
+  redis.call('XDEL', KEYS[1], id)
+  created = 1
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return created
+"""
+
+_SAVE_INDEX = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local cms, cseq = string.match(cur, '^(%d+)-(%d+)$')
+  local nms, nseq = string.match(ARGV[2], '^(%d+)-(%d+)$')
+  cms = tonumber(cms); cseq = tonumber(cseq); nms = tonumber(nms); nseq = tonumber(nseq)
+  if cms and (nms < cms or (nms == cms and nseq <= cseq)) then return cur end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ARGV[2]
+"""
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class StreamService(Worker):
+    """Serves the stream protocol for the clients of one node."""
+
+    mailbox_size = 4096
+    batch_size = 512
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        max_payload: int = 1 << 20,
+        max_pull: int = 5000,
+        max_wait_ms: int = 5000,
+        max_pulls: int = 64,
+        dedup_ttl_ms: int = 3_600_000,
+    ) -> None:
+        self.redis = redis
+        self.max_payload = max_payload
+        self.max_pull = max_pull
+        self.max_wait_ms = max_wait_ms
+        self.dedup_ttl_ms = dedup_ttl_ms
+        self._pull_slots = asyncio.Semaphore(max_pulls)
+        self._pulls: set[asyncio.Task[None]] = set()
+        self._streams: dict[bytes, str] = {}
+        self._push_script = redis.register_script(_PUSH)
+        self._create_script = redis.register_script(_CREATE)
+        self._save_script = redis.register_script(_SAVE_INDEX)
+        self._leases = Leases(redis)
+        self._node: Node | None = None
+        self.name = "stream_service"
+
+    async def setup(self, wctx: WorkerContext) -> None:
+        self._node = wctx.node
+        self.name = wctx.name
+
+    def address_of(self, stream: str) -> str:
+        """The local address that Push and Pull for ``stream`` go to."""
+        return f"{self.name}:{stream}"
+
+    def _count(self, what: str, n: int = 1) -> None:
+        if self._node is not None:
+            self._node.counters[f"stream_service.{what}"] += n
+
+    async def _error(self, ctx: Context, request_id: str, code: p.ErrorCode, text: str) -> None:
+        self._count(str(code))
+        log.error("stream service: %s from %s: %s", code, ctx.message.return_route, text)
+        await ctx.reply(p.encode(p.Error(request_id=request_id, code=code, message=text)))
+
+    async def handle(self, ctx: Context) -> None:
+        await self.handle_batch([ctx])
+
+    async def handle_batch(self, batch: list[Context]) -> None:
+        pushes: list[tuple[Context, str, p.Push]] = []
+        for ctx in batch:
+            try:
+                request = p.decode(ctx.payload, max_payload=self.max_payload)
+            except PayloadTooLarge as exc:
+                await self._error(ctx, "", p.ErrorCode.TOO_LARGE, str(exc))
+                continue
+            except RemoteProtocolError as exc:
+                await self._error(ctx, "", p.ErrorCode.BAD_REQUEST, str(exc))
+                continue
+            rid = getattr(request, "request_id", "")
+            if isinstance(request, (p.Push, p.Pull)):
+                stream = self._streams.get(ctx.address.value)
+                if stream is None:
+                    await self._error(
+                        ctx, rid, p.ErrorCode.NOT_FOUND, f"no stream at address {ctx.address}"
+                    )
+                elif isinstance(request, p.Push):
+                    pushes.append((ctx, stream, request))
+                else:
+                    await self._start_pull(ctx, stream, request)
+                continue
+            try:
+                await self._control(ctx, request)
+            except RedisError as exc:
+                await self._error(ctx, rid, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+        if pushes:
+            await self._push_all(pushes)
+
+    # --- push ---------------------------------------------------------------
+
+    async def _push_all(self, pushes: list[tuple[Context, str, p.Push]]) -> None:
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for _, stream, req in pushes:
+                    await self._push_script(
+                        keys=[keys.stream(stream), keys.push_dedup(stream, req.request_id)],
+                        args=[self.dedup_ttl_ms, FIELD, *req.data],
+                        client=pipe,
+                    )
+                results = await pipe.execute(raise_on_error=False)
+        except RedisError as exc:
+            for ctx, _, req in pushes:
+                await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+            return
+        for (ctx, _, req), result in zip(pushes, results, strict=True):
+            if isinstance(result, Exception):
+                await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {result}")
+                continue
+            status, joined = result
+            indexes = tuple(_text(joined).split(",")) if joined else ()
+            self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
+            confirm = p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
+            await ctx.reply(p.encode(confirm))
+
+    # --- pull ---------------------------------------------------------------
+
+    async def _start_pull(self, ctx: Context, stream: str, req: p.Pull) -> None:
+        index = req.index or "0-0"
+        if index != "$" and not INDEX_RE.match(index):
+            await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, f"bad index {index!r}")
+            return
+        await self._pull_slots.acquire()
+        task = asyncio.create_task(self._pull(ctx, stream, req, index))
+        self._pulls.add(task)
+        task.add_done_callback(self._pull_done)
+
+    def _pull_done(self, task: asyncio.Task[None]) -> None:
+        self._pulls.discard(task)
+        self._pull_slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            self._count("pull_failures")
+            log.error("stream service: pull failed: %r", task.exception())
+
+    async def _pull(self, ctx: Context, stream: str, req: p.Pull, index: str) -> None:
+        key = keys.stream(stream)
+        limit = max(1, min(req.limit, self.max_pull))
+        wait = max(0, min(req.wait_ms, self.max_wait_ms))
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.exists(key)
+                pipe.xread({key: index}, count=limit)
+                exists, found = await pipe.execute()
+            if not exists:
+                await self._error(
+                    ctx, req.request_id, p.ErrorCode.NOT_FOUND, f"stream {stream!r} does not exist"
+                )
+                return
+            if not found and wait > 0:
+                found = await self.redis.xread({key: index}, count=limit, block=wait)
+        except RedisError as exc:
+            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+            return
+        entries = found[0][1] if found else []
+        messages = tuple((_text(eid), fields.get(FIELD, b"")) for eid, fields in entries)
+        self._count("pulled", len(messages))
+        await ctx.reply(p.encode(p.Messages(request_id=req.request_id, messages=messages)))
+
+    # --- control requests -----------------------------------------------------
+
+    async def _control(self, ctx: Context, req: p.StreamMessage) -> None:
+        rid = getattr(req, "request_id", "")
+        reply: p.StreamMessage
+        if isinstance(req, p.CreateStream):
+            try:
+                key = keys.stream(req.name)
+            except ConfigError as exc:
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, str(exc))
+                return
+            created = await self._create_script(
+                keys=[key, keys.streams_registry()], args=[req.name]
+            )
+            address = self.address_of(req.name)
+            assert self._node is not None
+            self._node.add_alias(self.name, address)
+            self._streams[address.encode()] = req.name
+            self._count("created" if created else "opened")
+            reply = p.Init(request_id=rid, name=req.name, address=address)
+        elif isinstance(req, (p.GetIndex, p.SaveIndex)):
+            try:
+                hkey = keys.consumer_index(req.stream)
+            except ConfigError as exc:
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, str(exc))
+                return
+            if isinstance(req, p.GetIndex):
+                current = await self.redis.hget(hkey, req.client_id)
+            else:
+                if not INDEX_RE.match(req.index):
+                    await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, f"bad index {req.index!r}")
+                    return
+                current = await self._save_script(keys=[hkey], args=[req.client_id, req.index])
+            reply = p.Index(
+                request_id=rid, client_id=req.client_id, stream=req.stream, index=_text(current)
+            )
+        elif isinstance(req, p.Lease):
+            state = await self._leases.acquire(req.stream, req.holder, req.ttl_ms)
+            if not state.granted:
+                text = (
+                    f"stream {req.stream!r} is consumed by {state.holder!r} "
+                    f"(lease expires in {state.ttl_ms} ms); {req.holder!r} refused"
+                )
+                await self._error(ctx, rid, p.ErrorCode.LEASE_HELD, text)
+                return
+            reply = p.Ok(request_id=rid)
+        elif isinstance(req, p.Release):
+            await self._leases.release(req.stream, req.holder)
+            reply = p.Ok(request_id=rid)
+        elif isinstance(req, p.DeadLetter):
+            fields: dict[Any, Any] = {
+                FIELD: req.data,
+                "index": req.index,
+                "reason": req.reason,
+            }
+            await self.redis.xadd(
+                keys.dead_letter(req.stream), fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True
+            )
+            self._count("dead_lettered")
+            reply = p.Ok(request_id=rid)
+        else:
+            await self._error(
+                ctx, rid, p.ErrorCode.BAD_REQUEST, f"{type(req).__name__} is not a request"
+            )
+            return
+        await ctx.reply(p.encode(reply))
+
+    async def teardown(self) -> None:
+        for task in list(self._pulls):
+            task.cancel()
+        await asyncio.gather(*self._pulls, return_exceptions=True)

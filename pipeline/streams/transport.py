@@ -1,0 +1,192 @@
+"""The stream transport (seed 001): address type 2 carried over the stream protocol.
+
+A stream address is ``StreamAddress{onward_stream, return_stream}``. On send
+the transport pops it from the onward route and prepends the REVERSED address
+to the return route, so the receiver's reply goes back through the return
+stream::
+
+    in:   onward [Stream{b, a}, B]   return [A]
+    push: onward [B]                 return [Stream{a, b}, A]   (to stream b)
+
+It creates the onward stream, subscribes to the return stream (a
+:class:`~pipeline.streams.client.Consumer` at ``consumer:<stream>``) on first
+send, and pushes the wire-encoded message (the same codec as TCP) through the
+stream service with return route ``[<node>:transport]``. Sends to one stream
+are batched into multi-entry pushes; ``send`` returns once the message is in
+Redis. Subscribed consumers decode each entry and route it on the node
+unchanged (the sender already traced the route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pipeline.errors import LocalProtocolError, RemoteProtocolError, StreamError
+from pipeline.routing.message import Address, AddressType, StreamAddress, TransportMessage
+from pipeline.routing.node import Context, Node, Worker
+from pipeline.streams.client import Consumer, StreamClient, StreamPusher
+
+log = logging.getLogger(__name__)
+
+
+class _ReplyWorker(Worker):
+    """The transport's local address: receives the stream service's replies."""
+
+    mailbox_size = 16
+
+    def __init__(self, client: StreamClient) -> None:
+        self.client = client
+
+    def intercept(self, message: TransportMessage) -> bool:
+        return self.client.intercept(message)
+
+    async def handle(self, ctx: Context) -> None:
+        ctx.node.counters["stream_transport.unexpected_messages"] += 1
+        log.warning("stream transport: unexpected message %r", ctx.message)
+
+
+class _Batcher:
+    """Queues encoded messages for one stream and pushes them many at a time."""
+
+    def __init__(self, pusher: StreamPusher, *, max_batch: int, max_queue: int) -> None:
+        self.pusher = pusher
+        self.max_batch = max_batch
+        self.queue: asyncio.Queue[tuple[bytes, asyncio.Future[None]]] = asyncio.Queue(max_queue)
+        self.task = asyncio.create_task(self._loop(), name=f"push:{pusher.stream}")
+
+    async def submit(self, data: bytes) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self.queue.put((data, done))
+        await done
+
+    async def _loop(self) -> None:
+        while True:
+            items = [await self.queue.get()]
+            while len(items) < self.max_batch and not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            try:
+                await self.pusher.push([data for data, _ in items])
+            except (StreamError, RemoteProtocolError) as exc:
+                for _, done in items:
+                    if not done.done():
+                        done.set_exception(exc)
+            except asyncio.CancelledError:
+                for _, done in items:
+                    done.cancel()
+                raise
+            else:
+                for _, done in items:
+                    if not done.done():
+                        done.set_result(None)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        while not self.queue.empty():
+            self.queue.get_nowait()[1].cancel()
+
+
+class StreamTransport:
+    """Transport for address type 2 (see the module docstring)."""
+
+    address_type = int(AddressType.STREAM)
+
+    def __init__(
+        self,
+        *,
+        service: str = "stream_service",
+        max_failures: int = 3,
+        lease_ttl_ms: int = 15_000,
+        max_streams: int = 1000,
+        max_batch: int = 1000,
+        max_queue: int = 10_000,
+    ) -> None:
+        self.service = service
+        self.max_failures = max_failures
+        self.lease_ttl_ms = lease_ttl_ms
+        self.max_streams = max_streams
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.consumers: dict[str, Consumer] = {}
+        self._batchers: dict[str, _Batcher] = {}
+        self._lock = asyncio.Lock()
+        self._node: Node | None = None
+        self._client: StreamClient | None = None
+        self.name = "transport"
+
+    @property
+    def node(self) -> Node:
+        if self._node is None:
+            raise LocalProtocolError("stream transport is not started")
+        return self._node
+
+    async def start(self, node: Node) -> None:
+        self._node = node
+        self.name = f"{node.name}:transport"
+        self._client = StreamClient(node, Address.local(self.name), service=self.service)
+        await node.add_worker(self.name, _ReplyWorker(self._client))
+
+    async def subscribe(self, stream: str) -> Consumer:
+        """Consume ``stream`` into this node (idempotent)."""
+        found = self.consumers.get(stream)
+        if found is not None:
+            return found
+        async with self._lock:
+            found = self.consumers.get(stream)
+            if found is None:
+                if len(self.consumers) >= self.max_streams:
+                    raise StreamError(f"more than {self.max_streams} subscriptions")
+                node = self.node
+                found = Consumer(
+                    stream,
+                    self._handle_entry,
+                    client_id=node.name,
+                    holder=node.name,
+                    max_failures=self.max_failures,
+                    lease_ttl_ms=self.lease_ttl_ms,
+                    service=self.service,
+                )
+                await node.add_worker(f"consumer:{stream}", found)
+                self.consumers[stream] = found
+        return found
+
+    async def _handle_entry(self, index: str, data: bytes) -> asyncio.Future[None]:
+        node = self.node
+        try:
+            message = TransportMessage.decode(data, max_payload=node.max_payload)
+        except RemoteProtocolError as exc:
+            node.counters["stream_transport.malformed"] += 1
+            raise RemoteProtocolError(f"entry {index}: {exc}") from exc
+        return await node.deliver_tracked(message)
+
+    def _batcher(self, stream: str) -> _Batcher:
+        batcher = self._batchers.get(stream)
+        if batcher is None:
+            if len(self._batchers) >= self.max_streams:
+                raise StreamError(f"more than {self.max_streams} onward streams")
+            assert self._client is not None
+            pusher = StreamPusher(self._client, stream)
+            batcher = _Batcher(pusher, max_batch=self.max_batch, max_queue=self.max_queue)
+            self._batchers[stream] = batcher
+        return batcher
+
+    async def send(self, message: TransportMessage) -> None:
+        first = message.onward_route.first
+        try:
+            address = StreamAddress.from_address(first)
+        except RemoteProtocolError as exc:
+            self.node.counters["stream_transport.bad_address"] += 1
+            raise RemoteProtocolError(f"stream transport: {exc}") from exc
+        forwarded = TransportMessage(
+            message.onward_route.rest(),
+            message.return_route.prepend(address.reversed().to_address()),
+            message.payload,
+        )
+        await self.subscribe(address.return_stream)
+        await self._batcher(address.onward_stream).submit(forwarded.encode())
+
+    async def stop(self) -> None:
+        batchers, self._batchers = list(self._batchers.values()), {}
+        for batcher in batchers:
+            await batcher.stop()
