@@ -8,6 +8,8 @@ single field :data:`ENTRY_FIELD` whose value is :func:`encode_block`'s bytes.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,3 +122,242 @@ def decode_block(data: bytes) -> Block:
 
 def _raise(message: str) -> bool:
     raise BadBatch(message)
+
+
+# --- the seed's JSON form (websocket) ------------------------------------------
+#
+# A block goes on the wire as one ``batch`` result followed by one ``subbatch``
+# result per sub-batch, exactly as seed 004 shows them: quantities as ``0x``
+# hex without leading zeros, hashes, ids and values as ``0x`` hex bytes. The
+# encoders below work on the raw msgpack map (``decode_raw``) so the catch-up
+# path never builds a :class:`Block` per row.
+
+_MAX_QUANTITY_DIGITS = 16
+_json_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+#: A key filter: ``keep(key) -> bool`` (see ``pipeline.chain.patterns``).
+KeyTest = Callable[[str], bool]
+
+
+def hex_quantity(value: int) -> str:
+    """``0x`` hex without leading zeros (``0x0`` for zero)."""
+    return f"0x{value:x}"
+
+
+def parse_quantity(text: object) -> int:
+    """Inverse of :func:`hex_quantity`; raises :class:`BadBatch` on anything else."""
+    if not isinstance(text, str) or not text.startswith("0x"):
+        raise BadBatch(f"expected a 0x hex quantity, got {_short(text)}")
+    digits = text[2:]
+    if not digits or len(digits) > _MAX_QUANTITY_DIGITS or not _is_hex(digits):
+        raise BadBatch(f"expected a 0x hex quantity of 1 to 16 digits, got {_short(text)}")
+    return int(digits, 16)
+
+
+def hex_data(value: bytes) -> str:
+    return "0x" + value.hex()
+
+
+def parse_data(text: object) -> bytes:
+    """``0x`` hex bytes; an odd digit count (the seed's ``0x01234``) gets a leading zero."""
+    if not isinstance(text, str) or not text.startswith("0x"):
+        raise BadBatch(f"expected 0x hex data, got {_short(text)}")
+    digits = text[2:]
+    if len(digits) % 2:
+        digits = "0" + digits
+    if not _is_hex(digits):
+        raise BadBatch(f"expected 0x hex data, got {_short(text)}")
+    return bytes.fromhex(digits)
+
+
+def parse_hash(text: object) -> bytes:
+    """A ``0x`` hash of exactly 32 bytes."""
+    value = parse_data(text)
+    if len(value) != HASH_LEN:
+        raise BadBatch(f"a hash is {HASH_LEN} bytes, got {len(value)}")
+    return value
+
+
+def _is_hex(digits: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in digits)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def decode_raw(data: bytes) -> dict[str, Any]:
+    """The msgpack map of :func:`encode_block`, unchecked beyond being a map (fast path)."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise BadBatch(f"not msgpack: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise BadBatch("block must be a map")
+    return raw
+
+
+def _updates_json(updates: dict[str, bytes], keep: KeyTest | None) -> str:
+    if keep is None:
+        return _json_dumps({k: "0x" + v.hex() for k, v in updates.items()})
+    return _json_dumps({k: "0x" + v.hex() for k, v in updates.items() if keep(k)})
+
+
+def _deletes_json(deletes: list[str], keep: KeyTest | None) -> str:
+    if not deletes:
+        return "[]"
+    return _json_dumps(deletes if keep is None else [k for k in deletes if keep(k)])
+
+
+def raw_results(
+    raw: dict[str, Any], num: int, hash_hex: str, parent_hex: str, keep: KeyTest | None = None
+) -> list[str]:
+    """The block's ``batch`` result then its ``subbatch`` results, as JSON object texts.
+
+    ``keep`` filters keys of updates, deletes and sub-batches: a sub-batch is
+    sent when its prefix or one of its keys is kept, with only the kept keys;
+    ``batches`` lists exactly the sub-batches sent. Every block is sent, even
+    when nothing in it is kept, so the subscriber can follow the chain.
+    """
+    try:
+        updates = raw.get("updates") or {}
+        deletes = raw.get("deletes") or []
+        batches: dict[str, bytes] = raw.get("batches") or {}
+        subs: list[dict[str, Any]] = raw.get("subbatches") or []
+        sub_texts: list[str] = []
+        sent: dict[str, str] = {}
+        if subs:
+            by_id = {s["id"]: s for s in subs}
+            for prefix, sub_id in batches.items():
+                sub = by_id.get(sub_id)
+                if sub is None:
+                    continue
+                s_updates = sub.get("updates") or {}
+                s_deletes = sub.get("deletes") or []
+                s_keep = None if keep is None or keep(prefix) else keep
+                u_text = _updates_json(s_updates, s_keep)
+                d_text = _deletes_json(s_deletes, s_keep)
+                if s_keep is not None and u_text == "{}" and d_text == "[]":
+                    continue
+                id_hex = "0x" + sub_id.hex()
+                sent[prefix] = id_hex
+                sub_texts.append(
+                    f'{{"type":"subbatch","hash":"0x{hash_hex}","id":"{id_hex}",'
+                    f'"updates":{u_text},"deletes":{d_text}}}'
+                )
+        head = (
+            f'{{"type":"batch","num":"0x{num:x}","hash":"0x{hash_hex}","parent":"0x{parent_hex}",'
+            f'"updates":{_updates_json(updates, keep)},"deletes":{_deletes_json(deletes, keep)},'
+            f'"batches":{_json_dumps(sent) if sent else "{}"}}}'
+        )
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise BadBatch(f"malformed block map: {exc!r}") from exc
+    return [head, *sub_texts]
+
+
+def block_raw(block: Block) -> dict[str, Any]:
+    """The map :func:`decode_raw` would return for this block."""
+    return {
+        "updates": block.updates,
+        "deletes": list(block.deletes),
+        "batches": block.batches,
+        "subbatches": [
+            {"id": s.id, "updates": s.updates, "deletes": list(s.deletes)} for s in block.subbatches
+        ],
+    }
+
+
+def block_results(block: Block, keep: KeyTest | None = None) -> list[str]:
+    """:func:`raw_results` for a :class:`Block`."""
+    return raw_results(block_raw(block), block.num, block.hash.hex(), block.parent.hex(), keep)
+
+
+def _json_updates(raw: object) -> dict[str, bytes]:
+    if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+        raise BadBatch("updates must map keys to 0x hex values")
+    return {k: parse_data(v) for k, v in raw.items()}
+
+
+def _json_deletes(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(k, str) for k in raw):
+        raise BadBatch("deletes must be a list of keys")
+    return tuple(raw)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchHeader:
+    """A decoded ``batch`` result: the block without its sub-batches yet."""
+
+    num: int
+    hash: bytes
+    parent: bytes
+    updates: dict[str, bytes]
+    deletes: tuple[str, ...]
+    batches: dict[str, bytes]
+
+
+def parse_batch_result(obj: object) -> BatchHeader:
+    """Decode a ``batch`` result object (already parsed from JSON)."""
+    if not isinstance(obj, dict) or obj.get("type") != "batch":
+        raise BadBatch("not a batch result")
+    try:
+        batches = obj.get("batches", {})
+        if not isinstance(batches, dict):
+            raise BadBatch("batches must map prefixes to 0x ids")
+        return BatchHeader(
+            num=parse_quantity(obj["num"]),
+            hash=parse_hash(obj["hash"]),
+            parent=parse_hash(obj["parent"]),
+            updates=_json_updates(obj.get("updates", {})),
+            deletes=_json_deletes(obj.get("deletes", [])),
+            batches={str(p): parse_data(i) for p, i in batches.items()},
+        )
+    except KeyError as exc:
+        raise BadBatch(f"batch result is missing {exc.args[0]!r}") from exc
+
+
+def parse_subbatch_result(obj: object) -> tuple[bytes, SubBatch]:
+    """Decode a ``subbatch`` result: (block hash, sub-batch)."""
+    if not isinstance(obj, dict) or obj.get("type") != "subbatch":
+        raise BadBatch("not a subbatch result")
+    try:
+        return parse_hash(obj["hash"]), SubBatch(
+            id=parse_data(obj["id"]),
+            updates=_json_updates(obj.get("updates", {})),
+            deletes=_json_deletes(obj.get("deletes", [])),
+        )
+    except KeyError as exc:
+        raise BadBatch(f"subbatch result is missing {exc.args[0]!r}") from exc
+
+
+def assemble(header: BatchHeader, subs: Iterable[SubBatch]) -> Block:
+    """The whole block once every sub-batch listed in ``header.batches`` is known."""
+    by_id = {s.id: s for s in subs}
+    missing = [p for p, i in header.batches.items() if i not in by_id]
+    if missing:
+        raise BadBatch(f"sub-batches missing for prefixes {missing}")
+    return Block(
+        num=header.num,
+        hash=header.hash,
+        parent=header.parent,
+        updates=header.updates,
+        deletes=header.deletes,
+        batches=header.batches,
+        subbatches=tuple(by_id[i] for i in header.batches.values()),
+    )
+
+
+def block_from_json(texts: Iterable[str]) -> Block:
+    """Inverse of :func:`block_results` (the batch text first)."""
+    objs = [json.loads(t) for t in texts]
+    if not objs:
+        raise BadBatch("no batch result")
+    header = parse_batch_result(objs[0])
+    subs = []
+    for obj in objs[1:]:
+        block_hash, sub = parse_subbatch_result(obj)
+        if block_hash != header.hash:
+            raise BadBatch("subbatch of another block")
+        subs.append(sub)
+    return assemble(header, subs)

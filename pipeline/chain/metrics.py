@@ -1,0 +1,59 @@
+"""Prometheus text exposition (format 0.0.4), hand-written: counters and gauges, no labels beyond one."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    """Counters (monotonic) and gauges of one ``sluice serve`` process."""
+
+    _HELP = {
+        "sluice_serve_connections_total": ("counter", "websocket connections accepted"),
+        "sluice_serve_connections_open": ("gauge", "websocket connections open now"),
+        "sluice_serve_subscriptions_open": ("gauge", "subscriptions open now"),
+        "sluice_serve_messages_sent_total": ("counter", "notifications and replies sent"),
+        "sluice_serve_blocks_live_total": ("counter", "blocks published to the live hub"),
+        "sluice_serve_slow_disconnects_total": (
+            "counter",
+            "subscribers disconnected for falling behind",
+        ),
+        "sluice_serve_rpc_errors_total": ("counter", "JSON-RPC error replies, by code"),
+        "sluice_serve_auth_failures_total": (
+            "counter",
+            "requests refused for a missing or bad token",
+        ),
+        "sluice_serve_redis_errors_total": ("counter", "redis errors seen by the live tailer"),
+        "sluice_serve_redis_up": ("gauge", "1 when the live tailer is connected to redis"),
+    }
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = defaultdict(float)
+        self.labelled: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def inc(self, name: str, amount: float = 1.0) -> None:
+        self.values[name] += amount
+
+    def set(self, name: str, value: float) -> None:
+        self.values[name] = value
+
+    def inc_label(self, name: str, label: str, value: str, amount: float = 1.0) -> None:
+        self.labelled[name][f'{label}="{value}"'] += amount
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, (kind, text) in self._HELP.items():
+            lines.append(f"# HELP {name} {text}")
+            lines.append(f"# TYPE {name} {kind}")
+            if name in self.labelled:
+                for labels, value in sorted(self.labelled[name].items()):
+                    lines.append(f"{name}{{{labels}}} {_num(value)}")
+            else:
+                lines.append(f"{name} {_num(self.values.get(name, 0.0))}")
+        return "\n".join(lines) + "\n"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)

@@ -1,0 +1,173 @@
+"""Producers of chain streams: Redis stream, the live websocket hub, and the mux of both.
+
+A :class:`Producer` takes one whole block at a time. :class:`MuxProducer`
+sends each block to every transport in order and, when some fail, raises
+:class:`MuxError` listing every failure (not only the first) after trying
+all of them.
+
+:class:`WebsocketHub` is the live fan-out inside ``sluice serve``: it
+publishes each block once, as a :class:`LiveBlock` whose JSON results are
+encoded once per distinct pattern set and shared by every listener. Listeners
+are called synchronously (``offer``), so the hub never queues anything itself:
+each listener owns a bounded buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.chain.batch import ENTRY_FIELD, Block, KeyTest, block_raw, encode_block, raw_results
+from pipeline.errors import ChainError
+
+log = logging.getLogger(__name__)
+
+
+class Producer(Protocol):
+    async def send(self, block: Block) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MuxError(ChainError):
+    """One or more transports of a :class:`MuxProducer` failed."""
+
+    public_message = "producer transport failed"
+
+    def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
+        names = ", ".join(f"{name}: {exc!r}" for name, exc in failures)
+        super().__init__(f"{len(failures)} transport(s) failed: {names}")
+        self.failures = list(failures)
+
+
+class RedisStreamProducer:
+    """XADDs one entry per block (field ``block`` = msgpack bytes) to ``keys.stream(name)``."""
+
+    def __init__(self, client: aioredis.Redis, stream: str, *, maxlen: int | None = None) -> None:
+        self._client = client
+        self._key = keys.stream(stream)
+        self._maxlen = maxlen
+        self.last_id: bytes | None = None
+
+    async def send(self, block: Block) -> None:
+        entry_id = await self._client.xadd(
+            self._key, {ENTRY_FIELD: encode_block(block)}, maxlen=self._maxlen, approximate=True
+        )
+        self.last_id = entry_id if isinstance(entry_id, bytes) else str(entry_id).encode()
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass(slots=True, eq=False)
+class LiveBlock:
+    """One block as published live, with its encodings cached per pattern set."""
+
+    num: int
+    hash: str
+    parent: str
+    raw: dict[str, Any]
+    entry_id: bytes | None = None
+    _cache: dict[tuple[str, ...] | None, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_block(cls, block: Block, entry_id: bytes | None = None) -> LiveBlock:
+        return cls(
+            num=block.num,
+            hash=block.hash.hex(),
+            parent=block.parent.hex(),
+            raw=block_raw(block),
+            entry_id=entry_id,
+        )
+
+    def results(self, keep: KeyTest | None) -> list[str]:
+        key: tuple[str, ...] | None = getattr(keep, "patterns", None) if keep else None
+        if keep is not None and key is None:
+            return raw_results(self.raw, self.num, self.hash, self.parent, keep)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = raw_results(self.raw, self.num, self.hash, self.parent, keep)
+            if len(self._cache) < 64:
+                self._cache[key] = hit
+        return hit
+
+
+class Listener(Protocol):
+    def offer(self, item: LiveBlock) -> None:
+        """Take one live block now, without awaiting (a listener buffers or drops itself)."""
+
+
+class WebsocketHub:
+    """Live fan-out to every registered listener; also a :class:`Producer`."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[int, Listener] = {}
+        self.published = 0
+        self.last: LiveBlock | None = None
+
+    def __len__(self) -> int:
+        return len(self._listeners)
+
+    def add(self, listener: Listener) -> None:
+        self._listeners[id(listener)] = listener
+
+    def discard(self, listener: Listener) -> None:
+        self._listeners.pop(id(listener), None)
+
+    def publish(self, item: LiveBlock) -> None:
+        self.published += 1
+        self.last = item
+        for listener in list(self._listeners.values()):
+            listener.offer(item)
+
+    async def send(self, block: Block) -> None:
+        self.publish(LiveBlock.from_block(block))
+
+    async def close(self) -> None:
+        self._listeners.clear()
+
+
+class MuxProducer:
+    """Sends each block to every transport, in order; reports every failure.
+
+    When a :class:`RedisStreamProducer` precedes a hub, the hub's live block
+    carries the Redis entry id, so subscribers can tell where the stream and
+    the live feed meet.
+    """
+
+    def __init__(self, transports: Sequence[tuple[str, Producer]]) -> None:
+        if not transports:
+            raise ValueError("a MuxProducer needs at least one transport")
+        self._transports = list(transports)
+
+    async def send(self, block: Block) -> None:
+        failures: list[tuple[str, BaseException]] = []
+        entry_id: bytes | None = None
+        for name, transport in self._transports:
+            try:
+                if isinstance(transport, WebsocketHub):
+                    transport.publish(LiveBlock.from_block(block, entry_id))
+                else:
+                    await transport.send(block)
+                    if isinstance(transport, RedisStreamProducer):
+                        entry_id = transport.last_id
+            except (ChainError, OSError, aioredis.RedisError, ValueError) as exc:
+                log.warning("transport %s failed for block %d: %r", name, block.num, exc)
+                failures.append((name, exc))
+        if failures:
+            raise MuxError(failures)
+
+    async def close(self) -> None:
+        failures: list[tuple[str, BaseException]] = []
+        for name, transport in self._transports:
+            try:
+                await transport.close()
+            except (ChainError, OSError, aioredis.RedisError) as exc:
+                failures.append((name, exc))
+        if failures:
+            raise MuxError(failures)

@@ -1,0 +1,92 @@
+"""Relay mode: tail the Redis chain stream and publish every entry to the live hub.
+
+Several ``sluice serve`` processes can tail the same stream side by side; each
+keeps its own hub. On a Redis error the tailer reconnects with a capped
+backoff and resumes after the last entry id it published, so a Redis restart
+(with its data kept) costs live subscribers nothing. Redis down for longer
+than ``give_up_s`` ends the tailer with :class:`RedisUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.chain.metrics import Metrics
+from pipeline.chain.producer import LiveBlock, WebsocketHub
+from pipeline.chain.resumption import Entries
+from pipeline.errors import BadBatch, RedisUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class RedisTailer:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        hub: WebsocketHub,
+        metrics: Metrics,
+        *,
+        block_ms: int = 1000,
+        give_up_s: float = 300.0,
+    ) -> None:
+        self._redis = redis
+        self._key = keys.stream(stream)
+        self._hub = hub
+        self._metrics = metrics
+        self._block_ms = block_ms
+        self._give_up_s = give_up_s
+        self.last_id: bytes | None = None
+        self.up = False
+
+    async def _start_id(self) -> bytes:
+        newest = cast(Entries, await self._redis.xrevrange(self._key, max="+", min="-", count=1))
+        return newest[0][0] if newest else b"0-0"
+
+    async def run(self) -> None:
+        down_since: float | None = None
+        delay = 0.05
+        while True:
+            try:
+                if self.last_id is None:
+                    self.last_id = await self._start_id()
+                reply = cast(
+                    list[tuple[bytes, Entries]] | None,
+                    await self._redis.xread(
+                        {self._key: self.last_id}, count=1000, block=self._block_ms
+                    ),
+                )
+                self._set_up(True)
+                down_since, delay = None, 0.05
+            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:
+                self._set_up(False)
+                self._metrics.inc("sluice_serve_redis_errors_total")
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > self._give_up_s:
+                    raise RedisUnavailable(f"redis down for over {self._give_up_s}s") from exc
+                log.warning("live tailer: redis error %r; retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            for _key, entries in reply or ():
+                for entry_id, fields in entries:
+                    self.last_id = entry_id
+                    try:
+                        block = decode_block(fields[ENTRY_FIELD])
+                    except (BadBatch, KeyError):
+                        log.warning("live tailer: skipping invalid entry %r", entry_id)
+                        continue
+                    self._metrics.inc("sluice_serve_blocks_live_total")
+                    self._hub.publish(LiveBlock.from_block(block, self.last_id))
+
+    def _set_up(self, up: bool) -> None:
+        self.up = up
+        self._metrics.set("sluice_serve_redis_up", 1.0 if up else 0.0)

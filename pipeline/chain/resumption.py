@@ -1,0 +1,553 @@
+"""Resumption: serve any subscriber from any block, through reorgs, with no gap and no duplicate.
+
+Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
+``StreamsResumption.BlocksFrom``) first *resolves* where to start, then
+*streams* in four phases, each starting exactly where the previous stopped:
+
+1. Resolve. The Redis stream is scanned once (metadata only) into a
+   :class:`TailIndex`: the canonical chain of the tail (production order,
+   where a block at or below the head replaces everything from its height up)
+   and every hash seen. If ``hash`` is the canonical block at ``num`` (tail
+   first, then the lake), start at ``num``. Otherwise, if the tail or the lake
+   knows ``hash`` as a reorged block, walk its ancestors to the canonical fork
+   point and start just above it. Otherwise start at ``num - reorg_threshold``
+   clamped at 0. There is no second rewind.
+2. History: canonical blocks ``[start, tail.lo)`` from the Delta ``blocks``
+   table through the JVM-free :class:`~pipeline.lake.reader.LakeReader`,
+   checked to be contiguous.
+3. Tail: the tail's canonical chain ``[max(start, tail.lo), tail.hi]``, read
+   back from Redis by entry id (an entry trimmed meanwhile is read from the
+   lake instead).
+4. Replay and live: entries after the scan's last id, in production order,
+   page by page until caught up; then the sink is registered with the live
+   hub *before* a last replay, and live blocks already replayed are skipped
+   (by entry id, and by the :class:`Sender` window of sent hashes).
+
+Every emitted block goes through one :class:`Sender`, which drops a block
+whose hash was already sent at that height and marks a block at or below the
+head with a new hash as a reorg of the given depth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import pyarrow as pa
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.chain.batch import (
+    ENTRY_FIELD,
+    KeyTest,
+    decode_block,
+    decode_raw,
+    raw_results,
+)
+from pipeline.chain.producer import LiveBlock, WebsocketHub
+from pipeline.errors import BadBatch, ResumptionError, SlowConsumer
+
+log = logging.getLogger(__name__)
+
+#: What redis-py returns for XRANGE on a client without decode_responses.
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+PAGE = 1000
+_LIVE_ATTEMPTS = 5
+
+
+@dataclass(slots=True)
+class Emit:
+    """One block ready to send: its JSON results (batch first), hex hashes, reorg depth."""
+
+    num: int
+    hash: str
+    parent: str
+    results: list[str]
+    #: 0 when the block extends the subscriber's head, else how many heights it replaces.
+    reorg: int = 0
+
+
+class BlockSink(Protocol):
+    """Where resumption delivers blocks (a websocket subscription, a Dialogue duplex...)."""
+
+    async def put(self, emits: list[Emit]) -> None:
+        """Catch-up: wait for room (the subscriber sets the pace)."""
+
+    def put_nowait(self, emits: list[Emit]) -> None:
+        """Live: take them now or raise :class:`SlowConsumer`."""
+
+    def ready(self, num: int, hash: str) -> None:
+        """The subscriber reached the live head (``num`` = -1 when there is no block yet)."""
+
+
+class Resumption(Protocol):
+    async def blocks_from(
+        self, num: int, hash: bytes, keep: KeyTest | None, sink: BlockSink
+    ) -> None:
+        """Deliver blocks from ``num`` (see the module doc) until cancelled or failed."""
+
+
+class History(Protocol):
+    """What resumption needs from the lake (``pipeline.lake.reader.LakeReader``)."""
+
+    def canonical_at(self, stream: str, num: int) -> Any: ...
+
+    def find_hash(self, stream: str, hash: bytes) -> Any: ...
+
+    def iter_canonical_arrow(
+        self, stream: str, start: int, stop: int | None = None, batch_rows: int = 8192
+    ) -> Iterator[pa.Table]: ...
+
+
+class Sender:
+    """Dedup and reorg detection over the hashes sent in the last ``window`` heights."""
+
+    __slots__ = ("_hashes", "_window", "floor", "head", "sent")
+
+    def __init__(self, start: int, window: int = 4096) -> None:
+        self.floor = start
+        self.head = start - 1
+        self.sent = 0
+        self._hashes: dict[int, str] = {}
+        self._window = window
+
+    def accept(self, num: int, hash: str) -> int | None:
+        """None to skip the block, else the reorg depth (0: it extends the head)."""
+        if num > self.head:
+            self.head = num
+            self._note(num, hash)
+            return 0
+        if self.sent == 0 and num < self.floor:
+            return None  # below the resume point, before anything was sent
+        if self._hashes.get(num) == hash:
+            return None
+        depth = self.head - num + 1
+        for height in range(num, self.head + 1):
+            self._hashes.pop(height, None)
+        self.head = num
+        self._note(num, hash)
+        return depth
+
+    def _note(self, num: int, hash: str) -> None:
+        self.sent += 1
+        self._hashes[num] = hash
+        stale = num - self._window
+        if stale in self._hashes:
+            del self._hashes[stale]
+
+    def hash_at(self, num: int) -> str | None:
+        return self._hashes.get(num)
+
+
+@dataclass(slots=True)
+class TailIndex:
+    """The Redis tail, metadata only: canonical chain and every hash seen."""
+
+    chain: dict[int, tuple[str, str, bytes]] = field(default_factory=dict)
+    seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    last_id: bytes = b"0-0"
+    hi: int = -1
+
+    @property
+    def lo(self) -> int | None:
+        return min(self.chain) if self.chain else None
+
+    def add(self, num: int, hash: str, parent: str, entry_id: bytes) -> None:
+        if self.chain and num <= self.hi:
+            for height in range(num, self.hi + 1):
+                self.chain.pop(height, None)
+        self.chain[num] = (hash, parent, entry_id)
+        self.hi = num
+        self.seen[hash] = (num, parent)
+        self.last_id = entry_id
+
+
+async def _xrange(
+    client: aioredis.Redis,
+    key: str,
+    *,
+    min: str | bytes,
+    max: str | bytes,
+    count: int | None = None,
+) -> Entries:
+    return cast(Entries, await client.xrange(key, min=min, max=max, count=count))
+
+
+def _id_key(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass(slots=True)
+class Plan:
+    start: int
+    tail: TailIndex
+    history: History | None
+    #: why this start: "match", "fork", "rewind", "hash" (hash found at another height)
+    reason: str
+
+
+class TieredResumption:
+    """Delta history, then the Redis tail, then the live hub (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        redis: aioredis.Redis,
+        stream: str,
+        hub: WebsocketHub,
+        history_factory: Any = None,
+        reorg_threshold: int = 64,
+        max_tail: int = 2_000_000,
+        batch_rows: int = 8192,
+    ) -> None:
+        self._redis = redis
+        self._stream = stream
+        self._key = keys.stream(stream)
+        self._hub = hub
+        self._history_factory = history_factory
+        self._threshold = reorg_threshold
+        self._max_tail = max_tail
+        self._batch_rows = batch_rows
+
+    # --- resolve --------------------------------------------------------------
+
+    async def scan_tail(self) -> TailIndex:
+        tail = TailIndex()
+        low = "-"
+        while True:
+            entries = await _xrange(self._redis, self._key, min=low, max="+", count=PAGE)
+            for entry_id, fields in entries:
+                try:
+                    raw = decode_raw(fields[ENTRY_FIELD])
+                    tail.add(raw["num"], raw["hash"].hex(), raw["parent"].hex(), entry_id)
+                except (BadBatch, KeyError, AttributeError, TypeError):
+                    log.warning("skipping invalid chain entry %r", entry_id)
+                    tail.last_id = entry_id
+            if len(entries) < PAGE:
+                return tail
+            if len(tail.seen) > self._max_tail:
+                raise ResumptionError(f"redis tail longer than {self._max_tail} entries")
+            low = "(" + entries[-1][0].decode()
+
+    def _open_history(self) -> History | None:
+        if self._history_factory is None:
+            return None
+        history: History | None = self._history_factory()
+        return history
+
+    async def resolve(self, num: int, hash: bytes) -> Plan:
+        if num < 0:
+            raise ResumptionError("block number must be non-negative")
+        tail = await self.scan_tail()
+        history = await asyncio.to_thread(self._open_history)
+        want = hash.hex()
+        canonical = await self._canonical_hash(tail, history, num)
+        if canonical == want:
+            return Plan(start=num, tail=tail, history=history, reason="match")
+        fork = await self._fork_point(tail, history, want)
+        if fork is not None:
+            start, reason = fork
+            return Plan(start=start, tail=tail, history=history, reason=reason)
+        return Plan(
+            start=max(0, num - self._threshold), tail=tail, history=history, reason="rewind"
+        )
+
+    async def _canonical_hash(
+        self, tail: TailIndex, history: History | None, num: int
+    ) -> str | None:
+        hit = tail.chain.get(num)
+        if hit is not None:
+            return hit[0]
+        if history is None:
+            return None
+        row = await asyncio.to_thread(history.canonical_at, self._stream, num)
+        return None if row is None else bytes(row.hash).hex()
+
+    async def _lookup(
+        self, tail: TailIndex, history: History | None, h: str
+    ) -> tuple[int, str, bool] | None:
+        """(num, parent, canonical) of a block hash, from the tail first, then the lake."""
+        seen = tail.seen.get(h)
+        if seen is not None:
+            num, parent = seen
+            in_chain = tail.chain.get(num)
+            if in_chain is not None:
+                return num, parent, in_chain[0] == h
+            canonical = await self._canonical_hash(tail, history, num)
+            return num, parent, canonical == h
+        if history is None:
+            return None
+        row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
+        if row is None:
+            return None
+        canonical = await self._canonical_hash(tail, history, row.num)
+        return row.num, bytes(row.parent).hex(), canonical == h
+
+    async def _fork_point(
+        self, tail: TailIndex, history: History | None, want: str
+    ) -> tuple[int, str] | None:
+        found = await self._lookup(tail, history, want)
+        if found is None:
+            return None
+        num, parent, canonical = found
+        if canonical:
+            return num, "hash"
+        for _ in range(max(1, self._threshold)):
+            found = await self._lookup(tail, history, parent)
+            if found is None:
+                return None
+            anc_num, anc_parent, anc_canonical = found
+            if anc_canonical:
+                return anc_num + 1, "fork"
+            parent = anc_parent
+        return None
+
+    async def get_block(self, num: int) -> list[str] | None:
+        """The canonical block at ``num`` as its JSON results, or None when unknown."""
+        tail = await self.scan_tail()
+        hit = tail.chain.get(num)
+        if hit is not None:
+            h, parent, entry_id = hit
+            entries = await _xrange(self._redis, self._key, min=entry_id, max=entry_id)
+            if entries:
+                raw = decode_raw(entries[0][1][ENTRY_FIELD])
+                return raw_results(raw, num, h, parent)
+        history = await asyncio.to_thread(self._open_history)
+        if history is None:
+            return None
+        row = await asyncio.to_thread(history.canonical_at, self._stream, num)
+        if row is None:
+            return None
+        return raw_results(decode_raw(row.payload), num, row.hash.hex(), row.parent.hex())
+
+    # --- stream ---------------------------------------------------------------
+
+    async def blocks_from(
+        self, num: int, hash: bytes, keep: KeyTest | None, sink: BlockSink
+    ) -> None:
+        plan = await self.resolve(num, hash)
+        await self.stream(plan, keep, sink)
+
+    async def stream(self, plan: Plan, keep: KeyTest | None, sink: BlockSink) -> None:
+        sender = Sender(plan.start)
+        tail = plan.tail
+        lo = tail.lo
+        pos = plan.start
+        if plan.history is not None and (lo is None or pos < lo):
+            pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
+        if lo is not None:
+            if pos < lo and sender.sent:
+                raise ResumptionError(
+                    f"history gap: the lake ends at {pos - 1}, redis starts at {lo}"
+                )
+            await self._from_tail(plan, max(pos, lo), keep, sink, sender)
+        await self._replay_and_live(tail.last_id, keep, sink, sender)
+
+    async def _from_history(
+        self,
+        history: History,
+        pos: int,
+        stop: int | None,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
+    ) -> int:
+        pages = history.iter_canonical_arrow(self._stream, pos, stop, batch_rows=self._batch_rows)
+        try:
+            while True:
+                emits = await asyncio.to_thread(_next_page, pages, keep)
+                if emits is None:
+                    return pos
+                first, last = emits[0].num, emits[-1].num
+                if (sender.sent and first != pos) or last - first + 1 != len(emits):
+                    raise ResumptionError(f"history gap in the lake after block {pos - 1}")
+                for emit in emits:
+                    sender.accept(emit.num, emit.hash)
+                await sink.put(emits)
+                pos = last + 1
+        finally:
+            close = getattr(pages, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except ValueError:
+                    pass  # still running in its thread after a cancel; it ends there
+
+    async def _from_tail(
+        self, plan: Plan, pos: int, keep: KeyTest | None, sink: BlockSink, sender: Sender
+    ) -> None:
+        tail = plan.tail
+        for chunk_start in range(pos, tail.hi + 1, PAGE):
+            nums = [
+                n
+                for n in range(chunk_start, min(chunk_start + PAGE, tail.hi + 1))
+                if n in tail.chain
+            ]
+            if not nums:
+                continue
+            wanted = {tail.chain[n][2]: n for n in nums}
+            ids = sorted(wanted, key=_id_key)
+            entries = await _xrange(self._redis, self._key, min=ids[0], max=ids[-1])
+            payloads = {eid: f[ENTRY_FIELD] for eid, f in entries if eid in wanted}
+            emits = []
+            for n in nums:
+                h, parent, eid = tail.chain[n]
+                payload = payloads.get(eid)
+                if payload is None:
+                    payload = await self._payload_from_history(plan.history, n, h)
+                depth = sender.accept(n, h)
+                if depth is None:
+                    continue
+                emits.append(
+                    Emit(n, h, parent, raw_results(decode_raw(payload), n, h, parent, keep), depth)
+                )
+            if emits:
+                await sink.put(emits)
+
+    async def _payload_from_history(self, history: History | None, num: int, h: str) -> bytes:
+        if history is not None:
+            refresh = getattr(history, "refresh", None)
+            if refresh is not None:
+                await asyncio.to_thread(refresh)
+            row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
+            if row is not None:
+                return bytes(row.payload)
+        raise ResumptionError(f"block {num} was trimmed from redis and is not in the lake")
+
+    async def _replay(
+        self,
+        last_id: bytes,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
+        *,
+        until_caught_up: bool,
+    ) -> bytes:
+        while True:
+            entries = await _xrange(
+                self._redis, self._key, min="(" + last_id.decode(), max="+", count=PAGE
+            )
+            emits = []
+            for entry_id, fields in entries:
+                last_id = entry_id
+                try:
+                    block = decode_block(fields[ENTRY_FIELD])
+                except (BadBatch, KeyError):
+                    log.warning("skipping invalid chain entry %r", entry_id)
+                    continue
+                item = LiveBlock.from_block(block, entry_id)
+                depth = sender.accept(item.num, item.hash)
+                if depth is not None:
+                    emits.append(Emit(item.num, item.hash, item.parent, item.results(keep), depth))
+            if emits:
+                await sink.put(emits)
+            if len(entries) < PAGE or not until_caught_up:
+                return last_id
+
+    async def _replay_and_live(
+        self, last_id: bytes, keep: KeyTest | None, sink: BlockSink, sender: Sender
+    ) -> None:
+        last_id = await self._replay(last_id, keep, sink, sender, until_caught_up=True)
+        listener = _LiveListener(sender, keep, sink)
+        self._hub.add(listener)
+        try:
+            for _ in range(_LIVE_ATTEMPTS):
+                last_id = await self._replay(last_id, keep, sink, sender, until_caught_up=True)
+                if listener.go_live(last_id):
+                    break
+                listener.reset()  # the live buffer overflowed while replaying: replay again
+            else:
+                raise SlowConsumer("could not catch up with the live head")
+            head = sender.head
+            sink.ready(head, sender.hash_at(head) or "")
+            await listener.failed
+        finally:
+            self._hub.discard(listener)
+
+
+class _LiveListener:
+    """Buffers live blocks (bounded) until the replay caught up, then feeds the sink directly."""
+
+    def __init__(
+        self, sender: Sender, keep: KeyTest | None, sink: BlockSink, *, limit: int = 4096
+    ) -> None:
+        self._sender = sender
+        self._keep = keep
+        self._sink = sink
+        self._limit = limit
+        self._buffer: list[LiveBlock] = []
+        self._overflow = False
+        self._live = False
+        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def reset(self) -> None:
+        self._buffer.clear()
+        self._overflow = False
+
+    def go_live(self, last_id: bytes) -> bool:
+        if self._overflow:
+            return False
+        last = _id_key(last_id)
+        buffered, self._buffer = self._buffer, []
+        self._live = True
+        self._deliver([b for b in buffered if b.entry_id is None or _id_key(b.entry_id) > last])
+        return True
+
+    def offer(self, item: LiveBlock) -> None:
+        if self.failed.done():
+            return
+        if not self._live:
+            if len(self._buffer) >= self._limit:
+                self._overflow = True
+                self._buffer.clear()
+            elif not self._overflow:
+                self._buffer.append(item)
+            return
+        self._deliver([item])
+
+    def _deliver(self, items: list[LiveBlock]) -> None:
+        emits = []
+        for item in items:
+            depth = self._sender.accept(item.num, item.hash)
+            if depth is not None:
+                emits.append(
+                    Emit(item.num, item.hash, item.parent, item.results(self._keep), depth)
+                )
+        if not emits:
+            return
+        try:
+            self._sink.put_nowait(emits)
+        except SlowConsumer as exc:
+            if not self.failed.done():
+                self.failed.set_exception(exc)
+
+
+def _next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:
+    table = next(pages, None)
+    if table is None:
+        return None
+    nums = table.column("num").to_pylist()
+    hashes = table.column("hash").to_pylist()
+    parents = table.column("parent").to_pylist()
+    payloads = table.column("payload").to_pylist()
+    return [
+        Emit(n, h, p, raw_results(decode_raw(b), n, h, p, keep))
+        for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True)
+    ]
+
+
+__all__ = [
+    "BlockSink",
+    "Emit",
+    "History",
+    "Plan",
+    "Resumption",
+    "Sender",
+    "TailIndex",
+    "TieredResumption",
+]

@@ -1,0 +1,348 @@
+"""The aiohttp app of ``sluice serve``: JSON-RPC 2.0 over websocket at ``/ws``.
+
+Methods: ``cardinal_subscribe`` (params ``["streams", "0xNUM", "0xHASH",
+[patterns], {options}?]``, result a subscription id, then the seed's
+``batch``/``subbatch`` notifications), ``cardinal_unsubscribe`` (``[id]``)
+and ``cardinal_getBlock`` (``["0xNUM"]``: the canonical block's results, or
+null). Also ``/healthz`` and Prometheus ``/metrics``.
+
+Each connection has one bounded :class:`~pipeline.chain.subscription.Outbox`
+and one writer task; a subscriber that lets it fill up during live fan-out is
+closed with code 1008 and the reason. Errors are answered with the standard
+JSON-RPC codes; a connection never takes others down.
+
+Live data comes from the :class:`~pipeline.chain.producer.WebsocketHub`, fed
+either by a :class:`~pipeline.chain.relay.RedisTailer` (relay mode: several
+servers side by side) or in process by a
+:class:`~pipeline.chain.producer.MuxProducer` (``relay=False``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from pipeline.chain import jsonrpc
+from pipeline.chain.batch import parse_quantity
+from pipeline.chain.metrics import CONTENT_TYPE, Metrics
+from pipeline.chain.producer import WebsocketHub
+from pipeline.chain.relay import RedisTailer
+from pipeline.chain.resumption import History, TieredResumption
+from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
+from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME = 64 * 1024
+MAX_SUBSCRIPTIONS = 16
+CLOSE_TIMEOUT_S = 2.0
+
+SETTINGS = web.AppKey("settings", Settings)
+HUB = web.AppKey("hub", WebsocketHub)
+METRICS = web.AppKey("metrics", Metrics)
+RESUMPTION = web.AppKey("resumption", TieredResumption)
+REDIS = web.AppKey("redis", aioredis.Redis)
+TAILER = web.AppKey("tailer", RedisTailer)
+CONNECTIONS: web.AppKey[set[Connection]] = web.AppKey("connections")
+
+
+class Connection:
+    """One websocket peer: reads requests, owns its subscriptions and its writer."""
+
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
+        app = request.app
+        self.ws = ws
+        self.request = request
+        self.settings = app[SETTINGS]
+        self.metrics = app[METRICS]
+        self.resumption = app[RESUMPTION]
+        self.outbox = Outbox(self.settings.serve_send_buffer)
+        self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
+        self._next_sub = 0
+        self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self._pending_start: tuple[Subscription, Any] | None = None
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write(), name="ws-writer")
+        reader = asyncio.create_task(self._read(), name="ws-reader")
+        try:
+            waits: set[asyncio.Future[Any]] = {reader, writer, self._failure}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for _, task in self.subs.values():
+                task.cancel()
+            reader.cancel()
+            writer.cancel()
+            await asyncio.gather(
+                reader, writer, *(t for _, t in self.subs.values()), return_exceptions=True
+            )
+            self.subs.clear()
+            code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
+            await self.close(code, reason)
+
+    def fail(self, code: int, reason: str) -> None:
+        if not self._failure.done():
+            self._failure.set_result((code, reason))
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.ws.closed:
+            return
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(code=code, message=reason.encode()[:123])
+        except (TimeoutError, ConnectionError):
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()
+
+    async def _write(self) -> None:
+        ws, outbox, metrics = self.ws, self.outbox, self.metrics
+        sent = 0
+        try:
+            while True:
+                await outbox.wait()
+                while (text := outbox.pop()) is not None:
+                    await ws.send_str(text)
+                    sent += 1
+                metrics.inc("sluice_serve_messages_sent_total", sent)
+                sent = 0
+        except ConnectionError:
+            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            if msg.type == WSMsgType.TEXT:
+                await self._handle(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                self._error(None, jsonrpc.PARSE_ERROR, "binary frames are not JSON-RPC: send text")
+            elif msg.type == WSMsgType.ERROR:
+                self.fail(WSCloseCode.MESSAGE_TOO_BIG, "frame too large or invalid")
+                return
+
+    # --- requests -----------------------------------------------------------
+
+    def _reply(self, text: str) -> None:
+        if not self.outbox.offer([text]):
+            self._slow()
+
+    def _error(self, req_id: jsonrpc.RequestId, code: int, message: str) -> None:
+        self.metrics.inc_label("sluice_serve_rpc_errors_total", "code", str(code))
+        self._reply(jsonrpc.error(req_id, code, message))
+
+    def _slow(self) -> None:
+        self.metrics.inc("sluice_serve_slow_disconnects_total")
+        self.fail(
+            WSCloseCode.POLICY_VIOLATION,
+            f"subscriber too slow: send buffer of {self.outbox.limit} messages full",
+        )
+
+    async def _handle(self, text: str) -> None:
+        req = jsonrpc.parse_request(text)
+        if isinstance(req, jsonrpc.RpcError):
+            self._error(req.id, req.code, req.message)
+            return
+        if req.is_notification:
+            return  # JSON-RPC: no reply to a notification, and none of our methods is one
+        handler = _METHODS.get(req.method)
+        if handler is None:
+            self._error(req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}")
+            return
+        try:
+            value = await handler(self, req.params)
+        except BadParams as exc:
+            self._error(req.id, jsonrpc.INVALID_PARAMS, str(exc))
+        except ResumptionError as exc:
+            self._error(req.id, jsonrpc.SERVER_ERROR, str(exc))
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("request %s failed: %r", req.method, exc)
+            self._error(req.id, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
+        else:
+            self._reply(jsonrpc.result(req.id, value))
+            if req.method == "cardinal_subscribe":
+                self._start(str(value))
+
+    async def subscribe(self, params: Any) -> str:
+        parsed = parse_subscribe(params)
+        if len(self.subs) >= MAX_SUBSCRIPTIONS:
+            raise BadParams(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        plan = await self.resumption.resolve(parsed.num, parsed.hash)
+        self._next_sub += 1
+        sub_id = hex(self._next_sub)
+        sub = Subscription(sub_id, parsed, self.outbox)
+        self._pending_start = (sub, plan)
+        return sub_id
+
+    def _start(self, sub_id: str) -> None:
+        assert self._pending_start is not None
+        sub, plan = self._pending_start
+        self._pending_start = None
+        task = asyncio.create_task(self._run_sub(sub, plan), name=f"sub-{sub_id}")
+        self.subs[sub_id] = (sub, task)
+        self.metrics.inc("sluice_serve_subscriptions_open")
+
+    async def _run_sub(self, sub: Subscription, plan: Any) -> None:
+        try:
+            await self.resumption.stream(plan, sub.params.keep, sub)
+        except SlowConsumer:
+            self._slow()
+        except ResumptionError as exc:
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: {exc}")
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("subscription %s: redis error %r", sub.id, exc)
+            self.fail(WSCloseCode.TRY_AGAIN_LATER, "redis unavailable, resubscribe later")
+        finally:
+            self.metrics.inc("sluice_serve_subscriptions_open", -1)
+
+    async def unsubscribe(self, params: Any) -> bool:
+        if not isinstance(params, list) or len(params) != 1 or not isinstance(params[0], str):
+            raise BadParams('params must be ["0xID"]')
+        entry = self.subs.pop(params[0], None)
+        if entry is None:
+            return False
+        entry[1].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await entry[1]
+        return True
+
+    async def get_block(self, params: Any) -> list[Any] | None:
+        if not isinstance(params, list) or len(params) != 1:
+            raise BadParams('params must be ["0xNUM"]')
+        try:
+            num = parse_quantity(params[0])
+        except BadBatch as exc:
+            raise BadParams(f"block number: {exc}") from exc
+        texts = await self.resumption.get_block(num)
+        return None if texts is None else [json.loads(t) for t in texts]
+
+
+_METHODS: dict[str, Callable[[Connection, Any], Any]] = {
+    "cardinal_subscribe": Connection.subscribe,
+    "cardinal_unsubscribe": Connection.unsubscribe,
+    "cardinal_getBlock": Connection.get_block,
+}
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+async def ws_handler(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    settings, metrics = app[SETTINGS], app[METRICS]
+    if settings.serve_token and not _authorized(request, settings.serve_token):
+        metrics.inc("sluice_serve_auth_failures_total")
+        return web.json_response({"error": "missing or invalid bearer token"}, status=401)
+    ws = web.WebSocketResponse(
+        heartbeat=settings.serve_heartbeat_s or None,
+        max_msg_size=MAX_FRAME,
+        compress=False,
+        timeout=CLOSE_TIMEOUT_S,
+    )
+    await ws.prepare(request)
+    conn = Connection(ws, request)
+    metrics.inc("sluice_serve_connections_total")
+    app[CONNECTIONS].add(conn)
+    try:
+        await conn.run()
+    finally:
+        app[CONNECTIONS].discard(conn)
+    return ws
+
+
+async def healthz(request: web.Request) -> web.Response:
+    app = request.app
+    tailer = app.get(TAILER)
+    redis_up = tailer.up if tailer is not None else None
+    hub = app[HUB]
+    body = {
+        "status": "ok" if redis_up is not False else "degraded",
+        "redis": {True: "up", False: "down", None: "in-process"}[redis_up],
+        "connections": len(app[CONNECTIONS]),
+        "live_subscriptions": len(hub),
+        "head": hub.last.num if hub.last is not None else None,
+    }
+    return web.json_response(body, status=200 if redis_up is not False else 503)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    metrics.set("sluice_serve_connections_open", len(request.app[CONNECTIONS]))
+    return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def create_app(
+    settings: Settings,
+    *,
+    relay: bool = True,
+    hub: WebsocketHub | None = None,
+    history_factory: Callable[[], History | None] | None = None,
+) -> web.Application:
+    """The server app. ``relay``: tail Redis for live data; else publish to ``app[HUB]`` yourself."""
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[HUB] = hub or WebsocketHub()
+    app[METRICS] = Metrics()
+    app[CONNECTIONS] = set()
+    if history_factory is None:
+        lake_uri = settings.lake_uri
+
+        def history_factory() -> History | None:
+            from pipeline.lake.reader import LakeReader
+
+            return LakeReader(lake_uri)
+
+    factory = history_factory
+
+    async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
+        client = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        app[REDIS] = client
+        app[RESUMPTION] = TieredResumption(
+            redis=client,
+            stream=settings.serve_stream,
+            hub=app[HUB],
+            history_factory=factory,
+            reorg_threshold=settings.reorg_threshold,
+        )
+        task: asyncio.Task[None] | None = None
+        if relay:
+            tailer = RedisTailer(client, settings.serve_stream, app[HUB], app[METRICS])
+            app[TAILER] = tailer
+            task = asyncio.create_task(tailer.run(), name="redis-tailer")
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # the tailer's own failure, reported at shutdown
+                    log.exception("live tailer failed")
+            await client.aclose()
+
+    async def on_shutdown(app: web.Application) -> None:
+        conns: set[Connection] = app[CONNECTIONS]
+        await asyncio.gather(
+            *(c.close(WSCloseCode.GOING_AWAY, "server shutting down") for c in list(conns))
+        )
+
+    app.cleanup_ctx.append(redis_ctx)
+    app.on_shutdown.append(on_shutdown)
+    app.router.add_get("/ws", ws_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    return app

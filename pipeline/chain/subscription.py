@@ -1,0 +1,158 @@
+"""One websocket subscriber's side of the server: params, the bounded outbox, the sink.
+
+The :class:`Outbox` is the only send buffer of a connection: a bounded deque
+of ready JSON texts drained by one writer task. Catch-up waits for room
+(``put``); live fan-out never waits (``offer``): a full outbox means the
+subscriber fell behind and it is disconnected with that reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.chain import jsonrpc
+from pipeline.chain.batch import hex_quantity, parse_hash, parse_quantity
+from pipeline.chain.patterns import KeyFilter, compile_patterns
+from pipeline.chain.resumption import Emit
+from pipeline.errors import BadBatch, BadParams, SlowConsumer
+
+METHOD = "cardinal_subscribe"
+_EXTRAS = {"ready", "reorgs"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscribeParams:
+    num: int
+    hash: bytes
+    keep: KeyFilter | None
+    ready: bool = False
+    reorgs: bool = False
+
+
+def parse_subscribe(params: Any) -> SubscribeParams:
+    """``["streams", "0xNUM", "0xHASH", [patterns], {extras}?]``; raises :class:`BadParams`."""
+    if not isinstance(params, list) or not 3 <= len(params) <= 5:
+        raise BadParams(
+            'params must be ["streams", "0xNUM", "0xHASH", [patterns]] (+ an optional options object)'
+        )
+    if params[0] != "streams":
+        raise BadParams(f'unknown subscription kind {str(params[0])[:40]!r}: only "streams"')
+    try:
+        num = parse_quantity(params[1])
+    except BadBatch as exc:
+        raise BadParams(f"block number: {exc}") from exc
+    try:
+        block_hash = parse_hash(params[2])
+    except BadBatch as exc:
+        raise BadParams(f"block hash: {exc}") from exc
+    keep = compile_patterns(params[3] if len(params) > 3 else None)
+    extras: Any = params[4] if len(params) > 4 else {}
+    if not isinstance(extras, dict):
+        raise BadParams("the options parameter must be an object")
+    unknown = set(extras) - _EXTRAS
+    if unknown:
+        raise BadParams(f"unknown options {sorted(unknown)}; known: {sorted(_EXTRAS)}")
+    if not all(isinstance(v, bool) for v in extras.values()):
+        raise BadParams("options take true or false")
+    return SubscribeParams(
+        num=num,
+        hash=block_hash,
+        keep=keep,
+        ready=extras.get("ready", False),
+        reorgs=extras.get("reorgs", False),
+    )
+
+
+class Outbox:
+    """Bounded queue of texts to send on one connection."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("outbox limit must be positive")
+        self.limit = limit
+        self._items: deque[str] = deque()
+        self._data = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def offer(self, texts: list[str]) -> bool:
+        """Queue now if there is room for all of them, else False (nothing queued)."""
+        if len(self._items) + len(texts) > self.limit:
+            return False
+        self._items.extend(texts)
+        self._data.set()
+        return True
+
+    async def put(self, texts: list[str]) -> None:
+        """Queue, waiting for room; a list longer than the limit goes in once the queue is empty."""
+        while self._items and len(self._items) + len(texts) > self.limit:
+            self._room.clear()
+            await self._room.wait()
+        self._items.extend(texts)
+        self._data.set()
+
+    async def wait(self) -> None:
+        await self._data.wait()
+
+    def pop(self) -> str | None:
+        if not self._items:
+            self._data.clear()
+            self._room.set()
+            return None
+        text = self._items.popleft()
+        if len(self._items) <= self.limit // 2:
+            self._room.set()
+        return text
+
+
+class Subscription:
+    """The :class:`~pipeline.chain.resumption.BlockSink` of one websocket subscription."""
+
+    def __init__(self, sub_id: str, params: SubscribeParams, outbox: Outbox) -> None:
+        self.id = sub_id
+        self.params = params
+        self._outbox = outbox
+        self._prefix = jsonrpc.notification_prefix(METHOD, sub_id)
+        self.blocks = 0
+        self.is_live = False
+
+    def _texts(self, emits: list[Emit]) -> list[str]:
+        prefix = self._prefix
+        suffix = jsonrpc.NOTIFICATION_SUFFIX
+        out: list[str] = []
+        for emit in emits:
+            if emit.reorg and self.params.reorgs:
+                out.append(
+                    prefix + f'{{"type":"reorg","num":"{hex_quantity(emit.num)}",'
+                    f'"depth":"{hex_quantity(emit.reorg)}"}}' + suffix
+                )
+            out.extend([prefix + r + suffix for r in emit.results])
+        self.blocks += len(emits)
+        return out
+
+    async def put(self, emits: list[Emit]) -> None:
+        await self._outbox.put(self._texts(emits))
+
+    def put_nowait(self, emits: list[Emit]) -> None:
+        texts = self._texts(emits)
+        if not self._outbox.offer(texts):
+            raise SlowConsumer(
+                f"send buffer of {self._outbox.limit} messages is full",
+                public=f"subscriber too slow: send buffer of {self._outbox.limit} messages full",
+            )
+
+    def ready(self, num: int, hash: str) -> None:
+        self.is_live = True
+        if not self.params.ready:
+            return
+        num_text = f'"{hex_quantity(num)}"' if num >= 0 else "null"
+        hash_text = f'"0x{hash}"' if hash else "null"
+        body = f'{{"type":"ready","num":{num_text},"hash":{hash_text}}}'
+        if not self._outbox.offer([self._prefix + body + jsonrpc.NOTIFICATION_SUFFIX]):
+            raise SlowConsumer("send buffer full at the live head")

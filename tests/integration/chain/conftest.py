@@ -1,0 +1,168 @@
+"""Fixtures of the chain integration tests: a real server on a free port, lake tables, a client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import pyarrow as pa
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from pipeline.chain.batch import (
+    Block,
+    encode_block,
+    parse_batch_result,
+    parse_subbatch_result,
+)
+from pipeline.chain.ordered import BlockAssembler
+from pipeline.chain.server import create_app
+from pipeline.lake.tables import BLOCKS, BLOCKS_ARROW
+from pipeline.settings import Settings
+
+STREAM = "chain:test"
+
+
+def write_lake(
+    lake_uri: str,
+    blocks: Iterable[Block],
+    canonical: set[bytes] | None = None,
+    *,
+    stream: str = STREAM,
+) -> None:
+    """Append blocks to the lake's ``blocks`` table (canonical = all, unless a hash set is given)."""
+    from deltalake import write_deltalake
+
+    rows = list(blocks)
+    now = datetime.now(UTC)
+    table = pa.table(
+        {
+            "stream": [stream] * len(rows),
+            "num": [b.num for b in rows],
+            "hash": [b.hash.hex() for b in rows],
+            "parent": [b.parent.hex() for b in rows],
+            "canonical": [canonical is None or b.hash in canonical for b in rows],
+            "entry_id": [f"{i + 1}-0" for i in range(len(rows))],
+            "entry_ms": [i + 1 for i in range(len(rows))],
+            "payload": [encode_block(b) for b in rows],
+            "archived_at": [now] * len(rows),
+        },
+        schema=BLOCKS_ARROW,
+    )
+    write_deltalake(
+        f"{lake_uri}/{BLOCKS}",
+        table,
+        mode="append",
+        configuration={"delta.enableDeletionVectors": "false"},
+    )
+
+
+@pytest.fixture
+def settings(redis_url: str, lake_uri: str) -> Settings:
+    return Settings.load(
+        env={},
+        redis_url=redis_url,
+        lake_uri=lake_uri,
+        serve_stream=STREAM,
+        serve_send_buffer=256,
+        serve_heartbeat_s=5.0,
+        reorg_threshold=8,
+    )
+
+
+@pytest.fixture
+def serve() -> Callable[..., Any]:
+    @asynccontextmanager
+    async def run(settings: Settings, **kwargs: Any) -> AsyncIterator[tuple[str, web.Application]]:
+        app = create_app(settings, **kwargs)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            yield f"http://127.0.0.1:{server.port}", app
+        finally:
+            await server.close()
+
+    return run
+
+
+class Client:
+    """A raw websocket JSON-RPC client for the tests."""
+
+    def __init__(self, session: aiohttp.ClientSession, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.session = session
+        self.ws = ws
+        self._id = 0
+        self.assembler = BlockAssembler()
+        self.other: list[Any] = []
+
+    async def call(self, method: str, params: Any) -> dict[str, Any]:
+        self._id += 1
+        await self.ws.send_str(
+            json.dumps({"jsonrpc": "2.0", "id": self._id, "method": method, "params": params})
+        )
+        while True:
+            reply = await self.recv()
+            if reply.get("id") == self._id:
+                return reply
+            self.other.append(reply)
+
+    async def recv(self, wait_s: float = 10.0) -> dict[str, Any]:
+        msg = await self.ws.receive(timeout=wait_s)
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            raise ConnectionError(f"got {msg.type} {msg.data!r} {msg.extra!r}")
+        out: dict[str, Any] = json.loads(msg.data)
+        return out
+
+    async def subscribe(
+        self,
+        num: int,
+        block_hash: bytes,
+        patterns: list[str] | None = None,
+        opts: dict[str, bool] | None = None,
+    ) -> str:
+        params: list[Any] = ["streams", hex(num), "0x" + block_hash.hex(), patterns or []]
+        if opts is not None:
+            params.append(opts)
+        reply = await self.call("cardinal_subscribe", params)
+        assert "result" in reply, reply
+        return str(reply["result"])
+
+    async def blocks(
+        self, count: int, wait_s: float = 20.0, results: list[dict[str, Any]] | None = None
+    ) -> list[Block]:
+        """The next ``count`` whole blocks, in arrival order (other notifications kept in ``results``)."""
+        out: list[Block] = []
+        pending = list(self.other)
+        self.other.clear()
+        async with asyncio.timeout(wait_s):
+            while len(out) < count:
+                obj = pending.pop(0) if pending else await self.recv(wait_s)
+                result = obj["params"]["result"]
+                if results is not None:
+                    results.append(result)
+                if result["type"] == "batch":
+                    block = self.assembler.batch(parse_batch_result(result))
+                elif result["type"] == "subbatch":
+                    block = self.assembler.subbatch(*parse_subbatch_result(result))
+                else:
+                    block = None
+                if block is not None:
+                    out.append(block)
+        return out
+
+
+@pytest.fixture
+def connect() -> Callable[..., Any]:
+    @asynccontextmanager
+    async def run(base: str, **kwargs: Any) -> AsyncIterator[Client]:
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(base + "/ws", **kwargs) as ws:
+                yield Client(session, ws)
+
+    return run
