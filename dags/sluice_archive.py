@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
-from sluice_airflow.common import DEFAULT_ARGS, LAKE_BLOCKS, interval_ms, lake_job, load_settings
+from sluice_airflow.common import LAKE_BLOCKS, default_args, interval_ms, lake_job, load_settings
 
 _settings = load_settings()
 
@@ -32,7 +32,7 @@ _settings = load_settings()
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
-    default_args=DEFAULT_ARGS,
+    default_args=default_args(_settings),
     tags=["sluice", "lake"],
     doc_md=__doc__,
 )
@@ -100,6 +100,7 @@ def sluice_archive() -> None:
     marked = canonical.expand(stream=chain_streams())
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed
+    archived >> trimmed
     publish(archived, trimmed)
 
 

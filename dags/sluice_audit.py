@@ -19,9 +19,11 @@ from typing import Any
 
 from airflow.sdk import dag, task
 from airflow.sdk.exceptions import AirflowFailException
-from sluice_airflow.common import DEFAULT_ARGS, LAKE_BLOCKS, lake_job, load_settings
+from sluice_airflow.common import LAKE_BLOCKS, default_args, lake_job, load_settings
 
 log = logging.getLogger(__name__)
+
+_settings = load_settings()
 
 
 @dag(
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
-    default_args=DEFAULT_ARGS,
+    default_args=default_args(_settings),
     tags=["sluice", "lake"],
     doc_md=__doc__,
 )

@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
-from sluice_airflow.common import DEFAULT_ARGS, lake_job
+from sluice_airflow.common import default_args, lake_job, load_settings
+
+_settings = load_settings()
 
 
 @dag(
@@ -20,7 +22,7 @@ from sluice_airflow.common import DEFAULT_ARGS, lake_job
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
-    default_args=DEFAULT_ARGS,
+    default_args=default_args(_settings),
     params={
         "retain_hours": Param(
             168, type="integer", minimum=0, description="VACUUM keeps files this many hours"

@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
-from sluice_airflow.common import DEFAULT_ARGS, lake_job
+from sluice_airflow.common import default_args, lake_job, load_settings
+
+_settings = load_settings()
 
 
 @dag(
@@ -20,7 +22,7 @@ from sluice_airflow.common import DEFAULT_ARGS, lake_job
     schedule=None,
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
-    default_args={**DEFAULT_ARGS, "retries": 0},
+    default_args={**default_args(_settings), "retries": 0},
     params={
         "stream": Param("chain:demo", type="string", minLength=1, description="archived stream"),
         "from_num": Param(0, type="integer", minimum=0, description="first block number"),

@@ -6,7 +6,7 @@ Cheap to import (no Spark, no pandas): DAG files import it at parse time.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset
@@ -20,9 +20,17 @@ log = logging.getLogger(__name__)
 #: Updated by every successful ``sluice_archive`` run; schedules ``sluice_audit``.
 LAKE_BLOCKS = Asset("sluice://lake/blocks", group="sluice")
 
-#: Default task arguments of the lake DAGs: Delta commits are atomic and every
-#: job is idempotent for its interval, so a retry is always safe.
-DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2}
+
+def default_args(settings: Settings) -> dict[str, Any]:
+    """Task defaults of the lake DAGs: Delta commits are atomic and every job is
+    idempotent for its interval, so a retry is always safe."""
+    return {
+        "owner": "sluice",
+        "retries": settings.lake_task_retries,
+        "retry_delay": timedelta(seconds=60),
+        # The job's own limit kills it first; this is the backstop.
+        "execution_timeout": timedelta(seconds=settings.lake_job_timeout_s + 120),
+    }
 
 
 def load_settings() -> Settings:

@@ -1,0 +1,77 @@
+"""The Redis hook: an Airflow connection when defined, else SLUICE_REDIS_URL; a real PING."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError
+
+pytestmark = pytest.mark.airflow
+
+
+def test_connection_from_airflow_wins(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.redis_hook import SluiceRedisHook
+
+    monkeypatch.setenv("SLUICE_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", "redis://:s%40cret@10.1.2.3:6380/3")
+    assert SluiceRedisHook().get_url() == "redis://:s%40cret@10.1.2.3:6380/3"
+
+
+def test_fallback_to_sluice_redis_url(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.redis_hook import SluiceRedisHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_SLUICE_REDIS", raising=False)
+    monkeypatch.setenv("SLUICE_REDIS_URL", "redis://127.0.0.1:7001/2")
+    assert SluiceRedisHook().get_url() == "redis://127.0.0.1:7001/2"
+
+
+def test_hook_talks_to_a_real_redis(
+    airflow_home: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sluice_airflow.redis_hook import SluiceRedisHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", redis_url)
+    hook = SluiceRedisHook()
+    assert hook.test_connection() == (True, "redis answered PING")
+    client = hook.get_conn()
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+
+
+def test_unreachable_redis_is_reported(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice_airflow.redis_hook import SluiceRedisHook
+
+    from pipeline.localredis import free_port
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", f"redis://127.0.0.1:{free_port()}/0")
+    ok, message = SluiceRedisHook().test_connection()
+    assert ok is False and message.startswith("redis ping failed")
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"host": None}, "no host"),
+        ({"schema": "zero"}, "db must be a number"),
+        ({"extra": {"db": "x"}}, "db must be a number"),
+    ],
+)
+def test_bad_connections_are_clear_errors(fields: dict[str, object], error: str) -> None:
+    from sluice_airflow.redis_hook import connection_url
+
+    base: dict[str, object] = {"host": "h", "port": 1, "password": None, "schema": "", "extra": {}}
+    with pytest.raises(ConfigError, match=error):
+        connection_url(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_ssl_and_db_from_extra() -> None:
+    from sluice_airflow.redis_hook import connection_url
+
+    url = connection_url(
+        host="h", port=None, password="pw", schema="", extra={"db": 4, "ssl": "true"}
+    )
+    assert url == "rediss://:pw@h:6379/4"
