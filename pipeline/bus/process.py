@@ -168,12 +168,12 @@ class BusProcess:
             await asyncio.wait_for(self._runner.cleanup(), grace_s)
         for task in self._tasks:
             task.cancel()
-        results = await asyncio.wait_for(
-            asyncio.gather(*self._tasks, return_exceptions=True), grace_s
-        )
-        for task, result in zip(self._tasks, results, strict=True):
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                log.error("bus: task %s failed: %r", task.get_name(), result)
+        _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
+        for task in self._tasks:
+            if task in pending:
+                log.error("bus: task %s did not stop in %.1fs", task.get_name(), grace_s)
+            elif not task.cancelled() and task.exception() is not None:
+                log.error("bus: task %s failed: %r", task.get_name(), task.exception())
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
 
@@ -188,7 +188,9 @@ class BusProcess:
     async def _loop(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
         pause = 0.1
         batch_size = self.config.batch
-        while True:
+        # The flag also ends the loop within one BLMOVE wait should a cancellation be lost
+        # inside the Redis client.
+        while not self._stopped:
             try:
                 batch = await self.store.inflight(queue, batch_size)
                 if not batch:
@@ -199,6 +201,7 @@ class BusProcess:
                 await handle(batch)
                 pause = 0.1
             except _REDIS_ERRORS as exc:
+                reraise_if_cancelling(exc)
                 log.warning("bus: %s loop: redis error %r, retrying in %.1fs", queue, exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
@@ -379,11 +382,12 @@ class BusProcess:
             log.info("bus: resending %d pending outbound envelopes", len(items))
 
     async def _scrubber(self) -> None:
-        while True:
+        while not self._stopped:
             await asyncio.sleep(self.config.scrub_interval_s)
             try:
                 await self.scrub(time.time())
             except _REDIS_ERRORS as exc:
+                reraise_if_cancelling(exc)
                 log.warning("bus: scrubber: redis error %r", exc)
 
     async def scrub(self, now: float) -> int:
@@ -406,6 +410,13 @@ class BusProcess:
                 await pipe.execute()
         await self.store.forget_seen(now)
         return answered
+
+
+def reraise_if_cancelling(exc: BaseException) -> None:
+    """redis-py may turn a cancellation into a connection error: never swallow a cancel."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
 
 
 def _salvage_uid(raw: bytes) -> str:

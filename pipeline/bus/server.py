@@ -32,6 +32,7 @@ import redis.exceptions
 
 from pipeline import keys
 from pipeline.bus.envelope import Envelope, decode, encode_data
+from pipeline.bus.process import reraise_if_cancelling
 from pipeline.errors import EnvelopeError, HandlerError
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class BusServer:
                     await pipe.execute()
                 pause = 0.1
             except (redis.exceptions.RedisError, OSError) as exc:
+                reraise_if_cancelling(exc)
                 log.warning("bus server: redis error %r, retrying in %.1fs", exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)

@@ -94,7 +94,9 @@ class Twin:
             *extra,
         ]  # fmt: skip
         with open(self.log_file, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env)
+            self.proc = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env
+            )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # "listening" (or EOF if it died)
         if b"listening" not in line:

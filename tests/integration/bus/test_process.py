@@ -37,7 +37,9 @@ async def stop(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def raw_call(url: str, doc: dict[str, Any], answers: int, wait: float = 10) -> list[dict[str, Any]]:
+async def raw_call(
+    url: str, doc: dict[str, Any], answers: int, wait: float = 10
+) -> list[dict[str, Any]]:
     """A client written only from the seed: RPUSH the JSON, BLPOP ``ret``."""
     client = aioredis.Redis.from_url(url)
     try:
@@ -71,7 +73,20 @@ async def test_raw_seed_client_call_between_two_twins(twins):
         [answer] = await raw_call(a.url, seed_request("wallet.balance", [b.id], b"GA7O"), 1)
     finally:
         await stop(task)
-    assert set(answer) == {"ver", "uid", "cmd", "exp", "try", "dat", "src", "dst", "ret", "shm", "now", "err"}
+    assert set(answer) == {
+        "ver",
+        "uid",
+        "cmd",
+        "exp",
+        "try",
+        "dat",
+        "src",
+        "dst",
+        "ret",
+        "shm",
+        "now",
+        "err",
+    }
     assert answer["err"] == ""
     assert base64.b64decode(answer["dat"]) == b"echo:GA7O"
     assert answer["src"] == b.id and answer["dst"] == [a.id]
@@ -189,7 +204,9 @@ async def test_expiry_when_nobody_handles(twins):
     assert await rb.llen("msgbus.nobody") == 1  # it did reach the remote side
     await rb.aclose()
     # already expired when sent: answered at once
-    [late] = await raw_call(a.url, seed_request("nobody", [b.id], b"", now=int(time.time()) - 100, exp=10), 1)
+    [late] = await raw_call(
+        a.url, seed_request("nobody", [b.id], b"", now=int(time.time()) - 100, exp=10), 1
+    )
     assert late["err"] == "request expired"
 
 

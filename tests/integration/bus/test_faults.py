@@ -1,0 +1,150 @@
+"""Bad input on msgbus.system.local, a bus killed mid-flight, a graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.bus.envelope import Envelope
+
+from .test_process import raw_call, seed_request, serve, stop
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_malformed_requests_answered_or_logged(twins, caplog):
+    (a,) = twins(1)
+    await a.start_bus()
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        cases = [  # (raw, ret, expected text in err)
+            (b'{"ver": 1, "cmd": "x", "ret": "q-trunc", "dst": [1', "q-trunc", "not valid JSON"),
+            (_doc(a, ret="q-ver", ver=2), "q-ver", "ver must be 1"),
+            (_doc(a, ret="q-dst", dst=[]), "q-dst", "dst must be"),
+            (_doc(a, ret="q-dat", dat="***"), "q-dat", "base64"),
+            (_doc(a, ret="q-sys", cmd="system.local"), "q-sys", "reserved"),
+            (_doc(a, ret="q-exp", exp=-1), "q-exp", "exp must be"),
+            (_doc(a, ret="q-str", dst=["1002"]), "q-str", "dst must be"),
+            (_doc(a, ret="q-try", **{"try": 1.5}), "q-try", "try must be"),
+        ]
+        caplog.set_level(logging.WARNING, logger="pipeline.bus.process")
+        await ra.rpush(keys.BUS_LOCAL, b"\xff\xfe not even text", b"[1, 2]", *[c[0] for c in cases])
+        for _, ret, text in cases:
+            popped = await ra.blpop([ret], timeout=5)
+            assert popped is not None, ret
+            answer = json.loads(popped[1])
+            assert answer["err"].startswith("invalid envelope") and text in answer["err"], answer
+        # the bus is still serving, and nothing is left in flight
+        _, task = serve(a, echo=_echo)
+        try:
+            [ok] = await raw_call(a.url, seed_request("echo", [a.id], b"still"), 1)
+        finally:
+            await stop(task)
+        assert ok["err"] == ""
+        assert await ra.llen(keys.bus_inflight(keys.BUS_LOCAL)) == 0
+        assert sum("no ret" in r.getMessage() for r in caplog.records) == 2
+    finally:
+        await ra.aclose()
+
+
+def _doc(twin: Any, **fields: Any) -> bytes:
+    doc = seed_request("x", [twin.id], b"")
+    doc.update(fields)
+    return json.dumps(doc).encode()
+
+
+async def _echo(data: bytes, request: Envelope) -> bytes:
+    return data
+
+
+async def _collect(url: str, rets: list[str], wait: float) -> dict[str, dict[str, Any]]:
+    client = aioredis.Redis.from_url(url)
+    answers: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + wait
+    try:
+        pending = set(rets)
+        while pending and time.monotonic() < deadline:
+            popped = await client.blpop(list(pending)[:200], timeout=1)
+            if popped is None:
+                continue
+            ret = popped[0].decode()
+            answers[ret] = json.loads(popped[1])
+            pending.discard(ret)
+        # exactly one answer each: nothing else arrives
+        await asyncio.sleep(0.3)
+        extra = sum([await client.llen(r) for r in rets])
+        assert extra == 0, f"{extra} duplicate answers"
+    finally:
+        await client.aclose()
+    return answers
+
+
+async def test_bus_killed_mid_flight_leaves_no_request_unanswered(twins):
+    a, b = twins(2)
+    a.spawn()
+    b.spawn()
+
+    async def slow(data: bytes, request: Envelope) -> bytes:
+        await asyncio.sleep(0.01)
+        return b"done:" + data
+
+    _, task = serve(b, slow=slow)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        docs = [seed_request("slow", [b.id], str(i).encode(), exp=20) for i in range(300)]
+        await ra.rpush(keys.BUS_LOCAL, *[json.dumps(d) for d in docs])
+        rets = [d["ret"] for d in docs]
+        # let some calls finish, then crash both buses with work in every stage
+        while sum([await ra.exists(r) for r in rets[:50]]) < 5:
+            await asyncio.sleep(0.01)
+        a.kill()
+        b.kill()
+        in_flight = await ra.hlen(keys.BUS_BACKLOG)
+        assert in_flight > 0  # requests were mid-flight when the buses died
+        b.spawn()
+        a.spawn()
+        answers = await _collect(a.url, rets, wait=30)
+    finally:
+        await stop(task)
+        await ra.aclose()
+    assert len(answers) == len(docs), f"{len(docs) - len(answers)} requests never answered"
+    ok = [r for r, ans in answers.items() if not ans["err"]]
+    assert len(ok) > 0
+    print(f"in flight at kill: {in_flight}, answered ok: {len(ok)}, expired: {len(docs) - len(ok)}")
+    for doc in docs:
+        ans = answers[doc["ret"]]
+        assert ans["err"] in ("", "request expired"), ans["err"]
+        if not ans["err"]:
+            assert ans["dat"] != doc["dat"]  # the handler's payload, not the request's
+
+
+async def test_graceful_stop_keeps_queued_work(twins):
+    a, b = twins(2)
+    a.spawn()
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        docs = [seed_request("echo", [b.id], b"q", exp=30, **{"try": 50}) for _ in range(20)]
+        await ra.rpush(keys.BUS_LOCAL, *[json.dumps(d) for d in docs])
+        while await ra.llen(keys.BUS_LOCAL) or await ra.hlen(keys.bus_outbox()) < 20:
+            await asyncio.sleep(0.02)  # b is down: all 20 sit in the outbox, retrying
+        assert a.terminate() == 0
+        assert await ra.hlen(keys.bus_outbox()) == 20
+        assert await ra.hlen(keys.BUS_BACKLOG) == 20
+        _, task = serve(b, echo=_echo)
+        try:
+            b.spawn()
+            a.spawn()
+            answers = await _collect(a.url, [d["ret"] for d in docs], wait=20)
+        finally:
+            await stop(task)
+        assert [ans["err"] for ans in answers.values()] == [""] * 20
+        assert await ra.hlen(keys.bus_outbox()) == 0 and await ra.hlen(keys.BUS_BACKLOG) == 0
+    finally:
+        await ra.aclose()

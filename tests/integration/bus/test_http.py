@@ -1,0 +1,130 @@
+"""The /zbus-remote and /zbus-reply endpoints refuse what they must: forged, replayed, stray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.bus.envelope import Envelope
+from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER, Signer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def request_body(src: int, dst: int, uid: str, **fields: Any) -> bytes:
+    env = Envelope(
+        uid=uid, cmd="echo", exp=60, try_=1, src=src, dst=[dst], ret="r-1", now=int(time.time())
+    )
+    return env.copy(**fields).encode()
+
+
+async def post(
+    port: int, path: str, body: bytes, signer: Signer | None, twin: int
+) -> tuple[int, str]:
+    headers = {TWIN_HEADER: str(twin)}
+    if signer is not None:
+        headers[SIGNATURE_HEADER] = signer.sign(body)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"http://127.0.0.1:{port}{path}", data=body, headers=headers
+        ) as resp:
+            return resp.status, await resp.text()
+
+
+async def test_signed_request_accepted_once_then_replay_refused(twins):
+    a, b = twins(2)
+    await b.start_bus()
+    body = request_body(a.id, b.id, f"{b.id}.7")
+    assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
+    status, text = await post(b.port, "/zbus-remote", body, a.signer, a.id)
+    assert status == 409 and "replayed" in text
+    rb = aioredis.Redis.from_url(b.url)
+    try:
+        queued = await rb.lrange("msgbus.echo", 0, -1)  # the remote loop moved it on
+        for _ in range(100):
+            if queued:
+                break
+            await asyncio.sleep(0.02)
+            queued = await rb.lrange("msgbus.echo", 0, -1)
+        assert len(queued) == 1
+        assert json.loads(queued[0])["ret"] == keys.BUS_REPLY
+    finally:
+        await rb.aclose()
+
+
+async def test_forged_unsigned_and_unknown_refused(twins):
+    a, b, c = twins(3)
+    await b.start_bus()
+    body = request_body(a.id, b.id, f"{b.id}.1")
+    intruder = Signer.generate()
+    assert (await post(b.port, "/zbus-remote", body, intruder, a.id))[0] == 401  # forged
+    assert (await post(b.port, "/zbus-remote", body, c.signer, a.id))[0] == 401  # c's key, a's name
+    assert (await post(b.port, "/zbus-remote", body, None, a.id))[0] == 401  # unsigned
+    assert (await post(b.port, "/zbus-remote", body, c.signer, c.id))[0] == 401  # header != src
+    tampered = body.replace(b'"cmd":"echo"', b'"cmd":"evil"')
+    headers_sig = a.signer.sign(body)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"http://127.0.0.1:{b.port}/zbus-remote",
+            data=tampered,
+            headers={TWIN_HEADER: str(a.id), SIGNATURE_HEADER: headers_sig},
+        ) as resp:
+            assert resp.status == 401
+    stranger = request_body(9999, b.id, f"{b.id}.2")
+    assert (await post(b.port, "/zbus-remote", stranger, intruder, 9999))[0] == 403
+    assert (await post(b.port, "/zbus-remote", request_body(a.id, c.id, "x.1"), a.signer, a.id))[
+        0
+    ] == 404
+    assert (await post(b.port, "/zbus-remote", b"{not json", a.signer, a.id))[0] == 400
+    expired = request_body(a.id, b.id, f"{b.id}.3", now=int(time.time()) - 120)
+    assert (await post(b.port, "/zbus-remote", expired, a.signer, a.id))[0] == 410
+    rb = aioredis.Redis.from_url(b.url)
+    try:
+        assert await rb.llen("msgbus.echo") == 0 and await rb.llen("msgbus.evil") == 0
+        assert await rb.llen(keys.BUS_REMOTE) == 0
+    finally:
+        await rb.aclose()
+
+
+async def test_legacy_peers_accept_unsigned_but_not_forged(twins):
+    a, b = twins(2)
+    await b.start_bus(legacy_peers=True)
+    body = request_body(a.id, b.id, f"{b.id}.1")
+    assert (await post(b.port, "/zbus-remote", body, None, a.id))[0] == 200
+    body2 = request_body(a.id, b.id, f"{b.id}.2")
+    assert (await post(b.port, "/zbus-remote", body2, Signer.generate(), a.id))[0] == 401
+
+
+async def test_replies_must_match_the_backlog(twins):
+    a, b, c = twins(3)
+    await a.start_bus()
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        # a request a sent to b is pending in a's backlog
+        pending = request_body(a.id, b.id, f"{b.id}.5", ret="caller-queue")
+        await ra.hset(keys.BUS_BACKLOG, f"{b.id}.5", pending)
+        reply = Envelope(uid=f"{b.id}.5", cmd="echo", src=b.id, dst=[a.id], ret=keys.BUS_REPLY)
+        # unknown uid
+        stray = reply.copy(uid=f"{b.id}.6").encode()
+        assert (await post(a.port, "/zbus-reply", stray, b.signer, b.id))[0] == 404
+        # c answers in b's place, with its own valid signature
+        spoof = reply.copy(src=c.id).encode()
+        assert (await post(a.port, "/zbus-reply", spoof, c.signer, c.id))[0] == 403
+        # forged signature for b
+        assert (await post(a.port, "/zbus-reply", reply.encode(), c.signer, b.id))[0] == 401
+        assert await ra.llen("caller-queue") == 0
+        # the genuine reply goes through to the caller's ret, exactly once
+        assert (await post(a.port, "/zbus-reply", reply.encode(), b.signer, b.id))[0] == 200
+        popped = await ra.blpop(["caller-queue"], timeout=5)
+        assert popped is not None and json.loads(popped[1])["src"] == b.id
+        assert (await post(a.port, "/zbus-reply", reply.encode(), b.signer, b.id))[0] == 404
+        assert await ra.hlen(keys.BUS_BACKLOG) == 0
+    finally:
+        await ra.aclose()
