@@ -18,14 +18,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
-
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
 from pipeline.routing.workers import Echo, Requester
 from pipeline.settings import Settings
-from pipeline.streams.service import StreamService
+from pipeline.streams.service import StreamService, connect
 from pipeline.streams.transport import StreamTransport
 
 log = logging.getLogger(__name__)
@@ -93,10 +91,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
     """Run a node until ``stop`` is set; returns the stopped node (for its counters)."""
     workers = {name: _worker(name, args) for name in settings.node_workers}
     consume = [s.strip() for s in args.consume.split(",") if s.strip()]
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=96, timeout=10, socket_timeout=30
-    )
-    redis = Redis(connection_pool=pool)
+    redis = connect(settings.redis_url)
     node = Node(settings.node_name, max_payload=settings.max_payload)
     node.register_transport(
         StreamTransport(
@@ -124,7 +119,6 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
     finally:
         await node.stop()
         await redis.aclose()
-        await pool.aclose()
     return node
 
 

@@ -56,6 +56,15 @@ def new_request_id() -> str:
     return os.urandom(12).hex()
 
 
+def _fail_with(future: asyncio.Future[Any], done: asyncio.Future[None]) -> None:
+    """Fail a pending call at once when its request could not be routed or handled."""
+    if done.cancelled() or future.done():
+        return
+    error = done.exception()
+    if error is not None:
+        future.set_exception(error)
+
+
 class StreamClient:
     """Correlates stream-protocol requests and replies for one worker address."""
 
@@ -81,15 +90,23 @@ class StreamClient:
             reply = p.decode(message.payload, max_payload=self.node.max_payload + 4096)
         except RemoteProtocolError:
             return False
-        rid = getattr(reply, "request_id", "")
-        future = self._pending.get(rid)
+        future = self._pending.get(getattr(reply, "request_id", ""))
         if future is None or not p.is_reply(reply):
-            self.node.counters["stream_client.unexpected_replies"] += 1
-            log.warning("%s: reply to no pending request (%s)", self.address, type(reply).__name__)
+            if not self._from_service(message):
+                return False  # not a stream-service reply: the worker's mailbox decides
+            self.node.counters["stream_client.late_replies"] += 1
+            log.warning("%s: %s to no pending request", self.address, type(reply).__name__)
             return True
         if not future.done():
             future.set_result(reply)
         return True
+
+    def _from_service(self, message: TransportMessage) -> bool:
+        if not message.return_route:
+            return False
+        first = message.return_route[0]
+        name = self.service[0].value
+        return first.is_local and (first.value == name or first.value.startswith(name + b":"))
 
     async def call(
         self,
@@ -103,9 +120,10 @@ class StreamClient:
             future: asyncio.Future[p.StreamMessage] = asyncio.get_running_loop().create_future()
             self._pending[rid] = future
             try:
-                await self.node.deliver(
+                sent = await self.node.deliver_tracked(
                     TransportMessage(route, Route([self.address]), p.encode(request))
                 )
+                sent.add_done_callback(lambda done: _fail_with(future, done))
                 async with asyncio.timeout(timeout_s or self.timeout_s):
                     reply = await future
             except TimeoutError as exc:

@@ -300,6 +300,20 @@ def _check(kind: Kind, name: str, value: Any, max_payload: int) -> Any:
     return _text(value, name)
 
 
+def peek_request_id(data: bytes) -> str:
+    """The request id of a message too large (or too broken) to decode, or ``""``."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(data) or 1, max_str_len=MAX_TEXT)
+    unpacker.feed(data)
+    try:
+        if unpacker.read_array_header() < 2:
+            return ""
+        unpacker.skip()
+        rid = unpacker.unpack()
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException):
+        return ""
+    return rid if isinstance(rid, str) else ""
+
+
 def decode(data: bytes, *, max_payload: int = 1 << 20) -> StreamMessage:
     """Parse one stream-protocol message; raises RemoteProtocolError (or PayloadTooLarge)."""
     try:

@@ -29,7 +29,10 @@ import logging
 import re
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from pipeline import keys
@@ -78,6 +81,22 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return ARGV[2]
 """
+
+
+def connect(url: str, *, max_connections: int = 96, socket_timeout: float = 30.0) -> Redis:
+    """A Redis client for a stream service: bounded pool, a few retries on a dropped connection.
+
+    Retried pushes are safe: a push is idempotent by its request id.
+    """
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=10,
+        socket_timeout=socket_timeout,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
+        retry_on_error=[RedisConnectionError],
+    )
+    return Redis.from_pool(pool)
 
 
 def _text(value: bytes | str | None) -> str:
@@ -143,10 +162,12 @@ class StreamService(Worker):
             try:
                 request = p.decode(ctx.payload, max_payload=self.max_payload)
             except PayloadTooLarge as exc:
-                await self._error(ctx, "", p.ErrorCode.TOO_LARGE, str(exc))
+                rid = p.peek_request_id(ctx.payload)
+                await self._error(ctx, rid, p.ErrorCode.TOO_LARGE, str(exc))
                 continue
             except RemoteProtocolError as exc:
-                await self._error(ctx, "", p.ErrorCode.BAD_REQUEST, str(exc))
+                rid = p.peek_request_id(ctx.payload)
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, str(exc))
                 continue
             rid = getattr(request, "request_id", "")
             if isinstance(request, (p.Push, p.Pull)):

@@ -124,3 +124,10 @@ def test_error_maps_to_exception(code: str, exc: type[Exception]) -> None:
 def test_push_confirm_index_is_the_last() -> None:
     assert p.PushConfirm(request_id="r", status=1, indexes=("1-0", "2-0")).index == "2-0"
     assert p.PushConfirm(request_id="r", status=1, indexes=()).index == ""
+
+
+def test_peek_request_id() -> None:
+    assert p.peek_request_id(p.encode(p.Push(request_id="abc", data=(b"x" * 100,)))) == "abc"
+    assert p.peek_request_id(b"\xc1") == ""
+    assert p.peek_request_id(msgpack.packb([1])) == ""
+    assert p.peek_request_id(msgpack.packb([1, 5])) == ""
