@@ -191,4 +191,15 @@ class Forwarder:
             return Outcome.DELIVERED, ""  # an earlier attempt got through
         if status >= 500:
             return Outcome.UNREACHABLE, f"remote unavailable: HTTP {status}"
-        return Outcome.REFUSED, f"remote refused: {text or status}"
+        if status == 410:
+            return Outcome.REFUSED, "request expired"
+        return Outcome.REFUSED, f"remote refused: {_error_text(text) or status}"
+
+
+def _error_text(body: str) -> str:
+    """The ``error`` of a peer's JSON refusal, else its (truncated) body."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    return str(doc.get("error", body)) if isinstance(doc, dict) else body

@@ -7,13 +7,14 @@ process (:meth:`Twin.spawn`), which a test may kill -9.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,12 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         time.sleep(0.02)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
+    """Poll ``check`` until it is true; fail after ``within_s`` seconds."""
+    for _ in range(int(within_s / 0.02)):
+        if await check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")

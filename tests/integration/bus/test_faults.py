@@ -14,9 +14,11 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.bus.envelope import Envelope
 
+from .conftest import eventually
 from .test_process import raw_call, seed_request, serve, stop
 
 pytestmark = pytest.mark.timeout(90)
+log = logging.getLogger(__name__)
 
 
 async def test_malformed_requests_answered_or_logged(twins, caplog):
@@ -101,9 +103,12 @@ async def test_bus_killed_mid_flight_leaves_no_request_unanswered(twins):
         docs = [seed_request("slow", [b.id], str(i).encode(), exp=20) for i in range(300)]
         await ra.rpush(keys.BUS_LOCAL, *[json.dumps(d) for d in docs])
         rets = [d["ret"] for d in docs]
+
         # let some calls finish, then crash both buses with work in every stage
-        while sum([await ra.exists(r) for r in rets[:50]]) < 5:
-            await asyncio.sleep(0.01)
+        async def some_answered() -> bool:
+            return sum([await ra.exists(r) for r in rets[:50]]) >= 5
+
+        await eventually(some_answered)
         a.kill()
         b.kill()
         in_flight = await ra.hlen(keys.BUS_BACKLOG)
@@ -117,7 +122,9 @@ async def test_bus_killed_mid_flight_leaves_no_request_unanswered(twins):
     assert len(answers) == len(docs), f"{len(docs) - len(answers)} requests never answered"
     ok = [r for r, ans in answers.items() if not ans["err"]]
     assert len(ok) > 0
-    print(f"in flight at kill: {in_flight}, answered ok: {len(ok)}, expired: {len(docs) - len(ok)}")
+    log.info(
+        f"in flight at kill: {in_flight}, answered ok: {len(ok)}, expired: {len(docs) - len(ok)}"
+    )
     for doc in docs:
         ans = answers[doc["ret"]]
         assert ans["err"] in ("", "request expired"), ans["err"]
@@ -132,8 +139,11 @@ async def test_graceful_stop_keeps_queued_work(twins):
     try:
         docs = [seed_request("echo", [b.id], b"q", exp=30, **{"try": 50}) for _ in range(20)]
         await ra.rpush(keys.BUS_LOCAL, *[json.dumps(d) for d in docs])
-        while await ra.llen(keys.BUS_LOCAL) or await ra.hlen(keys.bus_outbox()) < 20:
-            await asyncio.sleep(0.02)  # b is down: all 20 sit in the outbox, retrying
+
+        async def all_in_outbox() -> bool:  # b is down: all 20 sit in the outbox, retrying
+            return await ra.llen(keys.BUS_LOCAL) == 0 and await ra.hlen(keys.bus_outbox()) == 20
+
+        await eventually(all_in_outbox)
         assert a.terminate() == 0
         assert await ra.hlen(keys.bus_outbox()) == 20
         assert await ra.hlen(keys.BUS_BACKLOG) == 20

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
@@ -14,6 +13,8 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.bus.envelope import Envelope
 from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER, Signer
+
+from .conftest import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,12 +48,12 @@ async def test_signed_request_accepted_once_then_replay_refused(twins):
     assert status == 409 and "replayed" in text
     rb = aioredis.Redis.from_url(b.url)
     try:
-        queued = await rb.lrange("msgbus.echo", 0, -1)  # the remote loop moved it on
-        for _ in range(100):
-            if queued:
-                break
-            await asyncio.sleep(0.02)
-            queued = await rb.lrange("msgbus.echo", 0, -1)
+
+        async def moved_on() -> bool:  # the remote loop moved it to msgbus.echo
+            return bool(await rb.llen("msgbus.echo"))
+
+        await eventually(moved_on)
+        queued = await rb.lrange("msgbus.echo", 0, -1)
         assert len(queued) == 1
         assert json.loads(queued[0])["ret"] == keys.BUS_REPLY
     finally:
