@@ -7,10 +7,11 @@ is imported lazily so this module stays cheap to import.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from pipeline.errors import LakePathError
+from pipeline.errors import LakeError, LakePathError, RedisUnavailable
 from pipeline.lake import tables
 from pipeline.settings import LakeSettings
 
@@ -56,6 +57,8 @@ def ensure_tables(spark: SparkSession, lake: LakeSettings) -> None:
     retried and then finds the table in place.
     """
     from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
 
     check_lake_path(lake)
     props = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
@@ -71,6 +74,31 @@ def ensure_tables(spark: SparkSession, lake: LakeSettings) -> None:
             try:
                 spark.sql(sql)
                 break
-            except Exception as exc:  # a concurrent create commits first: look again
+            except (PySparkException, Py4JError) as exc:  # a concurrent create won: look again
                 if attempt == _CREATE_ATTEMPTS - 1:
                     raise LakePathError(f"cannot create {lake.table(name)}: {exc}") from exc
+
+
+T = TypeVar("T")
+
+
+def run_spark(what: str, work: Callable[[], T]) -> T:
+    """Run Spark work, turning Spark's errors into Sluice's with a clear message.
+
+    A Redis failure inside a Python worker becomes :class:`RedisUnavailable`,
+    a permission problem under the lake :class:`LakePathError`, anything else
+    :class:`LakeError` naming ``what`` failed.
+    """
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        return work()
+    except (PySparkException, Py4JError) as exc:
+        text = str(exc)
+        first = next((line for line in text.splitlines() if line.strip()), text)[:500]
+        if "RedisUnavailable" in text or "redis.exceptions.ConnectionError" in text:
+            raise RedisUnavailable(f"{what} failed: Redis is unavailable ({first})") from exc
+        if "Permission denied" in text or "AccessDenied" in text:
+            raise LakePathError(f"{what} failed: the lake is not writable ({first})") from exc
+        raise LakeError(f"{what} failed: {first}") from exc

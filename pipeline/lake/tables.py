@@ -23,8 +23,11 @@ TABLE_PROPERTIES = {
 STREAM_ENTRIES_DDL = (
     "stream STRING NOT NULL, entry_id STRING NOT NULL, entry_ms BIGINT NOT NULL, "
     "entry_seq BIGINT NOT NULL, fields MAP<STRING, BINARY>, valid_block BOOLEAN, "
+    "block_num BIGINT, block_hash STRING, block_parent STRING, block_error STRING, "
     "archived_at TIMESTAMP"
 )
+"""``valid_block`` is null for non-chain streams; ``block_*`` describe the decoded
+block of a chain entry (``block_error`` says why one is not a valid block)."""
 
 BLOCKS_DDL = (
     "stream STRING NOT NULL, num BIGINT NOT NULL, hash STRING NOT NULL, "

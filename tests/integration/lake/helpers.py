@@ -49,3 +49,33 @@ def block_rows(stream: str, blocks: list[Block], *, canonical: bool = True) -> l
         }
         for b in blocks
     ]
+
+
+def publish(client: Any, stream: str, blocks: list[Block], *, first_ms: int = 1000) -> list[str]:
+    """XADD each block with id ``first_ms + i``-0 into the stream of ``stream``; returns the ids."""
+    from pipeline import keys
+    from pipeline.chain.batch import ENTRY_FIELD
+
+    ids = []
+    pipe = client.pipeline(transaction=False)
+    for i, block in enumerate(blocks):
+        entry_id = f"{first_ms + i}-0"
+        pipe.xadd(keys.stream(stream), {ENTRY_FIELD: encode_block(block)}, id=entry_id)
+        ids.append(entry_id)
+    pipe.execute()
+    return ids
+
+
+def settings_for(redis_url: str, lake_uri: str, **extra: Any) -> Any:
+    from pipeline.settings import Settings
+
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "lake_uri": lake_uri,
+        "streams": ("c", "plain"),
+        "chain_streams": ("c",),
+        "archive_partitions": 2,
+        "hot_retention_s": 0,
+    }
+    values.update(extra)
+    return Settings.load(env={}, config_path="/nonexistent/sluice.toml", **values)
