@@ -194,7 +194,7 @@ class Node:
         self.name = name
         self.max_payload = max_payload
         self.counters: collections.Counter[str] = collections.Counter()
-        #: The last ``trace_size`` messages handed to local workers: (address, message).
+        #: The last ``trace_size`` messages routed to local addresses: (address, message).
         self.trace: collections.deque[tuple[Address, TransportMessage]] = collections.deque(
             maxlen=max(0, trace_size)
         )
@@ -359,6 +359,8 @@ class Node:
             if slot is None:
                 self._drop(UnroutableMessage(f"no worker at {first}"), "unknown_worker", done)
                 return
+            if self.trace.maxlen:
+                self.trace.append((first, message))
             if slot.worker.intercept(message):
                 self.counters["intercepted"] += 1
                 if done is not None:
@@ -402,8 +404,6 @@ class Node:
             for message, _ in items:
                 address = message.onward_route[0]
                 contexts.append(Context(self, address, message))
-                if self.trace.maxlen:
-                    self.trace.append((address, message))
             try:
                 if limit == 1:
                     await worker.handle(contexts[0])

@@ -374,12 +374,11 @@ class Consumer(Worker):
                 await client.lease(self.stream, self.holder, self.lease_ttl_ms)
                 renewed = time.monotonic()
             reply = await client.pull(address, self.index, self.batch, self.wait_ms)
-            if not reply.messages:
-                continue
-            await self._process(list(reply.messages))
-            last = reply.messages[-1][0]
-            self.index = await client.save_index(self.client_id, self.stream, last)
-            self._count("handled", len(reply.messages))
+            if reply.messages:
+                await self._process(list(reply.messages))
+                self._count("handled", len(reply.messages))
+            if reply.next_index and reply.next_index != self.index:
+                self.index = await client.save_index(self.client_id, self.stream, reply.next_index)
 
     async def _process(self, entries: list[tuple[str, bytes]]) -> None:
         failures: dict[str, int] = {}

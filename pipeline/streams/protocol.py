@@ -10,7 +10,7 @@ request            fields                                       reply
 =================  ===========================================  =====================
 ``CreateStream``   request_id, name                             ``Init``
 ``Push``           request_id, data (one or more entries)       ``PushConfirm``
-``Pull``           request_id, index, limit, wait_ms            ``Messages``
+``Pull``           request_id, index, limit, wait_ms            ``Messages`` (+ next_index)
 ``GetIndex``       request_id, client_id, stream                ``Index``
 ``SaveIndex``      request_id, client_id, stream, index         ``Index`` (monotonic)
 ``Lease``          request_id, stream, holder, ttl_ms           ``Ok`` or ``Error``
@@ -118,6 +118,9 @@ class Pull:
 class Messages:
     request_id: str
     messages: tuple[tuple[str, bytes], ...]
+    #: Where the next pull starts: past every entry this reply covers, including
+    #: entries the service moved to the dead-letter stream (too large to route).
+    next_index: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -253,9 +253,51 @@ class StreamService(Worker):
             await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
             return
         entries = found[0][1] if found else []
-        messages = tuple((_text(eid), fields.get(FIELD, b"")) for eid, fields in entries)
+        try:
+            messages, next_index = await self._fit(stream, entries, index)
+        except RedisError as exc:
+            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+            return
         self._count("pulled", len(messages))
-        await ctx.reply(p.encode(p.Messages(request_id=req.request_id, messages=messages)))
+        reply = p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
+        await ctx.reply(p.encode(reply))
+
+    async def _fit(
+        self, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]], index: str
+    ) -> tuple[tuple[tuple[str, bytes], ...], str]:
+        """Keep the reply under the node's payload limit.
+
+        An entry that alone exceeds it can never be routed: it is moved to the
+        dead-letter stream (logged, counted) and the reply's ``next_index``
+        moves past it, so it never blocks the stream.
+        """
+        budget = (self._node.max_payload if self._node else 1 << 20) - 4096
+        out: list[tuple[str, bytes]] = []
+        used = 0
+        next_index = index
+        for eid, fields in entries:
+            entry_id, data = _text(eid), fields.get(FIELD, b"")
+            size = len(data) + len(entry_id) + 16
+            if size > budget:
+                reason = f"entry of {len(data)} bytes exceeds the node limit {budget}"
+                log.error(
+                    "stream service: %s: %s moved to dead letters: %s", stream, entry_id, reason
+                )
+                self._count("oversized_entries")
+                await self.redis.xadd(
+                    keys.dead_letter(stream),
+                    {FIELD: data, "index": entry_id, "reason": reason},
+                    maxlen=DEAD_LETTER_MAXLEN,
+                    approximate=True,
+                )
+                next_index = entry_id
+                continue
+            if used + size > budget:
+                break
+            used += size
+            out.append((entry_id, data))
+            next_index = entry_id
+        return tuple(out), next_index
 
     # --- control requests -----------------------------------------------------
 

@@ -39,7 +39,10 @@ stream_messages = st.one_of(
         wait_ms=st.integers(0, 60_000),
     ),
     st.builds(
-        p.Messages, request_id=text, messages=st.lists(st.tuples(ids, blobs), max_size=5).map(tuple)
+        p.Messages,
+        request_id=text,
+        messages=st.lists(st.tuples(ids, blobs), max_size=5).map(tuple),
+        next_index=ids,
     ),
     st.builds(p.GetIndex, request_id=text, client_id=text, stream=text),
     st.builds(p.SaveIndex, request_id=text, client_id=text, stream=text, index=ids),
@@ -90,7 +93,7 @@ def test_fuzz_mutations(message: p.StreamMessage, data: st.DataObject) -> None:
         ([int(p.Kind.PULL), "r", "0-0", "10", 5], "limit"),
         ([int(p.Kind.PULL), "r", "0-0", True, 5], "limit"),
         ([int(p.Kind.OK), 5], "request_id"),
-        ([int(p.Kind.MESSAGES), "r", [["1-0"]]], "index, bytes"),
+        ([int(p.Kind.MESSAGES), "r", [["1-0"]], "1-0"], "index, bytes"),
     ],
 )
 def test_malformed(obj: object, reason: str) -> None:
