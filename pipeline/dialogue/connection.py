@@ -83,7 +83,9 @@ class Connection:
         self._on_duplex = on_duplex
         # Flow control grants back half a window at a time, so the receive queue
         # must hold a whole window (plus one frame) before the fallback pauses reading.
-        self._duplex_high = max(duplex_queue_bytes, (window or 0) + max_frame)
+        self._duplex_high = (
+            duplex_queue_bytes if window is None else max(duplex_queue_bytes, window + max_frame)
+        )
         self._max_queued_messages = max_queued_messages
         self._max_handlers = max_handlers
         self._write_high = write_high

@@ -155,7 +155,9 @@ def check(client: Side, server: Side) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(OPS, max_size=60), st.sampled_from([None, 8, 64]))
-def test_random_interleavings_on_a_pair(ops: list[tuple[str, bool, int]], window: int | None) -> None:
+def test_random_interleavings_on_a_pair(
+    ops: list[tuple[str, bool, int]], window: int | None
+) -> None:
     client = Side(Dialogue(Role.CLIENT, window=window))
     server = Side(Dialogue(Role.SERVER, window=window))
     produce(client)
