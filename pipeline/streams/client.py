@@ -373,12 +373,32 @@ class Consumer(Worker):
             if time.monotonic() - renewed > self.lease_ttl_ms / 3000:
                 await client.lease(self.stream, self.holder, self.lease_ttl_ms)
                 renewed = time.monotonic()
-            reply = await client.pull(address, self.index, self.batch, self.wait_ms)
+            reply = await self._pull_unless_stopped(address)
+            if reply is None:
+                break
             if reply.messages:
                 await self._process(list(reply.messages))
                 self._count("handled", len(reply.messages))
             if reply.next_index and reply.next_index != self.index:
                 self.index = await client.save_index(self.client_id, self.stream, reply.next_index)
+
+    async def _pull_unless_stopped(self, address: str) -> p.Messages | None:
+        """A long poll that a stop request interrupts (what it would have got is pulled again)."""
+        assert self._client is not None
+        pull = asyncio.ensure_future(
+            self._client.pull(address, self.index, self.batch, self.wait_ms)
+        )
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({pull, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pull, stop):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(pull, stop, return_exceptions=True)
+        if pull.cancelled():
+            return None
+        return pull.result()
 
     async def _process(self, entries: list[tuple[str, bytes]]) -> None:
         failures: dict[str, int] = {}
