@@ -17,6 +17,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 
 from pipeline import keys
+from pipeline.bus.coalesce import Coalescer
 
 # KEYS: queue, inflight. ARGV: count. Moves up to count items, returns them.
 _CLAIM = """
@@ -60,6 +61,8 @@ class BusStore:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.redis = client
+        #: Single commands from concurrent callers go through here; run it as a task.
+        self.coalescer = Coalescer(client)
         self._claim = client.register_script(_CLAIM)
         self._accept_request = client.register_script(_ACCEPT_REQUEST)
         self._accept_reply = client.register_script(_ACCEPT_REPLY)
@@ -85,16 +88,22 @@ class BusStore:
         pipe.ltrim(keys.bus_inflight(queue), count, -1)
 
     async def accept_request(self, seen_id: str, expires: float, body: bytes) -> bool:
-        result: int = await self._accept_request(
-            keys=[keys.bus_seen(), keys.BUS_REMOTE], args=[seen_id, expires, body]
+        args: list[str | float | bytes] = [seen_id, expires, body]
+        result = await self.coalescer.call(
+            lambda pipe: self._accept_request(
+                keys=[keys.bus_seen(), keys.BUS_REMOTE], args=args, client=pipe
+            )
         )
-        return result == 1
+        return int(result) == 1
 
     async def accept_reply(self, uid: str, sender: int, body: bytes) -> int:
-        result: int = await self._accept_reply(
-            keys=[keys.BUS_BACKLOG, keys.BUS_REPLY], args=[uid, str(sender), body]
+        args: list[str | float | bytes] = [uid, str(sender), body]
+        result = await self.coalescer.call(
+            lambda pipe: self._accept_reply(
+                keys=[keys.BUS_BACKLOG, keys.BUS_REPLY], args=args, client=pipe
+            )
         )
-        return result
+        return int(result)
 
     async def finish_in(
         self, pipe: Any, uid: str, ret: str, answer: bytes, outbox_id: str = ""
@@ -108,11 +117,10 @@ class BusStore:
 
     async def finish(self, uid: str, ret: str, answer: bytes, outbox_id: str = "") -> bool:
         """Push ``answer`` to ``ret`` and drop the backlog entry, unless it is already answered."""
-        result: int = await self._finish(
-            keys=[keys.BUS_BACKLOG, keys.bus_expiry(), keys.bus_outbox()],
-            args=[uid, ret, answer, outbox_id],
+        result = await self.coalescer.call(
+            lambda pipe: self.finish_in(pipe, uid, ret, answer, outbox_id)
         )
-        return result == 1
+        return int(result) == 1
 
     async def backlog(self, uids: Sequence[str]) -> list[bytes | None]:
         if not uids:
@@ -135,6 +143,5 @@ class BusStore:
                 break
         return items
 
-    async def drop_outbox(self, outbox_ids: Sequence[str]) -> None:
-        if outbox_ids:
-            await self.redis.hdel(keys.bus_outbox(), *outbox_ids)
+    async def drop_outbox(self, outbox_id: str) -> None:
+        await self.coalescer.call(lambda pipe: pipe.hdel(keys.bus_outbox(), outbox_id))

@@ -1,0 +1,190 @@
+"""Benchmark of the reliable message bus: calls between two twins on loopback.
+
+Two ``sluice bus`` processes (twins 1001 and 1002, each with its own
+redis-server) and one handler process (the SDK ``BusServer``) on twin 1002's
+Redis. A client on twin 1001 makes CALLS calls at CONCURRENCY, the seed's way:
+RPUSH the envelope to ``msgbus.system.local``, BLPOP its ``ret``.
+
+Baseline, same run: the same handler answering through one Redis with no bus
+(the client RPUSHes to ``msgbus.$cmd``, the handler BLPOPs it and RPUSHes the
+answer to ``ret``).
+
+    .venv/bin/python tests/bench/bench_bus.py [--calls N] [--concurrency C]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import redis.asyncio as aioredis  # noqa: E402
+from common import Report, percentile  # noqa: E402
+
+from pipeline.bus.envelope import Envelope  # noqa: E402
+from pipeline.bus.server import BusServer  # noqa: E402
+from pipeline.bus.signing import Signer  # noqa: E402
+from pipeline.localredis import LocalRedis, free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CMD = "bench.echo"
+A, B = 1001, 1002
+
+
+async def run_handler(url: str, direct: bool) -> None:
+    server = BusServer.from_url(url, workers=4, batch=64, direct=direct)
+
+    @server.handler(CMD)
+    async def echo(data: bytes, request: Envelope) -> bytes:
+        return data
+
+    try:
+        await server.serve()
+    finally:
+        await server.close()
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "SLUICE_LOG_LEVEL": "WARNING"}
+    env.pop("PYTHONASYNCIODEBUG", None)
+    with open(log, "ab") as err:
+        return subprocess.Popen(
+            [sys.executable, *args], stdout=subprocess.PIPE, stderr=err, cwd=ROOT, env=env
+        )
+
+
+def wait_line(proc: subprocess.Popen[bytes], word: bytes, log: Path) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if word not in line:
+        raise RuntimeError(f"child did not start: {log.read_text()[-2000:]}")
+
+
+async def load(url: str, queue: str, dst: int, calls: int, concurrency: int) -> tuple[float, list[float]]:
+    """Run ``calls`` request/answer round trips at ``concurrency``; (seconds, latencies ms)."""
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=concurrency + 8, timeout=30)
+    client = aioredis.Redis(connection_pool=pool)
+    latencies: list[float] = []
+    counter = iter(range(calls))
+    payload = base64.b64encode(b"x" * 64).decode()
+
+    async def worker() -> None:
+        for _ in counter:
+            ret = str(uuid.uuid4())
+            doc = {
+                "ver": 1, "uid": "", "cmd": CMD, "exp": 60, "try": 4, "dat": payload,
+                "src": 0, "dst": [dst], "ret": ret, "shm": "", "now": int(time.time()), "err": "",
+            }  # fmt: skip
+            started = time.perf_counter()
+            await client.rpush(queue, json.dumps(doc))
+            popped = await client.blpop([ret], timeout=30)
+            if popped is None:
+                raise RuntimeError("no answer in 30 s")
+            answer = json.loads(popped[1])
+            if answer["err"] or answer["dat"] != payload:
+                raise RuntimeError(f"bad answer: {answer}")
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    await client.aclose()
+    await pool.disconnect()
+    return elapsed, latencies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--handler", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.handler:
+        print("handler ready", flush=True)
+        asyncio.run(run_handler(args.handler, args.direct))
+        return 0
+
+    report = Report("bus")
+    with tempfile.TemporaryDirectory(prefix="bench-bus-") as tmp:
+        work = Path(tmp)
+        redises = [LocalRedis(work / f"redis-{name}").start() for name in ("a", "b", "raw")]
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            ra, rb, rraw = redises
+            ports = {A: free_port(), B: free_port()}
+            signers = {A: Signer.generate(), B: Signer.generate()}
+            directory = work / "twins.json"
+            directory.write_text(
+                json.dumps(
+                    {
+                        str(t): {"url": f"http://127.0.0.1:{ports[t]}", "key": signers[t].public_key}
+                        for t in (A, B)
+                    }
+                )
+            )
+            for twin, redis_server in ((A, ra), (B, rb)):
+                key = work / f"{twin}.key"
+                signers[twin].write(key)
+                log = work / f"bus-{twin}.log"
+                profile = (
+                    ["-m", "cProfile", "-o", f"/tmp/prof-{twin}"] if os.environ.get("BENCH_PROFILE") else []
+                )
+                proc = spawn(
+                    [
+                        *profile, "-m", "pipeline.cli", "bus", "--twin", str(twin),
+                        "--listen", f"127.0.0.1:{ports[twin]}", "--directory", str(directory),
+                        "--key", str(key), "--redis", redis_server.url,
+                    ],  # fmt: skip
+                    log,
+                )
+                procs.append(proc)
+                wait_line(proc, b"listening", log)
+            for url, direct in ((rb.url, False), (rraw.url, True)):
+                log = work / "handler.log"
+                extra = ["--direct"] if direct else []
+                proc = spawn([__file__, "--handler", url, *extra], log)
+                procs.append(proc)
+                wait_line(proc, b"ready", log)
+
+            # warm up both paths, then measure the baseline, then the bus
+            asyncio.run(load(rraw.url, f"msgbus.{CMD}", B, 1000, args.concurrency))
+            asyncio.run(load(ra.url, "msgbus.system.local", B, 1000, args.concurrency))
+            base_s, base_lat = asyncio.run(
+                load(rraw.url, f"msgbus.{CMD}", B, args.calls, args.concurrency)
+            )
+            bus_s, bus_lat = asyncio.run(
+                load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
+            )
+            extra = {"calls": args.calls, "concurrency": args.concurrency}
+            report.emit("calls_per_s", args.calls / bus_s, args.calls / base_s, **extra)
+            report.emit("p50_ms", percentile(bus_lat, 50), percentile(base_lat, 50), **extra)
+            report.emit("p99_ms", percentile(bus_lat, 99), percentile(base_lat, 99), **extra)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+            for redis_server in redises:
+                redis_server.stop()
+    report.save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
