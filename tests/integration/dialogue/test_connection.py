@@ -356,3 +356,23 @@ async def test_flow_control_slow_duplex_does_not_block_others(connect: Any) -> N
         async for data in d:
             total += len(data)
         assert total == 64 * 16384
+
+
+async def test_local_misuse_is_refused_with_clear_errors(connect: Any) -> None:
+    from pipeline.errors import LocalProtocolError, PayloadTooLarge
+
+    client, _ = await connect(
+        client={"max_frame": 1024}, server={"on_duplex": duplex_echo, "on_request": echo_upper}
+    )
+    with pytest.raises(PayloadTooLarge):
+        await client.send_message(b"x" * 1025)
+    with pytest.raises(PayloadTooLarge):
+        await client.request(b"x" * 1025)
+    async with client.duplex() as d:
+        await d.end()
+        with pytest.raises(DialogueClosed):
+            await d.send(b"after end")
+    with pytest.raises(LocalProtocolError):
+        client.protocol.duplex_send(999, True, b"no such duplex")
+    # Nothing was lost or broken by the refused calls: the connection still works.
+    assert await client.request(b"x" * 10, timeout=5) == b"X" * 10

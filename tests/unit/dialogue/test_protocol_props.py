@@ -167,3 +167,23 @@ def test_random_interleavings_on_a_pair(
         assert not client.closed and not server.closed
     finish(client, server)
     check(client, server)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(max_size=2048),
+    st.integers(1, 64),
+    st.sampled_from([Role.CLIENT, Role.SERVER]),
+    st.sampled_from([None, 64]),
+)
+def test_fuzz_machine_never_raises_on_random_bytes(
+    data: bytes, chunk: int, role: Role, window: int | None
+) -> None:
+    machine = Dialogue(role, max_frame=256, window=window)
+    for start in range(0, len(data), chunk):
+        machine.receive_data(data[start : start + chunk])  # never raises
+        assert machine._decoder.buffered <= 9 + 256 + chunk
+    machine.receive_eof()
+    events = machine.events_received()
+    assert isinstance(events[-1], ev.ConnectionClosed)
+    assert machine.state is State.CLOSED
