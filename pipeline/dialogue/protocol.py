@@ -40,8 +40,8 @@ A duplex is forgotten when both halves ended. Half-close works both ways:
 either side may keep sending after the other ended (the seed's "unidirectional
 stream with a single response after its end" needs exactly that).
 
-Closing (the seed's asymmetric shutdown) is the :data:`_ON_CLOSE_MESSAGE` and
-:data:`_ON_LOCAL_CLOSE` tables. A client's close sends an empty ``Message`` and
+Closing (the seed's asymmetric shutdown) is the :data:`~pipeline.dialogue.states.ON_CLOSE_MESSAGE` and
+:data:`~pipeline.dialogue.states.ON_LOCAL_CLOSE` tables. A client's close sends an empty ``Message`` and
 then nothing at all, which implicitly ends every sending half it had; the
 server, on receiving it, aborts its own requests (they cannot be answered),
 lets the application answer what is outstanding, and answers with the empty
@@ -62,29 +62,18 @@ wire is exactly the seed's.
 
 from __future__ import annotations
 
-import enum
-import heapq
-from dataclasses import dataclass, field
-
 from pipeline.dialogue import control
+from pipeline.dialogue.deadlines import Deadline, Deadlines
 from pipeline.dialogue.events import (
-    CloseRequested,
     ConnectionClosed,
     DuplexClosed,
-    DuplexData,
     DuplexEnded,
-    DuplexOpened,
-    DuplexWritable,
     Event,
-    MessageReceived,
     PeerClosing,
     RequestAborted,
-    RequestCancelled,
-    RequestDeclined,
-    RequestReceived,
     RequestTimedOut,
-    ResponseReceived,
 )
+from pipeline.dialogue.inbound import HANDLERS
 from pipeline.dialogue.packets import (
     DEFAULT_MAX_FRAME,
     HAS_DATA,
@@ -92,6 +81,15 @@ from pipeline.dialogue.packets import (
     MAX_ID,
     Decoder,
     PacketType,
+)
+from pipeline.dialogue.states import (
+    CAN_CONTINUE,
+    CAN_START,
+    ON_LOCAL_CLOSE,
+    DuplexHalves,
+    Role,
+    State,
+    Stats,
 )
 from pipeline.errors import (
     DialogueClosed,
@@ -103,6 +101,10 @@ from pipeline.errors import (
 
 _pack = HEADER.pack
 
+#: Default bounds on what a peer may keep open on us (exceeding one is a protocol error).
+DEFAULT_MAX_INCOMING_REQUESTS = 4096
+DEFAULT_MAX_DUPLEXES = 1024
+
 MESSAGE = PacketType.MESSAGE.value
 REQUEST = PacketType.REQUEST.value
 RESPONSE = PacketType.RESPONSE.value
@@ -111,81 +113,6 @@ DUPLEX_REQUEST = PacketType.DUPLEX_REQUEST.value
 DUPLEX_RESPONSE = PacketType.DUPLEX_RESPONSE.value
 DUPLEX_REQUEST_END = PacketType.DUPLEX_REQUEST_END.value
 DUPLEX_RESPONSE_END = PacketType.DUPLEX_RESPONSE_END.value
-
-#: Default bounds on what a peer may keep open on us (exceeding one is a protocol error).
-DEFAULT_MAX_INCOMING_REQUESTS = 4096
-DEFAULT_MAX_DUPLEXES = 1024
-
-
-class Role(enum.Enum):
-    CLIENT = "client"
-    SERVER = "server"
-
-
-class State(enum.Enum):
-    #: Normal operation.
-    OPEN = "open"
-    #: Server: it sent its close signal. Client: it received one. Still normal operation.
-    SIGNALLED = "signalled"
-    #: Client: it sent its empty Message and sends nothing more.
-    #: Server: it received the client's and is finishing what is outstanding.
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-# What an empty Message from the peer does, by (our role, our state).
-_ON_CLOSE_MESSAGE: dict[tuple[Role, State], str] = {
-    (Role.CLIENT, State.OPEN): "close_requested",
-    (Role.CLIENT, State.SIGNALLED): "ignore",
-    (Role.CLIENT, State.CLOSING): "closed",
-    (Role.SERVER, State.OPEN): "peer_closing",
-    (Role.SERVER, State.SIGNALLED): "peer_closing",
-    (Role.SERVER, State.CLOSING): "error",
-}
-
-# What a local close() does, by (our role, our state): (send empty Message, new state).
-_ON_LOCAL_CLOSE: dict[tuple[Role, State], tuple[bool, State]] = {
-    (Role.CLIENT, State.OPEN): (True, State.CLOSING),
-    (Role.CLIENT, State.SIGNALLED): (True, State.CLOSING),
-    (Role.CLIENT, State.CLOSING): (False, State.CLOSING),
-    (Role.SERVER, State.OPEN): (True, State.SIGNALLED),
-    (Role.SERVER, State.SIGNALLED): (False, State.SIGNALLED),
-    (Role.SERVER, State.CLOSING): (False, State.CLOSING),
-}
-
-# May we start something new (message, request, duplex)?
-_CAN_START = {State.OPEN, State.SIGNALLED}
-# May we continue what is outstanding (respond, duplex data and ends), by role?
-_CAN_CONTINUE: dict[Role, set[State]] = {
-    Role.CLIENT: {State.OPEN, State.SIGNALLED},
-    Role.SERVER: {State.OPEN, State.SIGNALLED, State.CLOSING},
-}
-
-
-@dataclass(slots=True)
-class _Duplex:
-    send_open: bool = True
-    recv_open: bool = True
-    #: Flow control: bytes we may still send (meaningful once the peer said HELLO).
-    credit: int = 0
-    #: Flow control: bytes received and consumed but not yet granted back.
-    consumed: int = 0
-    end_deadline: float | None = None
-
-
-@dataclass(slots=True)
-class _Stats:
-    frames_in: int = 0
-    frames_out: int = 0
-    stale_ignored: int = 0
-    timeouts: int = 0
-
-
-@dataclass(order=True, slots=True)
-class _Deadline:
-    when: float
-    kind: str = field(compare=False)
-    id: int = field(compare=False)
 
 
 class Dialogue:
@@ -212,7 +139,7 @@ class Dialogue:
         self.max_duplexes = max_duplexes
         self.close_reason: str | None = None
         self.error: ProtocolError | None = None
-        self.stats = _Stats()
+        self.stats = Stats()
         self._decoder = Decoder(max_frame)
         self._events: list[Event] = []
         self._out: list[bytes] = []
@@ -223,9 +150,9 @@ class Dialogue:
         self._out_requests: dict[int, float | None] = {}
         #: the peer's requests we have not answered
         self._in_requests: set[int] = set()
-        self._out_duplexes: dict[int, _Duplex] = {}
-        self._in_duplexes: dict[int, _Duplex] = {}
-        self._deadlines: list[_Deadline] = []
+        self._out_duplexes: dict[int, DuplexHalves] = {}
+        self._in_duplexes: dict[int, DuplexHalves] = {}
+        self._deadlines = Deadlines(self._deadline_live)
         self._close_deadline: float | None = None
         if window is not None:
             self._queue(MESSAGE, 0, control.encode_hello(window))
@@ -257,7 +184,7 @@ class Dialogue:
     def can_send(self, pid: int, local: bool) -> bool:
         """Is our sending half of this duplex open (and the dialogue able to send)?"""
         duplex = self._duplex(pid, local)
-        return duplex is not None and duplex.send_open and self.state in _CAN_CONTINUE[self.role]
+        return duplex is not None and duplex.send_open and self.state in CAN_CONTINUE[self.role]
 
     def close_expected(self) -> bool:
         """True once the dialogue is over: flush :meth:`data_to_send`, then close the transport."""
@@ -289,7 +216,7 @@ class Dialogue:
             self._fail(exc)
             return
         self.stats.frames_in += len(packets)
-        handlers = self._handlers
+        handlers = HANDLERS
         for ptype, pid, pdata in packets:
             if self.close_reason is not None:  # an earlier packet closed the dialogue
                 return
@@ -331,7 +258,7 @@ class Dialogue:
         if pid not in self._out_requests:
             return False
         del self._out_requests[pid]
-        if self.state in _CAN_CONTINUE[self.role]:
+        if self.state in CAN_CONTINUE[self.role]:
             self._queue(REQUEST, pid, None)
         return True
 
@@ -339,7 +266,7 @@ class Dialogue:
         """Answer the peer's request; ``None`` declines it. False if it is no longer pending."""
         if pid not in self._in_requests:
             return False
-        if self.state not in _CAN_CONTINUE[self.role]:
+        if self.state not in CAN_CONTINUE[self.role]:
             self._in_requests.discard(pid)
             return False
         self._in_requests.discard(pid)
@@ -354,7 +281,7 @@ class Dialogue:
             raise LocalProtocolError(f"more than {self.max_duplexes} open duplexes")
         pid = self._allocate()
         self._queue(DUPLEX_INITIAL, pid, data)
-        self._out_duplexes[pid] = _Duplex(credit=self.peer_window or 0)
+        self._out_duplexes[pid] = DuplexHalves(credit=self.peer_window or 0)
         return pid
 
     def send_credit(self, pid: int, local: bool) -> int | None:
@@ -399,7 +326,7 @@ class Dialogue:
         if duplex is None or not duplex.recv_open:
             return
         duplex.consumed += nbytes
-        if duplex.consumed >= self.window // 2 and self.state in _CAN_CONTINUE[self.role]:
+        if duplex.consumed >= self.window // 2 and self.state in CAN_CONTINUE[self.role]:
             self._queue(MESSAGE, 0, control.encode_grant([(local, pid, duplex.consumed)]))
             duplex.consumed = 0
 
@@ -407,7 +334,7 @@ class Dialogue:
         """Start the seed's asymmetric close (see the module doc). Safe to call again."""
         if self.state is State.CLOSED:
             return
-        send, new_state = _ON_LOCAL_CLOSE[(self.role, self.state)]
+        send, new_state = ON_LOCAL_CLOSE[(self.role, self.state)]
         if deadline is not None and (
             self._close_deadline is None or deadline < self._close_deadline
         ):
@@ -436,22 +363,15 @@ class Dialogue:
 
     def next_deadline(self) -> float | None:
         """The earliest pending deadline, or None."""
-        heap = self._deadlines
-        while heap and not self._deadline_live(heap[0]):
-            heapq.heappop(heap)
-        return heap[0].when if heap else None
+        return self._deadlines.next()
 
     def expire(self, now: float) -> None:
         """Act on every deadline at or before ``now``."""
-        heap = self._deadlines
-        while heap and heap[0].when <= now:
-            item = heapq.heappop(heap)
-            if not self._deadline_live(item):
-                continue
+        while (item := self._deadlines.pop_due(now)) is not None:
             if item.kind == "request":
                 del self._out_requests[item.id]
                 self.stats.timeouts += 1
-                if self.state in _CAN_CONTINUE[self.role]:
+                if self.state in CAN_CONTINUE[self.role]:
                     self._queue(REQUEST, item.id, None)
                 self._events.append(RequestTimedOut(id=item.id))
             elif item.kind == "duplex":
@@ -460,7 +380,7 @@ class Dialogue:
                 self._finish("close timed out", clean=False)
                 return
 
-    def _deadline_live(self, item: _Deadline) -> bool:
+    def _deadline_live(self, item: Deadline) -> bool:
         if self.state is State.CLOSED:
             return False
         if item.kind == "request":
@@ -471,135 +391,7 @@ class Dialogue:
         return self._close_deadline == item.when
 
     def _add_deadline(self, when: float, kind: str, pid: int) -> None:
-        heap = self._deadlines
-        heapq.heappush(heap, _Deadline(when, kind, pid))
-        live = len(self._out_requests) + len(self._out_duplexes) + 1
-        if len(heap) > 2 * live + 64:
-            # Drop entries of requests that were answered long before their deadline.
-            self._deadlines = [d for d in heap if self._deadline_live(d)]
-            heapq.heapify(self._deadlines)
-
-    # ---------------------------------------------------------- packet handlers
-
-    def _on_message(self, pid: int, data: bytes | None) -> None:
-        if data is None:
-            action = _ON_CLOSE_MESSAGE[(self.role, self.state)]
-            if action == "close_requested":
-                self.state = State.SIGNALLED
-                self._events.append(CloseRequested())
-            elif action == "closed":
-                self._finish("closed", clean=True)
-            elif action == "peer_closing":
-                self._peer_closing()
-            elif action == "error":
-                raise RemoteProtocolError("second close message", public="unexpected close")
-            return
-        self._check_peer_may_send()
-        if self.window is not None and data[:4] == control.PREFIX:
-            self._on_control(data)
-            return
-        self._events.append(MessageReceived(data=data))
-
-    def _on_request(self, pid: int, data: bytes | None) -> None:
-        self._check_peer_may_send()
-        if data is None:
-            if pid in self._in_requests:
-                self._in_requests.discard(pid)
-                self._events.append(RequestCancelled(id=pid))
-                self._maybe_finish_close()
-            return
-        if self.role is Role.CLIENT and self.state is State.CLOSING:
-            return  # we cannot answer any more
-        if pid in self._in_requests:
-            raise RemoteProtocolError(f"request id {pid} already pending", public="duplicate id")
-        if len(self._in_requests) >= self.max_incoming_requests:
-            raise RemoteProtocolError("too many pending requests", public="too many requests")
-        self._in_requests.add(pid)
-        self._events.append(RequestReceived(id=pid, data=data))
-
-    def _on_response(self, pid: int, data: bytes | None) -> None:
-        if pid not in self._out_requests:
-            self._stale(pid, "response")
-            return
-        del self._out_requests[pid]
-        if data is None:
-            self._events.append(RequestDeclined(id=pid))
-        else:
-            self._events.append(ResponseReceived(id=pid, data=data))
-
-    def _on_duplex_initial(self, pid: int, data: bytes | None) -> None:
-        self._check_peer_may_send()
-        if pid in self._in_duplexes:
-            raise RemoteProtocolError(f"duplex id {pid} already open", public="duplicate id")
-        if len(self._in_duplexes) >= self.max_duplexes:
-            raise RemoteProtocolError("too many open duplexes", public="too many duplexes")
-        duplex = _Duplex(credit=self.peer_window or 0)
-        if self.role is Role.CLIENT and self.state is State.CLOSING:
-            duplex.send_open = False
-        self._in_duplexes[pid] = duplex
-        self._events.append(DuplexOpened(id=pid, data=data))
-
-    def _on_duplex_request(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_data(pid, False, data)
-
-    def _on_duplex_response(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_data(pid, True, data)
-
-    def _on_duplex_data(self, pid: int, local: bool, data: bytes | None) -> None:
-        duplex = self._receiving_half(pid, local)
-        if duplex is None:
-            return
-        if data is None:
-            name = "DuplexResponse" if local else "DuplexRequest"
-            raise RemoteProtocolError(f"{name} without data", public="malformed packet")
-        self._events.append(DuplexData(id=pid, local=local, data=data))
-
-    def _on_duplex_request_end(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_end(pid, False, data)
-
-    def _on_duplex_response_end(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_end(pid, True, data)
-
-    def _on_duplex_end(self, pid: int, local: bool, data: bytes | None) -> None:
-        duplex = self._receiving_half(pid, local)
-        if duplex is None:
-            return
-        duplex.recv_open = False
-        self._events.append(DuplexEnded(id=pid, local=local, error=data))
-        if not duplex.send_open:
-            self._forget(pid, local)
-            self._maybe_finish_close()
-
-    _handlers = {
-        MESSAGE: _on_message,
-        REQUEST: _on_request,
-        RESPONSE: _on_response,
-        DUPLEX_INITIAL: _on_duplex_initial,
-        DUPLEX_REQUEST: _on_duplex_request,
-        DUPLEX_RESPONSE: _on_duplex_response,
-        DUPLEX_REQUEST_END: _on_duplex_request_end,
-        DUPLEX_RESPONSE_END: _on_duplex_response_end,
-    }
-
-    def _on_control(self, data: bytes) -> None:
-        msg = control.decode(data)
-        if isinstance(msg, control.Hello):
-            if self.peer_window is not None:
-                raise RemoteProtocolError("second flow-control hello", public="bad control message")
-            self.peer_window = msg.window
-            # Duplexes opened before the HELLO arrived start with a full window now.
-            for table in (self._out_duplexes, self._in_duplexes):
-                for duplex in table.values():
-                    duplex.credit = msg.window
-        elif isinstance(msg, control.Grant):
-            for local, pid, credit in msg.entries:
-                target = self._duplex(pid, local)
-                if target is None or not target.send_open:
-                    continue  # the grant crossed our end: harmless
-                was_blocked = target.credit <= 0
-                target.credit += credit
-                if was_blocked and target.credit > 0:
-                    self._events.append(DuplexWritable(id=pid, local=local))
+        self._deadlines.add(when, kind, pid, len(self._out_requests) + len(self._out_duplexes) + 1)
 
     # ------------------------------------------------------------------ helpers
 
@@ -639,18 +431,18 @@ class Dialogue:
             raise RemoteProtocolError(f"{what} for id {pid} we never issued", public="unknown id")
         self.stats.stale_ignored += 1
 
-    def _duplex(self, pid: int, local: bool) -> _Duplex | None:
+    def _duplex(self, pid: int, local: bool) -> DuplexHalves | None:
         return (self._out_duplexes if local else self._in_duplexes).get(pid)
 
-    def _sending_half(self, pid: int, local: bool) -> _Duplex:
-        if self.state not in _CAN_CONTINUE[self.role]:
+    def _sending_half(self, pid: int, local: bool) -> DuplexHalves:
+        if self.state not in CAN_CONTINUE[self.role]:
             raise DialogueClosed(f"dialogue is {self.state.value}")
         duplex = self._duplex(pid, local)
         if duplex is None or not duplex.send_open:
             raise LocalProtocolError(f"duplex {pid} is not open for sending")
         return duplex
 
-    def _receiving_half(self, pid: int, local: bool) -> _Duplex | None:
+    def _receiving_half(self, pid: int, local: bool) -> DuplexHalves | None:
         """The duplex if its receiving half is open; None for a stale one; else an error."""
         if not local:
             self._check_peer_may_send()
@@ -669,7 +461,7 @@ class Dialogue:
             raise RemoteProtocolError("packet after the client closed", public="packet after close")
 
     def _check_start(self) -> None:
-        if self.state not in _CAN_START:
+        if self.state not in CAN_START:
             raise DialogueClosed(f"dialogue is {self.state.value}")
 
     def _forget(self, pid: int, local: bool, abandoned: bool = False) -> None:
@@ -719,3 +511,6 @@ class Dialogue:
             table.clear()
         self._deadlines.clear()
         self._events.append(ConnectionClosed(reason=reason, clean=clean, error=self.error))
+
+
+__all__ = ["Dialogue", "Role", "State"]
