@@ -8,11 +8,9 @@ message handlers, a message dispatcher. Request and duplex handlers run as
 owned tasks, bounded in number; every task is awaited (or cancelled and
 awaited) by :meth:`Connection.close`.
 
-Handlers: ``on_message(data)`` and ``on_request(data) -> bytes | None`` may be
-plain functions (called inline, the fast path) or coroutine functions;
-``on_duplex(duplex)`` is a coroutine function. A request handler returning
-None, or raising, declines the request (an empty Response; the exception is
-logged, never sent). The peer cancelling a request cancels its handler task.
+Handlers for incoming messages, requests and duplexes are called as
+:mod:`pipeline.dialogue.handlers` describes (plain functions inline, coroutine
+functions in owned, bounded tasks).
 
 Everything is bounded: the machine's output buffer (senders wait above
 ``write_high``), the message queue, the number of handler tasks and each
@@ -23,16 +21,21 @@ transport until they drain), and :meth:`close` by its deadline.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 from pipeline.dialogue import events as ev
 from pipeline.dialogue.channel import Channel, StreamChannel, WebSocket, WebSocketChannel
 from pipeline.dialogue.duplex import Duplex
+from pipeline.dialogue.handlers import (
+    HANDLER_FAILED,
+    NO_HANDLER,
+    DuplexHandler,
+    Inbound,
+    MessageHandler,
+    RequestHandler,
+)
 from pipeline.dialogue.packets import DEFAULT_MAX_FRAME
 from pipeline.dialogue.protocol import Dialogue, Role, State
 from pipeline.errors import (
@@ -43,14 +46,6 @@ from pipeline.errors import (
 )
 
 log = logging.getLogger(__name__)
-
-MessageHandler = Callable[[bytes], Any]
-RequestHandler = Callable[[bytes], Any]
-DuplexHandler = Callable[[Duplex], Awaitable[None]]
-
-#: Error data sent when a duplex handler fails or none is installed (details stay in our logs).
-HANDLER_FAILED = b"handler failed"
-NO_HANDLER = b"no duplex handler"
 
 
 class Connection:
@@ -77,27 +72,25 @@ class Connection:
         self.channel = channel
         self.name = name
         self._proto = Dialogue(role, max_frame=max_frame, window=window)
-        self._on_message = on_message
-        self._async_messages = inspect.iscoroutinefunction(on_message)
-        self._on_request = on_request
-        self._on_duplex = on_duplex
         # Flow control grants back half a window at a time, so the receive queue
         # must hold a whole window (plus one frame) before the fallback pauses reading.
         self._duplex_high = (
             duplex_queue_bytes if window is None else max(duplex_queue_bytes, window + max_frame)
         )
-        self._max_queued_messages = max_queued_messages
-        self._max_handlers = max_handlers
         self._write_high = write_high
         self.close_timeout = close_timeout
         self.end_timeout = end_timeout
         self._loop = asyncio.get_running_loop()
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._duplexes: dict[tuple[int, bool], Duplex] = {}
-        self._request_tasks: dict[int, asyncio.Task[None]] = {}
-        self._duplex_tasks: set[asyncio.Task[None]] = set()
-        self._messages: deque[bytes] = deque()
-        self._message_waiter: asyncio.Future[None] | None = None
+        self._inbound = Inbound(
+            self,
+            on_message=on_message,
+            on_request=on_request,
+            on_duplex=on_duplex,
+            max_queued_messages=max_queued_messages,
+            max_handlers=max_handlers,
+        )
         self._flush_waiters: list[asyncio.Future[None]] = []
         self._writer_wake: asyncio.Future[None] | None = None
         self._pressure: set[object] = set()
@@ -140,9 +133,11 @@ class Connection:
             return
         self._tasks.append(self._loop.create_task(self._reader(), name=f"{self.name}-reader"))
         self._tasks.append(self._loop.create_task(self._writer(), name=f"{self.name}-writer"))
-        if self._async_messages:
+        if self._inbound.messages_async:
             self._tasks.append(
-                self._loop.create_task(self._dispatch_messages(), name=f"{self.name}-messages")
+                self._loop.create_task(
+                    self._inbound.dispatch_messages(), name=f"{self.name}-messages"
+                )
             )
         self._after()  # a flow-control HELLO may be waiting
 
@@ -205,7 +200,7 @@ class Connection:
                     await asyncio.shield(writer)
             except TimeoutError:
                 self.channel.abort()
-        handlers = [*self._request_tasks.values(), *self._duplex_tasks]
+        handlers = self._inbound.tasks()
         for task in [*self._tasks, *handlers]:
             task.cancel()
         results = await asyncio.gather(*self._tasks, *handlers, return_exceptions=True)
@@ -255,9 +250,7 @@ class Connection:
 
     def duplex(self, data: bytes | None = None) -> Duplex:
         """Open a duplex: ``async with conn.duplex() as d:`` (DuplexInitial carries ``data``)."""
-        pid = self._proto.open_duplex(data)
-        duplex = Duplex(self, pid, True, None, self._duplex_high)
-        self._duplexes[(pid, True)] = duplex
+        duplex = self._new_duplex(self._proto.open_duplex(data), True, None)
         self._after()
         return duplex
 
@@ -396,10 +389,10 @@ class Connection:
                     future.set_result(event.data)
             elif kind is ev.MessageReceived:
                 assert isinstance(event, ev.MessageReceived)
-                self._message(event.data)
+                self._inbound.message(event.data)
             elif kind is ev.RequestReceived:
                 assert isinstance(event, ev.RequestReceived)
-                self._request(event.id, event.data)
+                self._inbound.request(event.id, event.data)
             elif kind is ev.DuplexData:
                 assert isinstance(event, ev.DuplexData)
                 duplex = self._duplexes.get((event.id, event.local))
@@ -420,11 +413,9 @@ class Connection:
             else:
                 future.set_exception(self._closed_error())
         elif isinstance(event, ev.RequestCancelled):
-            task = self._request_tasks.get(event.id)
-            if task is not None:
-                task.cancel()
+            self._inbound.cancel_request(event.id)
         elif isinstance(event, ev.DuplexOpened):
-            self._incoming_duplex(event.id, event.data)
+            self._inbound.duplex(event.id, event.data)
         elif isinstance(event, ev.DuplexEnded):
             duplex = self._duplexes.get((event.id, event.local))
             if duplex is not None:
@@ -461,12 +452,9 @@ class Connection:
         for duplex in self._duplexes.values():
             duplex._fail(error)
         self._duplexes.clear()
-        for task in self._request_tasks.values():
-            task.cancel()
+        self._inbound.connection_closed()
         self._pressure.clear()
         self._read_allowed.set()
-        if self._message_waiter is not None and not self._message_waiter.done():
-            self._message_waiter.set_result(None)
         self._closed.set()
 
     def _closed_error(self) -> DialogueError:
@@ -476,6 +464,11 @@ class Connection:
             exc.__cause__ = error
             return exc
         return DialogueClosed(f"dialogue closed: {self._proto.close_reason}")
+
+    def _new_duplex(self, pid: int, local: bool, data: bytes | None) -> Duplex:
+        duplex = Duplex(self, pid, local, data, self._duplex_high)
+        self._duplexes[(pid, local)] = duplex
+        return duplex
 
     def _press(self, key: object) -> None:
         self._pressure.add(key)
@@ -487,122 +480,5 @@ class Connection:
             if not self._pressure:
                 self._read_allowed.set()
 
-    # --------------------------------------------------------------- handlers
 
-    def _message(self, data: bytes) -> None:
-        handler = self._on_message
-        if handler is None:
-            log.debug("%s: message dropped, no handler", self.name)
-            return
-        if not self._async_messages:
-            try:
-                handler(data)
-            except Exception:
-                log.exception("%s: message handler failed", self.name)
-            return
-        self._messages.append(data)
-        if len(self._messages) >= self._max_queued_messages:
-            self._press("messages")
-        waiter = self._message_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _dispatch_messages(self) -> None:
-        handler = self._on_message
-        assert handler is not None
-        queue = self._messages
-        while True:
-            while queue:
-                data = queue.popleft()
-                if len(queue) < self._max_queued_messages // 2:
-                    self._relieve("messages")
-                try:
-                    await handler(data)
-                except Exception:
-                    log.exception("%s: message handler failed", self.name)
-            if self.closed:
-                return
-            self._message_waiter = self._loop.create_future()
-            try:
-                await self._message_waiter
-            finally:
-                self._message_waiter = None
-
-    def _request(self, pid: int, data: bytes) -> None:
-        handler = self._on_request
-        if handler is None:
-            self._proto.respond(pid, None)
-            return
-        try:
-            result = handler(data)
-        except Exception:
-            log.exception("%s: request handler failed", self.name)
-            self._proto.respond(pid, None)
-            return
-        if not inspect.isawaitable(result):
-            self._proto.respond(pid, result)
-            return
-        task = self._loop.create_task(self._answer(pid, result), name=f"{self.name}-request-{pid}")
-        self._request_tasks[pid] = task
-        task.add_done_callback(self._request_done)
-        if len(self._request_tasks) >= self._max_handlers:
-            self._press("requests")
-
-    async def _answer(self, pid: int, awaitable: Awaitable[bytes | None]) -> None:
-        try:
-            result = await awaitable
-        except asyncio.CancelledError:
-            if self._proto.state is not State.CLOSED:
-                self._proto.respond(pid, None)  # no-op when the peer cancelled
-                self._after()
-            raise
-        except Exception:
-            log.exception("%s: request handler failed", self.name)
-            result = None
-        self._proto.respond(pid, result)
-        self._after()
-
-    def _request_done(self, task: asyncio.Task[None]) -> None:
-        for pid, t in self._request_tasks.items():
-            if t is task:
-                del self._request_tasks[pid]
-                break
-        if len(self._request_tasks) < self._max_handlers // 2 + 1:
-            self._relieve("requests")
-
-    def _incoming_duplex(self, pid: int, data: bytes | None) -> None:
-        duplex = Duplex(self, pid, False, data, self._duplex_high)
-        self._duplexes[(pid, False)] = duplex
-        duplex.sending = self._proto.can_send(pid, False)
-        if self._on_duplex is None:
-            duplex.detached = True
-            if duplex.sending:
-                duplex.sending = False
-                self._proto.duplex_end(pid, False, NO_HANDLER)
-            return
-        task = self._loop.create_task(self._run_duplex(duplex), name=f"{self.name}-duplex-{pid}")
-        self._duplex_tasks.add(task)
-        task.add_done_callback(self._duplex_task_done)
-        if len(self._duplex_tasks) >= self._max_handlers:
-            self._press("duplexes")
-
-    async def _run_duplex(self, duplex: Duplex) -> None:
-        handler = self._on_duplex
-        assert handler is not None
-        error: bytes | None = None
-        try:
-            await handler(duplex)
-        except DialogueError as exc:
-            log.info("%s: duplex %d ended: %s", self.name, duplex.id, exc)
-            error = HANDLER_FAILED
-        except Exception:
-            log.exception("%s: duplex handler failed", self.name)
-            error = HANDLER_FAILED
-        duplex._detach()
-        if duplex.sending and not self.closed:
-            await duplex.end(error)
-
-    def _duplex_task_done(self, task: asyncio.Task[None]) -> None:
-        self._duplex_tasks.discard(task)
-        if len(self._duplex_tasks) < self._max_handlers // 2 + 1:
-            self._relieve("duplexes")
+__all__ = ["HANDLER_FAILED", "NO_HANDLER", "Connection", "Duplex", "Role"]

@@ -376,3 +376,19 @@ async def test_local_misuse_is_refused_with_clear_errors(connect: Any) -> None:
         client.protocol.duplex_send(999, True, b"no such duplex")
     # Nothing was lost or broken by the refused calls: the connection still works.
     assert await client.request(b"x" * 10, timeout=5) == b"X" * 10
+
+
+async def test_too_many_handlers_pause_reading_until_they_finish(connect: Any, until: Any) -> None:
+    release = asyncio.Event()
+
+    async def slow(data: bytes) -> bytes:
+        await release.wait()
+        return data
+
+    client, server = await connect(server={"on_request": slow, "max_handlers": 4})
+    calls = [asyncio.create_task(client.request(b"%d" % i, timeout=10)) for i in range(20)]
+    await until(lambda: len(server._inbound.tasks()) >= 4)
+    assert not server._read_allowed.is_set()  # the reader stopped: no unbounded task growth
+    release.set()
+    assert await asyncio.gather(*calls) == [b"%d" % i for i in range(20)]
+    assert server._read_allowed.is_set()

@@ -1,0 +1,208 @@
+"""The application's side of incoming traffic: calling handlers and owning the tasks that run them.
+
+``on_message(data)`` and ``on_request(data) -> bytes | None`` may be plain
+functions (called inline by the reader: the fast path) or coroutine
+functions; ``on_duplex(duplex)`` is a coroutine function. Async message
+handlers run one at a time, in order, from a bounded queue; each async request
+and each incoming duplex gets an owned task, at most ``max_handlers`` of each.
+Over a bound, the connection stops reading its transport until the backlog
+halves. A request handler returning None or raising declines the request (an
+empty Response); exceptions are logged here, never sent to the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from pipeline.dialogue.duplex import Duplex
+from pipeline.dialogue.states import State
+from pipeline.errors import DialogueError
+
+if TYPE_CHECKING:
+    from pipeline.dialogue.connection import Connection
+
+log = logging.getLogger(__name__)
+
+MessageHandler = Callable[[bytes], Any]
+RequestHandler = Callable[[bytes], Any]
+DuplexHandler = Callable[[Duplex], Awaitable[None]]
+
+#: Error data sent when a duplex handler fails or none is installed (details stay in our logs).
+HANDLER_FAILED = b"handler failed"
+NO_HANDLER = b"no duplex handler"
+
+
+class Inbound:
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        on_message: MessageHandler | None,
+        on_request: RequestHandler | None,
+        on_duplex: DuplexHandler | None,
+        max_queued_messages: int,
+        max_handlers: int,
+    ) -> None:
+        self.conn = conn
+        self.on_message = on_message
+        self.messages_async = inspect.iscoroutinefunction(on_message)
+        self.on_request = on_request
+        self.on_duplex = on_duplex
+        self.max_queued_messages = max_queued_messages
+        self.max_handlers = max_handlers
+        self._messages: deque[bytes] = deque()
+        self._message_waiter: asyncio.Future[None] | None = None
+        self._request_tasks: dict[int, asyncio.Task[None]] = {}
+        self._duplex_tasks: set[asyncio.Task[None]] = set()
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [*self._request_tasks.values(), *self._duplex_tasks]
+
+    def connection_closed(self) -> None:
+        for task in self._request_tasks.values():
+            task.cancel()
+        self._wake_messages()
+
+    # ---------------------------------------------------------------- messages
+
+    def message(self, data: bytes) -> None:
+        handler = self.on_message
+        if handler is None:
+            log.debug("%s: message dropped, no handler", self.conn.name)
+            return
+        if not self.messages_async:
+            try:
+                handler(data)
+            except Exception:
+                log.exception("%s: message handler failed", self.conn.name)
+            return
+        self._messages.append(data)
+        if len(self._messages) >= self.max_queued_messages:
+            self.conn._press("messages")
+        self._wake_messages()
+
+    def _wake_messages(self) -> None:
+        waiter = self._message_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def dispatch_messages(self) -> None:
+        """The message task: run the async handler over the queue, in order."""
+        handler = self.on_message
+        assert handler is not None
+        queue = self._messages
+        low = self.max_queued_messages // 2
+        while True:
+            while queue:
+                data = queue.popleft()
+                if len(queue) < low:
+                    self.conn._relieve("messages")
+                try:
+                    await handler(data)
+                except Exception:
+                    log.exception("%s: message handler failed", self.conn.name)
+            if self.conn.closed:
+                return
+            self._message_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._message_waiter
+            finally:
+                self._message_waiter = None
+
+    # ---------------------------------------------------------------- requests
+
+    def request(self, pid: int, data: bytes) -> None:
+        proto = self.conn.protocol
+        handler = self.on_request
+        if handler is None:
+            proto.respond(pid, None)
+            return
+        try:
+            result = handler(data)
+        except Exception:
+            log.exception("%s: request handler failed", self.conn.name)
+            proto.respond(pid, None)
+            return
+        if not inspect.isawaitable(result):
+            proto.respond(pid, result)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._answer(pid, result), name=f"{self.conn.name}-request-{pid}"
+        )
+        self._request_tasks[pid] = task
+        task.add_done_callback(functools.partial(self._request_done, pid))
+        if len(self._request_tasks) >= self.max_handlers:
+            self.conn._press("requests")
+
+    def cancel_request(self, pid: int) -> None:
+        """The peer cancelled: stop working on it (answering is optional now)."""
+        task = self._request_tasks.get(pid)
+        if task is not None:
+            task.cancel()
+
+    async def _answer(self, pid: int, awaitable: Awaitable[bytes | None]) -> None:
+        proto = self.conn.protocol
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if proto.state is not State.CLOSED:
+                proto.respond(pid, None)  # a no-op when the peer cancelled
+                self.conn._after()
+            raise
+        except Exception:
+            log.exception("%s: request handler failed", self.conn.name)
+            result = None
+        proto.respond(pid, result)
+        self.conn._after()
+
+    def _request_done(self, pid: int, task: asyncio.Task[None]) -> None:
+        if self._request_tasks.get(pid) is task:
+            del self._request_tasks[pid]
+        if len(self._request_tasks) <= self.max_handlers // 2:
+            self.conn._relieve("requests")
+
+    # ---------------------------------------------------------------- duplexes
+
+    def duplex(self, pid: int, data: bytes | None) -> None:
+        """The peer opened a duplex: hand it to ``on_duplex`` in an owned task."""
+        conn = self.conn
+        duplex = conn._new_duplex(pid, False, data)
+        duplex.sending = conn.protocol.can_send(pid, False)
+        if self.on_duplex is None:
+            duplex.detached = True
+            if duplex.sending:
+                duplex.sending = False
+                conn.protocol.duplex_end(pid, False, NO_HANDLER)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._run_duplex(self.on_duplex, duplex), name=f"{conn.name}-duplex-{pid}"
+        )
+        self._duplex_tasks.add(task)
+        task.add_done_callback(self._duplex_done)
+        if len(self._duplex_tasks) >= self.max_handlers:
+            conn._press("duplexes")
+
+    async def _run_duplex(self, handler: DuplexHandler, duplex: Duplex) -> None:
+        error: bytes | None = None
+        try:
+            await handler(duplex)
+        except DialogueError as exc:
+            log.info("%s: duplex %d ended: %s", self.conn.name, duplex.id, exc)
+            error = HANDLER_FAILED
+        except Exception:
+            log.exception("%s: duplex handler failed", self.conn.name)
+            error = HANDLER_FAILED
+        duplex._detach()
+        if duplex.sending and not self.conn.closed:
+            await duplex.end(error)
+
+    def _duplex_done(self, task: asyncio.Task[None]) -> None:
+        self._duplex_tasks.discard(task)
+        if len(self._duplex_tasks) <= self.max_handlers // 2:
+            self.conn._relieve("duplexes")
