@@ -71,9 +71,13 @@ def wait_line(proc: subprocess.Popen[bytes], word: bytes, log: Path) -> None:
         raise RuntimeError(f"child did not start: {log.read_text()[-2000:]}")
 
 
-async def load(url: str, queue: str, dst: int, calls: int, concurrency: int) -> tuple[float, list[float]]:
+async def load(
+    url: str, queue: str, dst: int, calls: int, concurrency: int
+) -> tuple[float, list[float]]:
     """Run ``calls`` request/answer round trips at ``concurrency``; (seconds, latencies ms)."""
-    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=concurrency + 8, timeout=30)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=concurrency + 8, timeout=30
+    )
     client = aioredis.Redis(connection_pool=pool)
     latencies: list[float] = []
     counter = iter(range(calls))
@@ -104,6 +108,12 @@ async def load(url: str, queue: str, dst: int, calls: int, concurrency: int) -> 
     return elapsed, latencies
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20_000)
@@ -129,7 +139,10 @@ def main() -> int:
             directory.write_text(
                 json.dumps(
                     {
-                        str(t): {"url": f"http://127.0.0.1:{ports[t]}", "key": signers[t].public_key}
+                        str(t): {
+                            "url": f"http://127.0.0.1:{ports[t]}",
+                            "key": signers[t].public_key,
+                        }
                         for t in (A, B)
                     }
                 )
@@ -139,13 +152,26 @@ def main() -> int:
                 signers[twin].write(key)
                 log = work / f"bus-{twin}.log"
                 profile = (
-                    ["-m", "cProfile", "-o", f"/tmp/prof-{twin}"] if os.environ.get("BENCH_PROFILE") else []
+                    ["-m", "cProfile", "-o", f"/tmp/prof-{twin}"]
+                    if os.environ.get("BENCH_PROFILE")
+                    else []
                 )
                 proc = spawn(
                     [
-                        *profile, "-m", "pipeline.cli", "bus", "--twin", str(twin),
-                        "--listen", f"127.0.0.1:{ports[twin]}", "--directory", str(directory),
-                        "--key", str(key), "--redis", redis_server.url,
+                        *profile,
+                        "-m",
+                        "pipeline.cli",
+                        "bus",
+                        "--twin",
+                        str(twin),
+                        "--listen",
+                        f"127.0.0.1:{ports[twin]}",
+                        "--directory",
+                        str(directory),
+                        "--key",
+                        str(key),
+                        "--redis",
+                        redis_server.url,
                     ],  # fmt: skip
                     log,
                 )
@@ -171,6 +197,17 @@ def main() -> int:
             report.emit("calls_per_s", args.calls / bus_s, args.calls / base_s, **extra)
             report.emit("p50_ms", percentile(bus_lat, 50), percentile(base_lat, 50), **extra)
             report.emit("p99_ms", percentile(bus_lat, 99), percentile(base_lat, 99), **extra)
+            names = ["bus-1001", "bus-1002", "handler-bus", "handler-raw"]
+            for name, pid in [
+                *zip(names, [p.pid for p in procs], strict=True),
+                *[
+                    (f"redis-{n}", r.proc.pid)
+                    for n, r in zip("abr", redises, strict=True)
+                    if r.proc
+                ],
+            ]:
+                print(f"# cpu {name}: {cpu_seconds(pid):.1f} s", file=sys.stderr)
+            print(f"# cpu client (this process): {sum(os.times()[:2]):.1f} s", file=sys.stderr)
         finally:
             for proc in procs:
                 proc.terminate()
