@@ -1,0 +1,81 @@
+"""A TCP server of Dialogue connections (the server role), with a bounded, ordered shutdown.
+
+``async with DialogueServer("127.0.0.1", 0, on_request=...) as server:`` accepts
+connections, runs each as a :class:`Connection` with the given handlers and
+options, and calls ``on_connection(conn)`` if given. :meth:`close` stops
+accepting, closes every connection the seed's way (the server signals, the
+clients close) bounded by ``close_timeout``, then waits for the listener.
+Safe to call twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+from pipeline.dialogue.connection import Connection
+from pipeline.dialogue.protocol import Role
+
+log = logging.getLogger(__name__)
+
+
+class DialogueServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        on_connection: Callable[[Connection], Awaitable[None]] | None = None,
+        max_connections: int = 1024,
+        close_timeout: float = 5.0,
+        **options: Any,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.on_connection = on_connection
+        self.max_connections = max_connections
+        self.close_timeout = close_timeout
+        self.options = options
+        self.connections: set[Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def __aenter__(self) -> DialogueServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        await asyncio.gather(*(c.close(timeout=self.close_timeout) for c in list(self.connections)))
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing or len(self.connections) >= self.max_connections:
+            log.warning("dialogue server: refusing %s", writer.get_extra_info("peername"))
+            writer.close()
+            return
+        options = {"close_timeout": self.close_timeout, **self.options}
+        conn = Connection.over_streams(reader, writer, Role.SERVER, **options)
+        self.connections.add(conn)
+        try:
+            async with conn:
+                if self.on_connection is not None:
+                    await self.on_connection(conn)
+                await conn.wait_closed()
+        finally:
+            self.connections.discard(conn)

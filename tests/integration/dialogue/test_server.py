@@ -1,0 +1,44 @@
+"""DialogueServer over real TCP: many clients, server-initiated shutdown of all of them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.dialogue.connection import Connection
+from pipeline.dialogue.server import DialogueServer
+
+
+async def upper(data: bytes) -> bytes:
+    return data.upper()
+
+
+async def test_many_clients_then_shutdown_closes_them_all() -> None:
+    seen: list[Connection] = []
+
+    async def on_connection(conn: Connection) -> None:
+        seen.append(conn)
+
+    async with DialogueServer(
+        "127.0.0.1", 0, on_request=upper, on_connection=on_connection
+    ) as server:
+        clients = [await Connection.connect("127.0.0.1", server.port) for _ in range(5)]
+        answers = await asyncio.gather(*(c.request(b"hi %d" % i) for i, c in enumerate(clients)))
+        assert answers == [b"HI %d" % i for i in range(5)]
+        assert len(server.connections) == 5 == len(seen)
+    # Leaving the block closed every connection the seed's way: the clients closed cleanly.
+    for client in clients:
+        await asyncio.wait_for(client.wait_closed(), 5)
+        assert client.close_reason == "closed"
+        await client.close()
+    assert not server.connections
+
+
+async def test_refuses_over_the_connection_limit() -> None:
+    async with DialogueServer("127.0.0.1", 0, on_request=upper, max_connections=1) as server:
+        first = await Connection.connect("127.0.0.1", server.port)
+        assert await first.request(b"a") == b"A"
+        second = await Connection.connect("127.0.0.1", server.port)
+        await asyncio.wait_for(second.wait_closed(), 5)  # refused: the socket is closed
+        assert second.close_reason == "connection lost"
+        await second.close()
+        await first.close()
