@@ -338,15 +338,19 @@ class TieredResumption:
         tail = plan.tail
         lo = tail.lo
         pos = plan.start
+        log.debug(
+            "resume %s from %d: tail [%s, %d] up to %r", plan.reason, pos, lo, tail.hi, tail.last_id
+        )
         if plan.history is not None and (lo is None or pos < lo):
             pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
+            log.debug("history sent up to %d", pos - 1)
         if lo is not None:
             if pos < lo and sender.sent:
                 raise ResumptionError(
                     f"history gap: the lake ends at {pos - 1}, redis starts at {lo}"
                 )
             await self._from_tail(plan, max(pos, lo), keep, sink, sender)
-        await self._replay_and_live(tail.last_id, keep, sink, sender)
+        await self._replay_and_live(plan.history, tail.last_id, keep, sink, sender)
 
     async def _from_history(
         self,
@@ -363,13 +367,19 @@ class TieredResumption:
                 emits = await asyncio.to_thread(_next_page, pages, keep)
                 if emits is None:
                     return pos
-                first, last = emits[0].num, emits[-1].num
-                if (sender.sent and first != pos) or last - first + 1 != len(emits):
-                    raise ResumptionError(f"history gap in the lake after block {pos - 1}")
-                for emit in emits:
-                    sender.accept(emit.num, emit.hash)
-                await sink.put(emits)
-                pos = last + 1
+                expected = pos if sender.sent else emits[0].num
+                if emits[0].num != expected or emits[-1].num - expected + 1 != len(emits):
+                    emits = [e for e in emits if sender.accept(e.num, e.hash) is not None]
+                    if emits and (
+                        emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)
+                    ):
+                        raise ResumptionError(f"history gap in the lake after block {expected - 1}")
+                else:
+                    for emit in emits:
+                        sender.accept(emit.num, emit.hash)
+                if emits:
+                    await sink.put(emits)
+                    pos = emits[-1].num + 1
         finally:
             close = getattr(pages, "close", None)
             if close is not None:
@@ -421,18 +431,22 @@ class TieredResumption:
 
     async def _replay(
         self,
+        history: History | None,
         last_id: bytes,
         keep: KeyTest | None,
         sink: BlockSink,
         sender: Sender,
-        *,
-        until_caught_up: bool,
     ) -> bytes:
+        """Entries after ``last_id`` in production order, until a short page; returns the last id.
+
+        Entries trimmed from Redis since ``last_id`` was read show up as a jump
+        in block numbers: that range is read from the lake first.
+        """
         while True:
             entries = await _xrange(
                 self._redis, self._key, min="(" + last_id.decode(), max="+", count=PAGE
             )
-            emits = []
+            emits: list[Emit] = []
             for entry_id, fields in entries:
                 last_id = entry_id
                 try:
@@ -440,24 +454,77 @@ class TieredResumption:
                 except (BadBatch, KeyError):
                     log.warning("skipping invalid chain entry %r", entry_id)
                     continue
+                if sender.sent and (
+                    block.num > sender.head + 1
+                    or (
+                        block.num == sender.head + 1
+                        and sender.hash_at(sender.head) != block.parent.hex()
+                    )
+                ):
+                    if emits:
+                        await sink.put(emits)
+                        emits = []
+                    await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
                 item = LiveBlock.from_block(block, entry_id)
                 depth = sender.accept(item.num, item.hash)
+                log.debug("replay %r %d %s -> %s", entry_id, item.num, item.hash[:4], depth)
                 if depth is not None:
                     emits.append(Emit(item.num, item.hash, item.parent, item.results(keep), depth))
             if emits:
                 await sink.put(emits)
-            if len(entries) < PAGE or not until_caught_up:
+            if len(entries) < PAGE:
                 return last_id
 
-    async def _replay_and_live(
-        self, last_id: bytes, keep: KeyTest | None, sink: BlockSink, sender: Sender
+    async def _fill(
+        self,
+        history: History | None,
+        stop: int,
+        parent: str,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
     ) -> None:
-        last_id = await self._replay(last_id, keep, sink, sender, until_caught_up=True)
+        """Entries trimmed from Redis since they were scanned: read ``[.., stop)`` from the lake.
+
+        The lake's canonical blocks from ``reorg_threshold`` below the point
+        where Redis resumed are compared with what was sent: equal ones are
+        skipped, others sent (as a reorg when they replace a sent block). The
+        result must link to ``parent``, the parent of the next Redis entry.
+        """
+        if history is not None:
+            refresh = getattr(history, "refresh", None)
+            if refresh is not None:
+                await asyncio.to_thread(refresh)
+            start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
+            pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
+            while (page := await asyncio.to_thread(_next_page, pages, keep)) is not None:
+                emits = []
+                for emit in page:
+                    depth = sender.accept(emit.num, emit.hash)
+                    if depth is not None:
+                        emit.reorg = depth
+                        emits.append(emit)
+                if emits:
+                    await sink.put(emits)
+        if sender.head != stop - 1 or sender.hash_at(stop - 1) != parent:
+            raise ResumptionError(
+                f"history gap: redis resumed at block {stop} but the lake does not link to it"
+            )
+
+    async def _replay_and_live(
+        self,
+        history: History | None,
+        last_id: bytes,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
+    ) -> None:
+        last_id = await self._replay(history, last_id, keep, sink, sender)
         listener = _LiveListener(sender, keep, sink)
         self._hub.add(listener)
         try:
             for _ in range(_LIVE_ATTEMPTS):
-                last_id = await self._replay(last_id, keep, sink, sender, until_caught_up=True)
+                last_id = await self._replay(history, last_id, keep, sink, sender)
                 if listener.go_live(last_id):
                     break
                 listener.reset()  # the live buffer overflowed while replaying: replay again
@@ -499,6 +566,7 @@ class _LiveListener:
         return True
 
     def offer(self, item: LiveBlock) -> None:
+        log.debug("live %r %d %s live=%s", item.entry_id, item.num, item.hash[:4], self._live)
         if self.failed.done():
             return
         if not self._live:

@@ -1,0 +1,101 @@
+"""``sluice serve``: the websocket resumption server.
+
+Relay mode (default) tails the Redis chain stream for live data, so any number
+of servers can run side by side. ``--in-process`` instead runs a synthetic
+chain producer inside the server, sending each block to Redis and to the
+live hub through a :class:`~pipeline.chain.producer.MuxProducer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from pipeline.chain.generator import SyntheticChain
+from pipeline.chain.producer import MuxError, MuxProducer, RedisStreamProducer, WebsocketHub
+from pipeline.chain.server import create_app
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sluice serve", description=__doc__)
+    p.add_argument("--host", help="listen address (SLUICE_SERVE_HOST)")
+    p.add_argument("--port", type=int, help="listen port (SLUICE_SERVE_PORT)")
+    p.add_argument("--stream", help="chain stream name (SLUICE_SERVE_STREAM)")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="produce a synthetic chain in this process (Redis + live hub) instead of tailing Redis",
+    )
+    p.add_argument("--rate", type=float, default=10.0, help="blocks/s for --in-process")
+    return p
+
+
+async def _produce(settings: Settings, hub: WebsocketHub, rate: float, stop: asyncio.Event) -> None:
+    client = aioredis.Redis.from_url(settings.redis_url)
+    mux = MuxProducer(
+        [("redis", RedisStreamProducer(client, settings.serve_stream)), ("websocket", hub)]
+    )
+    chain = SyntheticChain(seed=0, reorg_every=50, reorg_depth=3)
+    try:
+        while not stop.is_set():
+            for block in chain.step():
+                try:
+                    await mux.send(block)
+                except MuxError as exc:
+                    log.warning("%s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0 / rate)
+    finally:
+        await client.aclose()
+
+
+async def serve(settings: Settings, *, in_process: bool = False, rate: float = 10.0) -> None:
+    hub = WebsocketHub()
+    app = create_app(settings, relay=not in_process, hub=hub)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.serve_host, settings.serve_port)
+    await site.start()
+    log.info(
+        "serving %s on ws://%s:%d/ws",
+        settings.serve_stream,
+        settings.serve_host,
+        settings.serve_port,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    producer = asyncio.create_task(_produce(settings, hub, rate, stop)) if in_process else None
+    try:
+        await stop.wait()
+    finally:
+        if producer is not None:
+            stop.set()
+            await producer
+        await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    overrides = {
+        k: v
+        for k, v in {
+            "serve_host": args.host,
+            "serve_port": args.port,
+            "serve_stream": args.stream,
+        }.items()
+        if v is not None
+    }
+    settings = Settings.load(**overrides)
+    asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
+    return 0

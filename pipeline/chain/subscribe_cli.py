@@ -1,0 +1,70 @@
+"""``sluice subscribe``: print ordered chain updates (one JSON line each) from a server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from pipeline.chain.batch import parse_hash
+from pipeline.chain.consumer import subscribe
+from pipeline.chain.ordered import Added
+from pipeline.errors import BadBatch, ConfigError
+from pipeline.settings import Settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sluice subscribe", description=__doc__)
+    p.add_argument("--url", help="ws://host:port/ws (default from SLUICE_SERVE_HOST/PORT)")
+    p.add_argument("--from", dest="from_num", type=int, default=0, help="first block number")
+    p.add_argument("--hash", help="0x hash of block --from, when known")
+    p.add_argument("--prefix", action="append", default=[], help="RE2 key prefix pattern (repeat)")
+    p.add_argument("--count", type=int, default=0, help="stop after this many updates (0: never)")
+    p.add_argument("--token", help="bearer token (default SLUICE_SERVE_TOKEN)")
+    return p
+
+
+async def _run(args: argparse.Namespace, settings: Settings) -> int:
+    url = args.url or f"ws://{settings.serve_host}:{settings.serve_port}/ws"
+    try:
+        block_hash = parse_hash(args.hash) if args.hash else None
+    except BadBatch as exc:
+        raise ConfigError(f"--hash: {exc}") from exc
+    seen = 0
+    updates = subscribe(
+        url,
+        args.from_num,
+        block_hash,
+        args.prefix,
+        token=args.token or settings.serve_token or None,
+    )
+    try:
+        async for update in updates:
+            if isinstance(update, Added):
+                b = update.block
+                line = {
+                    "added": b.num,
+                    "hash": "0x" + b.hash.hex(),
+                    "updates": {k: "0x" + v.hex() for k, v in b.updates.items()},
+                    "deletes": list(b.deletes),
+                    "subbatches": {
+                        p: {k: "0x" + v.hex() for k, v in s.updates.items()}
+                        for p, s in zip(b.batches, b.subbatches, strict=False)
+                    },
+                }
+            else:
+                line = {"removed": update.num, "hash": "0x" + update.hash.hex()}
+            sys.stdout.write(json.dumps(line) + "\n")
+            sys.stdout.flush()
+            seen += 1
+            if args.count and seen >= args.count:
+                break
+    finally:
+        await updates.aclose()  # type: ignore[attr-defined]
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return asyncio.run(_run(args, Settings.load()))

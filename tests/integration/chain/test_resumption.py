@@ -1,0 +1,173 @@
+"""Resumption across the lake, the Redis tail and live data; reorg starts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from pipeline import keys
+from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.ordered import Added, OrderedChain
+
+from .conftest import STREAM, write_lake
+
+
+def final_state(chain: OrderedChain, blocks) -> dict[int, bytes]:
+    state: dict[int, bytes] = {}
+    for block in blocks:
+        for update in chain.accept(block):
+            if isinstance(update, Added):
+                state[update.block.num] = update.block.hash
+            else:
+                state.pop(update.num, None)
+    return state
+
+
+async def test_no_gap_no_duplicate_while_producing_archiving_and_trimming(
+    settings, serve, connect, redis_client: redis.Redis
+) -> None:
+    gen = SyntheticChain(seed=11, reorg_every=15, reorg_depth=3)
+    key = keys.stream(STREAM)
+    write_blocks(redis_client, STREAM, gen.take(60))
+    done = asyncio.Event()
+
+    async def produce() -> None:
+        for _ in range(120):
+            write_blocks(redis_client, STREAM, gen.step())
+            await asyncio.sleep(0.004)
+        done.set()
+
+    async def archive_and_trim() -> None:
+        # move everything but the last 20 entries to the lake, then trim Redis below it
+        while not done.is_set():
+            entries = redis_client.xrange(key, "-", "+")
+            old = entries[:-20]
+            if old:
+                blocks = [decode_block(f[ENTRY_FIELD]) for _, f in old]
+                final = {b.hash for b in gen.canonical}
+                horizon = gen.canonical[-1].num - 5
+                cut = next((i for i, b in enumerate(blocks) if b.num >= horizon), len(blocks))
+                settled = blocks[:cut]  # a prefix in production order, final by now
+                if settled:
+                    write_lake(settings.lake_uri, settled, final)
+                    last_id = old[len(settled) - 1][0].decode()
+                    redis_client.xtrim(key, minid=last_id, approximate=False)  # keeps last_id
+                    redis_client.xdel(key, last_id)
+            await asyncio.sleep(0.05)
+
+    async def subscriber(start: int) -> tuple[int, list]:
+        async with connect(base) as client:
+            await client.subscribe(start, gen.canonical[start].hash)
+            got: list = []
+            deadline = asyncio.get_running_loop().time() + 30
+            while not (done.is_set() and got and got[-1].hash == gen.canonical[-1].hash):
+                try:
+                    got += await client.blocks(1, wait_s=0.5)
+                except TimeoutError:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise AssertionError(
+                            f"subscriber from {start} stalled at {[b.num for b in got[-5:]]}, "
+                            f"head {gen.canonical[-1].num}"
+                        ) from None
+            return start, got
+
+    async with serve(settings) as (base, _app):
+        jobs = [asyncio.create_task(produce()), asyncio.create_task(archive_and_trim())]
+        subs = []
+        for start in (0, 5, 30, 55):
+            subs.append(asyncio.create_task(subscriber(start)))
+            await asyncio.sleep(0.1)
+        results = await asyncio.wait_for(asyncio.gather(*subs), 60)
+        await asyncio.gather(*jobs)
+    assert redis_client.xlen(key) < 100, "the test must have archived and trimmed"
+    canonical = {b.num: b.hash for b in gen.canonical}
+    for start, got in results:
+        pairs = [(b.num, b.hash) for b in got]
+        assert len(pairs) == len(set(pairs)), f"subscriber from {start} got a duplicate"
+        assert got[0].num == start
+        oc = OrderedChain()
+        state = final_state(oc, got)
+        assert oc.pending == 0, f"subscriber from {start}: blocks that do not link"
+        assert state == {n: h for n, h in canonical.items() if n >= start}, start
+
+
+async def test_fork_point_from_the_lake(settings, serve, connect) -> None:
+    gen = SyntheticChain(seed=12)
+    canon = gen.take(30)
+    side = SyntheticChain(seed=99)
+    # an orphaned branch forked after block 19: heights 20..22
+    orphans = []
+    parent = canon[19].hash
+    for num, b in zip(range(20, 23), side.take(25)[20:23], strict=True):
+        orphan = type(b)(num=num, hash=b.hash, parent=parent)
+        orphans.append(orphan)
+        parent = orphan.hash
+    write_lake(settings.lake_uri, canon + orphans, {b.hash for b in canon})
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(22, orphans[-1].hash)
+        got = await client.blocks(10)
+    assert [b.num for b in got] == list(range(20, 30))  # exact fork point, not 22 - 8
+    assert got == canon[20:30]
+
+
+async def test_fork_point_from_the_redis_tail(settings, serve, connect, redis_client) -> None:
+    gen = SyntheticChain(seed=13)
+    first = gen.take(30)
+    write_lake(settings.lake_uri, first[:10])
+    write_blocks(redis_client, STREAM, first[10:])
+    orphan = first[27]
+    # reorg at 26: blocks 26.. replaced
+    del gen.canonical[26:]
+    side = SyntheticChain(seed=5)
+    parent = gen.canonical[-1].hash
+    new = []
+    for num in range(26, 31):
+        b = side.take(1)[0]
+        nb = type(b)(num=num, hash=b.hash, parent=parent, updates=b.updates)
+        new.append(nb)
+        parent = nb.hash
+    write_blocks(redis_client, STREAM, new)
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(27, orphan.hash)
+        got = await client.blocks(5)
+    assert [b.num for b in got] == list(range(26, 31))
+    assert got == new
+
+
+async def test_unknown_hash_rewinds_by_the_threshold_once(
+    settings, serve, connect, redis_client
+) -> None:
+    gen = SyntheticChain(seed=14)
+    blocks = gen.take(40)
+    write_lake(settings.lake_uri, blocks[:25])
+    write_blocks(redis_client, STREAM, blocks[25:])
+    async with serve(settings) as (base, _app):
+        async with connect(base) as client:
+            await client.subscribe(30, b"\x77" * 32)
+            got = await client.blocks(18)
+        assert [b.num for b in got] == list(range(22, 40))  # 30 - reorg_threshold (8)
+        async with connect(base) as client:
+            await client.subscribe(3, b"\x77" * 32)
+            got = await client.blocks(2)
+        assert [b.num for b in got] == [0, 1]  # clamped at 0
+        async with connect(base) as client:  # a matching hash starts exactly there
+            await client.subscribe(24, blocks[24].hash)
+            got = await client.blocks(2)
+        assert [b.num for b in got] == [24, 25]
+
+
+async def test_lake_gap_is_reported(settings, serve, connect, redis_client) -> None:
+    gen = SyntheticChain(seed=15)
+    blocks = gen.take(40)
+    write_lake(settings.lake_uri, blocks[:10])
+    write_blocks(redis_client, STREAM, blocks[20:])  # 10..19 are nowhere
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(0, blocks[0].hash)
+        got = await client.blocks(10)
+        assert [b.num for b in got] == list(range(10))
+        msg = await client.ws.receive(timeout=10)
+    assert msg.type.name in ("CLOSE", "CLOSED", "CLOSING")
+    assert client.ws.close_code == 1011
+    assert "history gap" in (msg.extra or "")

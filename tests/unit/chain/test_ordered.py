@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.chain.batch import BatchHeader, SubBatch
+from pipeline.chain.generator import SyntheticChain
+from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, OrderingError, Removed
+
+
+def apply(chain: OrderedChain, blocks) -> list:
+    out = []
+    for b in blocks:
+        out.extend(chain.accept(b))
+    return out
+
+
+def final_chain(updates) -> dict[int, bytes]:
+    state: dict[int, bytes] = {}
+    for u in updates:
+        if isinstance(u, Added):
+            state[u.block.num] = u.block.hash
+        else:
+            assert state.pop(u.num) == u.hash
+    return state
+
+
+def test_in_order_and_duplicates() -> None:
+    blocks = SyntheticChain(seed=1).take(10)
+    chain = OrderedChain()
+    ups = apply(chain, blocks + blocks[3:6])
+    assert [u.block.num for u in ups] == list(range(10))
+    assert chain.head == (9, blocks[9].hash)
+
+
+def test_shuffled_with_duplicates_yields_canonical_order() -> None:
+    gen = SyntheticChain(seed=2)
+    blocks = gen.take(200)
+    noisy = blocks[1:] + blocks[50:80]
+    random.Random(5).shuffle(noisy)
+    chain = OrderedChain()
+    ups = apply(chain, [blocks[0], *noisy])
+    assert [u.block.num for u in ups] == list(range(200))
+
+
+def test_reorg_removes_then_adds() -> None:
+    gen = SyntheticChain(seed=3, reorg_every=10, reorg_depth=3)
+    emitted = gen.take(100)
+    chain = OrderedChain()
+    ups = apply(chain, emitted)
+    assert any(isinstance(u, Removed) for u in ups)
+    assert final_chain(ups) == {b.num: b.hash for b in gen.canonical}
+    # removals come from the head down
+    removed = [u.num for u in ups if isinstance(u, Removed)]
+    assert removed
+
+
+def test_seeded_head_and_server_rewind() -> None:
+    gen = SyntheticChain(seed=4)
+    blocks = gen.take(30)
+    # the client believes it has block 20 with some other hash; the server rewinds to 12
+    chain = OrderedChain(head=(20, b"\x01" * 32))
+    chain.expect_rewind()
+    ups = apply(chain, blocks[12:30])
+    assert ups[0] == Removed(num=20, hash=b"\x01" * 32)
+    assert [u.block.num for u in ups[1:]] == list(range(12, 30))
+
+
+def test_stale_old_duplicate_is_dropped_without_rewind() -> None:
+    blocks = SyntheticChain(seed=5).take(20)
+    chain = OrderedChain(window=5)
+    apply(chain, blocks)
+    assert chain.accept(blocks[2]) == []
+    assert chain.head == (19, blocks[19].hash)
+
+
+def test_pending_is_bounded() -> None:
+    blocks = SyntheticChain(seed=6).take(10)
+    chain = OrderedChain(max_pending=3)
+    chain.accept(blocks[0])
+    for b in blocks[2:5]:
+        assert chain.accept(b) == []
+    with pytest.raises(OrderingError):
+        chain.accept(blocks[6])
+
+
+def test_assembler_joins_subbatches_in_any_order() -> None:
+    gen = SyntheticChain(seed=7, prefixes=("a/", "b/"))
+    block = gen.take(1)[0]
+    header = BatchHeader(
+        num=block.num, hash=block.hash, parent=block.parent, updates=block.updates,
+        deletes=block.deletes, batches=block.batches,
+    )  # fmt: skip
+    asm = BlockAssembler()
+    assert asm.subbatch(block.hash, block.subbatches[1]) is None  # early sub-batch
+    assert asm.batch(header) is None
+    assert asm.subbatch(block.hash, block.subbatches[0]) == block
+
+
+def test_assembler_is_bounded() -> None:
+    asm = BlockAssembler(max_partial=2)
+    for i in range(2):
+        h = bytes([i]) * 32
+        asm.batch(BatchHeader(num=i, hash=h, parent=h, updates={}, deletes=(), batches={"p": h}))
+    with pytest.raises(OrderingError):
+        asm.batch(
+            BatchHeader(num=9, hash=b"\x09" * 32, parent=b"\x09" * 32, updates={}, deletes=(),
+                        batches={"p": b"\x01" * 32})
+        )  # fmt: skip
+    assert asm.subbatch(b"\x05" * 32, SubBatch(id=b"x")) is None

@@ -1,0 +1,82 @@
+"""Pure parts of resumption and subscriptions: Sender, TailIndex, Outbox, params."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipeline.chain.resumption import Emit, Sender, TailIndex
+from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
+from pipeline.errors import BadParams, SlowConsumer
+
+H = "0x" + "ab" * 32
+
+
+def test_sender_dedups_and_marks_reorgs() -> None:
+    s = Sender(start=10)
+    assert s.accept(5, "x") is None  # below the start before anything was sent
+    assert [s.accept(n, f"h{n}") for n in range(10, 15)] == [0] * 5
+    assert s.accept(12, "h12") is None  # duplicate
+    assert s.accept(13, "other") == 2  # replaces 13 and 14
+    assert s.head == 13
+    assert s.accept(14, "h14") == 0  # 14 was forgotten by the reorg: new again
+    assert s.accept(3, "deep") == 12  # below the start once sending: a reorg
+
+
+def test_tail_index_follows_production_order() -> None:
+    t = TailIndex()
+    for n in range(5):
+        t.add(n, f"a{n}", f"a{n - 1}", f"{n + 1}-0".encode())
+    t.add(3, "b3", "a2", b"6-0")
+    t.add(4, "b4", "b3", b"7-0")
+    assert t.lo == 0 and t.hi == 4
+    assert [t.chain[n][0] for n in range(5)] == ["a0", "a1", "a2", "b3", "b4"]
+    assert t.seen["a4"] == (4, "a3") and t.last_id == b"7-0"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, "params must be"),
+        (["streams"], "params must be"),
+        (["blocks", "0x1", H, []], "unknown subscription kind"),
+        (["streams", "12", H, []], "block number"),
+        (["streams", "0xZZ", H, []], "block number"),
+        (["streams", "0x1", "0x1234", []], "block hash"),
+        (["streams", "0x1", H, ["(("]], "does not compile"),
+        (["streams", "0x1", H, [], {"nope": True}], "unknown options"),
+        (["streams", "0x1", H, [], {"ready": 1}], "true or false"),
+        (["streams", "0x1", H, [], []], "must be an object"),
+    ],
+)
+def test_bad_subscribe_params(params, message) -> None:
+    with pytest.raises(BadParams, match=message):
+        parse_subscribe(params)
+
+
+def test_good_subscribe_params() -> None:
+    p = parse_subscribe(["streams", "0x10", H, ["s/"], {"ready": True}])
+    assert p.num == 16 and p.hash == bytes.fromhex("ab" * 32) and p.ready and not p.reorgs
+    assert p.keep is not None and p.keep("s/x")
+
+
+async def test_outbox_bounds_and_waits() -> None:
+    box = Outbox(4)
+    assert box.offer(["a", "b", "c"])
+    assert not box.offer(["d", "e"])  # nothing queued when it does not fit
+    assert len(box) == 3
+    put = asyncio.create_task(box.put(["d", "e"]))
+    await asyncio.sleep(0)
+    assert not put.done()
+    assert [box.pop(), box.pop()] == ["a", "b"]
+    await asyncio.wait_for(put, 1)
+    assert [box.pop() for _ in range(4)] == ["c", "d", "e", None]
+
+
+async def test_subscription_live_overflow_raises_slow_consumer() -> None:
+    box = Outbox(2)
+    sub = Subscription("0x1", parse_subscribe(["streams", "0x0", H, []]), box)
+    sub.put_nowait([Emit(1, "aa", "bb", ['{"type":"batch"}'])])
+    with pytest.raises(SlowConsumer, match="send buffer of 2"):
+        sub.put_nowait([Emit(2, "aa", "bb", ["{}", "{}"])])
