@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -143,4 +144,14 @@ def main(argv: list[str]) -> int:
             "the bus needs a private key: --key FILE (see 'sluice bus keygen'), "
             "or SLUICE_BUS_LEGACY_PEERS=1 to run unsigned"
         )
-    return asyncio.run(_serve(settings, signer))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(_serve(settings, signer))
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (it is faster), else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

@@ -25,6 +25,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import redis.asyncio as aioredis  # noqa: E402
 from common import Report, percentile  # noqa: E402
 
+from pipeline.bus.cli import loop_factory  # noqa: E402
 from pipeline.bus.envelope import Envelope  # noqa: E402
 from pipeline.bus.server import BusServer  # noqa: E402
 from pipeline.bus.signing import Signer  # noqa: E402
@@ -53,6 +55,12 @@ async def run_handler(url: str, direct: bool) -> None:
         await server.serve()
     finally:
         await server.close()
+
+
+def run(coro: Any) -> Any:
+    """Run on the same event loop kind as ``sluice bus`` (uvloop when installed), for both paths."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(coro)
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -123,7 +131,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.handler:
         print("handler ready", flush=True)
-        asyncio.run(run_handler(args.handler, args.direct))
+        run(run_handler(args.handler, args.direct))
         return 0
 
     report = Report("bus")
@@ -185,12 +193,10 @@ def main() -> int:
                 wait_line(proc, b"ready", log)
 
             # warm up both paths, then measure the baseline, then the bus
-            asyncio.run(load(rraw.url, f"msgbus.{CMD}", B, 1000, args.concurrency))
-            asyncio.run(load(ra.url, "msgbus.system.local", B, 1000, args.concurrency))
-            base_s, base_lat = asyncio.run(
-                load(rraw.url, f"msgbus.{CMD}", B, args.calls, args.concurrency)
-            )
-            bus_s, bus_lat = asyncio.run(
+            run(load(rraw.url, f"msgbus.{CMD}", B, 1000, args.concurrency))
+            run(load(ra.url, "msgbus.system.local", B, 1000, args.concurrency))
+            base_s, base_lat = run(load(rraw.url, f"msgbus.{CMD}", B, args.calls, args.concurrency))
+            bus_s, bus_lat = run(
                 load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
             )
             extra = {"calls": args.calls, "concurrency": args.concurrency}
