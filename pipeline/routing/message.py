@@ -103,10 +103,18 @@ class Route(tuple[Address, ...]):
     __slots__ = ()
 
     def __new__(cls, hops: Iterable[Address | str] = ()) -> Route:
-        items = tuple(_hop(h) for h in hops)
+        if type(hops) is Route:
+            return hops
+        given = tuple(hops)
+        if all(type(hop) is Address for hop in given):
+            return cls._make(given)  # type: ignore[arg-type]
+        return cls._make(tuple(_hop(h) for h in given))
+
+    @classmethod
+    def _make(cls, items: tuple[Address, ...]) -> Route:
         if len(items) > MAX_HOPS:
             raise LocalProtocolError(f"route longer than {MAX_HOPS} hops")
-        return super().__new__(cls, items)
+        return tuple.__new__(cls, items)
 
     @property
     def first(self) -> Address:
@@ -116,10 +124,10 @@ class Route(tuple[Address, ...]):
 
     def rest(self) -> Route:
         """The route without its first hop."""
-        return Route(self[1:])
+        return tuple.__new__(Route, self[1:])
 
     def prepend(self, address: Address | str) -> Route:
-        return Route((_hop(address), *self))
+        return Route._make((_hop(address), *self))
 
     def __repr__(self) -> str:
         return f"Route({[str(a) for a in self]!r})"
@@ -215,21 +223,32 @@ class TransportMessage:
 def _route_from(obj: Any, which: str) -> Route:
     if not isinstance(obj, list):
         raise RemoteProtocolError(f"malformed message: {which} route is not an array")
+    if len(obj) > MAX_HOPS:
+        raise RemoteProtocolError(f"malformed message: {which} route longer than {MAX_HOPS} hops")
     hops: list[Address] = []
     for item in obj:
-        if not (isinstance(item, list) and len(item) == 2):
+        if not (type(item) is list and len(item) == 2):
             raise RemoteProtocolError(f"malformed message: {which} hop is not a [type, value] pair")
         kind, value = item
-        if not isinstance(kind, int) or isinstance(kind, bool) or not isinstance(value, bytes):
-            raise RemoteProtocolError(f"malformed message: bad {which} hop types")
-        try:
-            hops.append(Address(kind, value))
-        except LocalProtocolError as exc:
-            raise RemoteProtocolError(f"malformed message: {exc}") from exc
-    try:
-        return Route(hops)
-    except LocalProtocolError as exc:
-        raise RemoteProtocolError(f"malformed message: {exc}") from exc
+        key = (kind, value) if type(kind) is int and type(value) is bytes else None
+        address = _ADDRESSES.get(key) if key is not None else None
+        if address is None:
+            if key is None:
+                raise RemoteProtocolError(f"malformed message: bad {which} hop types")
+            try:
+                address = Address(kind, value)
+            except LocalProtocolError as exc:
+                raise RemoteProtocolError(f"malformed message: {exc}") from exc
+            if len(_ADDRESSES) >= _ADDRESS_CACHE:
+                _ADDRESSES.clear()
+            _ADDRESSES[key] = address
+        hops.append(address)
+    return tuple.__new__(Route, hops)
+
+
+#: Decoded addresses repeat (the same few routes over and over): reuse them.
+_ADDRESS_CACHE = 4096
+_ADDRESSES: dict[tuple[int, bytes] | None, Address] = {}
 
 
 def parse_hop(text: str) -> Address:

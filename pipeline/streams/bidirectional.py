@@ -82,13 +82,14 @@ class ReturnRegistry:
         self.max_publishers = max_publishers
         self.service = service
         self.names: dict[str, str] = {}
+        self._addresses: dict[str, Address] = {}
         self._lock = asyncio.Lock()
 
     async def ensure(self, stream: str, name: str | None = None) -> Address:
         """The address of the publisher to ``stream``, created on first use."""
-        found = self.names.get(stream)
-        if found is not None:
-            return Address.local(found)
+        address = self._addresses.get(stream)
+        if address is not None:
+            return address
         async with self._lock:
             found = self.names.get(stream)
             if found is None:
@@ -100,7 +101,8 @@ class ReturnRegistry:
                 publisher = BiPublisher(stream, self.own_stream, service=self.service)
                 await self.node.add_worker(found, publisher)
                 self.names[stream] = found
-        return Address.local(found)
+                self._addresses[stream] = Address.local(found)
+        return self._addresses[stream]
 
 
 def bidirectional_consumer(

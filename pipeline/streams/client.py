@@ -10,9 +10,11 @@ call has a timeout; at most ``max_pending`` calls are in flight.
 ``Push`` (its mailbox is drained in batches), retrying a failed push with the
 same ``request_id`` (idempotent) a bounded number of times.
 
-:class:`Consumer` holds the stream's lease, pulls (long poll), hands each
-entry to its handler and saves its index only after the handlers completed:
-at-least-once. An entry whose handler failed ``max_failures`` times (or that
+:class:`Consumer` holds the stream's lease, pulls (long poll, the next pull
+always in flight), hands each entry to its handler and saves its index only
+after the handlers completed: at-least-once. Saves are grouped (at most every
+``save_every_ms`` while busy, at once when idle, and on stop), so a crash
+re-delivers at most that much. An entry whose handler failed ``max_failures`` times (or that
 can never be handled: malformed, unroutable, too large) goes to the
 dead-letter stream, so one bad entry never blocks the stream. On stop it
 finishes the current batch, saves its index and releases the lease.
@@ -50,6 +52,12 @@ Handler = Callable[[str, bytes], Awaitable["asyncio.Future[None] | None"]]
 
 #: Errors no retry can fix: the entry goes to the dead-letter stream at once.
 PERMANENT = (RemoteProtocolError, RoutingError, PayloadTooLarge)
+
+
+def _id_key(index: str) -> tuple[int, int]:
+    """Order of Redis entry ids ("ms-seq"); anything else sorts first."""
+    ms, _, seq = index.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq.isdigit() or not seq) else (-1, -1)
 
 
 def new_request_id() -> str:
@@ -283,6 +291,7 @@ class Consumer(Worker):
         lease_ttl_ms: int = 15_000,
         service: str = "stream_service",
         backoff_max_s: float = 2.0,
+        save_every_ms: int = 100,
     ) -> None:
         self.stream = stream
         self.handler = handler
@@ -294,7 +303,11 @@ class Consumer(Worker):
         self.lease_ttl_ms = lease_ttl_ms
         self.service = service
         self.backoff_max_s = backoff_max_s
+        self.save_every_ms = save_every_ms
+        #: Handled up to here (in memory) / saved up to here (in Redis).
         self.index = ""
+        self.saved = ""
+        self._saved_at = 0.0
         self.ready = asyncio.Event()
         self.refused: LeaseHeld | None = None
         self._stop = asyncio.Event()
@@ -351,7 +364,26 @@ class Consumer(Worker):
         except TimeoutError:
             pass
 
+    async def _save(self, *, force: bool = False) -> None:
+        """Save the index of what was handled, at most every ``save_every_ms`` unless forced."""
+        assert self._client is not None
+        if self.index == self.saved or self.index == "0-0":
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < self.save_every_ms / 1000:
+            return
+        self.saved = await self._client.save_index(self.client_id, self.stream, self.index)
+        self._saved_at = now
+
     async def _finish(self) -> None:
+        if self._has_lease and self._client is not None:
+            try:
+                await self._save(force=True)
+            except (StreamError, RemoteProtocolError) as exc:
+                self._count("errors")
+                log.error(
+                    "consumer %s: index %s not saved on stop: %s", self.stream, self.index, exc
+                )
         if self._has_lease and self._client is not None:
             try:
                 await self._client.release(self.stream, self.holder)
@@ -367,36 +399,47 @@ class Consumer(Worker):
         self.refused = None
         renewed = time.monotonic()
         address = (await client.create(self.stream)).address
-        self.index = await client.get_index(self.client_id, self.stream) or self.index or "0-0"
+        saved = await client.get_index(self.client_id, self.stream)
+        self.saved = saved
+        # What this process already handled (and may not have saved yet) is not handled again.
+        self.index = self.index if _id_key(self.index) > _id_key(saved) else saved or "0-0"
         self.ready.set()
-        while not self._stop.is_set():
-            if time.monotonic() - renewed > self.lease_ttl_ms / 3000:
-                await client.lease(self.stream, self.holder, self.lease_ttl_ms)
-                renewed = time.monotonic()
-            reply = await self._pull_unless_stopped(address)
-            if reply is None:
-                break
-            if reply.messages:
-                await self._process(list(reply.messages))
-                self._count("handled", len(reply.messages))
-            if reply.next_index and reply.next_index != self.index:
-                self.index = await client.save_index(self.client_id, self.stream, reply.next_index)
-
-    async def _pull_unless_stopped(self, address: str) -> p.Messages | None:
-        """A long poll that a stop request interrupts (what it would have got is pulled again)."""
-        assert self._client is not None
-        pull = asyncio.ensure_future(
-            self._client.pull(address, self.index, self.batch, self.wait_ms)
-        )
-        stop = asyncio.ensure_future(self._stop.wait())
+        # The next pull is always in flight while a batch is handled and its index saved.
+        pending = self._start_pull(address, self.index)
         try:
-            await asyncio.wait({pull, stop}, return_when=asyncio.FIRST_COMPLETED)
+            while not self._stop.is_set():
+                reply = await self._wait_pull(pending)
+                if reply is None:
+                    break
+                next_index = reply.next_index or self.index
+                pending = self._start_pull(address, next_index)
+                if reply.messages:
+                    await self._process(list(reply.messages))
+                    self._count("handled", len(reply.messages))
+                self.index = next_index
+                # Saved after the handlers completed (at-least-once); when idle, at once.
+                await self._save(force=not reply.messages)
+                if time.monotonic() - renewed > self.lease_ttl_ms / 3000:
+                    await client.lease(self.stream, self.holder, self.lease_ttl_ms)
+                    renewed = time.monotonic()
         finally:
-            for task in (pull, stop):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(pull, stop, return_exceptions=True)
-        if pull.cancelled():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+
+    def _start_pull(self, address: str, index: str) -> asyncio.Future[p.Messages]:
+        assert self._client is not None
+        return asyncio.ensure_future(self._client.pull(address, index, self.batch, self.wait_ms))
+
+    async def _wait_pull(self, pull: asyncio.Future[p.Messages]) -> p.Messages | None:
+        """The pull's answer, or None when asked to stop first (it is pulled again next time)."""
+        stop = asyncio.ensure_future(self._stop.wait())
+        both: set[asyncio.Future[Any]] = {pull, stop}
+        try:
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            await asyncio.gather(stop, return_exceptions=True)
+        if not pull.done():
             return None
         return pull.result()
 

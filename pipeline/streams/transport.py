@@ -53,9 +53,18 @@ class _Batcher:
         self.pusher = pusher
         self.max_batch = max_batch
         self.queue: asyncio.Queue[tuple[bytes, asyncio.Future[None]]] = asyncio.Queue(max_queue)
+        self.busy = False
         self.task = asyncio.create_task(self._loop(), name=f"push:{pusher.stream}")
 
     async def submit(self, data: bytes) -> None:
+        if not self.busy and self.queue.empty():
+            # Nothing to batch with: push from the caller's task (saves two loop hops).
+            self.busy = True
+            try:
+                await self.pusher.push([data])
+            finally:
+                self.busy = False
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self.queue.put((data, done))
         await done

@@ -35,7 +35,9 @@ async def test_seed_000_example_routes(make_node: MakeNode) -> None:
     server_registry = ReturnRegistry(
         server, "SERVER_STREAM", name_for=lambda _: "bds_publisher_local_address_on_sender"
     )
-    server_consumer = bidirectional_consumer(server, server_registry, client_id="server", holder="server")
+    server_consumer = bidirectional_consumer(
+        server, server_registry, client_id="server", holder="server"
+    )
     await server.add_worker("consumer:SERVER", server_consumer)
     destination = Destination()
     await server.add_worker("remote_destination", destination)
@@ -44,7 +46,9 @@ async def test_seed_000_example_routes(make_node: MakeNode) -> None:
     # CLIENT: consumer for "CLIENT_STREAM", publisher for "SERVER_STREAM" returning to "CLIENT_STREAM".
     client, _ = await make_node("client")
     client_registry = ReturnRegistry(client, "CLIENT_STREAM")
-    client_consumer = bidirectional_consumer(client, client_registry, client_id="client", holder="client")
+    client_consumer = bidirectional_consumer(
+        client, client_registry, client_id="client", holder="client"
+    )
     await client.add_worker("consumer:CLIENT", client_consumer)
     await client_registry.ensure("SERVER_STREAM", name="bds_publisher_local_address_on_remote")
     sender = Recorder()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from pipeline.streams import cli
 
+log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[3]
 N = 300
 
@@ -145,7 +147,9 @@ def test_two_nodes_through_streams_survive_kill_9_of_the_receiver(
     b2_counts = counters(b2)
     assert b2_counts.get("consumer.dead_lettered", 0) == 0
     assert b2_counts["consumer.handled"] >= N - at_kill
-    print(f"replies={len(got)} duplicates={duplicates} at_kill={at_kill}")
+    # At-least-once: re-deliveries after the kill are allowed and counted, losses are not.
+    log.info("replies=%d duplicates=%d at_kill=%d", len(got), duplicates, at_kill)
+    assert len(got) == N + duplicates
 
     # B stopped gracefully: lease released, index saved at the end of stream_b.
     assert redis_client.get(keys.consumer_lease("stream_b")) is None
@@ -156,7 +160,9 @@ def test_two_nodes_through_streams_survive_kill_9_of_the_receiver(
 def test_sigterm_is_graceful_and_settings_are_checked(
     env: dict[str, str], tmp_path: Path, procs: list[Proc]
 ) -> None:
-    node = Proc(["--name", "C", "--workers", "echo", "--consume", "stream_c"], env, tmp_path / "c.log")
+    node = Proc(
+        ["--name", "C", "--workers", "echo", "--consume", "stream_c"], env, tmp_path / "c.log"
+    )
     procs.append(node)
     node.wait_for("node C ready")
     assert node.terminate() == 0

@@ -1,0 +1,200 @@
+"""Streams benchmark: routed messages between two nodes through Redis Streams.
+
+* ``oneway_msgs_per_s``: N routed messages of 256 B, a publisher worker on
+  node A through a stream to a worker on node B (seed 000 bi-directional
+  publisher / consumer), delivered per second. Baseline: raw redis-py asyncio
+  pipelined ``XADD`` of the same payloads, then ``XREAD`` of them all.
+* ``rtt_p50_ms`` / ``rtt_p99_ms``: request/response through the stream
+  transport (seed 001) to an echo worker. Baseline: raw ping-pong over two
+  streams with ``XREAD BLOCK``.
+
+Run: ``.venv/bin/python tests/bench/bench_streams.py`` (own private redis-server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common import Report, percentile  # noqa: E402
+from redis.asyncio import Redis  # noqa: E402
+
+from pipeline.localredis import LocalRedis  # noqa: E402
+from pipeline.routing.message import Route, StreamAddress, TransportMessage  # noqa: E402
+from pipeline.routing.node import Context, Node, Worker  # noqa: E402
+from pipeline.routing.workers import Echo  # noqa: E402
+from pipeline.streams.bidirectional import ReturnRegistry, bidirectional_consumer  # noqa: E402
+from pipeline.streams.service import StreamService, connect  # noqa: E402
+from pipeline.streams.transport import StreamTransport  # noqa: E402
+
+N = int(os.environ.get("BENCH_STREAMS_N", "200000"))
+RTT_N = int(os.environ.get("BENCH_STREAMS_RTT_N", "2000"))
+PAYLOAD = b"x" * 256
+CHUNK = 1000
+
+
+class Counter(Worker):
+    batch_size = 1000
+    mailbox_size = 4096
+
+    def __init__(self, target: int) -> None:
+        self.count = 0
+        self.target = target
+        self.done = asyncio.Event()
+
+    async def handle_batch(self, batch: list[Context]) -> None:
+        self.count += len(batch)
+        if self.count >= self.target:
+            self.done.set()
+
+
+class Waiter(Worker):
+    def __init__(self) -> None:
+        self.future: asyncio.Future[bytes] | None = None
+
+    async def handle(self, ctx: Context) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(ctx.payload)
+
+
+async def make_node(name: str, url: str) -> tuple[Node, Redis, StreamTransport]:
+    redis = connect(url)
+    node = Node(name)
+    transport = StreamTransport(lease_ttl_ms=10_000)
+    node.register_transport(transport)
+    await node.add_worker("stream_service", StreamService(redis, max_payload=(1 << 20) + 65536))
+    await node.start()
+    return node, redis, transport
+
+
+async def raw_oneway(url: str) -> float:
+    redis = Redis.from_url(url)
+    key = "bench:raw:oneway"
+    await redis.delete(key)
+    start = time.perf_counter()
+    for base in range(0, N, CHUNK):
+        async with redis.pipeline(transaction=False) as pipe:
+            for _ in range(min(CHUNK, N - base)):
+                pipe.xadd(key, {b"data": PAYLOAD})
+            await pipe.execute()
+    index = b"0-0"
+    got = 0
+    while got < N:
+        found = await redis.xread({key: index}, count=CHUNK)
+        entries = found[0][1]
+        got += sum(1 for _, fields in entries if fields[b"data"])
+        index = entries[-1][0]
+    elapsed = time.perf_counter() - start
+    await redis.delete(key)
+    await redis.aclose()
+    return N / elapsed
+
+
+async def sluice_oneway(url: str) -> float:
+    node_a, redis_a, _ = await make_node("A", url)
+    node_b, redis_b, _ = await make_node("B", url)
+    registry_b = ReturnRegistry(node_b, "bench_b")
+    consumer = bidirectional_consumer(node_b, registry_b, client_id="B", holder="B")
+    await node_b.add_worker("consumer:bench_b", consumer)
+    sink = Counter(N)
+    await node_b.add_worker("sink", sink)
+    registry_a = ReturnRegistry(node_a, "bench_a")
+    await registry_a.ensure("bench_b", name="pub")
+    await asyncio.wait_for(consumer.ready.wait(), 10)
+    route, ret = Route(["pub", "sink"]), Route(["src"])
+    start = time.perf_counter()
+    for _ in range(N):
+        await node_a.deliver(TransportMessage(route, ret, PAYLOAD))
+    await asyncio.wait_for(sink.done.wait(), 300)
+    elapsed = time.perf_counter() - start
+    for node, redis in ((node_a, redis_a), (node_b, redis_b)):
+        await node.stop()
+        await redis.aclose()
+    return N / elapsed
+
+
+async def raw_rtt(url: str) -> list[float]:
+    client, client_read = Redis.from_url(url), Redis.from_url(url)
+    server_read, server = Redis.from_url(url), Redis.from_url(url)
+    ping, pong = "bench:raw:ping", "bench:raw:pong"
+    await client.delete(ping, pong)
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        index: bytes | str = "0-0"
+        while not stop.is_set():
+            found = await server_read.xread({ping: index}, count=100, block=200)
+            for _, entries in found:
+                for entry_id, fields in entries:
+                    index = entry_id
+                    await server.xadd(pong, {b"data": fields[b"data"]})
+
+    task = asyncio.create_task(serve())
+    await asyncio.sleep(0.05)
+    index: bytes | str = "0-0"
+    samples: list[float] = []
+    for i in range(RTT_N + 100):
+        start = time.perf_counter()
+        await client.xadd(ping, {b"data": PAYLOAD})
+        found = await client_read.xread({pong: index}, count=1, block=5000)
+        index = found[0][1][-1][0]
+        if i >= 100:
+            samples.append((time.perf_counter() - start) * 1000)
+    stop.set()
+    await task
+    for r in (client, client_read, server_read, server):
+        await r.aclose()
+    return samples
+
+
+async def sluice_rtt(url: str) -> list[float]:
+    node_a, redis_a, _ = await make_node("A", url)
+    node_b, redis_b, transport_b = await make_node("B", url)
+    consumer = await transport_b.subscribe("rtt_b")
+    await asyncio.wait_for(consumer.ready.wait(), 10)
+    await node_b.add_worker("echo", Echo())
+    waiter = Waiter()
+    await node_a.add_worker("waiter", waiter)
+    route = Route([StreamAddress("rtt_b", "rtt_a").to_address(), "echo"])
+    loop = asyncio.get_running_loop()
+    samples: list[float] = []
+    for i in range(RTT_N + 100):
+        waiter.future = loop.create_future()
+        start = time.perf_counter()
+        await node_a.deliver(TransportMessage(route, Route(["waiter"]), PAYLOAD))
+        await asyncio.wait_for(waiter.future, 10)
+        if i >= 100:
+            samples.append((time.perf_counter() - start) * 1000)
+    for node, redis in ((node_a, redis_a), (node_b, redis_b)):
+        await node.stop()
+        await redis.aclose()
+    return samples
+
+
+async def main() -> None:
+    report = Report("streams")
+    with tempfile.TemporaryDirectory() as tmp, LocalRedis(Path(tmp)) as server:
+        raw = await raw_oneway(server.url)
+        ours = await sluice_oneway(server.url)
+        report.emit("oneway_msgs_per_s", ours, raw, messages=N, payload_bytes=len(PAYLOAD))
+        raw_samples = await raw_rtt(server.url)
+        our_samples = await sluice_rtt(server.url)
+        for q in (50, 99):
+            report.emit(
+                f"rtt_p{q}_ms",
+                percentile(our_samples, q),
+                percentile(raw_samples, q),
+                samples=len(our_samples),
+            )
+    report.save()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
