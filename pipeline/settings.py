@@ -130,6 +130,8 @@ class Settings:
     lake_job_timeout_s: int = 1800
     #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
     archive_parallelism: int = 1
+    #: Retries of a failed lake task (every lake job is idempotent, so retrying is safe).
+    lake_task_retries: int = 2
 
     @property
     def redis(self) -> RedisSettings:

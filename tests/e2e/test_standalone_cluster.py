@@ -94,7 +94,7 @@ def _wait_for(ui_port: int, check: Any, what: str, procs: list[subprocess.Popen[
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """A master and one worker (1 core, 1 GB); yields (master URL, master UI port)."""
+    """A master and one worker (2 cores, 1 GB); yields (master URL, master UI port)."""
     env = _cluster_env(tmp_path)
     for sub in ("local", "work"):
         (tmp_path / sub).mkdir()
@@ -111,7 +111,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, int]]:
         url = f"spark://127.0.0.1:{port}"
         worker = _start(
             [spark_class, "org.apache.spark.deploy.worker.Worker", url,
-             "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+             "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
              "--webui-port", str(free_port()), "--work-dir", str(tmp_path / "work")],
             env, tmp_path / "worker.log",
         )  # fmt: skip
@@ -162,6 +162,7 @@ def test_archive_job_runs_on_a_standalone_cluster(
             "SLUICE_STREAMS": stream,
             "SLUICE_CHAIN_STREAMS": stream,
             "SLUICE_ARCHIVE_PARTITIONS": "2",
+            "SLUICE_SPARK_SHUFFLE_PARTITIONS": "1",
             "SLUICE_SPARK_DRIVER_MEMORY": "768m",
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOCAL_DIRS": str(tmp_path / "driver-local"),
