@@ -50,6 +50,9 @@ T = TypeVar("T")
 #: future that completes when the entry was handled. Raising = a failure.
 Handler = Callable[[str, bytes], Awaitable["asyncio.Future[None] | None"]]
 
+#: A pull answer at least this long makes the consumer pull again before handling it.
+PREFETCH_AT = 64
+
 #: Errors no retry can fix: the entry goes to the dead-letter stream at once.
 PERMANENT = (RemoteProtocolError, RoutingError, PayloadTooLarge)
 
@@ -62,6 +65,10 @@ def _id_key(index: str) -> tuple[int, int]:
 
 def new_request_id() -> str:
     return os.urandom(12).hex()
+
+
+class PullAborted(StreamError):
+    """A pull in flight was abandoned because its consumer is stopping."""
 
 
 def _fail_with(future: asyncio.Future[Any], done: asyncio.Future[None]) -> None:
@@ -90,7 +97,15 @@ class StreamClient:
         self.service = Route([service])
         self.timeout_s = timeout_s
         self._pending: dict[str, asyncio.Future[p.StreamMessage]] = {}
+        self._pulls: set[str] = set()
         self._slots = asyncio.Semaphore(max_pending)
+
+    def abort_pulls(self) -> None:
+        """Make the pulls in flight fail at once with :class:`PullAborted` (on stop)."""
+        for rid in self._pulls:
+            future = self._pending.get(rid)
+            if future is not None and not future.done():
+                future.set_exception(PullAborted("pull aborted: the consumer is stopping"))
 
     def intercept(self, message: TransportMessage) -> bool:
         """Resolve a pending call with this reply; False if it is not one."""
@@ -160,7 +175,11 @@ class StreamClient:
     async def pull(self, stream_address: str, index: str, limit: int, wait_ms: int) -> p.Messages:
         req = p.Pull(request_id=new_request_id(), index=index, limit=limit, wait_ms=wait_ms)
         timeout = self.timeout_s + wait_ms / 1000
-        return await self.call(Route([stream_address]), req, p.Messages, timeout)
+        self._pulls.add(req.request_id)
+        try:
+            return await self.call(Route([stream_address]), req, p.Messages, timeout)
+        finally:
+            self._pulls.discard(req.request_id)
 
     async def get_index(self, client_id: str, stream: str) -> str:
         req = p.GetIndex(request_id=new_request_id(), client_id=client_id, stream=stream)
@@ -329,6 +348,8 @@ class Consumer(Worker):
 
     def stopping(self) -> None:
         self._stop.set()
+        if self._client is not None:
+            self._client.abort_pulls()  # interrupt the long poll
 
     def _count(self, what: str, n: int = 1) -> None:
         assert self._node is not None
@@ -404,15 +425,21 @@ class Consumer(Worker):
         # What this process already handled (and may not have saved yet) is not handled again.
         self.index = self.index if _id_key(self.index) > _id_key(saved) else saved or "0-0"
         self.ready.set()
-        # The next pull is always in flight while a batch is handled and its index saved.
-        pending = self._start_pull(address, self.index)
+        # While a big batch is handled (and its index saved) the next pull is
+        # already in flight; after a small one, pull afterwards (lower latency).
+        pending: asyncio.Future[p.Messages] | None = None
         try:
             while not self._stop.is_set():
-                reply = await self._wait_pull(pending)
-                if reply is None:
-                    break
+                if pending is not None:
+                    reply = await pending
+                    pending = None
+                else:
+                    reply = await client.pull(address, self.index, self.batch, self.wait_ms)
                 next_index = reply.next_index or self.index
-                pending = self._start_pull(address, next_index)
+                if len(reply.messages) >= PREFETCH_AT:
+                    pending = asyncio.ensure_future(
+                        client.pull(address, next_index, self.batch, self.wait_ms)
+                    )
                 if reply.messages:
                     await self._process(list(reply.messages))
                     self._count("handled", len(reply.messages))
@@ -422,26 +449,12 @@ class Consumer(Worker):
                 if time.monotonic() - renewed > self.lease_ttl_ms / 3000:
                     await client.lease(self.stream, self.holder, self.lease_ttl_ms)
                     renewed = time.monotonic()
+        except PullAborted:
+            return  # stopping: what that pull would have got is pulled again next time
         finally:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
-
-    def _start_pull(self, address: str, index: str) -> asyncio.Future[p.Messages]:
-        assert self._client is not None
-        return asyncio.ensure_future(self._client.pull(address, index, self.batch, self.wait_ms))
-
-    async def _wait_pull(self, pull: asyncio.Future[p.Messages]) -> p.Messages | None:
-        """The pull's answer, or None when asked to stop first (it is pulled again next time)."""
-        stop = asyncio.ensure_future(self._stop.wait())
-        both: set[asyncio.Future[Any]] = {pull, stop}
-        try:
-            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            await asyncio.gather(stop, return_exceptions=True)
-        if not pull.done():
-            return None
-        return pull.result()
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
 
     async def _process(self, entries: list[tuple[str, bytes]]) -> None:
         failures: dict[str, int] = {}

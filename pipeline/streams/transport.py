@@ -119,6 +119,8 @@ class StreamTransport:
         self.max_queue = max_queue
         self.consumers: dict[str, Consumer] = {}
         self._batchers: dict[str, _Batcher] = {}
+        #: Parsed stream addresses and their reverse (the same few, over and over).
+        self._parsed: dict[Address, tuple[StreamAddress, Address]] = {}
         self._lock = asyncio.Lock()
         self._node: Node | None = None
         self._client: StreamClient | None = None
@@ -182,15 +184,19 @@ class StreamTransport:
 
     async def send(self, message: TransportMessage) -> None:
         first = message.onward_route.first
-        try:
-            address = StreamAddress.from_address(first)
-        except RemoteProtocolError as exc:
-            self.node.counters["stream_transport.bad_address"] += 1
-            raise RemoteProtocolError(f"stream transport: {exc}") from exc
+        pair = self._parsed.get(first)
+        if pair is None:
+            try:
+                address = StreamAddress.from_address(first)
+            except RemoteProtocolError as exc:
+                self.node.counters["stream_transport.bad_address"] += 1
+                raise RemoteProtocolError(f"stream transport: {exc}") from exc
+            if len(self._parsed) >= 4096:
+                self._parsed.clear()
+            pair = self._parsed[first] = (address, address.reversed().to_address())
+        address, back = pair
         forwarded = TransportMessage(
-            message.onward_route.rest(),
-            message.return_route.prepend(address.reversed().to_address()),
-            message.payload,
+            message.onward_route.rest(), message.return_route.prepend(back), message.payload
         )
         await self.subscribe(address.return_stream)
         await self._batcher(address.onward_stream).submit(forwarded.encode())
