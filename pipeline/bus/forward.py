@@ -23,6 +23,7 @@ from enum import Enum, StrEnum
 import aiohttp
 
 from pipeline.bus.directory import Directory
+from pipeline.bus.httpclient import HttpPool
 from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER, Signer
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ class Forwarder:
         self._base = retry_base_s
         self._cap = retry_max_s
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=2.0)
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # https:// peers
+        self._pool = HttpPool(per_host=workers, deadline_s=request_timeout_s)  # http:// peers
         self.sent = 0
         self.retried = 0
 
@@ -125,10 +127,13 @@ class Forwarder:
         connector = aiohttp.TCPConnector(limit=self._workers, limit_per_host=self._workers)
         async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session:
             self._session = session
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._scheduler())
-                for _ in range(self._workers):
-                    group.create_task(self._worker())
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._scheduler())
+                    for _ in range(self._workers):
+                        group.create_task(self._worker())
+            finally:
+                self._pool.close()
 
     async def submit(self, item: Outbound) -> None:
         """Hand over one item (already in the outbox); waits while too many are pending."""
@@ -177,11 +182,17 @@ class Forwarder:
         headers = {TWIN_HEADER: str(self.twin), "Content-Type": "application/json"}
         if self._signer is not None:
             headers[SIGNATURE_HEADER] = self._signer.sign(item.body)
-        assert self._session is not None
         try:
-            async with self._session.post(peer.url + path, data=item.body, headers=headers) as resp:
-                text = (await resp.text())[:200]
-                status = resp.status
+            if peer.url.startswith("http://"):
+                status, raw = await self._pool.post(peer.url + path, item.body, headers)
+                text = raw[:200].decode("utf-8", "replace")
+            else:
+                assert self._session is not None
+                async with self._session.post(
+                    peer.url + path, data=item.body, headers=headers
+                ) as resp:
+                    text = (await resp.text())[:200]
+                    status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return Outcome.UNREACHABLE, f"remote unreachable: {type(exc).__name__}"
         self.sent += 1
