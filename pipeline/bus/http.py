@@ -51,6 +51,13 @@ class Ingress:
     max_size: int
 
 
+_OK = b'{"ok":true}'
+
+
+def _accepted() -> web.Response:
+    return web.Response(body=_OK, content_type="application/json")
+
+
 def _refuse(status: int, text: str) -> web.Response:
     return web.json_response({"error": text}, status=status)
 
@@ -119,7 +126,7 @@ def build_app(ing: Ingress) -> web.Application:
         if not fresh:
             log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
             return _refuse(409, "replayed request")
-        return web.json_response({"ok": True})
+        return _accepted()
 
     async def reply(request: web.Request) -> web.Response:
         decoded = await _decode(ing, request, reply=True)
@@ -132,7 +139,7 @@ def build_app(ing: Ingress) -> web.Application:
         if refusal is not None:
             return refusal
         try:
-            result = await ing.store.accept_reply(env.uid, env.src, env.encode())
+            result = await ing.store.accept_reply(env.uid, env.src, body)
         except (redis.exceptions.RedisError, OSError):
             log.exception("bus: redis unavailable")
             return _refuse(503, "redis unavailable")
@@ -142,7 +149,7 @@ def build_app(ing: Ingress) -> web.Application:
         if result < 0:
             log.warning("bus: reply %s from twin %s: request went elsewhere", env.uid, env.src)
             return _refuse(403, "reply from the wrong twin")
-        return web.json_response({"ok": True})
+        return _accepted()
 
     app = web.Application(client_max_size=ing.max_size + 4096)
     app.router.add_post(REMOTE_PATH, remote)
