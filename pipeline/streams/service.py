@@ -147,7 +147,7 @@ class StreamService(Worker):
         max_pull: int = 5000,
         max_wait_ms: int = 5000,
         max_pulls: int = 64,
-        dedup_ttl_ms: int = 3_600_000,
+        dedup_ttl_ms: int = 600_000,
     ) -> None:
         self.redis = redis
         self.max_payload = max_payload

@@ -183,3 +183,9 @@ def test_node_listen_without_tcp_transport_is_a_clear_error(
     monkeypatch.setattr(cli.importlib, "import_module", missing)
     with pytest.raises(ConfigError, match="needs the TCP transport"):
         cli._tcp_transport(Settings.load(env={}, node_listen="127.0.0.1:7001"))
+
+
+def test_node_listen_uses_the_tcp_transport() -> None:
+    pytest.importorskip("pipeline.dialogue.transport")
+    transport = cli._tcp_transport(Settings.load(env={}, node_listen="127.0.0.1:0"))
+    assert transport.address_type == 1

@@ -115,6 +115,20 @@ async def test_second_node_is_refused_while_the_lease_lives(make_node: MakeNode)
     await asyncio.wait_for(b.ready.wait(), 10)
 
 
+async def test_lease_is_renewed_while_the_consumer_lives(
+    make_node: MakeNode, redis_client: sync_redis.Redis
+) -> None:
+    node_a, _ = await make_node("A")
+    node_b, _ = await make_node("B")
+    a = await start_consumer(node_a, Sink(), holder="A", lease_ttl_ms=300)
+    await asyncio.wait_for(a.ready.wait(), 5)
+    await asyncio.sleep(0.8)  # well past one TTL: only renewals keep the lease alive
+    assert redis_client.get(keys.consumer_lease("s")) == b"A"
+    b = await start_consumer(node_b, Sink(), holder="B", lease_ttl_ms=300)
+    await eventually(lambda: b.refused is not None)
+    assert not b.ready.is_set()
+
+
 async def test_stream_deleted_under_a_consumer(
     make_node: MakeNode, redis_client: sync_redis.Redis
 ) -> None:
