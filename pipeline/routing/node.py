@@ -391,7 +391,12 @@ class Node:
     # --- worker loops -----------------------------------------------------
 
     async def _run_loop(self, slot: _Slot, wctx: WorkerContext) -> None:
-        await slot.worker.run(wctx)
+        try:
+            await slot.worker.run(wctx)
+        except Exception:  # surfaced now (logged, counted) and again when the node stops
+            self.counters["worker_run_failures"] += 1
+            log.exception("node %s: worker %s stopped running", self.name, slot.name)
+            raise
 
     async def _mailbox_loop(self, slot: _Slot) -> None:
         worker, queue = slot.worker, slot.queue

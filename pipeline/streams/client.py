@@ -369,7 +369,7 @@ class Consumer(Worker):
             except StreamNotFound as exc:
                 self._count("stream_missing")
                 log.error("consumer %s: stream vanished, creating it again: %s", self.stream, exc)
-            except (StreamError, RemoteProtocolError, RoutingError) as exc:
+            except SluiceError as exc:  # Redis down, service timeout, bad reply: retry
                 self._count("errors")
                 log.error("consumer %s: %s; retrying in %.2fs", self.stream, exc, delay)
             else:

@@ -254,3 +254,28 @@ async def test_requester_sends_and_records(node: Node) -> None:
             break
         await asyncio.sleep(0.01)
     assert sorted(requester.replies) == [f"req-{i}".encode() for i in range(5)]
+
+
+class Crashing(Worker):
+    async def run(self, wctx: object) -> None:  # type: ignore[override]
+        raise RuntimeError("run loop bug")
+
+    async def handle(self, ctx: Context) -> None:
+        await ctx.reply(b"still here")
+
+
+async def test_a_crashing_run_loop_is_logged_counted_and_the_node_goes_on(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec = Recorder()
+    await node.add_worker("crash", Crashing())
+    await node.add_worker("rec", rec)
+    for _ in range(100):
+        if node.counters["worker_run_failures"]:
+            break
+        await asyncio.sleep(0.01)
+    assert node.counters["worker_run_failures"] == 1
+    assert "worker crash stopped running" in caplog.text
+    await node.deliver(msg(["crash"], ["rec"], b"?"))
+    await asyncio.wait_for(rec.event.wait(), 5)
+    assert rec.got[0].payload == b"still here"
