@@ -25,8 +25,9 @@ Transports (the interface other transports, e.g. TCP, build on)::
 
     class Transport(Protocol):
         address_type: int
-        async def start(self, node: Node) -> None      # called by Node.start (or at
-                                                      # registration on a running node)
+        async def start(self, node: Node) -> None      # called by Node.start; a transport
+                                                      # registered on a started node must
+                                                      # be started by whoever registers it
         async def send(self, message: TransportMessage) -> None
             # message.onward_route[0].type == address_type; raise a SluiceError
             # subclass on failure (the node logs and counts it)
