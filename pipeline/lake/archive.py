@@ -31,11 +31,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+
 from pipeline import keys
 from pipeline.errors import ArchiveError, LakeError, LakePathError, RedisUnavailable
 from pipeline.lake import source, tables
-from pipeline.lake.jobs import ensure_tables, run_spark, table_sql
-from pipeline.settings import Settings
+from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
+from pipeline.lake.redisread import connect
+from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -79,45 +82,34 @@ def archive_interval(
     chain = stream in settings.chain_streams
     _check_redis(settings, stream, key, end_ms)
     lake = settings.lake
-    ensure_tables(spark, lake)
+    ensure_tables(lake)
     archived_at = datetime.now(UTC)
 
     def work() -> ArchiveResult:
         _write_entries(spark, settings, stream, key, start_ms, end_ms, chain, archived_at)
-        back = _interval_entries(spark, settings, stream, start_ms, end_ms)
-        stats = _stats(back)
-        invalid_ids: tuple[str, ...] = ()
-        if stats["invalid"]:
-            rows = (
-                back.where("valid_block = false")
-                .orderBy("entry_ms", "entry_seq")
-                .select("entry_id")
-                .limit(MAX_REPORTED_INVALID)
-                .collect()
-            )
-            invalid_ids = tuple(r["entry_id"] for r in rows)
+        stats = _stats(lake, stream, start_ms, end_ms)
+        if stats.invalid_ids:
             log.warning(
                 "stream %s [%d, %d): %d entries are not valid blocks (archived raw), e.g. %s",
-                stream, start_ms, end_ms, stats["invalid"], ", ".join(invalid_ids[:5]),
+                stream, start_ms, end_ms, stats.invalid, ", ".join(stats.invalid_ids[:5]),
             )  # fmt: skip
-        if chain and stats["blocks"]:
-            _write_blocks(spark, settings, stream, back, stats, archived_at)
-        result = ArchiveResult(
+        if chain and stats.blocks:
+            _write_blocks(spark, settings, stream, start_ms, end_ms, stats, archived_at)
+        return ArchiveResult(
             stream=stream,
             start_ms=start_ms,
             end_ms=end_ms,
-            entries=stats["entries"],
-            blocks=stats["blocks"],
-            invalid=stats["invalid"],
-            invalid_ids=invalid_ids,
-            first_id=stats["first_id"],
-            last_id=stats["last_id"],
+            entries=stats.entries,
+            blocks=stats.blocks,
+            invalid=stats.invalid,
+            invalid_ids=stats.invalid_ids,
+            first_id=stats.first_id,
+            last_id=stats.last_id,
             seconds=0.0,
         )
-        _write_log(spark, settings, result, run_id, archived_at)
-        return result
 
     result = run_spark(f"archive of {stream!r} [{start_ms}, {end_ms})", work)
+    _write_log(lake, result, run_id, archived_at)
     return _with_seconds(result, time.perf_counter() - began)
 
 
@@ -130,7 +122,7 @@ def _with_seconds(result: ArchiveResult, seconds: float) -> ArchiveResult:
 def _check_redis(settings: Settings, stream: str, key: str, end_ms: int) -> None:
     import redis
 
-    client = source.connect(settings.redis_url)
+    client = connect(settings.redis_url)
     try:
         kind = client.type(key)
         seconds, micros = client.time()
@@ -199,7 +191,7 @@ def _write_entries(
     lake = settings.lake
     predicate = _interval_predicate(stream, start_ms, end_ms)
     target = table_sql(lake, tables.STREAM_ENTRIES)
-    if spark.sql(f"SELECT 1 FROM {target} WHERE {predicate} LIMIT 1").count() == 0:
+    if not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1):
         (
             entries.write.format("delta")
             .mode("overwrite")
@@ -216,53 +208,84 @@ def _write_entries(
     )
 
 
-def _interval_entries(
-    spark: Any, settings: Settings, stream: str, start_ms: int, end_ms: int
-) -> Any:
-    return (
-        spark.read.format("delta")
-        .load(settings.lake.table(tables.STREAM_ENTRIES))
-        .where(_interval_predicate(stream, start_ms, end_ms))
+@dataclass(frozen=True, slots=True)
+class _Stats:
+    entries: int
+    blocks: int
+    invalid: int
+    invalid_ids: tuple[str, ...]
+    lo: int | None
+    hi: int | None
+    distinct_hashes: int
+    first_id: str | None
+    last_id: str | None
+
+
+def _interval_scan(
+    lake: LakeSettings, name: str, stream: str, column: str, lo: int, hi: int, columns: list[str]
+) -> pa.Table:
+    """Rows of ``stream`` with ``lo <= column <= hi`` (delta-rs, files pruned by stats)."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    dataset = DeltaTable(lake.table(name)).to_pyarrow_dataset(
+        file_pruning_predicate=[("stream", "=", stream), (column, ">=", lo), (column, "<=", hi)]
     )
+    expr = (pc.field("stream") == stream) & (pc.field(column) >= lo) & (pc.field(column) <= hi)
+    table: pa.Table = dataset.to_table(columns=columns, filter=expr)
+    return table
 
 
-def _stats(back: Any) -> dict[str, Any]:
-    from pyspark.sql import functions as F
+def _any_rows(lake: LakeSettings, name: str, stream: str, column: str, lo: int, hi: int) -> bool:
+    return bool(_interval_scan(lake, name, stream, column, lo, hi, [column]).num_rows > 0)
 
-    row = back.agg(
-        F.count(F.lit(1)).alias("entries"),
-        F.count(F.when(F.col("valid_block"), 1)).alias("blocks"),
-        F.count(F.when(~F.col("valid_block"), 1)).alias("invalid"),
-        F.min("block_num").alias("lo"),
-        F.max("block_num").alias("hi"),
-        F.count_distinct("block_hash").alias("hashes"),
-        F.min(F.struct("entry_ms", "entry_seq", "entry_id")).alias("first"),
-        F.max(F.struct("entry_ms", "entry_seq", "entry_id")).alias("last"),
-    ).collect()[0]
-    return {
-        "entries": int(row["entries"]),
-        "blocks": int(row["blocks"]),
-        "invalid": int(row["invalid"]),
-        "lo": row["lo"],
-        "hi": row["hi"],
-        "hashes": int(row["hashes"]),
-        "first_id": row["first"]["entry_id"] if row["first"] else None,
-        "last_id": row["last"]["entry_id"] if row["last"] else None,
-    }
+
+def _stats(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> _Stats:
+    """Counts of what ``stream_entries`` holds for the interval, read back with delta-rs."""
+    import pyarrow.compute as pc
+
+    table = _interval_scan(
+        lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1,
+        ["entry_id", "entry_ms", "entry_seq", "valid_block", "block_num", "block_hash"],
+    )  # fmt: skip
+    if table.num_rows == 0:
+        return _Stats(0, 0, 0, (), None, None, 0, None, None)
+    table = table.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
+    flag = table.column("valid_block")
+    valid = table.filter(pc.fill_null(flag, False))
+    bad = table.filter(pc.fill_null(pc.invert(flag), False))
+    nums = valid.column("block_num")
+    return _Stats(
+        entries=table.num_rows,
+        blocks=valid.num_rows,
+        invalid=bad.num_rows,
+        invalid_ids=tuple(bad.column("entry_id").slice(0, MAX_REPORTED_INVALID).to_pylist()),
+        lo=pc.min(nums).as_py() if valid.num_rows else None,
+        hi=pc.max(nums).as_py() if valid.num_rows else None,
+        distinct_hashes=int(pc.count_distinct(valid.column("block_hash")).as_py()),
+        first_id=table.column("entry_id")[0].as_py(),
+        last_id=table.column("entry_id")[-1].as_py(),
+    )
 
 
 def _write_blocks(
     spark: Any,
     settings: Settings,
     stream: str,
-    back: Any,
-    stats: dict[str, Any],
+    start_ms: int,
+    end_ms: int,
+    stats: _Stats,
     archived_at: datetime,
 ) -> None:
     from pyspark.sql import functions as F
 
-    valid = back.where("valid_block = true")
-    if stats["hashes"] < stats["blocks"]:
+    # Derived from the archived entries, not from Redis again.
+    valid = (
+        spark.read.format("delta")
+        .load(settings.lake.table(tables.STREAM_ENTRIES))
+        .where(_interval_predicate(stream, start_ms, end_ms) + " AND valid_block = true")
+    )
+    if stats.distinct_hashes < stats.blocks:
         # The same block was published twice in the interval: keep its first entry.
         first = F.min(F.struct("entry_ms", "entry_seq", "entry_id", "block_num", "block_parent"))
         firsts = (
@@ -287,10 +310,13 @@ def _write_blocks(
         F.lit(archived_at).alias("archived_at"),
     )
     lake = settings.lake
-    lo, hi = int(stats["lo"]), int(stats["hi"])
+    lo, hi = int(stats.lo or 0), int(stats.hi or 0)
     predicate = f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}"
     target = table_sql(lake, tables.BLOCKS)
-    if spark.sql(f"SELECT 1 FROM {target} WHERE {predicate} LIMIT 1").count() == 0:
+    present = _interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash"])
+    if present.num_rows and _all_present(lake, stream, start_ms, end_ms, present):
+        return  # a rerun: every block of the interval is archived already
+    if not present.num_rows:
         (
             rows.sortWithinPartitions("num")
             .write.format("delta")
@@ -308,32 +334,57 @@ def _write_blocks(
     )
 
 
+def _all_present(
+    lake: LakeSettings, stream: str, start_ms: int, end_ms: int, present: pa.Table
+) -> bool:
+    import pyarrow.compute as pc
+
+    wanted = _interval_scan(
+        lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1,
+        ["block_hash", "valid_block"],
+    )  # fmt: skip
+    hashes = wanted.filter(pc.fill_null(wanted.column("valid_block"), False)).column("block_hash")
+    return bool(pc.all(pc.is_in(hashes, value_set=present.column("hash"))).as_py())
+
+
 def _write_log(
-    spark: Any, settings: Settings, result: ArchiveResult, run_id: str | None, archived_at: datetime
+    lake: LakeSettings, result: ArchiveResult, run_id: str | None, archived_at: datetime
 ) -> None:
-    row = spark.createDataFrame(
+    """Insert the interval's row into ``archive_log`` (kept as is when already there)."""
+    from deltalake import DeltaTable
+
+    row = pa.Table.from_pylist(
         [
-            (
-                result.stream,
-                result.start_ms,
-                result.end_ms,
-                result.entries,
-                result.blocks,
-                result.invalid,
-                result.first_id,
-                result.last_id,
-                run_id,
-                archived_at,
-            )
+            {
+                "stream": result.stream,
+                "start_ms": result.start_ms,
+                "end_ms": result.end_ms,
+                "entries": result.entries,
+                "blocks": result.blocks,
+                "invalid": result.invalid,
+                "first_id": result.first_id,
+                "last_id": result.last_id,
+                "run_id": run_id,
+                "archived_at": archived_at,
+            }
         ],
-        schema=tables.ARCHIVE_LOG_DDL,
+        schema=tables.ARCHIVE_LOG_ARROW,
     )
-    row.createOrReplaceTempView("sluice_new_log")
-    spark.sql(
-        f"MERGE INTO {table_sql(settings.lake, tables.ARCHIVE_LOG)} t USING sluice_new_log s "
-        "ON t.stream = s.stream AND t.start_ms = s.start_ms AND t.end_ms = s.end_ms "
-        "WHEN NOT MATCHED THEN INSERT *"
-    )
+
+    def merge() -> None:
+        (
+            DeltaTable(lake.table(tables.ARCHIVE_LOG))
+            .merge(
+                row,
+                "t.stream = s.stream AND t.start_ms = s.start_ms AND t.end_ms = s.end_ms",
+                source_alias="s",
+                target_alias="t",
+            )
+            .when_not_matched_insert_all()
+            .execute()
+        )
+
+    delta_retry(f"archive_log row of {result.stream!r}", merge)
 
 
 __all__ = ["ArchiveResult", "LakeError", "LakePathError", "archive_interval"]

@@ -9,21 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from pipeline.errors import LakeError, LakePathError, RedisUnavailable
 from pipeline.lake import tables
 from pipeline.settings import LakeSettings
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-#: table -> (DDL, partition columns)
-LAYOUT: dict[str, tuple[str, tuple[str, ...]]] = {
-    tables.STREAM_ENTRIES: (tables.STREAM_ENTRIES_DDL, ("stream",)),
-    tables.BLOCKS: (tables.BLOCKS_DDL, ("stream",)),
-    tables.ARCHIVE_LOG: (tables.ARCHIVE_LOG_DDL, ()),
-}
 
 _CREATE_ATTEMPTS = 5
 
@@ -44,39 +34,43 @@ def check_lake_path(lake: LakeSettings) -> None:
         raise LakePathError(f"cannot create the lake directory {root}: {exc}") from exc
     if not os.access(root, os.W_OK | os.X_OK):
         raise LakePathError(f"the lake directory {root} is not writable")
-    for name in LAYOUT:
+    for name in tables.LAYOUT:
         table = root / name
         if table.exists() and not os.access(table, os.W_OK | os.X_OK):
             raise LakePathError(f"the lake table {table} is not writable")
 
 
-def ensure_tables(spark: SparkSession, lake: LakeSettings) -> None:
+def ensure_tables(lake: LakeSettings, storage_options: dict[str, str] | None = None) -> None:
     """Create the lake tables that do not exist yet, with :data:`tables.TABLE_PROPERTIES`.
 
-    Safe to race with another job creating the same table: a lost race is
-    retried and then finds the table in place.
+    Created with delta-rs (no JVM needed, and much faster than Spark DDL);
+    Spark writes them afterwards. Safe to race with another job creating the
+    same table: a lost race is retried and then finds the table in place.
     """
-    from delta.tables import DeltaTable
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-    from pyspark.errors import PySparkException
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
 
     check_lake_path(lake)
-    props = ", ".join(f"'{k}' = '{v}'" for k, v in tables.TABLE_PROPERTIES.items())
-    for name, (ddl, partitions) in LAYOUT.items():
-        part_sql = f" PARTITIONED BY ({', '.join(partitions)})" if partitions else ""
-        sql = (
-            f"CREATE TABLE IF NOT EXISTS {table_sql(lake, name)} ({ddl}) USING DELTA"
-            f"{part_sql} TBLPROPERTIES ({props})"
-        )
+    for name, (schema, partitions) in tables.LAYOUT.items():
+        uri = lake.table(name)
         for attempt in range(_CREATE_ATTEMPTS):
-            if DeltaTable.isDeltaTable(spark, lake.table(name)):
+            if DeltaTable.is_deltatable(uri, storage_options):
                 break
             try:
-                spark.sql(sql)
+                DeltaTable.create(
+                    uri,
+                    schema,
+                    mode="ignore",
+                    partition_by=list(partitions) or None,
+                    configuration=dict(tables.TABLE_PROPERTIES),
+                    storage_options=storage_options,
+                )
                 break
-            except (PySparkException, Py4JError) as exc:  # a concurrent create won: look again
+            except OSError as exc:
+                raise LakePathError(f"cannot create {uri}: {exc}") from exc
+            except DeltaError as exc:  # a concurrent create committed version 0 first
                 if attempt == _CREATE_ATTEMPTS - 1:
-                    raise LakePathError(f"cannot create {lake.table(name)}: {exc}") from exc
+                    raise LakePathError(f"cannot create {uri}: {exc}") from exc
 
 
 T = TypeVar("T")
@@ -89,7 +83,7 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
     a permission problem under the lake :class:`LakePathError`, anything else
     :class:`LakeError` naming ``what`` failed.
     """
-    from py4j.protocol import Py4JError
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
 
     try:
@@ -102,3 +96,19 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
         if "Permission denied" in text or "AccessDenied" in text:
             raise LakePathError(f"{what} failed: the lake is not writable ({first})") from exc
         raise LakeError(f"{what} failed: {first}") from exc
+
+
+def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
+    """Run a delta-rs write, retrying a bounded number of times on commit conflicts."""
+    import time
+
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(attempts):
+        try:
+            return action()
+        except CommitFailedError as exc:
+            if attempt == attempts - 1:
+                raise LakeError(f"{what}: commit kept conflicting: {exc}") from exc
+            time.sleep(0.05 * (2**attempt))
+    raise AssertionError("unreachable")

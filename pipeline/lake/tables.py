@@ -56,3 +56,42 @@ BLOCKS_ARROW = pa.schema(
         pa.field("archived_at", pa.timestamp("us", tz="UTC")),
     ]
 )
+
+
+STREAM_ENTRIES_ARROW = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("entry_id", pa.string(), nullable=False),
+        pa.field("entry_ms", pa.int64(), nullable=False),
+        pa.field("entry_seq", pa.int64(), nullable=False),
+        pa.field("fields", pa.map_(pa.string(), pa.binary())),
+        pa.field("valid_block", pa.bool_()),
+        pa.field("block_num", pa.int64()),
+        pa.field("block_hash", pa.string()),
+        pa.field("block_parent", pa.string()),
+        pa.field("block_error", pa.string()),
+        pa.field("archived_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+ARCHIVE_LOG_ARROW = pa.schema(
+    [
+        pa.field("stream", pa.string(), nullable=False),
+        pa.field("start_ms", pa.int64(), nullable=False),
+        pa.field("end_ms", pa.int64(), nullable=False),
+        pa.field("entries", pa.int64(), nullable=False),
+        pa.field("blocks", pa.int64(), nullable=False),
+        pa.field("invalid", pa.int64(), nullable=False),
+        pa.field("first_id", pa.string()),
+        pa.field("last_id", pa.string()),
+        pa.field("run_id", pa.string()),
+        pa.field("archived_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+#: table -> (arrow schema, partition columns): how the jobs create each table.
+LAYOUT: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
+    STREAM_ENTRIES: (STREAM_ENTRIES_ARROW, ("stream",)),
+    BLOCKS: (BLOCKS_ARROW, ("stream",)),
+    ARCHIVE_LOG: (ARCHIVE_LOG_ARROW, ()),
+}

@@ -29,7 +29,7 @@ def test_reader_reads_what_spark_wrote(spark: Any, lake_uri: str) -> None:
     assert reader.head("s") is None
     assert list(reader.iter_canonical("s", 0)) == []
 
-    ensure_tables(spark, lake)
+    ensure_tables(lake)
     main = chain(0, 30)
     fork = chain(20, 24, branch="fork", parent=main[19].hash)
     # Three commits with overlapping num ranges (out of order), plus reorged blocks
@@ -72,7 +72,7 @@ def test_reader_reads_what_spark_wrote(spark: Any, lake_uri: str) -> None:
 
 def test_reader_refuses_deletion_vectors(spark: Any, lake_uri: str) -> None:
     lake = LakeSettings.from_url(lake_uri)
-    ensure_tables(spark, lake)
+    ensure_tables(lake)
     _append(spark, lake_uri, block_rows("s", chain(0, 3)))
     spark.sql(
         f"ALTER TABLE {table_sql(lake, tables.BLOCKS)} "

@@ -1,0 +1,108 @@
+"""Stream ids and paged Redis reads shared by the lake jobs (no Spark import).
+
+Ids are ``(ms, seq)`` tuples; ranges are inclusive, as ``XRANGE`` takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.errors import RedisUnavailable
+
+MAX_SEQ = (1 << 64) - 1
+
+StreamId = tuple[int, int]
+
+
+def parse_id(text: str | bytes) -> StreamId:
+    """``"MS-SEQ"`` or ``"MS"`` -> ``(ms, seq)``; raises ValueError on anything else."""
+    raw = text.decode() if isinstance(text, bytes) else text
+    ms_text, sep, seq_text = raw.strip().partition("-")
+    if not ms_text.isdigit() or (sep and not seq_text.isdigit()):
+        raise ValueError(f"not a stream id: {raw!r}")
+    ms, seq = int(ms_text), int(seq_text) if sep else 0
+    if ms > MAX_SEQ or seq > MAX_SEQ:
+        raise ValueError(f"stream id out of range: {raw!r}")
+    return ms, seq
+
+
+def format_id(value: StreamId) -> str:
+    return f"{value[0]}-{value[1]}"
+
+
+def id_before(value: StreamId) -> StreamId | None:
+    """The greatest id strictly below ``value`` (None below ``0-0``)."""
+    ms, seq = value
+    if seq > 0:
+        return ms, seq - 1
+    if ms > 0:
+        return ms - 1, MAX_SEQ
+    return None
+
+
+def split_range(first: StreamId, last: StreamId, parts: int) -> list[tuple[StreamId, StreamId]]:
+    """Split the inclusive id range ``[first, last]`` into at most ``parts`` inclusive ranges.
+
+    Ranges are cut on millisecond boundaries, are contiguous, do not overlap
+    and cover exactly ``[first, last]``; empty when ``first > last``.
+    """
+    if parts < 1:
+        raise ValueError("parts must be at least 1")
+    if first > last:
+        return []
+    span = last[0] - first[0] + 1
+    parts = min(parts, span)
+    cuts = [first[0] + (span * i) // parts for i in range(1, parts)]
+    ranges: list[tuple[StreamId, StreamId]] = []
+    lo = first
+    for cut in cuts:
+        ranges.append((lo, (cut - 1, MAX_SEQ)))
+        lo = (cut, 0)
+    ranges.append((lo, last))
+    return ranges
+
+
+# --- Redis access ----------------------------------------------------------------
+
+
+def connect(url: str) -> Any:
+    """A redis-py client with bounded timeouts (raw bytes responses)."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5)
+
+
+def read_pages(
+    client: Any, key: str, lo: StreamId, hi: StreamId, page: int
+) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
+    """Paged ``XRANGE key lo hi``; each page has at most ``page`` entries."""
+    import redis
+
+    start = format_id(lo)
+    end = format_id(hi)
+    while True:
+        try:
+            entries = client.xrange(key, start, end, count=page)
+        except redis.ConnectionError as exc:
+            raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
+        if not entries:
+            return
+        yield entries
+        if len(entries) < page:
+            return
+        start = "(" + entries[-1][0].decode()
+
+
+def bounds(client: Any, key: str, lo: StreamId, hi: StreamId) -> tuple[StreamId, StreamId] | None:
+    """The first and last ids actually present in ``[lo, hi]``, or None if there are none."""
+    import redis
+
+    try:
+        first = client.xrange(key, format_id(lo), format_id(hi), count=1)
+        last = client.xrevrange(key, format_id(hi), format_id(lo), count=1)
+    except redis.ConnectionError as exc:
+        raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
+    if not first or not last:
+        return None
+    return parse_id(first[0][0]), parse_id(last[0][0])

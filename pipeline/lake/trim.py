@@ -1,0 +1,101 @@
+"""Trim a Redis stream, never below what ``archive_log`` proves archived.
+
+``safe_trim`` reads ``archive_log`` with delta-rs (no Spark), merges the
+logged intervals of the stream into contiguous coverage, and keeps only the
+run of coverage that contains the oldest entry still in Redis: a gap in the
+log stops it, and so does an oldest entry outside every logged interval (an
+entry nobody archived). The stream is then trimmed with ``XTRIM MINID`` to the
+lower of that coverage's end and ``now - hot_retention_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pipeline import keys
+from pipeline.errors import LakePathError, RedisUnavailable
+from pipeline.lake import tables
+from pipeline.lake.redisread import connect, parse_id
+from pipeline.settings import LakeSettings, Settings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrimResult:
+    stream: str
+    #: entries with ids below ``min_id`` were trimmed ("" when nothing was trimmed)
+    min_id: str
+    trimmed: int
+    #: end (exclusive, ms) of the archived coverage that holds the oldest entry, if any
+    covered_to_ms: int | None
+
+
+def merge_intervals(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Half-open ``[start, end)`` intervals merged into sorted disjoint runs (adjacent ones join)."""
+    runs: list[tuple[int, int]] = []
+    for start, end in sorted(i for i in intervals if i[0] < i[1]):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+        else:
+            runs.append((start, end))
+    return runs
+
+
+def covered_until(intervals: Iterable[tuple[int, int]], oldest_ms: int) -> int | None:
+    """End of the coverage run that contains ``oldest_ms``, or None if none does."""
+    for start, end in merge_intervals(intervals):
+        if start <= oldest_ms < end:
+            return end
+    return None
+
+
+def logged_intervals(
+    lake: LakeSettings, stream: str, storage_options: dict[str, str] | None = None
+) -> list[tuple[int, int]]:
+    """The ``[start_ms, end_ms)`` intervals ``archive_log`` records for ``stream``."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    uri = lake.table(tables.ARCHIVE_LOG)
+    try:
+        if not DeltaTable.is_deltatable(uri, storage_options):
+            return []
+        table = (
+            DeltaTable(uri, storage_options=storage_options)
+            .to_pyarrow_dataset()
+            .to_table(columns=["start_ms", "end_ms"], filter=pc.field("stream") == stream)
+        )
+    except OSError as exc:
+        raise LakePathError(f"cannot read {uri}: {exc}") from exc
+    return list(
+        zip(table.column("start_ms").to_pylist(), table.column("end_ms").to_pylist(), strict=True)
+    )
+
+
+def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> TrimResult:
+    """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention."""
+    import redis
+
+    key = keys.stream(stream)
+    intervals = logged_intervals(settings.lake, stream)
+    client = connect(settings.redis_url)
+    try:
+        oldest = client.xrange(key, "-", "+", count=1)
+        if not oldest:
+            return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=None)
+        covered = covered_until(intervals, parse_id(oldest[0][0])[0])
+        if now_ms is None:
+            seconds, micros = client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if covered is None:
+            return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=None)
+        limit = min(covered, now_ms - settings.hot_retention_s * 1000)
+        if limit <= 0:
+            return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=covered)
+        min_id = f"{limit}-0"
+        trimmed = int(client.xtrim(key, minid=min_id, approximate=False))
+    except redis.ConnectionError as exc:
+        raise RedisUnavailable(f"redis unavailable while trimming {stream!r}: {exc}") from exc
+    finally:
+        client.close()
+    return TrimResult(stream=stream, min_id=min_id, trimmed=trimmed, covered_to_ms=covered)
