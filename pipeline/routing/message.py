@@ -173,16 +173,17 @@ class TransportMessage:
     payload: bytes
 
     def encode(self) -> bytes:
-        data: bytes = msgpack.packb(
-            [
-                VERSION,
-                [[a.type, a.value] for a in self.onward_route],
-                [[a.type, a.value] for a in self.return_route],
-                self.payload,
-            ],
-            use_bin_type=True,
-        )
+        data: bytes = msgpack.packb(self.to_obj(), use_bin_type=True)
         return data
+
+    def to_obj(self) -> list[Any]:
+        """The wire form before msgpack packing (for codecs that embed a message)."""
+        return [
+            VERSION,
+            [[a.type, a.value] for a in self.onward_route],
+            [[a.type, a.value] for a in self.return_route],
+            self.payload,
+        ]
 
     @classmethod
     def decode(cls, data: bytes, *, max_payload: int = 1 << 20) -> TransportMessage:

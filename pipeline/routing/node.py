@@ -367,7 +367,11 @@ class Node:
                 if done is not None:
                     done.set_result(None)
                 return
-            await slot.queue.put((message, done))
+            queue = slot.queue
+            if queue.full():
+                await queue.put((message, done))  # back-pressure
+            else:
+                queue.put_nowait((message, done))
             return
         transport = self._transports.get(first.type)
         if transport is None:

@@ -1,7 +1,8 @@
 """Bi-directional streams using workers (seed 000).
 
 A node consumes its own stream and publishes to other nodes' streams. An
-entry is msgpack ``[return_stream, encoded TransportMessage]``:
+entry is msgpack ``[return_stream, message]``, the message in its wire form
+``[1, onward, return, payload]`` (embedded, so one unpack decodes the entry):
 
 * :class:`BiPublisher` (a local worker) pops itself from the onward route and
   publishes the message with the return stream in its state;
@@ -25,29 +26,40 @@ from collections.abc import Callable
 
 import msgpack
 
-from pipeline.errors import LocalProtocolError, RemoteProtocolError
-from pipeline.routing.message import Address, TransportMessage
+from pipeline.errors import LocalProtocolError, PayloadTooLarge, RemoteProtocolError
+from pipeline.routing.message import MAX_ADDRESS_LEN, MAX_HOPS, Address, TransportMessage
 from pipeline.routing.node import Context, Node
 from pipeline.streams.client import Consumer, Publisher
 
 
 def encode_entry(return_stream: str, message: TransportMessage) -> bytes:
-    data: bytes = msgpack.packb([return_stream, message.encode()], use_bin_type=True)
+    """msgpack ``[return_stream, [1, onward, return, payload]]`` (one pack, one unpack)."""
+    data: bytes = msgpack.packb([return_stream, message.to_obj()], use_bin_type=True)
     return data
 
 
 def decode_entry(data: bytes, *, max_payload: int) -> tuple[str, TransportMessage]:
-    """Raises RemoteProtocolError for anything that is not ``[str, message bytes]``."""
+    """Raises RemoteProtocolError for anything that is not ``[str, message]``."""
     try:
-        obj = msgpack.unpackb(data, raw=False, max_bin_len=max_payload + 65536, max_map_len=0)
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            max_bin_len=max(max_payload, MAX_ADDRESS_LEN),
+            max_str_len=MAX_ADDRESS_LEN,
+            max_array_len=max(MAX_HOPS, 4),
+            max_map_len=0,
+            max_ext_len=0,
+        )
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        if "exceeds max_bin_len" in str(exc):
+            raise PayloadTooLarge(f"stream entry payload exceeds {max_payload} bytes") from exc
         raise RemoteProtocolError(f"malformed stream entry: {exc}") from exc
     if not (isinstance(obj, list) and len(obj) == 2):
         raise RemoteProtocolError("malformed stream entry: not [return_stream, message]")
-    ret, encoded = obj
-    if not isinstance(ret, str) or not ret or not isinstance(encoded, bytes):
-        raise RemoteProtocolError("malformed stream entry: bad return stream or message")
-    return ret, TransportMessage.decode(encoded, max_payload=max_payload)
+    ret, message = obj
+    if not isinstance(ret, str) or not ret:
+        raise RemoteProtocolError("malformed stream entry: bad return stream")
+    return ret, TransportMessage.from_obj(message, max_payload=max_payload)
 
 
 class BiPublisher(Publisher):

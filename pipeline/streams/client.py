@@ -95,6 +95,8 @@ class StreamClient:
         self.node = node
         self.address = address
         self.service = Route([service])
+        self._service_name = service.encode()
+        self._service_prefix = self._service_name + b":"
         self.timeout_s = timeout_s
         self._pending: dict[str, asyncio.Future[p.StreamMessage]] = {}
         self._pulls: set[str] = set()
@@ -108,15 +110,17 @@ class StreamClient:
                 future.set_exception(PullAborted("pull aborted: the consumer is stopping"))
 
     def intercept(self, message: TransportMessage) -> bool:
-        """Resolve a pending call with this reply; False if it is not one."""
+        """Resolve a pending call with this reply; False if it is not from the service."""
+        if not self._from_service(message):
+            return False  # an application message: the worker's mailbox gets it
         try:
             reply = p.decode(message.payload, max_payload=self.node.max_payload + 4096)
-        except RemoteProtocolError:
-            return False
+        except RemoteProtocolError as exc:
+            self.node.counters["stream_client.bad_replies"] += 1
+            log.error("%s: malformed reply from the stream service: %s", self.address, exc)
+            return True
         future = self._pending.get(getattr(reply, "request_id", ""))
         if future is None or not p.is_reply(reply):
-            if not self._from_service(message):
-                return False  # not a stream-service reply: the worker's mailbox decides
             self.node.counters["stream_client.late_replies"] += 1
             log.warning("%s: %s to no pending request", self.address, type(reply).__name__)
             return True
@@ -125,11 +129,12 @@ class StreamClient:
         return True
 
     def _from_service(self, message: TransportMessage) -> bool:
-        if not message.return_route:
+        """Sent by the stream service (its address or one of its stream addresses)?"""
+        ret = message.return_route
+        if not ret or ret[0].type != 0:
             return False
-        first = message.return_route[0]
-        name = self.service[0].value
-        return first.is_local and (first.value == name or first.value.startswith(name + b":"))
+        value = ret[0].value
+        return value == self._service_name or value.startswith(self._service_prefix)
 
     async def call(
         self,
@@ -475,7 +480,9 @@ class Consumer(Worker):
                 error = outcome if isinstance(outcome, BaseException) else None
                 if isinstance(outcome, asyncio.Future):
                     try:
-                        await outcome
+                        if not outcome.done():
+                            await outcome
+                        outcome.result()
                     except asyncio.CancelledError:
                         if self._cancelling():
                             raise

@@ -27,6 +27,7 @@ def test_entry_round_trip(ret: str, payload: bytes) -> None:
         msgpack.packb([5, b"x"]),
         msgpack.packb(["s", "not bytes"]),
         msgpack.packb(["s", b"not a message"]),
+        msgpack.packb(["s", [1, [], [], "text"]]),
     ],
 )
 def test_malformed_entries(data: bytes) -> None:
