@@ -23,8 +23,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
-from pipeline.bus.process import BusConfig, BusProcess
+from pipeline.bus.process import BusProcess
 from pipeline.bus.signing import Signer
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings

@@ -232,12 +232,8 @@ def salvage(raw: bytes) -> tuple[str, str]:
         if isinstance(doc.get("cmd"), str) and len(doc["cmd"]) <= MAX_NAME:
             cmd = doc["cmd"]
         return ret, cmd
-    match = _RET_SALVAGE.search(raw[: 1 << 16])
-    if match:
-        ret = match.group(1).decode("utf-8", "replace")
-    match = _CMD_SALVAGE.search(raw[: 1 << 16])
-    if match:
-        cmd = match.group(1).decode("utf-8", "replace")
+    found = [pattern.search(raw[: 1 << 16]) for pattern in (_RET_SALVAGE, _CMD_SALVAGE)]
+    ret, cmd = (m.group(1).decode("utf-8", "replace") if m else "" for m in found)
     return ret, cmd
 
 

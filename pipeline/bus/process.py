@@ -28,70 +28,24 @@ exactly one answer on ``ret``: the reply, or an ``err``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-import redis.exceptions
 from aiohttp import web
 
 from pipeline import keys
 from pipeline.bus import envelope
+from pipeline.bus.config import REDIS_ERRORS, BusConfig, reraise_if_cancelling
 from pipeline.bus.directory import Directory
-from pipeline.bus.envelope import Envelope
 from pipeline.bus.forward import Forwarder, Kind, Outbound, Outcome
 from pipeline.bus.http import Ingress, build_app
+from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
-from pipeline.errors import EnvelopeError
-from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
-
-_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BusConfig:
-    """Tunables of one bus process (the twin-facing ones come from :class:`Settings`)."""
-
-    twin: int
-    host: str = "127.0.0.1"
-    port: int = 8051
-    legacy_peers: bool = False
-    default_exp: int = 300
-    max_exp: int = 86400
-    max_try: int = 16
-    retry_base_s: float = 0.1
-    retry_max_s: float = 2.0
-    max_size: int = 1 << 20
-    batch: int = 256
-    scrub_interval_s: float = 0.25
-    http_workers: int = 128
-    max_pending: int = 10_000
-    redis_connections: int = 32
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: object) -> BusConfig:
-        host, _, port = settings.bus_listen.rpartition(":")
-        values: dict[str, object] = {
-            "twin": settings.bus_twin,
-            "host": host or "127.0.0.1",
-            "port": int(port),
-            "legacy_peers": settings.bus_legacy_peers,
-            "default_exp": settings.bus_default_exp_s,
-            "max_exp": settings.bus_max_exp_s,
-            "max_try": settings.bus_max_try,
-            "retry_base_s": settings.bus_retry_base_s,
-            "retry_max_s": settings.bus_retry_max_s,
-            "max_size": settings.max_payload,
-        }
-        values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
 
 
 class BusProcess:
@@ -132,7 +86,13 @@ class BusProcess:
             max_exp=config.max_exp,
             max_size=config.max_size,
         )
-        self._counters = UidCounters(self.redis)
+        self.queues = QueueHandlers(
+            config=config,
+            client=self.redis,
+            store=self.store,
+            directory=directory,
+            forwarder=self.forwarder,
+        )
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
@@ -152,9 +112,9 @@ class BusProcess:
         if self.config.port == 0:
             self.port = int(self._runner.addresses[0][1])
         for name, queue, handle in (
-            ("local", keys.BUS_LOCAL, self._handle_local),
-            ("remote", keys.BUS_REMOTE, self._handle_remote),
-            ("reply", keys.BUS_REPLY, self._handle_reply),
+            ("local", keys.BUS_LOCAL, self.queues.local),
+            ("remote", keys.BUS_REMOTE, self.queues.remote),
+            ("reply", keys.BUS_REPLY, self.queues.reply),
         ):
             self._tasks.append(
                 asyncio.create_task(self._loop(queue, handle), name=f"bus-{name}-loop")
@@ -208,141 +168,12 @@ class BusProcess:
                     batch = [first]
                 await handle(batch)
                 pause = 0.1
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 recover = True
                 log.warning("bus: %s loop: redis error %r, retrying in %.1fs", queue, exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
-
-    async def _handle_local(self, batch: list[bytes]) -> None:
-        now = time.time()
-        answers: list[tuple[str, bytes]] = []  # (ret, answer) pushed right away
-        routed: list[tuple[Envelope, float, int]] = []  # (request, deadline, destination)
-        for raw in batch:
-            try:
-                env = envelope.decode(raw, max_size=self.config.max_size)
-            except EnvelopeError as exc:
-                ret, cmd = envelope.salvage(raw)
-                if not ret:
-                    log.warning("bus: dropped unreadable request (no ret): %s", exc)
-                    continue
-                log.info("bus: invalid request answered on %s: %s", ret, exc)
-                bad = Envelope(cmd=cmd, ret=ret, dst=[self.twin], now=int(now))
-                answers.append((ret, bad.copy(err=exc.public_message).encode()))
-                continue
-            expires = envelope.deadline(
-                env, received=now, default_exp=self.config.default_exp, max_exp=self.config.max_exp
-            )
-            for dst in env.dst:
-                about = env.copy(dst=[dst], src=self.twin)
-                if expires <= now:
-                    fail = envelope.error_reply(about, "request expired", about=dst, me=self.twin)
-                    answers.append((env.ret, fail.encode()))
-                elif dst != self.twin and await self.directory.lookup(dst) is None:
-                    fail = envelope.error_reply(
-                        about, "destination not found", about=dst, me=self.twin
-                    )
-                    answers.append((env.ret, fail.encode()))
-                else:
-                    routed.append((env, expires, dst))
-        outbound: list[Outbound] = []
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for ret, answer in answers:
-                pipe.rpush(ret, answer)
-            for env, expires, dst in routed:
-                uid = f"{dst}.{await self._counters.next(dst)}"
-                tries = min(env.try_, self.config.max_try)
-                request = env.copy(uid=uid, src=self.twin, dst=[dst], try_=tries).encode()
-                pipe.hset(keys.BUS_BACKLOG, uid, request)
-                pipe.zadd(keys.bus_expiry(), {uid: expires})
-                if dst == self.twin:
-                    local = env.copy(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY)
-                    pipe.rpush(keys.BUS_REMOTE, local.encode())
-                else:
-                    item = Outbound(
-                        due=0.0,
-                        id=f"req:{uid}",
-                        kind=Kind.REQUEST,
-                        to=dst,
-                        body=request,
-                        deadline=expires,
-                        tries=tries,
-                        uid=uid,
-                    )
-                    pipe.hset(keys.bus_outbox(), item.id, item.to_json())
-                    outbound.append(item)
-            self.store.release(pipe, keys.BUS_LOCAL, len(batch))
-            await pipe.execute()
-        for item in outbound:
-            await self.forwarder.submit(item)
-
-    async def _handle_remote(self, batch: list[bytes]) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for raw in batch:
-                # Entries were validated on the way in (HTTP or local loop); only cmd is needed.
-                cmd = _command_of(raw)
-                if not cmd:
-                    log.warning("bus: dropped an entry of %s without a valid cmd", keys.BUS_REMOTE)
-                    continue
-                pipe.rpush(keys.bus_command(cmd), raw)
-            self.store.release(pipe, keys.BUS_REMOTE, len(batch))
-            await pipe.execute()
-
-    async def _handle_reply(self, batch: list[bytes]) -> None:
-        mine: list[Envelope] = []
-        outbound: list[Outbound] = []
-        invalid: list[tuple[str, str]] = []  # (uid, error) of unparseable replies
-        now = time.time()
-        for raw in batch:
-            try:
-                env = envelope.decode(raw, reply=True, max_size=self.config.max_size)
-            except EnvelopeError as exc:
-                uid = _salvage_uid(raw)
-                log.warning("bus: invalid reply %r: %s", uid, exc)
-                if uid:
-                    invalid.append((uid, exc.public_message))
-                continue
-            if env.dst[0] == self.twin:
-                mine.append(env)
-            else:
-                exp = min(env.exp or self.config.default_exp, self.config.max_exp)
-                outbound.append(
-                    Outbound(
-                        due=0.0,
-                        id=f"reply:{env.dst[0]}:{env.uid}",
-                        kind=Kind.REPLY,
-                        to=env.dst[0],
-                        body=env.encode(),
-                        deadline=now + exp,
-                        tries=self.config.max_try,
-                        uid=env.uid,
-                    )
-                )
-        uids = [env.uid for env in mine] + [uid for uid, _ in invalid]
-        originals = await self.store.backlog(uids)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for env, original in zip(mine, originals, strict=False):
-                if original is None:
-                    log.warning("bus: reply %s matches no pending request (late?)", env.uid)
-                    continue
-                request = envelope.load_trusted(original)
-                answer = env.copy(ret=request.ret).encode()
-                await self.store.finish_in(pipe, env.uid, request.ret, answer, f"req:{env.uid}")
-            for (uid, text), original in zip(invalid, originals[len(mine) :], strict=True):
-                if original is None:
-                    continue
-                request = envelope.load_trusted(original)
-                fail = envelope.error_reply(
-                    request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
-                )
-                await self.store.finish_in(pipe, uid, request.ret, fail.encode(), f"req:{uid}")
-            for item in outbound:
-                pipe.hset(keys.bus_outbox(), item.id, item.to_json())
-            self.store.release(pipe, keys.BUS_REPLY, len(batch))
-            await pipe.execute()
-        for item in outbound:
-            await self.forwarder.submit(item)
 
     # --- outbound outcomes, recovery, expiry --------------------------------
 
@@ -360,7 +191,7 @@ class BusProcess:
             fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
             await self.store.finish(item.uid, request.ret, fail.encode(), item.id)
             await self.store.drop_outbox(item.id)
-        except _REDIS_ERRORS:
+        except REDIS_ERRORS:
             # It stays in the outbox: resent on restart, or expired by the scrubber.
             log.exception("bus: could not record outcome of %s", item.id)
 
@@ -382,7 +213,7 @@ class BusProcess:
             await asyncio.sleep(self.config.scrub_interval_s)
             try:
                 await self.scrub(time.time())
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 log.warning("bus: scrubber: redis error %r", exc)
 
@@ -406,54 +237,3 @@ class BusProcess:
                 await pipe.execute()
         await self.store.forget_seen(now)
         return answered
-
-
-class UidCounters:
-    """Per-destination counters for uids ``dst.counter``, reserved from Redis in blocks.
-
-    ``INCRBY msgbus.system.counter.<dst> BLOCK`` reserves the next BLOCK values,
-    handed out from memory; a restart skips the rest of a block, so uids stay
-    unique (with gaps) without a Redis round trip per request.
-    """
-
-    BLOCK = 100
-    MAX_TWINS = 10_000
-
-    def __init__(self, client: aioredis.Redis) -> None:
-        self._redis = client
-        self._ranges: dict[int, list[int]] = {}  # dst -> [next, end)
-
-    async def next(self, dst: int) -> int:
-        span = self._ranges.get(dst)
-        if span is None or span[0] >= span[1]:
-            top = int(await self._redis.incrby(keys.bus_counter(dst), self.BLOCK))
-            if len(self._ranges) >= self.MAX_TWINS:
-                self._ranges.clear()
-            span = self._ranges[dst] = [top - self.BLOCK + 1, top + 1]
-        value = span[0]
-        span[0] += 1
-        return value
-
-
-def reraise_if_cancelling(exc: BaseException) -> None:
-    """redis-py may turn a cancellation into a connection error: never swallow a cancel."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError from exc
-
-
-def _command_of(raw: bytes) -> str:
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        doc = json.loads(raw)
-        cmd = doc.get("cmd") if isinstance(doc, dict) else None
-        if isinstance(cmd, str) and cmd and not cmd.startswith(envelope.RESERVED_PREFIX):
-            return cmd
-    return ""
-
-
-def _salvage_uid(raw: bytes) -> str:
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        doc = json.loads(raw)
-        if isinstance(doc, dict) and isinstance(doc.get("uid"), str):
-            return str(doc["uid"])
-    return ""

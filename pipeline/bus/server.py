@@ -31,8 +31,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from pipeline import keys
+from pipeline.bus.config import reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, decode, encode_data
-from pipeline.bus.process import reraise_if_cancelling
 from pipeline.errors import EnvelopeError, HandlerError
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from pipeline.bus.client import BusClient
+from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import FileDirectory
-from pipeline.bus.process import BusConfig, BusProcess
+from pipeline.bus.process import BusProcess
 from pipeline.bus.server import BusServer
 from pipeline.bus.signing import Signer
 from pipeline.localredis import LocalRedis, free_port
