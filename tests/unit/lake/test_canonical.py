@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from pipeline.lake.canonical import Node, plan_walk
+
+
+def _chain(
+    start: int, stop: int, branch: str, parent: str, canonical: bool, order: int = 0
+) -> list[Node]:
+    nodes, prev = [], parent
+    for num in range(start, stop):
+        h = f"{branch}{num}"
+        nodes.append(
+            Node(num=num, hash=h, parent=prev, canonical=canonical, order=(order + num, 0))
+        )
+        prev = h
+    return nodes
+
+
+def test_fresh_chain_is_marked_down_to_genesis() -> None:
+    plan = plan_walk(_chain(0, 5, "m", "g", False), 0)
+    assert plan.head is not None and plan.head.hash == "m4"
+    assert [n.num for n in plan.mark] == [4, 3, 2, 1, 0] and plan.unmark == ()
+    assert not plan.needs_lower
+
+
+def test_reorg_unmarks_the_old_branch_and_stops_at_the_join() -> None:
+    main = _chain(0, 6, "m", "g", True)
+    fork = _chain(4, 7, "f", "m3", False, order=100)
+    plan = plan_walk(main + fork, 0)
+    assert [n.hash for n in plan.mark] == ["f6", "f5", "f4"]
+    assert sorted(n.hash for n in plan.unmark) == ["m4", "m5"]
+
+
+def test_head_tie_goes_to_latest_entry() -> None:
+    main = _chain(0, 3, "m", "g", True)
+    late = Node(num=2, hash="x2", parent="m1", canonical=False, order=(999, 0))
+    plan = plan_walk([*main, late], 0)
+    assert plan.head == late
+    assert [n.hash for n in plan.mark] == ["x2"] and [n.hash for n in plan.unmark] == ["m2"]
+
+
+def test_already_canonical_head_changes_nothing() -> None:
+    plan = plan_walk(_chain(0, 4, "m", "g", True), 0)
+    assert plan.mark == () and plan.unmark == ()
+    assert plan_walk([], 0).head is None
+
+
+def test_window_bottom_asks_for_more_and_gap_stops() -> None:
+    window = _chain(10, 15, "m", "m9", False)
+    assert plan_walk(window, 10).needs_lower
+    gapped = _chain(0, 3, "m", "g", False) + _chain(5, 8, "m", "m4", False)
+    plan = plan_walk(gapped, 0)
+    assert [n.num for n in plan.mark] == [7, 6, 5] and not plan.needs_lower
+
+
+def test_parent_cycle_terminates() -> None:
+    a = Node(num=1, hash="a", parent="b", canonical=False)
+    b = Node(num=0, hash="b", parent="a", canonical=False)
+    assert len(plan_walk([a, b], 0).mark) == 2

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.lake.redisread import MAX_SEQ, format_id, id_before, parse_id, split_range
+
+
+def test_parse_and_format_ids() -> None:
+    assert parse_id("5-3") == (5, 3)
+    assert parse_id(b"12") == (12, 0)
+    assert format_id((7, 0)) == "7-0"
+    for bad in ("", "-", "a-1", "1-b", "1-2-3", "-1", str(MAX_SEQ + 1)):
+        with pytest.raises(ValueError):
+            parse_id(bad)
+
+
+def test_id_before() -> None:
+    assert id_before((5, 3)) == (5, 2)
+    assert id_before((5, 0)) == (4, MAX_SEQ)
+    assert id_before((0, 0)) is None
+
+
+def test_split_range_edges() -> None:
+    assert split_range((5, 0), (4, 0), 3) == []
+    assert split_range((5, 2), (5, 9), 4) == [((5, 2), (5, 9))]
+    assert split_range((0, 0), (9, 0), 2) == [((0, 0), (4, MAX_SEQ)), ((5, 0), (9, 0))]
+    with pytest.raises(ValueError):
+        split_range((0, 0), (1, 0), 0)
+
+
+ids = st.tuples(st.integers(0, 10**6), st.integers(0, 5))
+
+
+@given(ids, ids, st.integers(1, 20))
+def test_split_range_covers_exactly(a: tuple[int, int], b: tuple[int, int], parts: int) -> None:
+    first, last = min(a, b), max(a, b)
+    ranges = split_range(first, last, parts)
+    assert 1 <= len(ranges) <= parts
+    assert ranges[0][0] == first and ranges[-1][1] == last
+    for lo, hi in ranges:
+        assert lo <= hi
+    for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False):
+        assert id_before(lo) == hi  # contiguous, no overlap
