@@ -131,6 +131,15 @@ def _check_cmd(cmd: Any) -> str:
     return cmd
 
 
+def valid_cmd(cmd: Any) -> bool:
+    """True when ``cmd`` would pass validation."""
+    try:
+        _check_cmd(cmd)
+    except EnvelopeError:
+        return False
+    return True
+
+
 def _check_data(dat: str) -> None:
     try:
         base64.b64decode(dat, validate=True)

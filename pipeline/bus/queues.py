@@ -133,11 +133,23 @@ class QueueHandlers:
             try:
                 env = envelope.decode(raw, reply=True, max_size=self.config.max_size)
             except EnvelopeError as exc:
-                uid = _salvage_uid(raw)
-                log.warning("bus: invalid reply %r: %s", uid, exc)
-                if uid:
+                # A handler sent garbage: its caller still gets an answer, with err.
+                uid, to, cmd = _salvage_reply(raw)
+                log.warning("bus: invalid reply %r for twin %s: %s", uid, to, exc)
+                if not uid or to is None:
+                    continue
+                if to == self.twin:
                     invalid.append((uid, exc.public_message))
-                continue
+                    continue
+                env = Envelope(
+                    uid=uid,
+                    cmd=cmd,
+                    src=self.twin,
+                    dst=[to],
+                    ret=keys.BUS_REPLY,
+                    now=int(now),
+                    err=f"invalid reply: {exc.public_message}",
+                )
             if env.dst[0] == self.twin:
                 mine.append(env)
             else:
@@ -211,14 +223,20 @@ def _command_of(raw: bytes) -> str:
     with contextlib.suppress(ValueError, UnicodeDecodeError):
         doc = json.loads(raw)
         cmd = doc.get("cmd") if isinstance(doc, dict) else None
-        if isinstance(cmd, str) and cmd and not cmd.startswith(envelope.RESERVED_PREFIX):
-            return cmd
+        if envelope.valid_cmd(cmd):
+            return str(cmd)
     return ""
 
 
-def _salvage_uid(raw: bytes) -> str:
+def _salvage_reply(raw: bytes) -> tuple[str, int | None, str]:
+    """``(uid, destination twin, cmd)`` of a reply that failed validation, where readable."""
     with contextlib.suppress(ValueError, UnicodeDecodeError):
         doc = json.loads(raw)
         if isinstance(doc, dict) and isinstance(doc.get("uid"), str):
-            return str(doc["uid"])
-    return ""
+            dst = doc.get("dst")
+            if isinstance(dst, list) and len(dst) == 1:
+                dst = dst[0]
+            to = dst if isinstance(dst, int) and not isinstance(dst, bool) else None
+            cmd = doc.get("cmd")
+            return doc["uid"], to, str(cmd) if envelope.valid_cmd(cmd) else "invalid.reply"
+    return "", None, ""

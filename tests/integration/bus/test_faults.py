@@ -158,3 +158,30 @@ async def test_graceful_stop_keeps_queued_work(twins):
         assert await ra.hlen(keys.bus_outbox()) == 0 and await ra.hlen(keys.BUS_BACKLOG) == 0
     finally:
         await ra.aclose()
+
+
+async def test_invalid_reply_from_a_handler_reaches_the_caller_as_err(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    rb = aioredis.Redis.from_url(b.url)
+
+    async def broken_handler() -> None:
+        popped = await rb.blpop(["msgbus.broken"], timeout=10)
+        assert popped is not None
+        msg = json.loads(popped[1])
+        msg["src"], msg["dst"] = msg["dst"], msg["src"]
+        msg["dat"] = "*** not base64 ***"
+        await rb.rpush(keys.BUS_REPLY, json.dumps(msg))
+        await rb.rpush(keys.BUS_REPLY, b"not even json")  # no uid: logged and dropped
+
+    try:
+        _, answers = await asyncio.gather(
+            broken_handler(), raw_call(a.url, seed_request("broken", [b.id], b""), 1)
+        )
+        [answer] = answers
+        assert answer["err"] == "invalid reply: invalid envelope: dat must be valid base64"
+        assert answer["src"] == b.id and answer["dst"] == [a.id]
+        assert await rb.llen(keys.bus_inflight(keys.BUS_REPLY)) == 0
+    finally:
+        await rb.aclose()
