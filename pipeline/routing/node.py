@@ -52,8 +52,8 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol
 
 from pipeline.errors import (
     LocalProtocolError,
@@ -343,36 +343,52 @@ class Node:
         if done is not None and not done.done():
             done.set_exception(exc)
 
+    def route_tracked(
+        self, message: TransportMessage
+    ) -> tuple[asyncio.Future[None], Coroutine[Any, Any, None] | None]:
+        """Route without a coroutine when it can: returns the completion future and,
+        when the mailbox is full or a transport must send, a coroutine the caller
+        MUST await (for hot loops delivering many messages)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        return done, self._route_now(message, done)
+
     async def _route(self, message: TransportMessage, done: _Done) -> None:
+        pending = self._route_now(message, done)
+        if pending is not None:
+            await pending
+
+    def _route_now(
+        self, message: TransportMessage, done: _Done
+    ) -> Coroutine[Any, Any, None] | None:
+        """Route synchronously if possible; else return what is left to await."""
         onward = message.onward_route
         if not onward:
             self._drop(UnroutableMessage("empty onward route"), "unroutable", done)
-            return
+            return None
         if len(message.payload) > self.max_payload:
             exc = PayloadTooLarge(
                 f"payload of {len(message.payload)} bytes to {onward[0]} exceeds {self.max_payload}"
             )
             self._drop(exc, "oversized", done)
-            return
+            return None
         first = onward[0]
         if first.type == AddressType.LOCAL:
             slot = self._addresses.get(first.value)
             if slot is None:
                 self._drop(UnroutableMessage(f"no worker at {first}"), "unknown_worker", done)
-                return
+                return None
             if self.trace.maxlen:
                 self.trace.append((first, message))
             if slot.worker.intercept(message):
                 self.counters["intercepted"] += 1
                 if done is not None:
                     done.set_result(None)
-                return
+                return None
             queue = slot.queue
             if queue.full():
-                await queue.put((message, done))  # back-pressure
-            else:
-                queue.put_nowait((message, done))
-            return
+                return queue.put((message, done))  # back-pressure
+            queue.put_nowait((message, done))
+            return None
         transport = self._transports.get(first.type)
         if transport is None:
             self._drop(
@@ -380,12 +396,17 @@ class Node:
                 "unknown_address_type",
                 done,
             )
-            return
+            return None
+        return self._send(transport, message, done)
+
+    async def _send(self, transport: Transport, message: TransportMessage, done: _Done) -> None:
         try:
             await transport.send(message)
         except SluiceError as exc:
             self.counters["transport_errors"] += 1
-            log.error("node %s: transport %d failed to send: %s", self.name, first.type, exc)
+            log.error(
+                "node %s: transport %d failed to send: %s", self.name, transport.address_type, exc
+            )
             if done is not None and not done.done():
                 done.set_exception(exc)
             return

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
-from pipeline.errors import LocalProtocolError, PayloadTooLarge, RemoteProtocolError
+from pipeline.errors import LocalProtocolError, PayloadTooLarge, RemoteProtocolError, SluiceError
 from pipeline.routing.message import MAX_ADDRESS_LEN, MAX_HOPS, Address, TransportMessage
 from pipeline.routing.node import Context, Node
 from pipeline.streams.client import Consumer, Publisher
@@ -97,6 +98,10 @@ class ReturnRegistry:
         self._addresses: dict[str, Address] = {}
         self._lock = asyncio.Lock()
 
+    def get(self, stream: str) -> Address | None:
+        """The publisher's address if it exists already."""
+        return self._addresses.get(stream)
+
     async def ensure(self, stream: str, name: str | None = None) -> Address:
         """The address of the publisher to ``stream``, created on first use."""
         address = self._addresses.get(stream)
@@ -130,17 +135,27 @@ def bidirectional_consumer(
 ) -> Consumer:
     """A consumer of ``registry.own_stream`` that routes entries on ``node`` (seed 000)."""
 
-    async def handle(index: str, data: bytes) -> asyncio.Future[None]:
-        ret, message = decode_entry(data, max_payload=node.max_payload)
-        publisher = await registry.ensure(ret)
-        traced = TransportMessage(
-            message.onward_route, message.return_route.prepend(publisher), message.payload
-        )
-        return await node.deliver_tracked(traced)
+    async def handle_batch(entries: list[tuple[str, bytes]]) -> list[Any]:
+        outcomes: list[Any] = []
+        for _, data in entries:
+            try:
+                ret, message = decode_entry(data, max_payload=node.max_payload)
+                publisher = registry.get(ret) or await registry.ensure(ret)
+                traced = TransportMessage(
+                    message.onward_route, message.return_route.prepend(publisher), message.payload
+                )
+            except SluiceError as exc:  # malformed entry, too many hops or return streams
+                outcomes.append(exc)
+                continue
+            done, pending = node.route_tracked(traced)
+            if pending is not None:
+                await pending
+            outcomes.append(done)
+        return outcomes
 
     return Consumer(
         registry.own_stream,
-        handle,
+        batch_handler=handle_batch,
         client_id=client_id,
         holder=holder,
         max_failures=max_failures,

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from pipeline.errors import (
     LeaseHeld,
+    LocalProtocolError,
     PayloadTooLarge,
     RemoteProtocolError,
     RoutingError,
@@ -52,6 +53,11 @@ Handler = Callable[[str, bytes], Awaitable["asyncio.Future[None] | None"]]
 
 #: A pull answer at least this long makes the consumer pull again before handling it.
 PREFETCH_AT = 64
+
+#: A consumer's batch handler: gets the entries, returns one outcome per entry:
+#: None (handled), a future that completes when it is handled, or the exception
+#: that made it fail.
+BatchHandler = Callable[[list[tuple[str, bytes]]], Awaitable[list[Any]]]
 
 #: Errors no retry can fix: the entry goes to the dead-letter stream at once.
 PERMANENT = (RemoteProtocolError, RoutingError, PayloadTooLarge)
@@ -305,8 +311,9 @@ class Consumer(Worker):
     def __init__(
         self,
         stream: str,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        batch_handler: BatchHandler | None = None,
         client_id: str,
         holder: str,
         max_failures: int = 3,
@@ -317,8 +324,11 @@ class Consumer(Worker):
         backoff_max_s: float = 2.0,
         save_every_ms: int = 100,
     ) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise LocalProtocolError("a consumer needs exactly one of handler, batch_handler")
         self.stream = stream
         self.handler = handler
+        self.batch_handler = batch_handler
         self.client_id = client_id
         self.holder = holder
         self.max_failures = max(1, max_failures)
@@ -465,16 +475,7 @@ class Consumer(Worker):
         failures: dict[str, int] = {}
         todo = entries
         while todo:
-            started: list[tuple[str, bytes, Any]] = []
-            for index, data in todo:
-                try:
-                    started.append((index, data, await self.handler(index, data)))
-                except asyncio.CancelledError:
-                    raise
-                except (
-                    Exception
-                ) as exc:  # a handler failure is counted, retried, then dead-lettered
-                    started.append((index, data, exc))
+            started = await self._start(todo)
             retry: list[tuple[str, bytes]] = []
             for index, data, outcome in started:
                 error = outcome if isinstance(outcome, BaseException) else None
@@ -498,6 +499,23 @@ class Consumer(Worker):
                 else:
                     retry.append((index, data))
             todo = retry
+
+    async def _start(self, todo: list[tuple[str, bytes]]) -> list[tuple[str, bytes, Any]]:
+        """Hand entries to the handler; (index, data, outcome) for each."""
+        if self.batch_handler is not None:
+            try:
+                outcomes = await self.batch_handler(todo)
+            except Exception as exc:  # counted as a failure of every entry, then retried
+                outcomes = [exc] * len(todo)
+            return [(i, d, o) for (i, d), o in zip(todo, outcomes, strict=True)]
+        assert self.handler is not None
+        started: list[tuple[str, bytes, Any]] = []
+        for index, data in todo:
+            try:
+                started.append((index, data, await self.handler(index, data)))
+            except Exception as exc:  # a handler failure is counted, retried, then dead-lettered
+                started.append((index, data, exc))
+        return started
 
     @staticmethod
     def _cancelling() -> bool:

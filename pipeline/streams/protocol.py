@@ -21,7 +21,8 @@ request            fields                                       reply
 Any request can be answered with ``Error{request_id, code, message}``.
 Indexes are Redis entry ids, opaque to clients; ``""`` means "none saved".
 A repeated ``Push.request_id`` gets the first push's indexes back
-(``status`` :data:`DUPLICATE`).
+(``status`` :data:`DUPLICATE`). ``Messages.messages`` travels flat:
+``[index, data, index, data, ...]``.
 """
 
 from __future__ import annotations
@@ -246,8 +247,8 @@ def encode(message: StreamMessage) -> bytes:
     body: list[Any] = [int(kind)]
     for name in _FIELDS[kind]:
         value = getattr(message, name)
-        if name == "messages":
-            value = [[i, d] for i, d in value]
+        if name == "messages":  # flat [index, data, index, data, ...]
+            value = [x for pair in value for x in pair]
         elif isinstance(value, tuple):
             value = list(value)
         body.append(value)
@@ -292,14 +293,14 @@ def _check(kind: Kind, name: str, value: Any, max_payload: int) -> Any:
             raise _bad("indexes must be a list")
         return tuple(_text(i, "index") for i in value)
     if name == "messages":
-        if not isinstance(value, list) or len(value) > MAX_BATCH:
-            raise _bad("messages must be a list")
-        out = []
-        for item in value:
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], bytes)):
-                raise _bad("a message must be [index, bytes]")
-            out.append((_text(item[0], "index"), item[1]))
-        return tuple(out)
+        if not isinstance(value, list) or len(value) > 2 * MAX_BATCH or len(value) % 2:
+            raise _bad("messages must be a flat list of index, bytes pairs")
+        indexes, datas = value[::2], value[1::2]
+        if not all(type(i) is str and len(i) <= MAX_TEXT for i in indexes):
+            raise _bad("a message index must be a short string")
+        if not all(type(d) is bytes for d in datas):
+            raise _bad("a message's data must be bytes")
+        return tuple(zip(indexes, datas, strict=True))
     return _text(value, name)
 
 
@@ -325,7 +326,7 @@ def decode(data: bytes, *, max_payload: int = 1 << 20) -> StreamMessage:
             raw=False,
             max_bin_len=max_payload,
             max_str_len=MAX_TEXT * 4,
-            max_array_len=MAX_BATCH + 8,
+            max_array_len=2 * MAX_BATCH + 8,
             max_map_len=0,
             max_ext_len=0,
         )

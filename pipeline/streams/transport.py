@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from pipeline.errors import LocalProtocolError, RemoteProtocolError, StreamError
 from pipeline.routing.message import Address, AddressType, StreamAddress, TransportMessage
@@ -151,7 +152,7 @@ class StreamTransport:
                 node = self.node
                 found = Consumer(
                     stream,
-                    self._handle_entry,
+                    batch_handler=self._handle_entries,
                     client_id=node.name,
                     holder=node.name,
                     max_failures=self.max_failures,
@@ -162,14 +163,22 @@ class StreamTransport:
                 self.consumers[stream] = found
         return found
 
-    async def _handle_entry(self, index: str, data: bytes) -> asyncio.Future[None]:
+    async def _handle_entries(self, entries: list[tuple[str, bytes]]) -> list[Any]:
+        """Decode each entry and route it on the node unchanged (the sender traced it)."""
         node = self.node
-        try:
-            message = TransportMessage.decode(data, max_payload=node.max_payload)
-        except RemoteProtocolError as exc:
-            node.counters["stream_transport.malformed"] += 1
-            raise RemoteProtocolError(f"entry {index}: {exc}") from exc
-        return await node.deliver_tracked(message)
+        outcomes: list[Any] = []
+        for index, data in entries:
+            try:
+                message = TransportMessage.decode(data, max_payload=node.max_payload)
+            except RemoteProtocolError as exc:
+                node.counters["stream_transport.malformed"] += 1
+                outcomes.append(RemoteProtocolError(f"entry {index}: {exc}"))
+                continue
+            done, pending = node.route_tracked(message)
+            if pending is not None:
+                await pending
+            outcomes.append(done)
+        return outcomes
 
     def _batcher(self, stream: str) -> _Batcher:
         batcher = self._batchers.get(stream)

@@ -2,8 +2,11 @@
 
 * ``oneway_msgs_per_s``: N routed messages of 256 B, a publisher worker on
   node A through a stream to a worker on node B (seed 000 bi-directional
-  publisher / consumer), delivered per second. Baseline: raw redis-py asyncio
-  pipelined ``XADD`` of the same payloads, then ``XREAD`` of them all.
+  publisher / consumer), delivered per second, node B in its own process as
+  two ``sluice node`` would run. Baseline: raw redis-py asyncio pipelined
+  ``XADD`` of the same payloads, then ``XREAD`` of them all.
+  ``oneway_msgs_per_s_one_process`` is the same with both nodes on one event
+  loop (so one core does all the Python work of both sides).
 * ``rtt_p50_ms`` / ``rtt_p99_ms``: request/response through the stream
   transport (seed 001) to an echo worker. Baseline: raw ping-pong over two
   streams with ``XREAD BLOCK``.
@@ -97,6 +100,53 @@ async def raw_oneway(url: str) -> float:
     return N / elapsed
 
 
+async def node_b_process(url: str, count: int) -> None:
+    """Node B in its own process: consumer of bench_b and a counting sink."""
+    node_b, redis_b, _ = await make_node("B", url)
+    registry_b = ReturnRegistry(node_b, "bench_b")
+    consumer = bidirectional_consumer(node_b, registry_b, client_id="B", holder="B")
+    await node_b.add_worker("consumer:bench_b", consumer)
+    sink = Counter(count)
+    await node_b.add_worker("sink", sink)
+    await asyncio.wait_for(consumer.ready.wait(), 30)
+    await redis_b.rpush("bench:b:ready", 1)
+    await asyncio.wait_for(sink.done.wait(), 600)
+    await redis_b.rpush("bench:b:done", sink.count)
+    await node_b.stop()
+    await redis_b.aclose()
+
+
+async def sluice_oneway_two_processes(url: str) -> float:
+    """Node A here, node B in a child process (the way two ``sluice node`` run)."""
+    redis = Redis.from_url(url)
+    await redis.delete("bench:b:ready", "bench:b:done", "sluice:{bench_b}:stream")
+    await redis.delete("sluice:{bench_b}:index", "sluice:{bench_b}:lease")
+    child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--node-b", url, str(N))
+    try:
+        if not await redis.blpop(["bench:b:ready"], timeout=60):
+            raise RuntimeError("node B did not start")
+        node_a, redis_a, _ = await make_node("A", url)
+        registry_a = ReturnRegistry(node_a, "bench_a")
+        await registry_a.ensure("bench_b", name="pub")
+        route, ret = Route(["pub", "sink"]), Route(["src"])
+        start = time.perf_counter()
+        for _ in range(N):
+            await node_a.deliver(TransportMessage(route, ret, PAYLOAD))
+        done = await redis.blpop(["bench:b:done"], timeout=600)
+        elapsed = time.perf_counter() - start
+        if not done or int(done[1]) != N:
+            raise RuntimeError(f"node B reported {done!r}")
+        await node_a.stop()
+        await redis_a.aclose()
+        await asyncio.wait_for(child.wait(), 30)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        await redis.aclose()
+    return N / elapsed
+
+
 async def sluice_oneway(url: str) -> float:
     node_a, redis_a, _ = await make_node("A", url)
     node_b, redis_b, _ = await make_node("B", url)
@@ -182,8 +232,25 @@ async def main() -> None:
     report = Report("streams")
     with tempfile.TemporaryDirectory() as tmp, LocalRedis(Path(tmp)) as server:
         raw = await raw_oneway(server.url)
+        ours = await sluice_oneway_two_processes(server.url)
+        report.emit(
+            "oneway_msgs_per_s",
+            ours,
+            raw,
+            messages=N,
+            payload_bytes=len(PAYLOAD),
+            nodes="A and B in two processes",
+        )
+        raw = await raw_oneway(server.url)
         ours = await sluice_oneway(server.url)
-        report.emit("oneway_msgs_per_s", ours, raw, messages=N, payload_bytes=len(PAYLOAD))
+        report.emit(
+            "oneway_msgs_per_s_one_process",
+            ours,
+            raw,
+            messages=N,
+            payload_bytes=len(PAYLOAD),
+            nodes="A and B on one event loop",
+        )
         raw_samples = await raw_rtt(server.url)
         our_samples = await sluice_rtt(server.url)
         for q in (50, 99):
@@ -197,4 +264,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:2] == ["--node-b"]:
+        asyncio.run(node_b_process(sys.argv[2], int(sys.argv[3])))
+    else:
+        asyncio.run(main())

@@ -93,7 +93,9 @@ def test_fuzz_mutations(message: p.StreamMessage, data: st.DataObject) -> None:
         ([int(p.Kind.PULL), "r", "0-0", "10", 5], "limit"),
         ([int(p.Kind.PULL), "r", "0-0", True, 5], "limit"),
         ([int(p.Kind.OK), 5], "request_id"),
-        ([int(p.Kind.MESSAGES), "r", [["1-0"]], "1-0"], "index, bytes"),
+        ([int(p.Kind.MESSAGES), "r", ["1-0"], "1-0"], "pairs"),
+        ([int(p.Kind.MESSAGES), "r", [5, b"x"], "1-0"], "index must be"),
+        ([int(p.Kind.MESSAGES), "r", ["1-0", "x"], "1-0"], "data must be bytes"),
     ],
 )
 def test_malformed(obj: object, reason: str) -> None:
