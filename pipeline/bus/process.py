@@ -105,7 +105,9 @@ class BusProcess:
         self._tasks.append(asyncio.create_task(self.store.coalescer.run(), name="bus-coalescer"))
         self._tasks.append(asyncio.create_task(self.forwarder.run(), name="bus-forwarder"))
         await self._resend_outbox()
-        self._runner = web.AppRunner(build_app(self._ingress), access_log=None)
+        self._runner = web.AppRunner(
+            build_app(self._ingress), access_log=None, shutdown_timeout=2.0
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
@@ -128,7 +130,10 @@ class BusProcess:
             return
         self._stopped = True
         if self._runner is not None:
-            await asyncio.wait_for(self._runner.cleanup(), grace_s)
+            try:
+                await asyncio.wait_for(self._runner.cleanup(), grace_s)
+            except TimeoutError:
+                log.error("bus: HTTP requests still running after %.1fs; stopping anyway", grace_s)
         for task in self._tasks:
             task.cancel()
         _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
