@@ -20,7 +20,7 @@ from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, decode_block
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.producer import LiveBlock, WebsocketHub
-from pipeline.chain.resumption import Entries
+from pipeline.chain.resumption import Entries, checkpoint
 from pipeline.errors import BadBatch, RedisUnavailable
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class RedisTailer:
                         {self._key: self.last_id}, count=1000, block=self._block_ms
                     ),
                 )
+                checkpoint()
                 self._set_up(True)
                 down_since, delay = None, 0.05
             except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:

@@ -174,7 +174,21 @@ async def _xrange(
     max: str | bytes,
     count: int | None = None,
 ) -> Entries:
-    return cast(Entries, await client.xrange(key, min=min, max=max, count=count))
+    entries = cast(Entries, await client.xrange(key, min=min, max=max, count=count))
+    checkpoint()
+    return entries
+
+
+def checkpoint() -> None:
+    """Re-raise a cancellation that a library swallowed.
+
+    redis-py 8.1's asyncio client sometimes eats the ``CancelledError`` of a
+    command cancelled mid-flight and returns normally; a task that then
+    awaits something long would never end. Call this after such awaits.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("cancelled during a redis command")
 
 
 def _id_key(entry_id: bytes) -> tuple[int, int]:
@@ -532,6 +546,7 @@ class TieredResumption:
                 raise SlowConsumer("could not catch up with the live head")
             head = sender.head
             sink.ready(head, sender.hash_at(head) or "")
+            checkpoint()
             await listener.failed
         finally:
             self._hub.discard(listener)
@@ -611,6 +626,7 @@ def _next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | 
 
 __all__ = [
     "BlockSink",
+    "checkpoint",
     "Emit",
     "History",
     "Plan",

@@ -81,7 +81,7 @@ def serve() -> Callable[..., Any]:
     @asynccontextmanager
     async def run(settings: Settings, **kwargs: Any) -> AsyncIterator[tuple[str, web.Application]]:
         app = create_app(settings, **kwargs)
-        server = TestServer(app, host="127.0.0.1")
+        server = TestServer(app, host="127.0.0.1", shutdown_timeout=5)
         await server.start_server()
         try:
             yield f"http://127.0.0.1:{server.port}", app
