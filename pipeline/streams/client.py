@@ -10,14 +10,17 @@ call has a timeout; at most ``max_pending`` calls are in flight.
 ``Push`` (its mailbox is drained in batches), retrying a failed push with the
 same ``request_id`` (idempotent) a bounded number of times.
 
-:class:`Consumer` holds the stream's lease, pulls (long poll, the next pull
-always in flight), hands each entry to its handler and saves its index only
-after the handlers completed: at-least-once. Saves are grouped (at most every
-``save_every_ms`` while busy, at once when idle, and on stop), so a crash
-re-delivers at most that much. An entry whose handler failed ``max_failures`` times (or that
-can never be handled: malformed, unroutable, too large) goes to the
-dead-letter stream, so one bad entry never blocks the stream. On stop it
-finishes the current batch, saves its index and releases the lease.
+:class:`Consumer` holds the stream's lease (renewed every third of its TTL),
+pulls (a long poll; while a big batch is handled the next pull is already in
+flight), hands the entries to its handler (``handler`` per entry or
+``batch_handler`` per batch) and saves its index only after the handlers
+completed: at-least-once. Saves are grouped (at most every ``save_every_ms``
+while busy, at once when idle, and on stop), so a crash re-delivers at most
+that much. An entry whose handler failed ``max_failures`` times (or that can
+never be handled: malformed, unroutable, too large) goes to the dead-letter
+stream, so one bad entry never blocks the stream. On stop it abandons the
+pull in flight, finishes the current batch, saves its index and releases the
+lease.
 """
 
 from __future__ import annotations
