@@ -6,8 +6,8 @@ Theory of operation
   per destination, draws a uid ``dst.counter``, rewrites ``src``/``dst``/``uid``
   and stores the copy in ``msgbus.system.backlog`` (plus its deadline in the
   expiry set). A request for this same twin goes straight to
-  ``msgbus.system.remote``; one for another twin goes to the outbox and is
-  POSTed to its ``/zbus-remote``. Any failure (invalid envelope, destination
+  ``msgbus.system.remote``; one for another twin is POSTed to its
+  ``/zbus-remote`` (the backlog entry is what a restart resends). Any failure (invalid envelope, destination
   not found, expired) is answered at once on ``ret`` with ``err``.
 * **remote loop** (``msgbus.system.remote``): forwards each request as it is
   to ``msgbus.$cmd``, where an application handles it and pushes its reply to
@@ -19,8 +19,8 @@ Theory of operation
   ``err = "request expired"`` and forgets old replay-protection entries.
 
 Every loop claims atomically (queue -> inflight list) and releases in the
-transaction that records the outcome, and outbound HTTP is resent from the
-outbox after a restart, so neither a crash nor a graceful stop loses a
+transaction that records the outcome, and pending requests (backlog) and
+replies (outbox) are resent after a restart, so neither a crash nor a graceful stop loses a
 request. The backlog + scrubber guarantee that each accepted request gets
 exactly one answer on ``ret``: the reply, or an ``err``.
 """
@@ -104,7 +104,7 @@ class BusProcess:
         await self.redis.ping()
         self._tasks.append(asyncio.create_task(self.store.coalescer.run(), name="bus-coalescer"))
         self._tasks.append(asyncio.create_task(self.forwarder.run(), name="bus-forwarder"))
-        await self._resend_outbox()
+        await self._resend_pending()
         self._runner = web.AppRunner(
             build_app(self._ingress), access_log=None, shutdown_timeout=2.0
         )
@@ -183,26 +183,46 @@ class BusProcess:
     # --- outbound outcomes, recovery, expiry --------------------------------
 
     async def _forwarded(self, item: Outbound, outcome: Outcome, text: str) -> None:
-        """Final outcome of one POST: drop it from the outbox, answer ``ret`` if it failed."""
+        """Final outcome of one POST: answer ``ret`` if a request failed; forget a sent reply."""
         try:
-            if outcome is Outcome.DELIVERED:
-                await self.store.drop_outbox(item.id)
-                return
             if item.kind is Kind.REPLY:
-                log.error("bus: reply %s to twin %s lost: %s", item.uid, item.to, text)
+                if outcome is not Outcome.DELIVERED:
+                    log.error("bus: reply %s to twin %s lost: %s", item.uid, item.to, text)
                 await self.store.drop_outbox(item.id)
-                return
-            request = envelope.load_trusted(item.body)
-            fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
-            await self.store.finish(item.uid, request.ret, fail.encode(), item.id)
-            await self.store.drop_outbox(item.id)
+            elif outcome is not Outcome.DELIVERED:
+                request = envelope.load_trusted(item.body)
+                fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
+                await self.store.finish(item.uid, request.ret, fail.encode())
         except REDIS_ERRORS:
-            # It stays in the outbox: resent on restart, or expired by the scrubber.
+            # Still in the outbox / backlog: resent on restart, or expired by the scrubber.
             log.exception("bus: could not record outcome of %s", item.id)
 
-    async def _resend_outbox(self) -> None:
-        items = await self.store.outbox_items(self.config.max_pending)
-        for outbox_id, raw in items:
+    async def _resend_pending(self) -> None:
+        """After a restart: resend every pending request and every unsent reply.
+
+        A request the peer already got comes back 409 (replay), which counts as
+        delivered; the backlog lists requests by deadline, so the most urgent go first.
+        """
+        limit = self.config.max_pending
+        requests = await self.store.pending_requests(limit)
+        for uid, body, expires in requests:
+            request = envelope.load_trusted(body)
+            if request.dst[0] == self.twin:
+                continue  # went to msgbus.system.remote in the same transaction
+            item = Outbound(
+                due=0.0,
+                id=f"req:{uid}",
+                kind=Kind.REQUEST,
+                to=request.dst[0],
+                body=body,
+                deadline=expires,
+                tries=request.try_,
+                uid=uid,
+                resent=True,
+            )
+            await self.forwarder.submit(item)
+        replies = await self.store.outbox_items(limit)
+        for outbox_id, raw in replies:
             try:
                 item = Outbound.from_json(outbox_id, raw)
             except (ValueError, KeyError, TypeError):
@@ -210,8 +230,8 @@ class BusProcess:
                 await self.store.drop_outbox(outbox_id)
                 continue
             await self.forwarder.submit(item)
-        if items:
-            log.info("bus: resending %d pending outbound envelopes", len(items))
+        if requests or replies:
+            log.info("bus: resending %d requests, %d replies", len(requests), len(replies))
 
     async def _scrubber(self) -> None:
         while not self._stopped:
@@ -237,7 +257,7 @@ class BusProcess:
                     fail = envelope.error_reply(
                         request, "request expired", about=request.dst[0], me=self.twin
                     )
-                    await self.store.finish_in(pipe, uid, request.ret, fail.encode(), f"req:{uid}")
+                    await self.store.finish_in(pipe, uid, request.ret, fail.encode())
                     answered += 1
                 await pipe.execute()
         await self.store.forget_seen(now)

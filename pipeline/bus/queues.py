@@ -2,7 +2,8 @@
 
 * ``msgbus.system.local``: validate, fan out per destination (uid
   ``dst.counter``), write the backlog and expiry, answer failures on ``ret``,
-  route to this twin's remote queue or to the outbox for HTTP.
+  route to this twin's remote queue or to HTTP (the backlog entry is the
+  durable copy a restart resends).
 * ``msgbus.system.remote``: hand each request to ``msgbus.$cmd``.
 * ``msgbus.system.reply``: a reply for this twin goes to its caller's ``ret``
   (once: see :meth:`BusStore.finish`); one for another twin to the outbox.
@@ -105,8 +106,7 @@ class QueueHandlers:
                         tries=tries,
                         uid=uid,
                     )
-                    pipe.hset(keys.bus_outbox(), item.id, item.to_json())
-                    outbound.append(item)
+                    outbound.append(item)  # the backlog entry is its durable copy
             self.store.release(pipe, keys.BUS_LOCAL, len(batch))
             await pipe.execute()
         for item in outbound:
@@ -175,7 +175,7 @@ class QueueHandlers:
                     continue
                 request = envelope.load_trusted(original)
                 answer = env.copy(ret=request.ret).encode()
-                await self.store.finish_in(pipe, env.uid, request.ret, answer, f"req:{env.uid}")
+                await self.store.finish_in(pipe, env.uid, request.ret, answer)
             for (uid, text), original in zip(invalid, originals[len(mine) :], strict=True):
                 if original is None:
                     continue
@@ -183,7 +183,7 @@ class QueueHandlers:
                 fail = envelope.error_reply(
                     request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
                 )
-                await self.store.finish_in(pipe, uid, request.ret, fail.encode(), f"req:{uid}")
+                await self.store.finish_in(pipe, uid, request.ret, fail.encode())
             for item in outbound:
                 pipe.hset(keys.bus_outbox(), item.id, item.to_json())
             self.store.release(pipe, keys.BUS_REPLY, len(batch))

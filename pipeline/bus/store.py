@@ -135,7 +135,19 @@ class BusStore:
     async def forget_seen(self, now: float) -> None:
         await self.redis.zremrangebyscore(keys.bus_seen(), "-inf", now)
 
+    async def pending_requests(self, count: int) -> list[tuple[str, bytes, float]]:
+        """Up to ``count`` backlog requests, soonest deadline first: (uid, body, deadline)."""
+        ranked = await self.redis.zrange(keys.bus_expiry(), 0, count - 1, withscores=True)
+        pairs = cast(list[tuple[bytes, float]], ranked)
+        bodies = await self.backlog([uid.decode() for uid, _ in pairs])
+        return [
+            (uid.decode(), body, float(score))
+            for (uid, score), body in zip(pairs, bodies, strict=True)
+            if body is not None
+        ]
+
     async def outbox_items(self, count: int) -> list[tuple[str, bytes]]:
+        """Replies whose POST had not succeeded yet (requests are resent from the backlog)."""
         items: list[tuple[str, bytes]] = []
         async for field, value in self.redis.hscan_iter(keys.bus_outbox(), count=500):
             items.append((field.decode(), value))
