@@ -83,20 +83,22 @@ class QueueHandlers:
                 else:
                     routed.append((env, expires, dst))
         outbound: list[Outbound] = []
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for ret, answer in answers:
-                pipe.rpush(ret, answer)
-            for env, expires, dst in routed:
-                uid = f"{dst}.{await self._counters.next(dst)}"
-                tries = min(env.try_, self.config.max_try)
-                request = env.copy(uid=uid, src=self.twin, dst=[dst], try_=tries).encode()
-                pipe.hset(keys.BUS_BACKLOG, uid, request)
-                pipe.zadd(keys.bus_expiry(), {uid: expires})
-                if dst == self.twin:
-                    local = env.copy(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY)
-                    pipe.rpush(keys.BUS_REMOTE, local.encode())
-                else:
-                    item = Outbound(
+        backlog: dict[str, bytes] = {}
+        deadlines: dict[str, float] = {}
+        to_self: list[bytes] = []
+        for env, expires, dst in routed:
+            uid = f"{dst}.{await self._counters.next(dst)}"
+            tries = min(env.try_, self.config.max_try)
+            request = env.copy(uid=uid, src=self.twin, dst=[dst], try_=tries).encode()
+            backlog[uid] = request
+            deadlines[uid] = expires
+            if dst == self.twin:
+                local = env.copy(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY)
+                to_self.append(local.encode())
+            else:
+                # The backlog entry is its durable copy (resent after a restart).
+                outbound.append(
+                    Outbound(
                         due=0.0,
                         id=f"req:{uid}",
                         kind=Kind.REQUEST,
@@ -106,21 +108,32 @@ class QueueHandlers:
                         tries=tries,
                         uid=uid,
                     )
-                    outbound.append(item)  # the backlog entry is its durable copy
+                )
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for ret, answer in answers:
+                pipe.rpush(ret, answer)
+            if backlog:
+                pipe.hset(keys.BUS_BACKLOG, mapping=backlog)  # type: ignore[arg-type]
+                pipe.zadd(keys.bus_expiry(), deadlines)
+            if to_self:
+                pipe.rpush(keys.BUS_REMOTE, *to_self)
             self.store.release(pipe, keys.BUS_LOCAL, len(batch))
             await pipe.execute()
         for item in outbound:
             await self.forwarder.submit(item)
 
     async def remote(self, batch: list[bytes]) -> None:
+        by_cmd: dict[str, list[bytes]] = {}
+        for raw in batch:
+            # Entries were validated on the way in (HTTP or local loop); only cmd is needed.
+            cmd = _command_of(raw)
+            if not cmd:
+                log.warning("bus: dropped an entry of %s without a valid cmd", keys.BUS_REMOTE)
+                continue
+            by_cmd.setdefault(cmd, []).append(raw)
         async with self.redis.pipeline(transaction=True) as pipe:
-            for raw in batch:
-                # Entries were validated on the way in (HTTP or local loop); only cmd is needed.
-                cmd = _command_of(raw)
-                if not cmd:
-                    log.warning("bus: dropped an entry of %s without a valid cmd", keys.BUS_REMOTE)
-                    continue
-                pipe.rpush(keys.bus_command(cmd), raw)
+            for cmd, items in by_cmd.items():
+                pipe.rpush(keys.bus_command(cmd), *items)
             self.store.release(pipe, keys.BUS_REMOTE, len(batch))
             await pipe.execute()
 
@@ -184,8 +197,9 @@ class QueueHandlers:
                     request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
                 )
                 await self.store.finish_in(pipe, uid, request.ret, fail.encode())
-            for item in outbound:
-                pipe.hset(keys.bus_outbox(), item.id, item.to_json())
+            if outbound:
+                pending = {item.id: item.to_json() for item in outbound}
+                pipe.hset(keys.bus_outbox(), mapping=pending)  # type: ignore[arg-type]
             self.store.release(pipe, keys.BUS_REPLY, len(batch))
             await pipe.execute()
         for item in outbound:
