@@ -57,6 +57,7 @@ class RedisTailer:
             try:
                 if self.last_id is None:
                     self.last_id = await self._start_id()
+                    self._set_up(True)
                 reply = cast(
                     list[tuple[bytes, Entries]] | None,
                     await self._redis.xread(
@@ -87,6 +88,7 @@ class RedisTailer:
                         continue
                     self._metrics.inc("sluice_serve_blocks_live_total")
                     self._hub.publish(LiveBlock.from_block(block, self.last_id))
+                    await asyncio.sleep(0)  # let the writers drain between blocks of a burst
 
     def _set_up(self, up: bool) -> None:
         self.up = up

@@ -96,12 +96,14 @@ class Connection:
             self._failure.set_result((code, reason))
 
     async def close(self, code: int, reason: str) -> None:
+        log.debug("closing %s %s closed=%s", code, reason, self.ws.closed)
         if self.ws.closed:
             return
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self.ws.close(code=code, message=reason.encode()[:123])
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError) as exc:
+            log.debug("close failed %r; aborting %s", exc, self.request.transport)
             transport = self.request.transport
             if transport is not None:
                 transport.abort()
