@@ -11,7 +11,7 @@ idempotent for its interval, so re-runs, retries and Airflow 3 backfills
 
 The schedule is ``SLUICE_ARCHIVE_CRON`` (default every 5 minutes) as a
 ``CronDataIntervalTimetable`` in UTC; catchup is off (use a backfill for the
-past). The lake jobs run as child processes (plugins/sluice_airflow/lake_job.py).
+past). The lake jobs run as child processes (plugins/sluice_lake_job.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
-from sluice_airflow.common import LAKE_BLOCKS, default_args, interval_ms, lake_job, load_settings
+from sluice_dag_common import LAKE_BLOCKS, default_args, interval_ms, lake_job, load_settings
 
 _settings = load_settings()
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
-from sluice_airflow.common import default_args, lake_job, load_settings
+from sluice_dag_common import default_args, lake_job, load_settings
 
 _settings = load_settings()
 

@@ -1,60 +1,78 @@
-"""Fixtures for the DAG tests: a lake and Redis for the tasks, and a DAG runner.
+"""Fixtures for the DAG tests: a DAG runner and one archived lake for the session.
 
 The DAGs run with ``dag.test()`` against the session's migrated Airflow DB
-(``airflow_home``), the real Redis of the session and a temporary lake; the
-lake jobs run as real child processes with local Spark.
+(``airflow_home``), the session's real Redis (database 9, so per-test
+flushes of database 0 do not touch it) and a temporary lake; the lake jobs
+run as real child processes with local Spark. ``SLUICE_*`` variables are set
+only around each run, so nothing leaks into other tests.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import pytest
 import redis
 
+from pipeline import keys
 from pipeline.localredis import LocalRedis
+from tests.integration.airflow import scenario
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGINS = str(ROOT / "plugins")
 if PLUGINS not in sys.path:  # Airflow adds it too; be independent of import order
     sys.path.append(PLUGINS)
 
-#: Keep the job JVMs small on a shared 2-core machine.
+#: Airflow 3.3's in-process execution API (dag.test) uses starlette's TestClient,
+#: which warns about its httpx backend on every task.
+AIRFLOW_WARNINGS = pytest.mark.filterwarnings(
+    "ignore::starlette.exceptions.StarletteDeprecationWarning"
+)
+
+#: Set while DAGs are parsed and run: small job JVMs on a shared machine, and
+#: no retries (dag.test would wait out a retry delay).
 JOB_ENV = {
-    "SLUICE_SPARK_MASTER": "local[1]",
+    "SLUICE_SPARK_MASTER": "local[2]",
     "SLUICE_SPARK_SHUFFLE_PARTITIONS": "1",
     "SLUICE_SPARK_DRIVER_MEMORY": "768m",
     "SLUICE_ARCHIVE_PARTITIONS": "2",
     "SLUICE_ARCHIVE_CRON": "*/5 * * * *",
-    "SLUICE_LAKE_JOB_TIMEOUT_S": "240",
-    # dag.test would wait out a retry delay: fail at once instead.
+    "SLUICE_LAKE_JOB_TIMEOUT_S": "600",
     "SLUICE_LAKE_TASK_RETRIES": "0",
 }
-
-
-def session_redis_url(server: LocalRedis | None) -> str:
-    return os.environ.get("SLUICE_TEST_REDIS_URL") or (server.url if server else "")
+LAKE_REDIS_DB = 9
 
 
 @dataclass
 class DagRunner:
-    """Loads ``dags/`` once and runs one DAG with ``dag.test``."""
+    """Loads ``dags/`` once and runs one DAG with ``dag.test`` under given ``SLUICE_*`` env."""
 
     bag: Any
 
-    def run(self, dag_id: str, logical_date: datetime | None = None, **conf: Any) -> Any:
+    def run(
+        self,
+        dag_id: str,
+        logical_date: datetime | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        **conf: Any,
+    ) -> Any:
         dag = self.bag.get_dag(dag_id)
         assert dag is not None, f"{dag_id} not in the DagBag: {self.bag.import_errors}"
         kwargs: dict[str, Any] = {"run_conf": conf or None}
         if logical_date is not None:
             kwargs["logical_date"] = logical_date
-        return dag.test(**kwargs)
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in {**JOB_ENV, **(env or {})}.items():
+                mp.setenv(name, value)
+            return dag.test(**kwargs)
 
 
 def task_states(run: Any) -> dict[str, str]:
@@ -62,29 +80,86 @@ def task_states(run: Any) -> dict[str, str]:
     return {f"{ti.task_id}[{ti.map_index}]": str(ti.state) for ti in run.get_task_instances()}
 
 
-@pytest.fixture(scope="module")
-def dag_runner(airflow_home: Path) -> Iterator[DagRunner]:
+@pytest.fixture(scope="session")
+def dag_runner(airflow_home: Path) -> DagRunner:
     from airflow.dag_processing.dagbag import DagBag
 
     with pytest.MonkeyPatch.context() as mp:
         for name, value in JOB_ENV.items():
             mp.setenv(name, value)
         bag = DagBag(dag_folder=str(ROOT / "dags"))
-        assert not bag.import_errors, bag.import_errors
-        yield DagRunner(bag)
+    assert not bag.import_errors, bag.import_errors
+    return DagRunner(bag)
 
 
-@pytest.fixture(scope="module")
-def module_redis_url(redis_server: LocalRedis | None) -> str:
-    return session_redis_url(redis_server)
+@pytest.fixture(scope="session")
+def lake_redis_url(redis_server: LocalRedis | None) -> str:
+    """The session's Redis, database 9."""
+    base = os.environ.get("SLUICE_TEST_REDIS_URL") or (redis_server.url if redis_server else "")
+    return urlunparse(urlparse(base)._replace(path=f"/{LAKE_REDIS_DB}"))
 
 
-@pytest.fixture(scope="module")
-def module_redis(module_redis_url: str) -> Iterator[redis.Redis]:
-    """A client of the session's Redis, flushed once for the module's tests."""
-    client = redis.Redis.from_url(module_redis_url, socket_timeout=10)
+@pytest.fixture(scope="session")
+def lake_redis(lake_redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(lake_redis_url, socket_timeout=10)
     client.flushdb()
     try:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def archived(
+    dag_runner: DagRunner,
+    lake_redis: redis.Redis,
+    lake_redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """``sluice_archive`` run twice for the scenario's interval, with what each run left.
+
+    Run 1 archives both streams with a hot-retention window longer than the
+    data's age: nothing may be trimmed. Run 2 repeats the same interval for
+    the chain stream (the one with block MERGEs and canonical marking; one
+    JVM less on a shared machine) with a one-hour window, so it trims.
+    """
+    lake = str(tmp_path_factory.mktemp("archive-dag") / "lake")
+    written = scenario.write_entries(lake_redis)
+    env = {
+        "SLUICE_REDIS_URL": lake_redis_url,
+        "SLUICE_LAKE_URI": lake,
+        "SLUICE_STREAMS": f"{scenario.CHAIN},{scenario.PLAIN}",
+        "SLUICE_CHAIN_STREAMS": scenario.CHAIN,
+    }
+    names = ("blocks", "archive_log", "stream_entries")
+    first = dag_runner.run(
+        "sluice_archive", scenario.END, env={**env, "SLUICE_HOT_RETENTION_S": str(10 * 365 * 86400)}
+    )
+    ids_first = {s: _ids(lake_redis, s) for s in (scenario.CHAIN, scenario.PLAIN)}
+    tables_first = {t: scenario.table_rows(lake, t) for t in names} if _ok(first) else {}
+    second = dag_runner.run(
+        "sluice_archive",
+        scenario.END,
+        env={**env, "SLUICE_STREAMS": scenario.CHAIN, "SLUICE_HOT_RETENTION_S": "3600"},
+    )
+    ids_second = {s: _ids(lake_redis, s) for s in (scenario.CHAIN, scenario.PLAIN)}
+    tables_second = {t: scenario.table_rows(lake, t) for t in names} if _ok(second) else {}
+    return {
+        "lake": lake,
+        "env": env,
+        "written": written,
+        "first": first,
+        "second": second,
+        "ids_first": ids_first,
+        "ids_second": ids_second,
+        "tables_first": tables_first,
+        "tables_second": tables_second,
+    }
+
+
+def _ok(run: Any) -> bool:
+    return str(run.state) == "success"
+
+
+def _ids(client: redis.Redis, stream: str) -> list[str]:
+    return [entry_id.decode() for entry_id, _ in client.xrange(keys.stream(stream))]

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.airflow
 
 
 def test_connection_from_airflow_wins(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice_airflow.redis_hook import SluiceRedisHook
+    from sluice_redis_hook import SluiceRedisHook
 
     monkeypatch.setenv("SLUICE_REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", "redis://:s%40cret@10.1.2.3:6380/3")
@@ -20,7 +20,7 @@ def test_connection_from_airflow_wins(airflow_home: Path, monkeypatch: pytest.Mo
 
 
 def test_fallback_to_sluice_redis_url(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice_airflow.redis_hook import SluiceRedisHook
+    from sluice_redis_hook import SluiceRedisHook
 
     monkeypatch.delenv("AIRFLOW_CONN_SLUICE_REDIS", raising=False)
     monkeypatch.setenv("SLUICE_REDIS_URL", "redis://127.0.0.1:7001/2")
@@ -30,7 +30,7 @@ def test_fallback_to_sluice_redis_url(airflow_home: Path, monkeypatch: pytest.Mo
 def test_hook_talks_to_a_real_redis(
     airflow_home: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sluice_airflow.redis_hook import SluiceRedisHook
+    from sluice_redis_hook import SluiceRedisHook
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", redis_url)
     hook = SluiceRedisHook()
@@ -43,7 +43,7 @@ def test_hook_talks_to_a_real_redis(
 
 
 def test_unreachable_redis_is_reported(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice_airflow.redis_hook import SluiceRedisHook
+    from sluice_redis_hook import SluiceRedisHook
 
     from pipeline.localredis import free_port
 
@@ -61,7 +61,7 @@ def test_unreachable_redis_is_reported(airflow_home: Path, monkeypatch: pytest.M
     ],
 )
 def test_bad_connections_are_clear_errors(fields: dict[str, object], error: str) -> None:
-    from sluice_airflow.redis_hook import connection_url
+    from sluice_redis_hook import connection_url
 
     base: dict[str, object] = {"host": "h", "port": 1, "password": None, "schema": "", "extra": {}}
     with pytest.raises(ConfigError, match=error):
@@ -69,7 +69,7 @@ def test_bad_connections_are_clear_errors(fields: dict[str, object], error: str)
 
 
 def test_ssl_and_db_from_extra() -> None:
-    from sluice_airflow.redis_hook import connection_url
+    from sluice_redis_hook import connection_url
 
     url = connection_url(
         host="h", port=None, password="pw", schema="", extra={"db": 4, "ssl": "true"}

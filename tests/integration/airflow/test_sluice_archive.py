@@ -1,113 +1,43 @@
 """``sluice_archive`` end to end: Redis -> Airflow (dag.test) -> Spark jobs -> Delta -> trim.
 
-A synthetic chain with reorgs and a plain stream are written with entry ids
-inside one chosen data interval (plus a few entries after it). The DAG runs
-for exactly that interval twice: first with a hot-retention window that
-protects everything, then with a short one. Both runs must leave the same
-tables; only the second trims, and only below the archived interval.
+The ``archived`` fixture (conftest.py) writes a chain with reorgs and a plain
+stream inside one data interval and runs the DAG for exactly that interval
+twice: first for both streams with a hot-retention window that protects
+everything, then for the chain stream with a one-hour one. Both runs must
+leave the same tables; only the second trims, and only below the archived
+interval.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
-from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, encode_block
-from pipeline.chain.generator import SyntheticChain
-from tests.integration.airflow.conftest import DagRunner, task_states
+from pipeline.chain.batch import encode_block
+from pipeline.localredis import free_port
+from tests.integration.airflow import scenario as sc
+from tests.integration.airflow.conftest import AIRFLOW_WARNINGS, DagRunner, task_states
 
-pytestmark = [pytest.mark.airflow, pytest.mark.spark]
-
-CHAIN = "chain:dagtest"
-PLAIN = "events:dagtest"
-# The run for logical date END archives [START, END) (CronDataIntervalTimetable, */5).
-END = datetime(2026, 6, 1, 12, 5, tzinfo=UTC)
-START = END - timedelta(minutes=5)
-START_MS, END_MS = int(START.timestamp() * 1000), int(END.timestamp() * 1000)
-AFTER = 3  # entries after the interval: not archived by this run, never trimmed by it
-
-
-def write_entries(client: redis.Redis) -> dict[str, Any]:
-    chain = SyntheticChain(seed=11, reorg_every=6, reorg_depth=2)
-    inside = chain.take(30)
-    canonical = list(chain.canonical)
-    after = chain.take(AFTER)
-    pipe = client.pipeline(transaction=False)
-    ids = [f"{START_MS + 1000 * (i + 1)}-{i % 2}" for i in range(len(inside))]
-    # The very first and last millisecond of the interval belong to it.
-    ids[0], ids[-1] = f"{START_MS}-0", f"{END_MS - 1}-0"
-    for block, entry_id in zip(inside, ids, strict=True):
-        pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: encode_block(block)}, id=entry_id)
-    for i, block in enumerate(after[:AFTER]):
-        pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: encode_block(block)}, id=f"{END_MS + i}-0")
-    for i in range(10):
-        pipe.xadd(keys.stream(PLAIN), {b"n": str(i).encode()}, id=f"{START_MS + 7 * i}-0")
-    for i in range(2):
-        pipe.xadd(keys.stream(PLAIN), {b"n": b"late"}, id=f"{END_MS + 10 + i}-0")
-    pipe.execute()
-    return {"inside": inside, "canonical": canonical, "after": after[:AFTER]}
-
-
-def table_rows(
-    lake: str, name: str, drop: tuple[str, ...] = ("archived_at",)
-) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(f"{lake}/{name}").to_pyarrow_table().to_pylist()
-    for row in rows:
-        for column in drop:
-            row.pop(column, None)
-        if isinstance(row.get("fields"), list):  # map<string, binary> comes back as pairs
-            row["fields"] = sorted(row["fields"])
-    return sorted(rows, key=repr)
-
-
-@pytest.fixture(scope="module")
-def archived(
-    dag_runner: DagRunner,
-    module_redis: redis.Redis,
-    module_redis_url: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Any:
-    lake = str(tmp_path_factory.mktemp("archive-dag") / "lake")
-    written = write_entries(module_redis)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLUICE_REDIS_URL", module_redis_url)
-        mp.setenv("SLUICE_LAKE_URI", lake)
-        mp.setenv("SLUICE_STREAMS", f"{CHAIN},{PLAIN}")
-        mp.setenv("SLUICE_CHAIN_STREAMS", CHAIN)
-        # Run 1: a retention window far longer than the data's age: nothing may be trimmed.
-        mp.setenv("SLUICE_HOT_RETENTION_S", str(10 * 365 * 86400))
-        first = dag_runner.run("sluice_archive", END)
-        lens_first = {s: module_redis.xlen(keys.stream(s)) for s in (CHAIN, PLAIN)}
-        tables_first = {t: table_rows(lake, t) for t in ("blocks", "archive_log", "stream_entries")}
-        # Run 2: the same interval again, now with a one-hour window.
-        mp.setenv("SLUICE_HOT_RETENTION_S", "3600")
-        second = dag_runner.run("sluice_archive", END)
-        yield {
-            "lake": lake,
-            "written": written,
-            "first": first,
-            "second": second,
-            "lens_first": lens_first,
-            "tables_first": tables_first,
-            "redis": module_redis,
-        }
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, AIRFLOW_WARNINGS]
 
 
 def test_both_runs_succeed_for_exactly_the_interval(archived: Any) -> None:
-    for run in (archived["first"], archived["second"]):
-        assert str(run.state) == "success", task_states(run)
-        assert (run.data_interval_start, run.data_interval_end) == (START, END)
+    for run, streams in ((archived["first"], 2), (archived["second"], 1)):
         states = task_states(run)
-        assert states["archive[0]"] == states["archive[1]"] == "success"
+        assert str(run.state) == "success", states
+        assert (run.data_interval_start, run.data_interval_end) == (sc.START, sc.END)
+        # one mapped archive and trim per configured stream...
+        assert [states.get(f"archive[{i}]") for i in range(streams + 1)] == [
+            *["success"] * streams, None,
+        ]  # fmt: skip
+        assert [states.get(f"trim[{i}]") for i in range(streams + 1)] == [
+            *["success"] * streams, None,
+        ]  # fmt: skip
+        # ...and canonical marking for the chain stream only
         assert states["canonical[0]"] == "success" and "canonical[1]" not in states
-        assert states["trim[0]"] == states["trim[1]"] == "success"
         assert states["publish[-1]"] == "success"
 
 
@@ -116,59 +46,60 @@ def test_blocks_are_archived_with_reorged_blocks_kept_non_canonical(archived: An
 
     written = archived["written"]
     reader = LakeReader(archived["lake"])
-    rows = [r for batch in reader.iter_canonical(CHAIN, 0, None) for r in batch]
+    rows = [r for batch in reader.iter_canonical(sc.CHAIN, 0, None) for r in batch]
     assert [(r.num, r.hash) for r in rows] == [(b.num, b.hash) for b in written["canonical"]]
     assert [r.payload for r in rows] == [encode_block(b) for b in written["canonical"]]
     canonical = {b.hash for b in written["canonical"]}
     reorged = [b for b in written["inside"] if b.hash not in canonical]
     assert reorged, "the synthetic chain must contain a reorg"
     for block in reorged:
-        row = reader.find_hash(CHAIN, block.hash)
+        row = reader.find_hash(sc.CHAIN, block.hash)
         assert row is not None and row.canonical is False
-    head = reader.head(CHAIN)
+    head = reader.head(sc.CHAIN)
     assert head is not None and head.hash == written["canonical"][-1].hash
-    # Blocks after the interval are not in the lake yet.
-    assert all(
-        reader.find_hash(CHAIN, b.hash) is None
-        for b in written["after"]
-        if b.hash not in {x.hash for x in written["inside"]}
-    )
+    inside = {b.hash for b in written["inside"]}
+    for block in written["after"]:  # entries after the interval are not in the lake yet
+        if block.hash not in inside:
+            assert reader.find_hash(sc.CHAIN, block.hash) is None
 
 
-def test_archive_log_records_the_interval_per_stream(archived: Any) -> None:
+def test_archive_log_and_entries_hold_exactly_the_interval(archived: Any) -> None:
     log = archived["tables_first"]["archive_log"]
     by_stream = {row["stream"]: row for row in log}
-    assert set(by_stream) == {CHAIN, PLAIN} and len(log) == 2
-    for stream, entries in ((CHAIN, 30), (PLAIN, 10)):
+    assert set(by_stream) == {sc.CHAIN, sc.PLAIN} and len(log) == 2
+    for stream, entries in ((sc.CHAIN, sc.CHAIN_INSIDE), (sc.PLAIN, sc.PLAIN_INSIDE)):
         row = by_stream[stream]
-        assert (row["start_ms"], row["end_ms"], row["entries"]) == (START_MS, END_MS, entries)
-    assert by_stream[CHAIN]["blocks"] == 30 and by_stream[CHAIN]["invalid"] == 0
+        assert (row["start_ms"], row["end_ms"], row["entries"]) == (sc.START_MS, sc.END_MS, entries)
+    assert by_stream[sc.CHAIN]["blocks"] == sc.CHAIN_INSIDE
+    assert by_stream[sc.CHAIN]["invalid"] == 0
     entries = archived["tables_first"]["stream_entries"]
-    assert sorted(r["entry_ms"] for r in entries if r["stream"] == PLAIN) == [
-        START_MS + 7 * i for i in range(10)
+    assert sorted(r["entry_ms"] for r in entries if r["stream"] == sc.PLAIN) == [
+        sc.START_MS + 7 * i for i in range(sc.PLAIN_INSIDE)
     ]
+    chain_ms = [r["entry_ms"] for r in entries if r["stream"] == sc.CHAIN]
+    assert len(chain_ms) == sc.CHAIN_INSIDE
+    assert min(chain_ms) == sc.START_MS and max(chain_ms) == sc.END_MS - 1
 
 
 def test_second_run_leaves_the_same_tables(archived: Any) -> None:
-    lake = archived["lake"]
-    for name, before in archived["tables_first"].items():
-        after = table_rows(lake, name, drop=("archived_at", "run_id"))
-        before = [{k: v for k, v in r.items() if k != "run_id"} for r in before]
-        assert after == before, name
+    first, second = archived["tables_first"], archived["tables_second"]
+    assert set(first) == set(second) == {"blocks", "archive_log", "stream_entries"}
+    for name in first:
+        assert second[name] == first[name], name
 
 
 def test_trim_only_below_the_archived_interval_and_outside_retention(archived: Any) -> None:
-    client = archived["redis"]
     # Run 1: everything was inside the retention window: nothing trimmed.
-    assert archived["lens_first"] == {CHAIN: 30 + AFTER, PLAIN: 12}
-    # Run 2: the archived interval is gone from Redis; what follows it survives.
-    left = client.xrange(keys.stream(CHAIN))
-    assert [entry_id.decode() for entry_id, _ in left] == [f"{END_MS + i}-0" for i in range(AFTER)]
-    left_plain = client.xrange(keys.stream(PLAIN))
-    assert [entry_id.decode() for entry_id, _ in left_plain] == [
-        f"{END_MS + 10}-0",
-        f"{END_MS + 11}-0",
-    ]
+    assert {s: len(ids) for s, ids in archived["ids_first"].items()} == {
+        sc.CHAIN: sc.CHAIN_INSIDE + sc.AFTER,
+        sc.PLAIN: sc.PLAIN_INSIDE + sc.PLAIN_AFTER,
+    }
+    # Run 2: the chain's archived interval is gone from Redis; what follows it
+    # survives. The plain stream was not in run 2 and keeps everything.
+    assert archived["ids_second"] == {
+        sc.CHAIN: [f"{sc.END_MS + i}-0" for i in range(sc.AFTER)],
+        sc.PLAIN: archived["ids_first"][sc.PLAIN],
+    }
 
 
 def test_the_run_emits_the_lake_asset_with_its_interval(archived: Any) -> None:
@@ -183,23 +114,25 @@ def test_the_run_emits_the_lake_asset_with_its_interval(archived: Any) -> None:
             .where(AssetModel.uri == "sluice://lake/blocks")
         ).all()
         extras = [e.extra for e in events if e.source_run_id == archived["second"].run_id]
-    assert extras and extras[-1]["start_ms"] == START_MS and extras[-1]["end_ms"] == END_MS
-    assert sorted(extras[-1]["streams"]) == sorted([CHAIN, PLAIN])
+    assert extras, "no asset event from the archive run"
+    assert (extras[-1]["start_ms"], extras[-1]["end_ms"]) == (sc.START_MS, sc.END_MS)
+    assert extras[-1]["streams"] == [sc.CHAIN]
 
 
 def test_redis_down_fails_the_archive_and_trims_nothing(
-    dag_runner: DagRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dag_runner: DagRunner, tmp_path: Path
 ) -> None:
-    from pipeline.localredis import free_port
-
     lake = tmp_path / "lake"
-    monkeypatch.setenv("SLUICE_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
-    monkeypatch.setenv("SLUICE_LAKE_URI", str(lake))
-    monkeypatch.setenv("SLUICE_STREAMS", CHAIN)
-    monkeypatch.setenv("SLUICE_CHAIN_STREAMS", "")
-    run = dag_runner.run("sluice_archive", END + timedelta(minutes=5))
+    env = {
+        "SLUICE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "SLUICE_LAKE_URI": str(lake),
+        "SLUICE_STREAMS": sc.CHAIN,
+        "SLUICE_CHAIN_STREAMS": "",
+    }
+    run = dag_runner.run("sluice_archive", sc.END + timedelta(minutes=5), env=env)
     states = task_states(run)
     assert str(run.state) == "failed", states
     assert states["archive[0]"] == "failed"
-    assert states["trim[0]"] == "upstream_failed" and states["publish[-1]"] == "upstream_failed"
-    assert not (lake / "archive_log").exists() or table_rows(str(lake), "archive_log") == []
+    assert states["trim[0]"] == "upstream_failed"
+    assert states["publish[-1]"] == "upstream_failed"
+    assert not (lake / "archive_log").exists() or sc.table_rows(str(lake), "archive_log") == []

@@ -26,6 +26,9 @@ def main(argv: list[str]) -> int:
     if what == "fail":
         sys.stderr.write("sluice lake: stream 'x' does not exist\n")
         return 3
+    if what == "report":
+        sys.stdout.write(json.dumps({"ok": False, "gaps": [[3, 4]]}) + "\n")
+        return 1
     if what == "garbage":
         sys.stdout.write("this is not json\n")
         return 0

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sluice_airflow.lake_job import LakeJobError, parse_result, run_lake_job
+from sluice_lake_job import LakeJobError, parse_result, run_lake_job
 
 HERE = Path(__file__).resolve().parent
 ENV = {"PYTHONPATH": str(HERE), "SLUICE_X": "from-env"}
@@ -30,8 +30,10 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
-def test_result_is_the_json_on_stdout_and_env_reaches_the_job(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="sluice_airflow.lake_job")
+def test_result_is_the_json_on_stdout_and_env_reaches_the_job(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="sluice_lake_job")
     assert run("ok", "--stream", "s") == {"job": "ok", "args": ["--stream", "s"], "env": "from-env"}
     # The child's stderr is in the task log, line by line.
     assert "| working on it" in caplog.text
@@ -42,10 +44,27 @@ def test_pretty_printed_json_is_accepted() -> None:
 
 
 def test_failure_raises_with_the_job_error_message() -> None:
-    with pytest.raises(LakeJobError, match="exit code 3: sluice lake: stream 'x' does not exist") as info:
+    with pytest.raises(
+        LakeJobError, match="exit code 3: sluice lake: stream 'x' does not exist"
+    ) as info:
         run("fail")
     assert info.value.returncode == 3
     assert "does not exist" in info.value.stderr_tail
+
+
+def test_a_report_code_with_json_returns_the_report() -> None:
+    codes = frozenset({1})
+    result = run_lake_job(
+        "report", [], env=ENV, timeout_s=60, module="job_child", report_codes=codes
+    )
+    assert result == {"ok": False, "gaps": [[3, 4]]}
+    # Without a JSON result the same code is a failure; other codes always are.
+    with pytest.raises(LakeJobError, match="exit code 3"):
+        run_lake_job(
+            "fail", [], env=ENV, timeout_s=60, module="job_child", report_codes=frozenset({3})
+        )
+    with pytest.raises(LakeJobError, match="exit code 1"):
+        run_lake_job("report", [], env=ENV, timeout_s=60, module="job_child")
 
 
 def test_stdout_that_is_not_json_is_an_error() -> None:

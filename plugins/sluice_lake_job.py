@@ -71,10 +71,14 @@ def run_lake_job(
     timeout_s: float = 1800.0,
     python: str | None = None,
     module: str = CLI_MODULE,
+    report_codes: frozenset[int] = frozenset(),
 ) -> Any:
     """Run ``python -m pipeline.lake.cli JOB ARGS`` and return its parsed JSON stdout.
 
     ``module`` replaces ``pipeline.lake.cli`` (any module with a ``__main__`` guard).
+    ``report_codes`` are exit codes that still carry a JSON result (``audit``
+    exits 1 when it found problems): with one of them and a JSON stdout the
+    result is returned, without JSON it is a failure like any other.
     ``env`` is added on top of this process's environment (``SLUICE_*``
     settings for the job). Raises :class:`LakeJobError` on a non-zero exit
     (with the last lines of stderr, where the CLI prints its error), on
@@ -122,6 +126,11 @@ def run_lake_job(
         _killpg(proc.pid)
         _join(readers)
     stderr_tail = "\n".join(tail)
+    if returncode in report_codes and out.strip():
+        try:
+            return parse_result(job, out.decode("utf-8", "replace"), stderr_tail=stderr_tail)
+        except LakeJobError:
+            pass  # no result after all: report the exit code below
     if returncode != 0:
         last = tail[-1] if tail else "(no output)"
         raise LakeJobError(

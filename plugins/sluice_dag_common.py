@@ -1,6 +1,12 @@
 """What the Sluice DAGs share: the lake Asset, settings, intervals and the job call.
 
 Cheap to import (no Spark, no pandas): DAG files import it at parse time.
+
+``plugins/`` is on ``sys.path`` in every Airflow process, so DAGs import these
+modules directly. They are flat, uniquely named modules (no package, no
+``.airflowignore``) because Airflow's plugin loader also executes every
+``.py`` file under ``plugins/`` under its bare file name; these modules have
+no import-time side effects, so that second execution is harmless.
 """
 
 from __future__ import annotations
@@ -10,10 +16,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset
+from sluice_lake_job import run_lake_job
+from sluice_redis_hook import SluiceRedisHook
 
 from pipeline.settings import Settings
-from sluice_airflow.lake_job import run_lake_job
-from sluice_airflow.redis_hook import SluiceRedisHook
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +74,18 @@ def job_env(
     }
 
 
-def lake_job(job: str, *args: str, settings: Settings | None = None) -> Any:
+def lake_job(
+    job: str,
+    *args: str,
+    settings: Settings | None = None,
+    report_codes: frozenset[int] = frozenset(),
+) -> Any:
     """Run one lake job for the current task and return its JSON result (the XCom)."""
     settings = settings or load_settings()
     return run_lake_job(
-        job, list(args), env=job_env(settings), timeout_s=float(settings.lake_job_timeout_s)
+        job,
+        list(args),
+        env=job_env(settings),
+        timeout_s=float(settings.lake_job_timeout_s),
+        report_codes=report_codes,
     )
