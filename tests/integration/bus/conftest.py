@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,14 +168,6 @@ async def twins(
         twin.kill()
         for closer in twin.closers:
             await closer.close()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.02)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:

@@ -17,6 +17,8 @@ from pipeline.bus.client import CallFailed
 from pipeline.bus.envelope import Envelope
 from pipeline.errors import HandlerError
 
+from .conftest import eventually
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -195,11 +197,9 @@ async def test_expiry_when_nobody_handles(twins):
     await b.start_bus()
     # nobody serves msgbus.nobody on b: the request waits there until a's scrubber expires it
     doc = seed_request("nobody", [b.id], b"", exp=1)
-    started = time.monotonic()
     [answer] = await raw_call(a.url, doc, 1)
     assert answer["err"] == "request expired"
     assert answer["src"] == b.id
-    assert time.monotonic() - started < 8
     rb = aioredis.Redis.from_url(b.url)
     assert await rb.llen("msgbus.nobody") == 1  # it did reach the remote side
     await rb.aclose()
@@ -217,9 +217,14 @@ async def test_retries_while_remote_bus_is_down(twins):
     client = a.client()
     try:
         call = asyncio.create_task(client.call("echo", dst=[b.id], data=b"late", retries=12))
-        await asyncio.sleep(0.8)
+        bus = a.bus
+        assert bus is not None
+
+        async def retrying() -> bool:
+            return bus.forwarder.retried >= 2
+
+        await eventually(retrying)
         assert not call.done()
-        assert a.bus is not None and a.bus.forwarder.retried >= 2
         await b.start_bus()
         assert await asyncio.wait_for(call, 15) == [b"echo:late"]
         # with no retries left the caller gets an err, not silence
