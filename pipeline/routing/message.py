@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -164,9 +164,12 @@ class StreamAddress:
             raise RemoteProtocolError(f"malformed stream address: {exc}") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class TransportMessage:
-    """A routed message: where it goes, how to answer, and opaque bytes."""
+class TransportMessage(NamedTuple):
+    """A routed message: where it goes, how to answer, and opaque bytes (immutable).
+
+    A named tuple rather than a frozen dataclass: nodes build several per
+    routed message, and a tuple is about three times cheaper to create.
+    """
 
     onward_route: Route
     return_route: Route

@@ -23,11 +23,13 @@ routes = st.lists(addresses, max_size=8).map(Route)
 messages = st.builds(TransportMessage, routes, routes, st.binary(max_size=512))
 
 
+@settings(deadline=None)
 @given(messages)
 def test_encode_decode_round_trip(message: TransportMessage) -> None:
     assert TransportMessage.decode(message.encode()) == message
 
 
+@settings(deadline=None)
 @given(messages)
 def test_wire_form_is_the_documented_array(message: TransportMessage) -> None:
     obj = msgpack.unpackb(message.encode(), raw=False)
@@ -37,7 +39,7 @@ def test_wire_form_is_the_documented_array(message: TransportMessage) -> None:
     assert obj[3] == message.payload
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=300))
 def test_fuzz_random_bytes_only_raise_remote_protocol_error(data: bytes) -> None:
     try:
@@ -46,7 +48,7 @@ def test_fuzz_random_bytes_only_raise_remote_protocol_error(data: bytes) -> None
         pass
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(messages, st.data())
 def test_fuzz_mutated_messages(message: TransportMessage, data: st.DataObject) -> None:
     raw = bytearray(message.encode())
@@ -121,6 +123,7 @@ def test_route_helpers() -> None:
         Route().first  # noqa: B018
 
 
+@settings(deadline=None)
 @given(st.text(min_size=1, max_size=50), st.text(min_size=1, max_size=50))
 def test_stream_address_round_trip_and_reverse(onward: str, ret: str) -> None:
     sa = StreamAddress(onward, ret)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import RemoteProtocolError
@@ -12,6 +12,7 @@ from pipeline.routing.message import Route, TransportMessage
 from pipeline.streams.bidirectional import decode_entry, encode_entry
 
 
+@settings(deadline=None)
 @given(st.text(min_size=1, max_size=30), st.binary(max_size=100))
 def test_entry_round_trip(ret: str, payload: bytes) -> None:
     message = TransportMessage(Route(["remote_destination"]), Route(["sender"]), payload)

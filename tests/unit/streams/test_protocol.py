@@ -55,12 +55,13 @@ stream_messages = st.one_of(
 )
 
 
+@settings(deadline=None)
 @given(stream_messages)
 def test_round_trip(message: p.StreamMessage) -> None:
     assert p.decode(p.encode(message)) == message
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=200))
 def test_fuzz_only_remote_protocol_errors(data: bytes) -> None:
     try:
@@ -69,7 +70,7 @@ def test_fuzz_only_remote_protocol_errors(data: bytes) -> None:
         pass
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(stream_messages, st.data())
 def test_fuzz_mutations(message: p.StreamMessage, data: st.DataObject) -> None:
     raw = bytearray(p.encode(message))
