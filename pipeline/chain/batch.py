@@ -198,16 +198,37 @@ def decode_raw(data: bytes) -> dict[str, Any]:
     return raw
 
 
+_KEY_CACHE: dict[str, str] = {}
+_KEY_CACHE_LIMIT = 65536
+
+
+def _key_json(key: str) -> str:
+    """``key`` as a JSON string literal, cached: chains reuse a bounded key space."""
+    text = _KEY_CACHE.get(key)
+    if text is None:
+        text = _json_dumps(key)
+        if len(_KEY_CACHE) >= _KEY_CACHE_LIMIT:
+            _KEY_CACHE.clear()
+        _KEY_CACHE[key] = text
+    return text
+
+
 def _updates_json(updates: dict[str, bytes], keep: KeyTest | None) -> str:
+    if not updates:
+        return "{}"
+    kj = _key_json
     if keep is None:
-        return _json_dumps({k: "0x" + v.hex() for k, v in updates.items()})
-    return _json_dumps({k: "0x" + v.hex() for k, v in updates.items() if keep(k)})
+        parts = [f'{kj(k)}:"0x{v.hex()}"' for k, v in updates.items()]
+    else:
+        parts = [f'{kj(k)}:"0x{v.hex()}"' for k, v in updates.items() if keep(k)]
+    return "{" + ",".join(parts) + "}"
 
 
 def _deletes_json(deletes: list[str], keep: KeyTest | None) -> str:
     if not deletes:
         return "[]"
-    return _json_dumps(deletes if keep is None else [k for k in deletes if keep(k)])
+    kj = _key_json
+    return "[" + ",".join([kj(k) for k in deletes if keep is None or keep(k)]) + "]"
 
 
 def raw_results(

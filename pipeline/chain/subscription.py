@@ -100,6 +100,20 @@ class Outbox:
     async def wait(self) -> None:
         await self._data.wait()
 
+    def pop_many(self, limit: int) -> list[str]:
+        """Up to ``limit`` queued texts, oldest first (empty when none)."""
+        items = self._items
+        if len(items) <= limit:
+            out = list(items)
+            items.clear()
+        else:
+            out = [items.popleft() for _ in range(limit)]
+        if not items:
+            self._data.clear()
+        if len(items) <= self.limit // 2:
+            self._room.set()
+        return out
+
     def pop(self) -> str | None:
         if not self._items:
             self._data.clear()

@@ -1,0 +1,381 @@
+"""Benchmark of the resumption server (``make bench B=resume``).
+
+- ``catchup_blocks_per_s``: 1,000,000 canonical blocks in Delta, one subscriber
+  from block 0 to the head over the websocket of a ``sluice serve`` process;
+  baseline: a raw aiohttp websocket server process sending the same
+  pre-encoded notifications.
+- ``first_block_p50_ms`` / ``first_block_p99_ms``: subscribe at random depths,
+  time to the first block; baseline: the raw delta-rs read of that first page.
+- ``fanout_p50_ms`` / ``fanout_p99_ms``: 500 subscribers, 100 blocks/s
+  produced, latency from XADD to each client; baseline: a raw aiohttp server
+  that XREADs the stream and sends each entry to every socket.
+
+The servers run in child processes so server and clients use both cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import aiohttp  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import redis  # noqa: E402
+from common import Report, percentile  # noqa: E402
+
+from pipeline import keys  # noqa: E402
+from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
+from pipeline.lake.tables import BLOCKS, BLOCKS_ARROW  # noqa: E402
+from pipeline.localredis import LocalRedis, free_port  # noqa: E402
+
+STREAM = "chain:bench"
+N = int(os.environ.get("BENCH_RESUME_BLOCKS", "1000000"))
+FANOUT_SUBS = int(os.environ.get("BENCH_RESUME_SUBS", "500"))
+FANOUT_RATE = 100
+FANOUT_SECONDS = 5
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def block_hash(num: int) -> bytes:
+    return hashlib.blake2b(num.to_bytes(8, "big"), digest_size=32).digest()
+
+
+def make_block(num: int) -> Block:
+    parent = block_hash(num - 1) if num else bytes(32)
+    return Block(
+        num=num,
+        hash=block_hash(num),
+        parent=parent,
+        updates={f"acct/{num % 977}": num.to_bytes(8, "big"), f"slot/{num % 131}": b"\x01" * 8},
+        deletes=(f"tmp/{num % 7}",),
+    )
+
+
+def write_lake(lake_uri: str) -> None:
+    from deltalake import write_deltalake
+
+    chunk = 250_000
+    for lo in range(0, N, chunk):
+        blocks = [make_block(n) for n in range(lo, min(N, lo + chunk))]
+        table = pa.table(
+            {
+                "stream": [STREAM] * len(blocks),
+                "num": [b.num for b in blocks],
+                "hash": [b.hash.hex() for b in blocks],
+                "parent": [b.parent.hex() for b in blocks],
+                "canonical": [True] * len(blocks),
+                "entry_id": [f"{b.num + 1}-0" for b in blocks],
+                "entry_ms": [b.num + 1 for b in blocks],
+                "payload": [encode_block(b) for b in blocks],
+                "archived_at": [None] * len(blocks),
+            },
+            schema=BLOCKS_ARROW,
+        )
+        write_deltalake(f"{lake_uri}/{BLOCKS}", table, mode="append")
+
+
+BASELINE_SERVER = r"""
+import asyncio, sys
+from aiohttp import web
+from pipeline.chain import jsonrpc
+from pipeline.chain.batch import decode_raw, raw_results
+from pipeline.lake.reader import LakeReader
+
+lake, stream, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+prefix = jsonrpc.notification_prefix("cardinal_subscribe", "0x1")
+messages = []
+for table in LakeReader(lake).iter_canonical_arrow(stream, 0):
+    for n, h, p, b in zip(*(table.column(c).to_pylist() for c in ("num", "hash", "parent", "payload"))):
+        messages.extend(prefix + r + "}}" for r in raw_results(decode_raw(b), n, h, p))
+
+async def ws(request):
+    sock = web.WebSocketResponse(compress=False)
+    await sock.prepare(request)
+    await sock.receive()
+    await sock.send_str(jsonrpc.result(1, "0x1"))
+    for m in messages:
+        await sock.send_str(m)
+    await sock.receive()
+    return sock
+
+app = web.Application()
+app.router.add_get("/ws", ws)
+print("READY", len(messages), flush=True)
+web.run_app(app, host="127.0.0.1", port=port, print=None)
+"""
+
+FANOUT_BASELINE_SERVER = r"""
+import asyncio, sys
+import redis.asyncio as aioredis
+from aiohttp import web
+from pipeline.chain import jsonrpc
+from pipeline.chain.batch import block_results, decode_block, ENTRY_FIELD
+
+redis_url, key, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+socks = set()
+prefix = jsonrpc.notification_prefix("cardinal_subscribe", "0x1")
+
+async def ws(request):
+    sock = web.WebSocketResponse(compress=False)
+    await sock.prepare(request)
+    await sock.receive()
+    await sock.send_str(jsonrpc.result(1, "0x1"))
+    socks.add(sock)
+    try:
+        await sock.receive()
+    finally:
+        socks.discard(sock)
+    return sock
+
+async def tail(app):
+    client = aioredis.Redis.from_url(redis_url)
+    async def run():
+        last = b"$"
+        while True:
+            reply = await client.xread({key: last}, block=1000)
+            for _k, entries in reply or ():
+                for eid, fields in entries:
+                    last = eid
+                    texts = [prefix + r + "}}" for r in block_results(decode_block(fields[ENTRY_FIELD]))]
+                    for s in list(socks):
+                        for t in texts:
+                            await s.send_str(t)
+    task = asyncio.create_task(run())
+    yield
+    task.cancel()
+
+app = web.Application()
+app.cleanup_ctx.append(tail)
+app.router.add_get("/ws", ws)
+print("READY", flush=True)
+web.run_app(app, host="127.0.0.1", port=port, print=None)
+"""
+
+
+def spawn(
+    args: list[str], env: dict[str, str] | None = None, ready: str = ""
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if ready:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if ready not in line:
+            proc.kill()
+            raise RuntimeError(f"child did not start: {line!r}")
+    return proc
+
+
+async def wait_port(port: int, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            _r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def subscribe_frame(num: int, h: bytes) -> str:
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "cardinal_subscribe",
+            "params": ["streams", hex(num), "0x" + h.hex(), []],
+        }  # fmt: skip
+    )
+
+
+async def catchup(port: int, expected: int) -> float:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=1 << 22) as ws,
+    ):
+        start = time.perf_counter()
+        await ws.send_str(subscribe_frame(0, block_hash(0)))
+        await ws.receive()  # the subscription id
+        count = 0
+        while count < expected:
+            msg = await ws.receive(timeout=60)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise RuntimeError(f"stream ended after {count}: {msg}")
+            count += 1
+        elapsed = time.perf_counter() - start
+        await ws.send_str("bye")
+        return expected / elapsed
+
+
+async def first_blocks(port: int, samples: int) -> list[float]:
+    rng = random.Random(7)
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(samples):
+            num = rng.randrange(N)
+            async with session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws:
+                start = time.perf_counter()
+                await ws.send_str(subscribe_frame(num, block_hash(num)))
+                await ws.receive(timeout=30)
+                msg = await ws.receive(timeout=30)
+                out.append((time.perf_counter() - start) * 1000)
+                assert f'"num":"{hex(num)}"' in msg.data, msg.data[:200]
+    return out
+
+
+def raw_first_page(lake_uri: str, samples: int) -> list[float]:
+    from pipeline.lake.reader import LakeReader
+
+    rng = random.Random(7)
+    out = []
+    for _ in range(samples):
+        num = rng.randrange(N)
+        start = time.perf_counter()
+        reader = LakeReader(lake_uri)
+        next(reader.iter_canonical_arrow(STREAM, num, batch_rows=8192))
+        out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
+async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
+    latencies: list[float] = []
+    client = redis.Redis.from_url(redis_url)
+    key = keys.stream(STREAM)
+    head = client.xrevrange(key, count=1)
+    start_num = N if not head else None
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        sockets = []
+        for _ in range(subs):
+            ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=1 << 22)
+            await ws.send_str(subscribe_frame(N - 1, block_hash(N - 1)))
+            await ws.receive(timeout=30)
+            sockets.append(ws)
+        done = asyncio.Event()
+
+        async def reader(ws: aiohttp.ClientWebSocketResponse) -> None:
+            while not done.is_set():
+                try:
+                    msg = await ws.receive(timeout=2)
+                except TimeoutError:
+                    continue
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    return
+                at = msg.data.find('"t":"0x')
+                if at >= 0:
+                    sent = int(msg.data[at + 7 : at + 23], 16)
+                    latencies.append((time.time_ns() - sent) / 1e6)
+
+        readers = [asyncio.create_task(reader(ws)) for ws in sockets]
+        await asyncio.sleep(1.0)  # subscribers reach the live head
+        latencies.clear()
+        num = start_num or N
+        t0 = time.perf_counter()
+        for i in range(FANOUT_RATE * FANOUT_SECONDS):
+            block = Block(
+                num=num + i,
+                hash=block_hash(num + i),
+                parent=block_hash(num + i - 1),
+                updates={"t": time.time_ns().to_bytes(8, "big"), "acct/1": b"\x02" * 8},
+            )
+            client.xadd(key, {ENTRY_FIELD: encode_block(block)})
+            await asyncio.sleep(max(0.0, t0 + (i + 1) / FANOUT_RATE - time.perf_counter()))
+        await asyncio.sleep(1.0)
+        done.set()
+        for ws in sockets:
+            await ws.close()
+        await asyncio.gather(*readers)
+    client.delete(key)
+    client.close()
+    return latencies
+
+
+async def main() -> None:
+    report = Report("resume")
+    with tempfile.TemporaryDirectory() as tmp:
+        lake_uri = f"{tmp}/lake"
+        t = time.perf_counter()
+        write_lake(lake_uri)
+        print(f"# wrote {N} blocks to Delta in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+        redis_server = LocalRedis(Path(tmp) / "redis").start()
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            env = {
+                "SLUICE_REDIS_URL": redis_server.url,
+                "SLUICE_LAKE_URI": lake_uri,
+                "SLUICE_SERVE_STREAM": STREAM,
+                "SLUICE_SERVE_SEND_BUFFER": "8192",
+                "SLUICE_LOG_LEVEL": "WARNING",
+            }
+            # raw baseline first, alone on the machine
+            base_port = free_port()
+            proc = spawn(["-c", BASELINE_SERVER, lake_uri, STREAM, str(base_port)], ready="READY")
+            procs.append(proc)
+            await wait_port(base_port)
+            baseline = await catchup(base_port, N)
+            proc.terminate()
+            proc.wait(30)
+
+            port = free_port()
+            server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=env)
+            procs.append(server)
+            await wait_port(port)
+            value = await catchup(port, N)
+            report.emit("catchup_blocks_per_s", value, baseline, blocks=N)
+
+            samples = 100
+            firsts = await first_blocks(port, samples)
+            raw = raw_first_page(lake_uri, samples)
+            report.emit(
+                "first_block_p50_ms", percentile(firsts, 50), percentile(raw, 50), samples=samples
+            )
+            report.emit(
+                "first_block_p99_ms", percentile(firsts, 99), percentile(raw, 99), samples=samples
+            )
+
+            lat = await fanout(port, redis_server.url, FANOUT_SUBS)
+            server.terminate()
+            server.wait(30)
+
+            fport = free_port()
+            proc = spawn(
+                ["-c", FANOUT_BASELINE_SERVER, redis_server.url, keys.stream(STREAM), str(fport)],
+                ready="READY",
+            )
+            procs.append(proc)
+            await wait_port(fport)
+            raw_lat = await fanout(fport, redis_server.url, FANOUT_SUBS)
+            report.emit("fanout_p50_ms", percentile(lat, 50), percentile(raw_lat, 50),
+                        subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
+            report.emit("fanout_p99_ms", percentile(lat, 99), percentile(raw_lat, 99),
+                        subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+            redis_server.stop()
+    report.save()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
