@@ -320,7 +320,7 @@ def create_app(
     """The server app. ``relay``: tail Redis for live data; else publish to ``app[HUB]`` yourself."""
     app = web.Application()
     app[SETTINGS] = settings
-    app[HUB] = hub or WebsocketHub()
+    app[HUB] = hub if hub is not None else WebsocketHub()
     app[METRICS] = Metrics()
     app[CONNECTIONS] = set()
     if history_factory is None:

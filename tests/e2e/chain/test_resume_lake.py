@@ -8,8 +8,7 @@ import redis
 
 from pipeline import keys
 from pipeline.chain.generator import SyntheticChain, write_blocks
-
-from .conftest import STREAM
+from tests.integration.chain.conftest import STREAM
 
 
 async def test_resume_across_spark_archive_and_trim(
