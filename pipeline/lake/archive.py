@@ -73,8 +73,16 @@ def archive_interval(
     end_ms: int,
     *,
     run_id: str | None = None,
+    force: bool = False,
 ) -> ArchiveResult:
-    """Archive entries of ``stream`` with ids in ``[start_ms-0, end_ms-0)``; idempotent."""
+    """Archive entries of ``stream`` with ids in ``[start_ms-0, end_ms-0)``; idempotent.
+
+    An interval that ``archive_log`` already records (whose entries the lake
+    still holds) is not read again unless ``force``: its log row is only
+    written after its entries and blocks were committed, and Redis cannot
+    gain auto-id entries in a closed interval. ``force`` re-reads Redis and
+    merges, which picks up entries added later with explicit ids.
+    """
     began = time.perf_counter()
     if not 0 <= start_ms < end_ms:
         raise ArchiveError(f"bad interval [{start_ms}, {end_ms}) for stream {stream!r}")
@@ -85,9 +93,15 @@ def archive_interval(
     ensure_tables(lake)
     archived_at = datetime.now(UTC)
 
+    done = None if force else _logged_entries(lake, stream, start_ms, end_ms)
+
     def work() -> ArchiveResult:
-        _write_entries(spark, settings, stream, key, start_ms, end_ms, chain, archived_at)
-        stats = _stats(lake, stream, start_ms, end_ms)
+        stats = _stats(lake, stream, start_ms, end_ms) if done is not None else None
+        if stats is None or stats.entries != done:
+            _write_entries(spark, settings, stream, key, start_ms, end_ms, chain, archived_at)
+            stats = _stats(lake, stream, start_ms, end_ms)
+        else:
+            log.info("stream %s [%d, %d) is archived already", stream, start_ms, end_ms)
         if stats.invalid_ids:
             log.warning(
                 "stream %s [%d, %d): %d entries are not valid blocks (archived raw), e.g. %s",
@@ -332,6 +346,24 @@ def _write_blocks(
         "AND t.num = s.num AND t.hash = s.hash "
         "WHEN NOT MATCHED THEN INSERT *"
     )
+
+
+def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> int | None:
+    """The entry count ``archive_log`` records for exactly this interval, or None."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    table = (
+        DeltaTable(lake.table(tables.ARCHIVE_LOG))
+        .to_pyarrow_dataset()
+        .to_table(
+            columns=["entries"],
+            filter=(pc.field("stream") == stream)
+            & (pc.field("start_ms") == start_ms)
+            & (pc.field("end_ms") == end_ms),
+        )
+    )
+    return int(table.column("entries")[0].as_py()) if table.num_rows else None
 
 
 def _all_present(

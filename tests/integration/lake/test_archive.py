@@ -55,11 +55,15 @@ def test_archive_is_idempotent_and_keeps_bad_entries(
     assert not any(b["canonical"] for b in block_rows)
     assert len(log_rows) == 1 and log_rows[0]["entries"] == 9 and log_rows[0]["run_id"] == "r1"
 
-    again = archive_interval(spark, settings, "c", 1000, 1009, run_id="r2")
-    assert (again.entries, again.blocks, again.invalid) == (9, 7, 2)
-    assert _snapshot(lake_uri, tables.STREAM_ENTRIES, ["entry_ms"]) == entries
-    assert _snapshot(lake_uri, tables.BLOCKS, ["num"]) == block_rows
-    assert _snapshot(lake_uri, tables.ARCHIVE_LOG, ["start_ms"]) == log_rows
+    # A rerun (skipped: the log proves it) and a forced rerun (re-read and merged)
+    # both leave every table exactly as after the first run.
+    for force in (False, True):
+        again = archive_interval(spark, settings, "c", 1000, 1009, run_id="r2", force=force)
+        assert (again.entries, again.blocks, again.invalid) == (9, 7, 2)
+        assert again.invalid_ids == first.invalid_ids
+        assert _snapshot(lake_uri, tables.STREAM_ENTRIES, ["entry_ms"]) == entries
+        assert _snapshot(lake_uri, tables.BLOCKS, ["num"]) == block_rows
+        assert _snapshot(lake_uri, tables.ARCHIVE_LOG, ["start_ms"]) == log_rows
 
     # An overlapping interval (MERGE path) adds only the new entry and block,
     # and an empty interval of an existing stream is a valid empty archive.

@@ -21,7 +21,7 @@ from tests.integration.lake.helpers import chain, publish, settings_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-N = 20_000
+N = 10_000
 ROOT = Path(__file__).resolve().parents[3]
 
 
