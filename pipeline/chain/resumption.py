@@ -203,6 +203,8 @@ class Plan:
     history: History | None
     #: why this start: "match", "fork", "rewind", "hash" (hash found at another height)
     reason: str
+    #: the lake pages already opened at ``start`` while checking the hash, and the first one
+    prefetched: tuple[Iterator[pa.Table], list[Emit]] | None = None
 
 
 class TieredResumption:
@@ -254,13 +256,26 @@ class TieredResumption:
         history: History | None = self._history_factory()
         return history
 
-    async def resolve(self, num: int, hash: bytes) -> Plan:
+    async def resolve(self, num: int, hash: bytes, keep: KeyTest | None = None) -> Plan:
+        """Where to start for a client at (``num``, ``hash``); ``keep`` as for :meth:`stream`."""
         if num < 0:
             raise ResumptionError("block number must be non-negative")
         tail = await self.scan_tail()
         history = await asyncio.to_thread(self._open_history)
         want = hash.hex()
-        canonical = await self._canonical_hash(tail, history, num)
+        lo = tail.lo
+        if num not in tail.chain and history is not None and (lo is None or num < lo):
+            # Check the hash on the first page the stream will send anyway: one lake read, not two.
+            pages = history.iter_canonical_arrow(self._stream, num, lo, batch_rows=self._batch_rows)
+            first = await asyncio.to_thread(_next_page, pages, keep)
+            if first and first[0].num == num and first[0].hash == want:
+                return Plan(
+                    start=num, tail=tail, history=history, reason="match", prefetched=(pages, first)
+                )
+            _close(pages)
+            canonical = first[0].hash if first and first[0].num == num else None
+        else:
+            canonical = await self._canonical_hash(tail, history, num)
         if canonical == want:
             return Plan(start=num, tail=tail, history=history, reason="match")
         fork = await self._fork_point(tail, history, want)
@@ -356,7 +371,9 @@ class TieredResumption:
             "resume %s from %d: tail [%s, %d] up to %r", plan.reason, pos, lo, tail.hi, tail.last_id
         )
         if plan.history is not None and (lo is None or pos < lo):
-            pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
+            pos = await self._from_history(
+                plan.history, pos, lo, keep, sink, sender, prefetched=plan.prefetched
+            )
             log.debug("history sent up to %d", pos - 1)
         if lo is not None:
             if pos < lo and sender.sent:
@@ -374,11 +391,23 @@ class TieredResumption:
         keep: KeyTest | None,
         sink: BlockSink,
         sender: Sender,
+        *,
+        prefetched: tuple[Iterator[pa.Table], list[Emit]] | None = None,
     ) -> int:
-        pages = history.iter_canonical_arrow(self._stream, pos, stop, batch_rows=self._batch_rows)
+        if prefetched is not None:
+            pages, first = prefetched
+        else:
+            pages = history.iter_canonical_arrow(
+                self._stream, pos, stop, batch_rows=self._batch_rows
+            )
+            first = None
         try:
             while True:
-                emits = await asyncio.to_thread(_next_page, pages, keep)
+                if first is not None:
+                    emits: list[Emit] | None = first
+                    first = None
+                else:
+                    emits = await asyncio.to_thread(_next_page, pages, keep)
                 if emits is None:
                     return pos
                 expected = pos if sender.sent else emits[0].num
@@ -395,12 +424,7 @@ class TieredResumption:
                     await sink.put(emits)
                     pos = emits[-1].num + 1
         finally:
-            close = getattr(pages, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except ValueError:
-                    pass  # still running in its thread after a cancel; it ends there
+            _close(pages)
 
     async def _from_tail(
         self, plan: Plan, pos: int, keep: KeyTest | None, sink: BlockSink, sender: Sender
@@ -608,6 +632,15 @@ class _LiveListener:
         except SlowConsumer as exc:
             if not self.failed.done():
                 self.failed.set_exception(exc)
+
+
+def _close(pages: Iterator[pa.Table]) -> None:
+    close = getattr(pages, "close", None)
+    if close is not None:
+        try:
+            close()
+        except ValueError:
+            pass  # still running in its thread after a cancel; it ends there
 
 
 def _next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:

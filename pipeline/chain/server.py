@@ -203,7 +203,7 @@ class Connection:
         parsed = parse_subscribe(params)
         if len(self.subs) >= MAX_SUBSCRIPTIONS:
             raise BadParams(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
-        plan = await self.resumption.resolve(parsed.num, parsed.hash)
+        plan = await self.resumption.resolve(parsed.num, parsed.hash, parsed.keep)
         self._next_sub += 1
         sub_id = hex(self._next_sub)
         sub = Subscription(sub_id, parsed, self.outbox)
@@ -342,7 +342,7 @@ def create_app(
             hub=app[HUB],
             history_factory=factory,
             reorg_threshold=settings.reorg_threshold,
-            batch_rows=2048,
+            batch_rows=512,
         )
         task: asyncio.Task[None] | None = None
         if relay:

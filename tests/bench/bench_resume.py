@@ -272,9 +272,11 @@ async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
         async def reader(ws: aiohttp.ClientWebSocketResponse) -> None:
             while not done.is_set():
                 try:
-                    msg = await ws.receive(timeout=2)
+                    msg = await ws.receive(timeout=0.5)
                 except TimeoutError:
                     continue
+                except (aiohttp.ClientError, ConnectionError):
+                    return
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     return
                 at = msg.data.find('"t":"0x')
@@ -298,9 +300,9 @@ async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
             await asyncio.sleep(max(0.0, t0 + (i + 1) / FANOUT_RATE - time.perf_counter()))
         await asyncio.sleep(1.0)
         done.set()
+        await asyncio.gather(*readers)
         for ws in sockets:
             await ws.close()
-        await asyncio.gather(*readers)
     client.delete(key)
     client.close()
     return latencies
