@@ -344,6 +344,17 @@ def create_app(
             reorg_threshold=settings.reorg_threshold,
             batch_rows=512,
         )
+        feed = None
+        if settings.serve_dialogue_port:
+            from pipeline.chain.dialogue_feed import dialogue_server
+
+            feed = dialogue_server(
+                app[RESUMPTION],
+                settings.serve_host,
+                settings.serve_dialogue_port,
+                send_buffer=settings.serve_send_buffer,
+            )
+            await feed.start()
         task: asyncio.Task[None] | None = None
         if relay:
             tailer = RedisTailer(client, settings.serve_stream, app[HUB], app[METRICS])
@@ -360,6 +371,8 @@ def create_app(
                     pass
                 except Exception:  # the tailer's own failure, reported at shutdown
                     log.exception("live tailer failed")
+            if feed is not None:
+                await feed.close()
             await client.aclose()
 
     async def on_shutdown(app: web.Application) -> None:

@@ -128,17 +128,21 @@ class Outbox:
 class Subscription:
     """The :class:`~pipeline.chain.resumption.BlockSink` of one websocket subscription."""
 
-    def __init__(self, sub_id: str, params: SubscribeParams, outbox: Outbox) -> None:
+    def __init__(
+        self, sub_id: str, params: SubscribeParams, outbox: Outbox, *, envelope: bool = True
+    ) -> None:
         self.id = sub_id
         self.params = params
         self._outbox = outbox
-        self._prefix = jsonrpc.notification_prefix(METHOD, sub_id)
+        # Without the envelope each text is the bare result object (the Dialogue feed).
+        self._prefix = jsonrpc.notification_prefix(METHOD, sub_id) if envelope else ""
+        self._suffix = jsonrpc.NOTIFICATION_SUFFIX if envelope else ""
         self.blocks = 0
         self.is_live = False
 
     def _texts(self, emits: list[Emit]) -> list[str]:
         prefix = self._prefix
-        suffix = jsonrpc.NOTIFICATION_SUFFIX
+        suffix = self._suffix
         out: list[str] = []
         for emit in emits:
             if emit.reorg and self.params.reorgs:
@@ -168,5 +172,5 @@ class Subscription:
         num_text = f'"{hex_quantity(num)}"' if num >= 0 else "null"
         hash_text = f'"0x{hash}"' if hash else "null"
         body = f'{{"type":"ready","num":{num_text},"hash":{hash_text}}}'
-        if not self._outbox.offer([self._prefix + body + jsonrpc.NOTIFICATION_SUFFIX]):
+        if not self._outbox.offer([self._prefix + body + self._suffix]):
             raise SlowConsumer("send buffer full at the live head")

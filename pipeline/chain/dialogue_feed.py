@@ -1,0 +1,95 @@
+"""The chain feed over a Dialogue duplex on TCP (seed 004, "Other transports").
+
+A client opens a duplex whose initial data is the JSON params of
+``cardinal_subscribe`` (``["streams", "0xNUM", "0xHASH", [patterns],
+{options}?]``). The server answers on the duplex with one message per result
+object (``batch``, ``subbatch`` and the opt-in ``ready``/``reorg``), exactly
+the JSON of the websocket notifications' ``result``, produced by the same
+:class:`~pipeline.chain.resumption.TieredResumption` and bounded the same
+way. Bad params end the duplex with a JSON-RPC error object as error data; a
+subscriber that falls behind is ended with ``subscriber too slow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from pipeline.chain import jsonrpc
+from pipeline.chain.resumption import TieredResumption
+from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
+from pipeline.dialogue.connection import Connection
+from pipeline.dialogue.duplex import Duplex
+from pipeline.dialogue.server import DialogueServer
+from pipeline.errors import BadParams, ResumptionError, SlowConsumer
+
+log = logging.getLogger(__name__)
+
+_BATCH = 256
+
+
+async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buffer: int) -> None:
+    """Serve one subscription on an incoming duplex until the peer leaves or falls behind."""
+    try:
+        parsed = parse_subscribe(json.loads(duplex.initial or b"null"))
+    except (ValueError, BadParams) as exc:
+        await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, str(exc)).encode())
+        return
+    try:
+        plan = await resumption.resolve(parsed.num, parsed.hash, parsed.keep)
+    except (ResumptionError, aioredis.RedisError, OSError) as exc:
+        await duplex.end(error=jsonrpc.error(None, jsonrpc.SERVER_ERROR, str(exc)).encode())
+        return
+    outbox = Outbox(send_buffer)
+    sub = Subscription("0x1", parsed, outbox, envelope=False)
+
+    async def write() -> None:
+        while True:
+            await outbox.wait()
+            for text in outbox.pop_many(_BATCH):
+                await duplex.send(text.encode())
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(write())
+            group.create_task(resumption.stream(plan, parsed.keep, sub))
+    except* SlowConsumer:
+        await duplex.end(error=b"subscriber too slow: send buffer full")
+    except* ResumptionError as group_exc:
+        await duplex.end(error=str(group_exc.exceptions[0]).encode()[:200])
+
+
+def dialogue_server(
+    resumption: TieredResumption, host: str, port: int, *, send_buffer: int
+) -> DialogueServer:
+    async def on_duplex(duplex: Duplex) -> None:
+        await serve_duplex(resumption, duplex, send_buffer=send_buffer)
+
+    return DialogueServer(host, port, on_duplex=on_duplex)
+
+
+async def subscribe_dialogue(
+    host: str,
+    port: int,
+    from_num: int,
+    from_hash: bytes,
+    prefixes: Sequence[str] = (),
+    options: dict[str, bool] | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Result objects (``batch``, ``subbatch``...) of one subscription over Dialogue."""
+    params: list[Any] = ["streams", hex(from_num), "0x" + from_hash.hex(), list(prefixes)]
+    if options:
+        params.append(options)
+    conn = await Connection.connect(host, port)
+    try:
+        async with conn.duplex(json.dumps(params).encode()) as duplex:
+            async for data in duplex:
+                result: dict[str, Any] = json.loads(data)
+                yield result
+    finally:
+        await conn.close()

@@ -1,0 +1,52 @@
+"""The same feed over a Dialogue duplex on TCP: same blocks, same errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.chain.batch import parse_batch_result, parse_subbatch_result
+from pipeline.chain.dialogue_feed import subscribe_dialogue
+from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.ordered import BlockAssembler
+from pipeline.errors import DuplexError
+from pipeline.localredis import free_port
+
+from .conftest import STREAM, write_lake
+
+
+async def test_dialogue_duplex_gets_the_same_blocks(settings, serve, connect, redis_client) -> None:
+    gen = SyntheticChain(seed=61, prefixes=("s/", "t/"))
+    write_lake(settings.lake_uri, gen.take(20))
+    write_blocks(redis_client, STREAM, gen.take(10))
+    port = free_port()
+    async with serve(settings.replace(serve_dialogue_port=port)) as (base, _app):
+        asm = BlockAssembler()
+        got = []
+        feed = subscribe_dialogue("127.0.0.1", port, 5, gen.canonical[5].hash, ["t/"])
+        async for result in feed:
+            block = (
+                asm.batch(parse_batch_result(result))
+                if result["type"] == "batch"
+                else asm.subbatch(*parse_subbatch_result(result))
+            )
+            if block is not None:
+                got.append(block)
+                if len(got) == 25:
+                    break
+        await feed.aclose()
+        results: list[dict] = []
+        async with connect(base) as client:
+            await client.subscribe(5, gen.canonical[5].hash, patterns=["t/"])
+            ws_blocks = await client.blocks(25, results=results)
+        assert got == ws_blocks
+        assert [b.num for b in got] == list(range(5, 30))
+        assert all(list(b.batches) == ["t/"] for b in got)
+
+        bad = subscribe_dialogue("127.0.0.1", port, 0, b"\x00" * 32, ["(("])
+        with pytest.raises(DuplexError) as err:
+            await anext(bad)
+        await bad.aclose()
+        error = json.loads(err.value.data)["error"]
+        assert error["code"] == -32602 and "does not compile" in error["message"]
