@@ -124,8 +124,10 @@ class Settings:
     serve_token: str = ""
     serve_send_buffer: int = 4096
     serve_heartbeat_s: float = 20.0
+    #: TCP port of the same feed over Dialogue duplexes (0: off).
+    serve_dialogue_port: int = 0
     log_level: str = "INFO"
-    # Airflow side of the lake (dags/, plugins/sluice_airflow)
+    # Airflow side of the lake (dags/, plugins/)
     #: Wall-clock limit of one lake job child process (archive, canonical, trim...).
     lake_job_timeout_s: int = 1800
     #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
