@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
 import signal
@@ -57,18 +56,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _tcp_transport(settings: Settings) -> Transport:
-    try:
-        tcp = importlib.import_module("pipeline.dialogue.transport")
-    except ImportError as exc:
-        raise ConfigError(
-            f"node_listen={settings.node_listen!r} needs the TCP transport "
-            f"(pipeline.dialogue.transport), which is not available: {exc}"
-        ) from exc
-    cls = tcp.TcpTransport
-    if hasattr(cls, "from_settings"):
-        made: Transport = cls.from_settings(settings)
-        return made
-    made = cls(settings.node_listen)
+    """The Dialogue TCP transport (address type 1): always registered so any node can
+    send to ``tcp:host:port`` hops; it listens only when ``node_listen`` is set."""
+    from pipeline.dialogue.transport import TcpTransport
+
+    made: Transport = TcpTransport.from_settings(settings)
     return made
 
 
@@ -99,8 +91,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
             lease_ttl_ms=int(settings.lease_ttl_s * 1000),
         )
     )
-    if settings.node_listen:
-        node.register_transport(_tcp_transport(settings))
+    node.register_transport(_tcp_transport(settings))
     try:
         await node.add_worker(
             "stream_service",

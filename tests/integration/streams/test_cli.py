@@ -16,7 +16,6 @@ import pytest
 import redis as sync_redis
 
 from pipeline import keys
-from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from pipeline.streams import cli
 
@@ -174,18 +173,12 @@ def test_sigterm_is_graceful_and_settings_are_checked(
     assert "unknown worker 'nope'" in bad.text()
 
 
-def test_node_listen_without_tcp_transport_is_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def missing(name: str) -> object:
-        raise ModuleNotFoundError(f"No module named {name!r}")
-
-    monkeypatch.setattr(cli.importlib, "import_module", missing)
-    with pytest.raises(ConfigError, match="needs the TCP transport"):
-        cli._tcp_transport(Settings.load(env={}, node_listen="127.0.0.1:7001"))
+def test_tcp_transport_without_listen_does_not_listen() -> None:
+    transport = cli._tcp_transport(Settings.load(env={}, node_listen=""))
+    assert transport.address_type == 1
+    assert transport.listen is None  # type: ignore[attr-defined]
 
 
 def test_node_listen_uses_the_tcp_transport() -> None:
-    pytest.importorskip("pipeline.dialogue.transport")
     transport = cli._tcp_transport(Settings.load(env={}, node_listen="127.0.0.1:0"))
     assert transport.address_type == 1
