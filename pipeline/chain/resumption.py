@@ -505,7 +505,6 @@ class TieredResumption:
                     await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
                 item = LiveBlock.from_block(block, entry_id)
                 depth = sender.accept(item.num, item.hash)
-                log.debug("replay %r %d %s -> %s", entry_id, item.num, item.hash[:4], depth)
                 if depth is not None:
                     emits.append(Emit(item.num, item.hash, item.parent, item.results(keep), depth))
             if emits:
@@ -605,7 +604,6 @@ class _LiveListener:
         return True
 
     def offer(self, item: LiveBlock) -> None:
-        log.debug("live %r %d %s live=%s", item.entry_id, item.num, item.hash[:4], self._live)
         if self.failed.done():
             return
         if not self._live:
