@@ -104,7 +104,9 @@ def test_reorg_canonical_audit_trim_replay(
     assert blocks.files_added == 1 and blocks.vacuumed > 0  # old versions' files are gone
     assert len(DeltaTable(settings.lake.table("blocks")).file_uris()) == 1
     reader = LakeReader(lake_uri)
-    assert [r.hash for b in reader.iter_canonical("c", 0) for r in b] == [b.hash for b in main[:7] + fork]
+    assert [r.hash for b in reader.iter_canonical("c", 0) for r in b] == [
+        b.hash for b in main[:7] + fork
+    ]
     assert DeltaTable(settings.lake.table("blocks")).protocol().reader_features is None
 
     # The CLI prints one JSON line (no Spark for audit).
@@ -114,4 +116,9 @@ def test_reorg_canonical_audit_trim_replay(
         env=env, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     line = json.loads(out_cli.stdout.strip().splitlines()[-1])
-    assert (line["job"], line["ok"], line["last"], line["canonical_count"]) == ("audit", True, 10, 11)
+    assert (line["job"], line["ok"], line["last"], line["canonical_count"]) == (
+        "audit",
+        True,
+        10,
+        11,
+    )
