@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
         help="produce a synthetic chain in this process (Redis + live hub) instead of tailing Redis",
     )
     p.add_argument("--rate", type=float, default=10.0, help="blocks/s for --in-process")
+    p.add_argument(
+        "--dialogue-port",
+        type=int,
+        help="also serve the feed over Dialogue duplexes on this TCP port (SLUICE_SERVE_DIALOGUE_PORT)",
+    )
     return p
 
 

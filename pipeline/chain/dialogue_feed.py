@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 _BATCH = 256
 
 
+class _PeerLeft(Exception):
+    """The subscriber ended its half of the duplex."""
+
+
 async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buffer: int) -> None:
     """Serve one subscription on an incoming duplex until the peer leaves or falls behind."""
     try:
@@ -54,10 +58,18 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
             for text in outbox.pop_many(_BATCH):
                 await duplex.send(text.encode())
 
+    async def watch() -> None:
+        async for _ in duplex:
+            pass  # a subscriber sends nothing more; the end of its half means it left
+        raise _PeerLeft
+
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(write())
+            group.create_task(watch())
             group.create_task(resumption.stream(plan, parsed.keep, sub))
+    except* _PeerLeft:
+        pass
     except* SlowConsumer:
         await duplex.end(error=b"subscriber too slow: send buffer full")
     except* ResumptionError as group_exc:
