@@ -98,6 +98,7 @@ def main(argv: list[str]) -> int:
             "serve_host": args.host,
             "serve_port": args.port,
             "serve_stream": args.stream,
+            "serve_dialogue_port": args.dialogue_port,
         }.items()
         if v is not None
     }
