@@ -132,9 +132,8 @@ def run_lake_job(
         except LakeJobError:
             pass  # no result after all: report the exit code below
     if returncode != 0:
-        last = tail[-1] if tail else "(no output)"
         raise LakeJobError(
-            f"lake job {job!r} failed with exit code {returncode}: {last}",
+            f"lake job {job!r} failed with exit code {returncode}: {_error_line(tail)}",
             returncode=returncode,
             stderr_tail=stderr_tail,
         )
@@ -165,6 +164,14 @@ def parse_result(job: str, stdout: str, *, stderr_tail: str = "") -> Any:
         returncode=0,
         stderr_tail=stderr_tail,
     )
+
+
+def _error_line(tail: Sequence[str]) -> str:
+    """The CLI's own error line (``sluice lake: ...``), not the JVM's shutdown chatter after it."""
+    for line in reversed(tail):
+        if line.startswith(("sluice ", "sluice:")):
+            return line
+    return tail[-1] if tail else "(no output)"
 
 
 def _pump_stderr(stream: IO[bytes], tail: collections.deque[str]) -> None:

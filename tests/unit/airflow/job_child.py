@@ -25,6 +25,7 @@ def main(argv: list[str]) -> int:
         return 0
     if what == "fail":
         sys.stderr.write("sluice lake: stream 'x' does not exist\n")
+        sys.stderr.write("INFO py4j.clientserver: Closing down clientserver connection\n")
         return 3
     if what == "report":
         sys.stdout.write(json.dumps({"ok": False, "gaps": [[3, 4]]}) + "\n")
