@@ -129,7 +129,7 @@ def test_archive_job_runs_on_a_standalone_cluster(
 ) -> None:
     sys.path.insert(0, str(ROOT / "plugins"))
     try:
-        from sluice_airflow.lake_job import run_lake_job
+        from sluice_lake_job import run_lake_job
     finally:
         sys.path.remove(str(ROOT / "plugins"))
     from deltalake import DeltaTable
