@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
@@ -214,7 +215,8 @@ def _killpg(pid: int) -> None:
 
 
 def _join(threads: Sequence[threading.Thread], timeout: float = KILL_GRACE_S) -> bool:
-    """Join the pipe readers; True when all of them finished."""
+    """Join the pipe readers within ``timeout`` seconds in all; True when all finished."""
+    deadline = time.monotonic() + timeout
     for thread in threads:
-        thread.join(timeout=timeout)
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
     return not any(thread.is_alive() for thread in threads)
