@@ -106,3 +106,39 @@ def test_parse_result_prefers_the_whole_stdout_then_the_last_line() -> None:
 def test_environment_is_not_leaked_back() -> None:
     run("ok")
     assert os.environ.get("SLUICE_X") is None
+
+
+def test_the_job_dies_with_a_killed_task_process(tmp_path: Path) -> None:
+    """SIGKILL of the task process (no finally runs): Linux's parent-death signal stops the job."""
+    import signal
+    import subprocess
+    import sys
+
+    pids = tmp_path / "pids"
+    plugins = str(Path(__file__).resolve().parents[3] / "plugins")
+    code = (
+        f"import sys; sys.path.insert(0, {plugins!r});"
+        "from sluice_lake_job import run_lake_job;"
+        f"run_lake_job('hang', [{str(pids)!r}], env={ENV!r}, timeout_s=120, module='job_child')"
+    )
+    task = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pids.exists() and len(pids.read_text().split()) == 2):
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.05)
+        child, grandchild = map(int, pids.read_text().split())
+        task.kill()
+        task.wait(timeout=10)
+        assert _gone(child)
+    finally:
+        if task.poll() is None:
+            task.kill()
+            task.wait(timeout=10)
+        # A bare sleep has no way to notice (a Spark JVM exits on its gateway's EOF).
+        for pid in map(int, pids.read_text().split()) if pids.exists() else ():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert grandchild > 0
