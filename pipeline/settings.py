@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from pipeline.errors import ConfigError
 
@@ -45,12 +45,12 @@ class RedisSettings:
             host=parsed.hostname or "127.0.0.1",
             port=parsed.port or 6379,
             db=int(db_text),
-            password=parsed.password,
+            password=unquote(parsed.password) if parsed.password else None,
         )
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}{self.host}:{self.port}/{self.db}"
 
 

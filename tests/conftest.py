@@ -6,6 +6,7 @@ one named by ``SLUICE_TEST_REDIS_URL``) and tears it down at the end.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -73,6 +74,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A session-scoped local Spark with Delta (UI off, few shuffle partitions)."""
     from pipeline.lake.session import build_session
     from pipeline.settings import Settings
+
+    # py4j logs from __del__ at interpreter exit, after pytest closed the streams
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     os.environ.setdefault("SPARK_LOCAL_DIRS", str(warehouse))

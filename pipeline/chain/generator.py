@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from pipeline import keys
@@ -130,7 +130,7 @@ class SyntheticChain:
 
 
 class _XAdd(Protocol):
-    def xadd(self, name: str, fields: dict[bytes, bytes], id: str = ...) -> object: ...
+    def xadd(self, name: str, fields: Mapping[bytes, bytes], id: str = ...) -> object: ...
 
 
 def write_blocks(

@@ -30,6 +30,9 @@ def test_settings_errors():
 def test_from_url():
     r = RedisSettings.from_url("redis://:pw@h:7000/3")
     assert (r.host, r.port, r.db, r.password) == ("h", 7000, 3, "pw")
+    odd = RedisSettings.from_url("redis://:p%40ss%2Fw@h:7000/0")
+    assert odd.password == "p@ss/w"
+    assert RedisSettings.from_url(odd.url) == odd
     assert LakeSettings.from_url("s3://bucket/lake").table("blocks") == "s3://bucket/lake/blocks"
     assert LakeSettings.from_url("./var/lake").uri.startswith("/")
 
