@@ -193,21 +193,7 @@ class TransportMessage(NamedTuple):
         """Parse wire bytes; raises :class:`RemoteProtocolError` with a reason on any defect."""
         if len(data) > max_payload + 64 * MAX_HOPS + 2 * MAX_HOPS * MAX_ADDRESS_LEN:
             raise PayloadTooLarge(f"message of {len(data)} bytes exceeds the limit")
-        try:
-            obj = msgpack.unpackb(
-                data,
-                raw=False,
-                use_list=True,
-                max_bin_len=max(max_payload, MAX_ADDRESS_LEN),
-                max_str_len=MAX_ADDRESS_LEN,
-                max_array_len=max(MAX_HOPS, 4),
-                max_map_len=0,
-                max_ext_len=0,
-            )
-        except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
-            if "exceeds max_bin_len" in str(exc):
-                raise PayloadTooLarge(f"payload exceeds {max_payload} bytes") from exc
-            raise RemoteProtocolError(f"malformed message: {exc}") from exc
+        obj = unpack_bounded(data, max_payload=max_payload, what="message")
         return cls.from_obj(obj, max_payload=max_payload)
 
     @classmethod
@@ -222,6 +208,31 @@ class TransportMessage(NamedTuple):
         if len(payload) > max_payload:
             raise PayloadTooLarge(f"payload of {len(payload)} bytes exceeds {max_payload}")
         return cls(_route_from(onward, "onward"), _route_from(ret, "return"), payload)
+
+
+def unpack_bounded(data: bytes, *, max_payload: int, what: str) -> Any:
+    """msgpack-decode ``data`` with every container and string bounded.
+
+    Binaries may hold a payload of up to ``max_payload`` bytes; strings and
+    arrays are bounded by the route limits, and maps and extensions are
+    refused. Raises :class:`PayloadTooLarge` or :class:`RemoteProtocolError`
+    (naming ``what``) on any defect, never another exception.
+    """
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            max_bin_len=max(max_payload, MAX_ADDRESS_LEN),
+            max_str_len=MAX_ADDRESS_LEN,
+            max_array_len=max(MAX_HOPS, 4),
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        if "exceeds max_bin_len" in str(exc):
+            raise PayloadTooLarge(f"{what} payload exceeds {max_payload} bytes") from exc
+        raise RemoteProtocolError(f"malformed {what}: {exc}") from exc
 
 
 def _route_from(obj: Any, which: str) -> Route:

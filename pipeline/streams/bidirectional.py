@@ -27,8 +27,8 @@ from typing import Any
 
 import msgpack
 
-from pipeline.errors import LocalProtocolError, PayloadTooLarge, RemoteProtocolError, SluiceError
-from pipeline.routing.message import MAX_ADDRESS_LEN, MAX_HOPS, Address, TransportMessage
+from pipeline.errors import LocalProtocolError, RemoteProtocolError, SluiceError
+from pipeline.routing.message import Address, TransportMessage, unpack_bounded
 from pipeline.routing.node import Context, Node
 from pipeline.streams.client import Consumer, Publisher
 
@@ -41,20 +41,7 @@ def encode_entry(return_stream: str, message: TransportMessage) -> bytes:
 
 def decode_entry(data: bytes, *, max_payload: int) -> tuple[str, TransportMessage]:
     """Raises RemoteProtocolError for anything that is not ``[str, message]``."""
-    try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            max_bin_len=max(max_payload, MAX_ADDRESS_LEN),
-            max_str_len=MAX_ADDRESS_LEN,
-            max_array_len=max(MAX_HOPS, 4),
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
-        if "exceeds max_bin_len" in str(exc):
-            raise PayloadTooLarge(f"stream entry payload exceeds {max_payload} bytes") from exc
-        raise RemoteProtocolError(f"malformed stream entry: {exc}") from exc
+    obj = unpack_bounded(data, max_payload=max_payload, what="stream entry")
     if not (isinstance(obj, list) and len(obj) == 2):
         raise RemoteProtocolError("malformed stream entry: not [return_stream, message]")
     ret, message = obj
