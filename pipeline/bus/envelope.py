@@ -256,6 +256,22 @@ def deadline(env: Envelope, *, received: float, default_exp: int, max_exp: int) 
     return float(start + exp)
 
 
+_RET_SLOT = b'"ret":""'
+
+
+def answer_parts(reply: Envelope) -> tuple[bytes, bytes]:
+    """``reply`` encoded with ``ret`` cut out: ``(head, tail)`` around the JSON string of ``ret``.
+
+    ``head + json.dumps(ret).encode() + tail`` is ``reply.copy(ret=ret).encode()``
+    (up to string escaping), for a ``ret`` only Redis knows (see ``BusStore.deliver_reply``).
+    ``"ret":""`` occurs once in the encoding: a quote inside a JSON string is escaped.
+    """
+    head, slot, tail = reply.copy(ret="").encode().partition(_RET_SLOT)
+    if not slot:
+        raise ValueError("encoded envelope has no empty ret field")
+    return head + b'"ret":', tail
+
+
 def error_reply(env: Envelope, text: str, *, about: int, me: int) -> Envelope:
     """The answer a caller gets when the bus itself fails a request.
 

@@ -5,7 +5,8 @@ Both take one envelope as the JSON body, signed by the sending bus
 body), and answer:
 
 =====  ==========================================================
-200    accepted (queued to ``msgbus.system.remote`` / ``.reply``)
+200    accepted: a request queued to ``msgbus.system.remote``; a reply
+       pushed to its caller's ``ret`` (and its backlog entry dropped)
 400    the envelope is invalid
 401    unsigned (and legacy peers are not allowed) or bad signature
 403    unknown sender twin, or a reply from a twin the request was not sent to
@@ -139,7 +140,8 @@ def build_app(ing: Ingress) -> web.Application:
         if refusal is not None:
             return refusal
         try:
-            result = await ing.store.accept_reply(env.uid, env.src, body)
+            head, tail = envelope.answer_parts(env)
+            result = await ing.store.deliver_reply(env.uid, env.src, head, tail)
         except (redis.exceptions.RedisError, OSError):
             log.exception("bus: redis unavailable")
             return _refuse(503, "redis unavailable")

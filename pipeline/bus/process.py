@@ -14,7 +14,9 @@ Theory of operation
   ``msgbus.system.reply``.
 * **reply loop** (``msgbus.system.reply``): a reply for another twin goes to
   the outbox and is POSTed to its ``/zbus-reply``; a reply for this twin is
-  matched with its backlog entry and pushed to the original ``ret``.
+  matched with its backlog entry and pushed to the original ``ret``. A reply
+  arriving on ``/zbus-reply`` skips this queue: the endpoint, having validated
+  it, does the same match-and-answer in one Lua step before saying 200.
 * **scrubber**: answers every backlog entry past its deadline with
   ``err = "request expired"`` and forgets old replay-protection entries.
 

@@ -35,14 +35,19 @@ redis.call('RPUSH', KEYS[2], ARGV[3])
 return 1
 """
 
-# KEYS: backlog, reply. ARGV: uid, sender twin, body.
-# 1 queued, 0 uid not in backlog, -1 the request was sent to another twin.
-_ACCEPT_REPLY = """
+# KEYS: backlog, expiry. ARGV: uid, sender twin, answer head, answer tail.
+# The answer to the caller is head .. <the request's ret as a JSON string> .. tail.
+# 1 answered, 0 uid not in backlog (or already answered), -1 the request was sent to another twin.
+_DELIVER_REPLY = """
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then return 0 end
 local dst = string.match(entry, '"dst":%[(%d+)%]')
 if dst ~= ARGV[2] then return -1 end
-redis.call('RPUSH', KEYS[2], ARGV[3])
+local ret = cjson.decode(entry)['ret']
+if type(ret) ~= 'string' then return redis.error_reply('corrupt backlog entry') end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('RPUSH', ret, ARGV[3] .. cjson.encode(ret) .. ARGV[4])
 return 1
 """
 
@@ -65,8 +70,8 @@ class BusStore:
         self.coalescer = Coalescer(client)
         self._claim = client.register_script(_CLAIM)
         self._accept_request = client.register_script(_ACCEPT_REQUEST)
-        self._accept_reply = client.register_script(_ACCEPT_REPLY)
         self._finish = client.register_script(_FINISH)
+        self._deliver_reply = client.register_script(_DELIVER_REPLY)
 
     async def wait_one(self, queue: str, block_s: int) -> bytes | None:
         """Block up to ``block_s`` seconds for one item, moved atomically to the inflight list."""
@@ -96,11 +101,18 @@ class BusStore:
         )
         return int(result) == 1
 
-    async def accept_reply(self, uid: str, sender: int, body: bytes) -> int:
-        args: list[str | float | bytes] = [uid, str(sender), body]
+    async def deliver_reply(self, uid: str, sender: int, head: bytes, tail: bytes) -> int:
+        """Answer the caller of backlog request ``uid`` with a reply from twin ``sender``.
+
+        The answer is ``head + ret + tail`` with the request's own ``ret`` as a
+        JSON string, pushed to that ``ret`` in the same step that drops the backlog
+        entry, so it happens at most once. Returns 1 answered, 0 unknown (or
+        already answered) uid, -1 when the request went to another twin.
+        """
+        args: list[str | float | bytes] = [uid, str(sender), head, tail]
         result = await self.coalescer.call(
-            lambda pipe: self._accept_reply(
-                keys=[keys.BUS_BACKLOG, keys.BUS_REPLY], args=args, client=pipe
+            lambda pipe: self._deliver_reply(
+                keys=[keys.BUS_BACKLOG, keys.bus_expiry()], args=args, client=pipe
             )
         )
         return int(result)

@@ -100,6 +100,21 @@ async def test_raw_seed_client_call_between_two_twins(twins):
     await ra.aclose()
 
 
+async def test_answer_keeps_a_ret_with_slashes_quotes_and_unicode(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    _, task = serve(b, wallet_balance=echo)
+    ret = f'caller/ünï "q" \\ {uuid.uuid4()}'
+    try:
+        doc = seed_request("wallet.balance", [b.id], b"x", ret=ret)
+        [answer] = await raw_call(a.url, doc, 1)
+    finally:
+        await stop(task)
+    assert answer["ret"] == ret and answer["err"] == ""
+    assert base64.b64decode(answer["dat"]) == b"echo:x"
+
+
 async def test_raw_seed_handler_with_literal_swap(twins):
     """A handler written from the seed swaps dst and src literally (src becomes a list)."""
     a, b = twins(2)

@@ -132,3 +132,13 @@ def test_round_trip(cmd, dst, data, exp, tries):
     env = Envelope(cmd=cmd, dst=dst, ret="r", exp=exp, try_=tries, dat=envelope.encode_data(data))
     back = decode(env.encode())
     assert back == env and back.data == data
+
+
+def test_answer_parts_put_any_ret_back_in_place():
+    from pipeline.bus.envelope import answer_parts
+
+    reply = Envelope(uid="1002.7", cmd="a.b", src=1002, dst=[1001], ret="msgbus.system.reply")
+    head, tail = answer_parts(reply)
+    for ret in ("r-1", 'q"uo\\te/slash', "ünï", '"ret":""'):
+        joined = head + json.dumps(ret).encode() + tail
+        assert decode(joined, reply=True) == reply.copy(ret=ret)
