@@ -126,6 +126,8 @@ class Settings:
     serve_heartbeat_s: float = 20.0
     #: TCP port of the same feed over Dialogue duplexes (0: off).
     serve_dialogue_port: int = 0
+    #: Decoded lake history kept in memory by ``sluice serve`` (MiB, LRU by data file; 0: off).
+    serve_history_cache_mb: int = 512
     log_level: str = "INFO"
     # Airflow side of the lake (dags/, plugins/)
     #: Wall-clock limit of one lake job child process (archive, canonical, trim...).

@@ -268,6 +268,13 @@ class TieredResumption:
             # Check the hash on the first page the stream will send anyway: one lake read, not two.
             pages = history.iter_canonical_arrow(self._stream, num, lo, batch_rows=self._batch_rows)
             first = await asyncio.to_thread(_next_page, pages, keep)
+            if not (first and first[0].num == num) and await _refresh(history):
+                # A shared reader may be a little behind the lake: look again at the latest version.
+                _close(pages)
+                pages = history.iter_canonical_arrow(
+                    self._stream, num, lo, batch_rows=self._batch_rows
+                )
+                first = await asyncio.to_thread(_next_page, pages, keep)
             if first and first[0].num == num and first[0].hash == want:
                 return Plan(
                     start=num, tail=tail, history=history, reason="match", prefetched=(pages, first)
@@ -374,6 +381,9 @@ class TieredResumption:
             pos = await self._from_history(
                 plan.history, pos, lo, keep, sink, sender, prefetched=plan.prefetched
             )
+            if lo is not None and pos < lo and await _refresh(plan.history):
+                # The lake looked shorter than Redis says it must be: read on at the latest version.
+                pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
             log.debug("history sent up to %d", pos - 1)
         if lo is not None:
             if pos < lo and sender.sent:
@@ -459,9 +469,7 @@ class TieredResumption:
 
     async def _payload_from_history(self, history: History | None, num: int, h: str) -> bytes:
         if history is not None:
-            refresh = getattr(history, "refresh", None)
-            if refresh is not None:
-                await asyncio.to_thread(refresh)
+            await _refresh(history)
             row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
             if row is not None:
                 return bytes(row.payload)
@@ -529,9 +537,7 @@ class TieredResumption:
         result must link to ``parent``, the parent of the next Redis entry.
         """
         if history is not None:
-            refresh = getattr(history, "refresh", None)
-            if refresh is not None:
-                await asyncio.to_thread(refresh)
+            await _refresh(history)
             start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
             pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
             while (page := await asyncio.to_thread(_next_page, pages, keep)) is not None:
@@ -630,6 +636,15 @@ class _LiveListener:
         except SlowConsumer as exc:
             if not self.failed.done():
                 self.failed.set_exception(exc)
+
+
+async def _refresh(history: History) -> bool:
+    """Move ``history`` to the latest lake version if it can; False when it cannot."""
+    refresh = getattr(history, "refresh", None)
+    if refresh is None:
+        return False
+    await asyncio.to_thread(refresh)
+    return True
 
 
 def _close(pages: Iterator[pa.Table]) -> None:

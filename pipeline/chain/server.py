@@ -32,6 +32,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.chain import jsonrpc
 from pipeline.chain.batch import parse_quantity
+from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
@@ -325,11 +326,17 @@ def create_app(
     app[CONNECTIONS] = set()
     if history_factory is None:
         lake_uri = settings.lake_uri
+        cache_bytes = settings.serve_history_cache_mb << 20
+        if cache_bytes < 0:
+            raise ValueError("serve_history_cache_mb must be non-negative")
 
-        def history_factory() -> History | None:
+        def open_reader() -> History:
             from pipeline.lake.reader import LakeReader
 
-            return LakeReader(lake_uri)
+            return LakeReader(lake_uri, cache_bytes=cache_bytes)
+
+        # One reader (and its file cache) for every subscription of this server.
+        history_factory = SharedHistory(open_reader)
 
     factory = history_factory
 

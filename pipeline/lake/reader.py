@@ -8,6 +8,12 @@ rows after reading. ``iter_canonical`` streams a range in ``num`` order
 without sorting the whole range: files are visited by their minimum ``num``
 and a row is emitted once no unread file can still hold a smaller ``num``.
 
+With ``cache_bytes > 0`` (the resumption server's shared reader), each data
+file's canonical rows of a stream are kept after the first read, sorted by
+``num``, in an LRU bounded by their arrow size. Delta data files are
+immutable, so an entry keyed by file path never goes stale; a range read
+from a cached file is a binary search and a zero-copy slice.
+
 This module never imports Spark: the resumption server reads history through
 it without starting a JVM. The table must keep deletion vectors and column
 mapping off (``tables.TABLE_PROPERTIES``); a table that has either is refused
@@ -16,6 +22,8 @@ with :class:`~pipeline.errors.LakeError`.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +55,20 @@ class BlockRow:
 class LakeReader:
     """Reads canonical (and reorged) blocks of any stream from the lake, without Spark."""
 
-    def __init__(self, lake_uri: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        lake_uri: str,
+        storage_options: dict[str, str] | None = None,
+        *,
+        cache_bytes: int = 0,
+    ) -> None:
+        if cache_bytes < 0:
+            raise ValueError("cache_bytes must be non-negative")
         self._uri = LakeSettings.from_url(lake_uri).table(tables.BLOCKS)
         self._storage_options = storage_options
         self._table: Any = None  # deltalake.DeltaTable once the table exists
         self._min_nums: tuple[int | None, dict[str, int]] | None = None
+        self._cache = _FileCache(cache_bytes)
         self.refresh()
 
     @property
@@ -139,15 +156,17 @@ class LakeReader:
         )
         pending: pa.Table | None = None
         for index, (_, fragment) in enumerate(fragments):
-            loaded = _canonical_only(
-                fragment.to_table(
-                    schema=dataset.schema, columns=[*ARROW_COLUMNS, "canonical"], filter=row_filter
-                )
-            ).select(list(ARROW_COLUMNS))
-            pending = loaded if pending is None else pa.concat_tables([pending, loaded])
+            loaded = self._load(dataset, fragment, stream, start, stop, row_filter)
+            if pending is None or pending.num_rows == 0:
+                pending = loaded
+            elif loaded.num_rows:
+                pending = pa.concat_tables([pending, loaded])
+                if _last_num(pending.slice(0, pending.num_rows - loaded.num_rows)) >= _first_num(
+                    loaded
+                ):
+                    pending = pending.sort_by("num")
             # Rows below the next file's minimum num can no longer be preceded by anything.
             bound = fragments[index + 1][0] if index + 1 < len(fragments) else None
-            pending = pending.sort_by("num")
             if bound is None:
                 ready, pending = pending, None
             else:
@@ -157,6 +176,32 @@ class LakeReader:
                 yield ready.slice(offset, batch_rows)
 
     # --- internals -----------------------------------------------------------
+
+    def _load(
+        self,
+        dataset: ds.Dataset,
+        fragment: Any,
+        stream: str,
+        start: int,
+        stop: int | None,
+        row_filter: pc.Expression,
+    ) -> pa.Table:
+        """The canonical rows of one file with ``start <= num < stop``, sorted by ``num``."""
+        columns = [*ARROW_COLUMNS, "canonical"]
+        if not self._cache.enabled:
+            table = fragment.to_table(schema=dataset.schema, columns=columns, filter=row_filter)
+            return _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
+        key = (fragment.path, stream)
+        whole = self._cache.get(key)
+        if whole is None:
+            table = fragment.to_table(
+                schema=dataset.schema, columns=columns, filter=_stream(stream)
+            )
+            whole = _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
+            self._cache.put(key, whole)
+        lo = _count_below(whole, start)
+        hi = whole.num_rows if stop is None else _count_below(whole, stop)
+        return whole.slice(lo, max(0, hi - lo))
 
     def _dataset(self, pruning: Sequence[tuple[str, str, Any]]) -> ds.Dataset | None:
         if self._table is None:
@@ -195,6 +240,41 @@ class LakeReader:
         return self._min_nums[1].get(path, -1)
 
 
+class _FileCache:
+    """LRU of sorted per-file tables, bounded by their total arrow size (thread-safe)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self._items: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit > 0
+
+    def get(self, key: tuple[str, str]) -> pa.Table | None:
+        with self._lock:
+            table = self._items.get(key)
+            if table is not None:
+                self._items.move_to_end(key)
+            return table
+
+    def put(self, key: tuple[str, str], table: pa.Table) -> None:
+        size = table.nbytes
+        if size > self.limit:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.size -= old.nbytes
+            while self._items and self.size + size > self.limit:
+                _, dropped = self._items.popitem(last=False)
+                self.size -= dropped.nbytes
+            self._items[key] = table
+            self.size += size
+
+
 def _canonical_only(table: pa.Table) -> pa.Table:
     """Keep canonical rows.
 
@@ -210,9 +290,24 @@ def _stream(stream: str) -> pc.Expression:
 
 
 def _count_below(table: pa.Table, bound: int) -> int:
-    """How many leading rows of a num-sorted table have ``num < bound``."""
-    mask = pc.less(table.column("num"), bound)
-    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+    """How many leading rows of a num-sorted table have ``num < bound`` (binary search)."""
+    nums = table.column("num")
+    lo, hi = 0, len(nums)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if nums[mid].as_py() < bound:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _first_num(table: pa.Table) -> int:
+    return int(table.column("num")[0].as_py())
+
+
+def _last_num(table: pa.Table) -> int:
+    return int(table.column("num")[-1].as_py())
 
 
 def _rows(table: pa.Table, *, canonical: bool | None) -> list[BlockRow]:

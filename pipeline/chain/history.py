@@ -1,0 +1,69 @@
+"""One lake reader shared by every subscription of a server, refreshed cheaply.
+
+Opening a :class:`~pipeline.lake.reader.LakeReader` loads the Delta log, and
+a fresh reader starts with an empty file cache. :class:`SharedHistory` opens
+one reader per server and hands it to every resumption; it moves the reader
+to the latest table version at most every ``check_every_s`` seconds (an
+incremental log update, a directory listing when nothing changed). Resumption
+forces a refresh itself whenever the lake looks shorter than Redis says it
+must be, so a reader a little behind never causes a gap.
+
+Calls may come from several threads (``asyncio.to_thread``): a lock guards
+opening and refreshing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.chain.resumption import History
+
+
+class SharedHistory:
+    """A history factory (``TieredResumption(history_factory=...)``) returning one shared reader."""
+
+    def __init__(
+        self,
+        open_reader: Callable[[], Any],
+        *,
+        check_every_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if check_every_s < 0:
+            raise ValueError("check_every_s must be non-negative")
+        self._open = open_reader
+        self._every = check_every_s
+        self._clock = clock
+        self._reader: Any = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        self.opened = 0
+        self.refreshes = 0
+
+    def __call__(self) -> History | None:
+        with self._lock:
+            now = self._clock()
+            if self._reader is None:
+                self._reader = self._open()
+                self.opened += 1
+                self._checked = now
+            elif now - self._checked >= self._every:
+                self._refresh_locked(now)
+            reader: History | None = self._reader
+            return reader
+
+    def refresh(self) -> None:
+        """Move the shared reader to the latest version now."""
+        with self._lock:
+            if self._reader is not None:
+                self._refresh_locked(self._clock())
+
+    def _refresh_locked(self, now: float) -> None:
+        refresh = getattr(self._reader, "refresh", None)
+        if refresh is not None:
+            refresh()
+            self.refreshes += 1
+        self._checked = now

@@ -1,0 +1,89 @@
+"""The reader's per-file cache (used by ``sluice serve``) against tables written by delta-rs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pipeline.chain.batch import Block, encode_block
+from pipeline.lake import tables
+from pipeline.lake.reader import LakeReader
+from pipeline.settings import LakeSettings
+from tests.integration.lake.helpers import chain
+
+
+def _append(lake_uri: str, stream: str, blocks: list[Block], *, canonical: bool = True) -> None:
+    from deltalake import write_deltalake
+
+    table = pa.table(
+        {
+            "stream": [stream] * len(blocks),
+            "num": [b.num for b in blocks],
+            "hash": [b.hash.hex() for b in blocks],
+            "parent": [b.parent.hex() for b in blocks],
+            "canonical": [canonical] * len(blocks),
+            "entry_id": [f"{b.num + 1}-0" for b in blocks],
+            "entry_ms": [b.num + 1 for b in blocks],
+            "payload": [encode_block(b) for b in blocks],
+            "archived_at": [None] * len(blocks),
+        },
+        schema=tables.BLOCKS_ARROW,
+    )
+    write_deltalake(LakeSettings.from_url(lake_uri).table(tables.BLOCKS), table, mode="append")
+
+
+def _nums(reader: LakeReader, stream: str, start: int, stop: int | None, rows: int) -> list[Any]:
+    return [
+        n
+        for t in reader.iter_canonical_arrow(stream, start, stop, batch_rows=rows)
+        for n in t.column("num").to_pylist()
+    ]
+
+
+def test_cached_reads_equal_uncached_reads(lake_uri: str) -> None:
+    main = chain(0, 60)
+    # Files out of order, overlapping ranges, rows unsorted inside a file, reorged rows,
+    # and another stream in the same files.
+    _append(lake_uri, "s", main[30:60][::-1] + main[5:10])
+    _append(lake_uri, "s", main[0:5] + main[10:30])
+    _append(lake_uri, "s", chain(20, 25, branch="fork"), canonical=False)
+    _append(lake_uri, "other", chain(0, 40, branch="o"))
+    cached = LakeReader(lake_uri, cache_bytes=1 << 24)
+    plain = LakeReader(lake_uri)
+    for start, stop, rows in [(0, None, 7), (33, 34, 1), (10, 50, 4), (59, None, 3), (60, None, 5)]:
+        for _ in range(2):  # cold, then from the cache
+            assert _nums(cached, "s", start, stop, rows) == _nums(plain, "s", start, stop, rows)
+    assert _nums(cached, "s", 0, None, 8) == list(range(60))
+    assert _nums(cached, "other", 5, 9, 8) == [5, 6, 7, 8]
+    hashes = [
+        h for t in cached.iter_canonical_arrow("s", 18, 27) for h in t.column("hash").to_pylist()
+    ]
+    assert hashes == [b.hash.hex() for b in main[18:27]]
+    assert 0 < cached._cache.size <= cached._cache.limit
+
+    # A file added later is read at the next refresh; cached files stay valid.
+    _append(lake_uri, "s", chain(60, 70))
+    assert _nums(cached, "s", 55, None, 8) == list(range(55, 60))
+    cached.refresh()
+    assert _nums(cached, "s", 55, None, 8) == list(range(55, 70))
+
+
+def test_cache_stays_within_its_bound(lake_uri: str) -> None:
+    for lo in range(0, 40, 10):
+        _append(lake_uri, "s", chain(lo, lo + 10))
+    one_file = LakeReader(lake_uri, cache_bytes=1 << 24)
+    assert _nums(one_file, "s", 0, 10, 100) == list(range(10))
+    limit = one_file._cache.size * 2 + 1  # room for two files, not four
+    small = LakeReader(lake_uri, cache_bytes=limit)
+    assert _nums(small, "s", 0, None, 100) == list(range(40))
+    assert 0 < small._cache.size <= limit
+    tiny = LakeReader(lake_uri, cache_bytes=1)  # nothing fits: reads still work
+    assert _nums(tiny, "s", 5, 25, 3) == list(range(5, 25))
+    assert tiny._cache.size == 0
+
+
+def test_negative_cache_is_refused(lake_uri: str) -> None:
+    with pytest.raises(ValueError, match="cache_bytes"):
+        LakeReader(lake_uri, cache_bytes=-1)
