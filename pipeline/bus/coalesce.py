@@ -4,6 +4,12 @@ HTTP handlers and senders each need one Redis command (a Lua script, an
 HDEL). Sent one by one, each costs a round trip and a pooled connection;
 queued here, whatever accumulated while the previous pipeline ran goes out
 together. The queue is bounded, so callers wait when Redis falls behind.
+
+Scripts go in as plain ``EVALSHA`` (redis-py's script objects would add a
+``SCRIPT EXISTS`` round trip to every pipeline); a command that meets
+``NOSCRIPT`` (Redis restarted and lost its script cache) is sent once more
+after the scripts are loaded again. The pipeline is not a transaction, so the
+other commands of its batch are unaffected.
 """
 
 from __future__ import annotations
@@ -17,12 +23,17 @@ import redis.exceptions
 
 #: Adds exactly one command to the pipeline it is given.
 Command = Callable[[Any], Awaitable[Any] | Any]
+#: Loads the Lua scripts the commands run by EVALSHA.
+Reload = Callable[[], Awaitable[None]]
 
 
 class Coalescer:
-    def __init__(self, client: aioredis.Redis, *, max_batch: int = 512) -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, max_batch: int = 512, reload: Reload | None = None
+    ) -> None:
         self._redis = client
         self._max_batch = max_batch
+        self._reload = reload
         self._queue: asyncio.Queue[tuple[Command, asyncio.Future[Any]]] = asyncio.Queue(
             maxsize=max_batch * 8
         )
@@ -52,12 +63,15 @@ class Coalescer:
 
     async def _send(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> None:
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for command, _ in batch:
-                    added = command(pipe)
-                    if isinstance(added, Awaitable):
-                        await added
-                results = await pipe.execute(raise_on_error=False)
+            results = await self._execute(batch)
+            missing = [
+                i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)
+            ]
+            if missing and self._reload is not None:
+                await self._reload()
+                again = await self._execute([batch[i] for i in missing])
+                for i, result in zip(missing, again, strict=True):
+                    results[i] = result
         except (redis.exceptions.RedisError, OSError) as exc:
             for _, future in batch:
                 if not future.done():
@@ -70,3 +84,11 @@ class Coalescer:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+    async def _execute(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for command, _ in batch:
+                added = command(pipe)
+                if isinstance(added, Awaitable):
+                    await added
+            return list(await pipe.execute(raise_on_error=False))

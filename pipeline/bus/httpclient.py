@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 MAX_HEADER = 16 * 1024
 MAX_BODY = 64 * 1024
+#: Parsed URLs kept (a few per peer); the cache starts over past this.
+MAX_TARGETS = 4096
 
 
 class HttpError(OSError):
@@ -49,18 +51,29 @@ class HttpPool:
         self._per_host = per_host
         self._deadline_s = deadline_s
         self._hosts: dict[tuple[str, int], _Host] = {}
+        self._targets: dict[str, tuple[tuple[str, int], str]] = {}  # url -> (host, first lines)
+
+    def _target(self, url: str) -> tuple[tuple[str, int], str]:
+        """``((hostname, port), request line + Host header)`` of ``url``, parsed once."""
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"HttpPool speaks plain http only: {url!r}")
+            port = parts.port or 80
+            first = f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.hostname}:{port}"
+            if len(self._targets) >= MAX_TARGETS:
+                self._targets.clear()
+            target = self._targets[url] = ((parts.hostname, port), first)
+        return target
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """POST ``body``; return (status, response body). Raises :class:`HttpError`."""
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"HttpPool speaks plain http only: {url!r}")
-        port = parts.port or 80
-        key = (parts.hostname, port)
+        key, first = self._target(url)
         host = self._hosts.get(key)
         if host is None:
             host = self._hosts[key] = _Host(self._per_host)
-        head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.hostname}:{port}"]
+        head = [first]
         head += [f"{name}: {value}" for name, value in headers.items()]
         head.append(f"Content-Length: {len(body)}")
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body

@@ -67,11 +67,16 @@ class BusStore:
     def __init__(self, client: aioredis.Redis) -> None:
         self.redis = client
         #: Single commands from concurrent callers go through here; run it as a task.
-        self.coalescer = Coalescer(client)
+        self.coalescer = Coalescer(client, reload=self._load_scripts)
         self._claim = client.register_script(_CLAIM)
         self._accept_request = client.register_script(_ACCEPT_REQUEST)
         self._finish = client.register_script(_FINISH)
         self._deliver_reply = client.register_script(_DELIVER_REPLY)
+
+    async def _load_scripts(self) -> None:
+        """Load the scripts the coalescer runs by EVALSHA (after Redis lost its script cache)."""
+        for script in (self._accept_request, self._deliver_reply, self._finish):
+            await self.redis.script_load(script.script)
 
     async def wait_one(self, queue: str, block_s: int) -> bytes | None:
         """Block up to ``block_s`` seconds for one item, moved atomically to the inflight list."""
@@ -94,10 +99,9 @@ class BusStore:
 
     async def accept_request(self, seen_id: str, expires: float, body: bytes) -> bool:
         args: list[str | float | bytes] = [seen_id, expires, body]
+        sha = self._accept_request.sha
         result = await self.coalescer.call(
-            lambda pipe: self._accept_request(
-                keys=[keys.bus_seen(), keys.BUS_REMOTE], args=args, client=pipe
-            )
+            lambda pipe: pipe.evalsha(sha, 2, keys.bus_seen(), keys.BUS_REMOTE, *args)
         )
         return int(result) == 1
 
@@ -110,10 +114,9 @@ class BusStore:
         already answered) uid, -1 when the request went to another twin.
         """
         args: list[str | float | bytes] = [uid, str(sender), head, tail]
+        sha = self._deliver_reply.sha
         result = await self.coalescer.call(
-            lambda pipe: self._deliver_reply(
-                keys=[keys.BUS_BACKLOG, keys.bus_expiry()], args=args, client=pipe
-            )
+            lambda pipe: pipe.evalsha(sha, 2, keys.BUS_BACKLOG, keys.bus_expiry(), *args)
         )
         return int(result)
 
@@ -129,8 +132,12 @@ class BusStore:
 
     async def finish(self, uid: str, ret: str, answer: bytes, outbox_id: str = "") -> bool:
         """Push ``answer`` to ``ret`` and drop the backlog entry, unless it is already answered."""
+        sha = self._finish.sha
+        args = [uid, ret, answer, outbox_id]
         result = await self.coalescer.call(
-            lambda pipe: self.finish_in(pipe, uid, ret, answer, outbox_id)
+            lambda pipe: pipe.evalsha(
+                sha, 3, keys.BUS_BACKLOG, keys.bus_expiry(), keys.bus_outbox(), *args
+            )
         )
         return int(result) == 1
 

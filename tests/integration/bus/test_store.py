@@ -1,0 +1,44 @@
+"""BusStore's coalesced scripts against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.bus.envelope import Envelope, answer_parts
+from pipeline.bus.store import BusStore
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_coalesced_scripts_survive_a_flushed_script_cache(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client)
+    runner = asyncio.create_task(store.coalescer.run())
+    try:
+        request = Envelope(uid="1002.1", cmd="c.d", src=1001, dst=[1002], ret="caller")
+        await client.hset(keys.BUS_BACKLOG, mapping={"1002.1": request.encode()})
+        await client.hset(keys.BUS_BACKLOG, mapping={"1002.2": request.copy(uid="1002.2").encode()})
+        await client.script_flush()  # what a Redis restart does to the script cache
+        reply = Envelope(uid="1002.1", cmd="c.d", src=1002, dst=[1001], ret=keys.BUS_REPLY)
+        results = await asyncio.gather(
+            store.deliver_reply("1002.1", 1002, *answer_parts(reply)),
+            store.deliver_reply("1002.9", 1002, *answer_parts(reply.copy(uid="1002.9"))),
+            store.deliver_reply("1002.2", 1003, *answer_parts(reply.copy(uid="1002.2"))),
+            store.accept_request("1001:1002.1", 9e9, b"queued"),
+        )
+        assert results == [1, 0, -1, True]
+        assert await client.lrange("caller", 0, -1) == [reply.copy(ret="caller").encode()]
+        assert await client.lrange(keys.BUS_REMOTE, 0, -1) == [b"queued"]
+        await client.script_flush()
+        assert await store.finish("1002.2", "caller", b"late") is True
+        assert await store.finish("1002.2", "caller", b"twice") is False
+        assert await client.hlen(keys.BUS_BACKLOG) == 0
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        await client.aclose()
