@@ -42,7 +42,7 @@ from pipeline.bus import envelope
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, reraise_if_cancelling
 from pipeline.bus.directory import Directory
 from pipeline.bus.forward import Forwarder, Kind, Outbound, Outcome
-from pipeline.bus.http import Ingress, build_app
+from pipeline.bus.http import Ingress, build_server
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
@@ -95,7 +95,7 @@ class BusProcess:
             directory=directory,
             forwarder=self.forwarder,
         )
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._stopped = False
@@ -107,8 +107,8 @@ class BusProcess:
         self._tasks.append(asyncio.create_task(self.store.coalescer.run(), name="bus-coalescer"))
         self._tasks.append(asyncio.create_task(self.forwarder.run(), name="bus-forwarder"))
         await self._resend_pending()
-        self._runner = web.AppRunner(
-            build_app(self._ingress), access_log=None, shutdown_timeout=2.0
+        self._runner = web.ServerRunner(
+            build_server(self._ingress), access_log=None, shutdown_timeout=2.0
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)

@@ -129,3 +129,17 @@ async def test_replies_must_match_the_backlog(twins):
         assert await ra.hlen(keys.BUS_BACKLOG) == 0
     finally:
         await ra.aclose()
+
+
+async def test_unknown_path_wrong_method_and_oversized_body_refused(twins):
+    a, b = twins(2)
+    await b.start_bus(max_size=4096)
+    body = request_body(a.id, b.id, f"{b.id}.8")
+    assert (await post(b.port, "/zbus-elsewhere", body, a.signer, a.id))[0] == 404
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{b.port}/zbus-remote") as resp:
+            assert resp.status == 405
+    big = request_body(a.id, b.id, f"{b.id}.9", dat="QUFB" * 4000)
+    assert (await post(b.port, "/zbus-remote", big, a.signer, a.id))[0] == 413
+    # the endpoint still works after those
+    assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
