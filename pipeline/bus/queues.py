@@ -71,17 +71,16 @@ class QueueHandlers:
                 env, received=now, default_exp=self.config.default_exp, max_exp=self.config.max_exp
             )
             for dst in env.dst:
-                about = env.copy(dst=[dst], src=self.twin)
                 if expires <= now:
-                    fail = envelope.error_reply(about, "request expired", about=dst, me=self.twin)
-                    answers.append((env.ret, fail.encode()))
+                    problem = "request expired"
                 elif dst != self.twin and await self.directory.lookup(dst) is None:
-                    fail = envelope.error_reply(
-                        about, "destination not found", about=dst, me=self.twin
-                    )
-                    answers.append((env.ret, fail.encode()))
+                    problem = "destination not found"
                 else:
                     routed.append((env, expires, dst))
+                    continue
+                about = env.copy(dst=[dst], src=self.twin)
+                fail = envelope.error_reply(about, problem, about=dst, me=self.twin)
+                answers.append((env.ret, fail.encode()))
         outbound: list[Outbound] = []
         backlog: dict[str, bytes] = {}
         deadlines: dict[str, float] = {}
