@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 PAGE = 1000
+#: Rows of the first lake page of a subscription (later pages are ``batch_rows``).
+FIRST_PAGE = 32
 _LIVE_ATTEMPTS = 5
 
 
@@ -266,14 +268,12 @@ class TieredResumption:
         lo = tail.lo
         if num not in tail.chain and history is not None and (lo is None or num < lo):
             # Check the hash on the first page the stream will send anyway: one lake read, not two.
-            pages = history.iter_canonical_arrow(self._stream, num, lo, batch_rows=self._batch_rows)
+            pages = self._history_pages(history, num, lo)
             first = await asyncio.to_thread(_next_page, pages, keep)
             if not (first and first[0].num == num) and await _refresh(history):
                 # A shared reader may be a little behind the lake: look again at the latest version.
                 _close(pages)
-                pages = history.iter_canonical_arrow(
-                    self._stream, num, lo, batch_rows=self._batch_rows
-                )
+                pages = self._history_pages(history, num, lo)
                 first = await asyncio.to_thread(_next_page, pages, keep)
             if first and first[0].num == num and first[0].hash == want:
                 return Plan(
@@ -292,6 +292,11 @@ class TieredResumption:
         return Plan(
             start=max(0, num - self._threshold), tail=tail, history=history, reason="rewind"
         )
+
+    def _history_pages(self, history: History, start: int, stop: int | None) -> Iterator[pa.Table]:
+        """Lake pages from ``start``; the first one short, so the first block goes out soon."""
+        pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=self._batch_rows)
+        return _short_first(pages, FIRST_PAGE)
 
     async def _canonical_hash(
         self, tail: TailIndex, history: History | None, num: int
@@ -407,9 +412,7 @@ class TieredResumption:
         if prefetched is not None:
             pages, first = prefetched
         else:
-            pages = history.iter_canonical_arrow(
-                self._stream, pos, stop, batch_rows=self._batch_rows
-            )
+            pages = self._history_pages(history, pos, stop)
             first = None
         try:
             while True:
@@ -645,6 +648,20 @@ async def _refresh(history: History) -> bool:
         return False
     await asyncio.to_thread(refresh)
     return True
+
+
+def _short_first(pages: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """``pages`` with the first one split after ``rows`` rows; closing it closes ``pages``."""
+    try:
+        first = True
+        for table in pages:
+            if first and table.num_rows > rows:
+                yield table.slice(0, rows)
+                table = table.slice(rows)
+            first = False
+            yield table
+    finally:
+        _close(pages)
 
 
 def _close(pages: Iterator[pa.Table]) -> None:

@@ -78,7 +78,7 @@ class Connection:
         self.settings = app[SETTINGS]
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
-        self.outbox = Outbox(self.settings.serve_send_buffer)
+        self.outbox = Outbox(self.settings.serve_send_buffer, direct=self._write_now)
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
         self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
@@ -147,6 +147,25 @@ class Connection:
                     await protocol._drain_helper()  # aiohttp's flow-control wait
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+
+    def _write_now(self, texts: list[str]) -> bool:
+        """Write at once when the outbox is empty and the transport is not paused.
+
+        Called by the outbox only while nothing is queued, so nothing can
+        overtake queued texts; the writer task never has a half-written burst
+        (it pops and writes without awaiting in between).
+        """
+        transport = self.request.transport
+        if (
+            transport is None
+            or transport.is_closing()
+            or self.ws.closed
+            or self.request.protocol.writing_paused
+        ):
+            return False
+        transport.write(b"".join([_text_frame(t.encode()) for t in texts]))
+        self.metrics.inc("sluice_serve_messages_sent_total", len(texts))
+        return True
 
     async def _read(self) -> None:
         async for msg in self.ws:

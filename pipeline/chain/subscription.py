@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +68,19 @@ def parse_subscribe(params: Any) -> SubscribeParams:
 
 
 class Outbox:
-    """Bounded queue of texts to send on one connection."""
+    """Bounded queue of texts to send on one connection.
 
-    def __init__(self, limit: int) -> None:
+    ``direct``, when set, may take texts offered while nothing is queued and
+    write them at once (returning True), skipping the queue and the writer
+    task's wake-up: the live fan-out's hot path. It returns False when it
+    cannot take them now (e.g. the transport is paused), and they are queued.
+    """
+
+    def __init__(self, limit: int, direct: Callable[[list[str]], bool] | None = None) -> None:
         if limit < 1:
             raise ValueError("outbox limit must be positive")
         self.limit = limit
+        self.direct = direct
         self._items: deque[str] = deque()
         self._data = asyncio.Event()
         self._room = asyncio.Event()
@@ -82,7 +90,9 @@ class Outbox:
         return len(self._items)
 
     def offer(self, texts: list[str]) -> bool:
-        """Queue now if there is room for all of them, else False (nothing queued)."""
+        """Queue (or write directly) now if there is room for all of them, else False."""
+        if not self._items and self.direct is not None and self.direct(texts):
+            return True
         if len(self._items) + len(texts) > self.limit:
             return False
         self._items.extend(texts)
