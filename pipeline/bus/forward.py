@@ -58,6 +58,8 @@ class Outbound:
     resent: bool = field(default=False, compare=False)
     attempt: int = field(default=0, compare=False)
     last_error: str = field(default="", compare=False)
+    #: Signature of ``body``, made on the first attempt and reused by retries.
+    signature: str = field(default="", compare=False)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -181,7 +183,9 @@ class Forwarder:
         path = REMOTE_PATH if item.kind is Kind.REQUEST else REPLY_PATH
         headers = {TWIN_HEADER: str(self.twin), "Content-Type": "application/json"}
         if self._signer is not None:
-            headers[SIGNATURE_HEADER] = self._signer.sign(item.body)
+            if not item.signature:
+                item.signature = self._signer.sign(item.body)
+            headers[SIGNATURE_HEADER] = item.signature
         try:
             if peer.url.startswith("http://"):
                 status, raw = await self._pool.post(peer.url + path, item.body, headers)
