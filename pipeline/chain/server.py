@@ -59,6 +59,26 @@ def _text_frame(data: bytes) -> bytes:
     return b"\x81\x7f" + n.to_bytes(8, "big") + data
 
 
+#: Frames of texts written directly (mostly live notifications, whose texts are
+#: shared by subscribers: see ``subscription._LIVE_TEXTS``). Bounded: cleared when
+#: full, and texts longer than _FRAMES_MAX_CHARS are never kept (at most about 16 MB).
+_FRAMES: dict[str, bytes] = {}
+_FRAMES_LIMIT = 1024
+_FRAMES_MAX_CHARS = 8192
+
+
+def _cached_frame(text: str) -> bytes:
+    if len(text) > _FRAMES_MAX_CHARS:
+        return _text_frame(text.encode())
+    frame = _FRAMES.get(text)
+    if frame is None:
+        frame = _text_frame(text.encode())
+        if len(_FRAMES) >= _FRAMES_LIMIT:
+            _FRAMES.clear()
+        _FRAMES[text] = frame
+    return frame
+
+
 SETTINGS = web.AppKey("settings", Settings)
 HUB = web.AppKey("hub", WebsocketHub)
 METRICS = web.AppKey("metrics", Metrics)
@@ -163,7 +183,10 @@ class Connection:
             or self.request.protocol.writing_paused
         ):
             return False
-        transport.write(b"".join([_text_frame(t.encode()) for t in texts]))
+        if len(texts) == 1:
+            transport.write(_cached_frame(texts[0]))
+        else:
+            transport.write(b"".join([_cached_frame(t) for t in texts]))
         self.metrics.inc("sluice_serve_messages_sent_total", len(texts))
         return True
 

@@ -23,6 +23,15 @@ from pipeline.errors import BadBatch, BadParams, SlowConsumer
 METHOD = "cardinal_subscribe"
 _EXTRAS = {"ready", "reorgs"}
 
+#: Live notification texts by (prefix, result): a live block's results are
+#: shared string objects, and subscription ids such as "0x1" repeat across
+#: connections, so subscribers with the same pattern set and id share one text
+#: (and the server one websocket frame for it). Bounded: cleared when full, and
+#: texts longer than LIVE_CACHE_MAX_CHARS are never kept (at most about 8 MB).
+_LIVE_TEXTS: dict[tuple[str, str], str] = {}
+LIVE_CACHE_LIMIT = 1024
+LIVE_CACHE_MAX_CHARS = 8192
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubscribeParams:
@@ -135,6 +144,19 @@ class Outbox:
         return text
 
 
+def _live_text(prefix: str, result: str, suffix: str) -> str:
+    if len(result) > LIVE_CACHE_MAX_CHARS:
+        return prefix + result + suffix
+    key = (prefix, result)
+    text = _LIVE_TEXTS.get(key)
+    if text is None:
+        text = prefix + result + suffix
+        if len(_LIVE_TEXTS) >= LIVE_CACHE_LIMIT:
+            _LIVE_TEXTS.clear()
+        _LIVE_TEXTS[key] = text
+    return text
+
+
 class Subscription:
     """The :class:`~pipeline.chain.resumption.BlockSink` of one websocket subscription."""
 
@@ -150,7 +172,8 @@ class Subscription:
         self.blocks = 0
         self.is_live = False
 
-    def _texts(self, emits: list[Emit]) -> list[str]:
+    def _texts(self, emits: list[Emit], *, shared: bool = False) -> list[str]:
+        """Notification texts; ``shared``: reuse the live cache's texts (live blocks only)."""
         prefix = self._prefix
         suffix = self._suffix
         out: list[str] = []
@@ -160,7 +183,10 @@ class Subscription:
                     prefix + f'{{"type":"reorg","num":"{hex_quantity(emit.num)}",'
                     f'"depth":"{hex_quantity(emit.reorg)}"}}' + suffix
                 )
-            out.extend([prefix + r + suffix for r in emit.results])
+            if shared:
+                out.extend([_live_text(prefix, r, suffix) for r in emit.results])
+            else:
+                out.extend([prefix + r + suffix for r in emit.results])
         self.blocks += len(emits)
         return out
 
@@ -168,7 +194,7 @@ class Subscription:
         await self._outbox.put(self._texts(emits))
 
     def put_nowait(self, emits: list[Emit]) -> None:
-        texts = self._texts(emits)
+        texts = self._texts(emits, shared=True)
         if not self._outbox.offer(texts):
             raise SlowConsumer(
                 f"send buffer of {self._outbox.limit} messages is full",
