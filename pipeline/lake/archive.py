@@ -203,22 +203,49 @@ def _write_entries(
         F.lit(archived_at).alias("archived_at"),
     )
     lake = settings.lake
-    predicate = _interval_predicate(stream, start_ms, end_ms)
-    target = table_sql(lake, tables.STREAM_ENTRIES)
-    if not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1):
+    _insert_rows(
+        spark,
+        entries,
+        lake,
+        tables.STREAM_ENTRIES,
+        replace_where=_interval_predicate(stream, start_ms, end_ms),
+        empty=not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1),
+        match=f"t.stream = s.stream AND t.entry_ms >= {start_ms} AND t.entry_ms < {end_ms} "
+        "AND t.entry_id = s.entry_id",
+    )
+
+
+def _insert_rows(
+    spark: Any,
+    rows: Any,
+    lake: LakeSettings,
+    table: str,
+    *,
+    replace_where: str,
+    empty: bool,
+    match: str,
+) -> None:
+    """Insert ``rows`` into ``table`` in one atomic Delta commit, never rewriting a row.
+
+    When the lake holds nothing under ``replace_where`` a plain ``replaceWhere``
+    write is enough (and cheapest); otherwise an insert-only MERGE on ``match``
+    (``t`` the table, ``s`` the new rows) adds just the missing rows.
+    """
+    if empty:
+        # No sort: rows arrive in entry order, so per-file stats stay tight and
+        # readers sort each file's rows themselves.
         (
-            entries.write.format("delta")
+            rows.write.format("delta")
             .mode("overwrite")
-            .option("replaceWhere", predicate)
-            .save(lake.table(tables.STREAM_ENTRIES))
+            .option("replaceWhere", replace_where)
+            .save(lake.table(table))
         )
         return
-    entries.createOrReplaceTempView("sluice_new_entries")
+    view = f"sluice_new_{table}"
+    rows.createOrReplaceTempView(view)
     spark.sql(
-        f"MERGE INTO {target} t USING sluice_new_entries s "
-        f"ON t.stream = s.stream AND t.entry_ms >= {start_ms} AND t.entry_ms < {end_ms} "
-        "AND t.entry_id = s.entry_id "
-        "WHEN NOT MATCHED THEN INSERT *"
+        f"MERGE INTO {table_sql(lake, table)} t USING {view} s "
+        f"ON {match} WHEN NOT MATCHED THEN INSERT *"
     )
 
 
@@ -325,27 +352,18 @@ def _write_blocks(
     )
     lake = settings.lake
     lo, hi = int(stats.lo or 0), int(stats.hi or 0)
-    predicate = f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}"
-    target = table_sql(lake, tables.BLOCKS)
     present = _interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash"])
     if present.num_rows and _all_present(lake, stream, start_ms, end_ms, present):
         return  # a rerun: every block of the interval is archived already
-    if not present.num_rows:
-        # No sort: rows arrive in entry order (nearly num order), so per-file num
-        # stats stay tight, and readers sort each file's rows themselves.
-        (
-            rows.write.format("delta")
-            .mode("overwrite")
-            .option("replaceWhere", predicate)
-            .save(lake.table(tables.BLOCKS))
-        )
-        return
-    rows.createOrReplaceTempView("sluice_new_blocks")
-    spark.sql(
-        f"MERGE INTO {target} t USING sluice_new_blocks s "
-        f"ON t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
-        "AND t.num = s.num AND t.hash = s.hash "
-        "WHEN NOT MATCHED THEN INSERT *"
+    _insert_rows(
+        spark,
+        rows,
+        lake,
+        tables.BLOCKS,
+        replace_where=f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}",
+        empty=not present.num_rows,
+        match=f"t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
+        "AND t.num = s.num AND t.hash = s.hash",
     )
 
 
