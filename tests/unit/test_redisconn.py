@@ -1,0 +1,45 @@
+"""The one Redis client factory: pools, timeouts and TLS per role."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from pipeline.errors import ConfigError
+from pipeline.redisconn import BLOCK_MARGIN_S, BOUNDS, Role, connect, connect_sync, parse_entry_id
+
+
+def test_rediss_keeps_tls_and_redis_does_not() -> None:
+    tls = connect_sync("rediss://example.invalid:6380/0", Role.LAKE)
+    plain = connect_sync("redis://example.invalid:6379/0", Role.LAKE)
+    assert tls.connection_pool.connection_class is redis.SSLConnection
+    assert plain.connection_pool.connection_class is redis.Connection
+
+
+@pytest.mark.parametrize("role", list(Role))
+def test_every_role_has_a_bounded_pool(role: Role) -> None:
+    client = connect_sync("redis://127.0.0.1:1/0", role)
+    pool = client.connection_pool
+    assert isinstance(pool, redis.BlockingConnectionPool)
+    assert pool.max_connections == BOUNDS[role].max_connections
+    assert pool.connection_kwargs["socket_timeout"] >= BOUNDS[role].socket_timeout_s
+
+
+def test_socket_timeout_outlasts_the_longest_blocking_wait() -> None:
+    client = connect("redis://127.0.0.1:1/0", Role.BUS_CLIENT, block_s=120)
+    assert client.connection_pool.connection_kwargs["socket_timeout"] == 120 + BLOCK_MARGIN_S
+    asyncio.run(client.aclose())
+
+
+def test_bad_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="not a redis URL"):
+        connect_sync("http://127.0.0.1:6379", Role.CLI)
+
+
+def test_entry_ids() -> None:
+    assert parse_entry_id(b"1700000000000-3") == (1700000000000, 3)
+    for bad in ("", "12", "a-1", "1-", "-1", "1-2-3"):
+        with pytest.raises(ValueError):
+            parse_entry_id(bad)
