@@ -102,6 +102,14 @@ class Settings:
     node_name: str = "node"
     node_workers: tuple[str, ...] = ("echo",)
     node_listen: str = ""
+    #: TCP transport: most connections (in + out); at the bound the stalest inbound one is evicted.
+    node_tcp_max_connections: int = 256
+    #: Seconds a new inbound TCP connection has to complete its first Dialogue frame.
+    node_tcp_first_frame_s: float = 10.0
+    #: Seconds one Dialogue frame may take once its first byte arrived (cuts trickled frames).
+    node_tcp_frame_s: float = 30.0
+    #: A TCP connection with no byte either way and nothing outstanding is closed after this.
+    node_tcp_idle_s: float = 300.0
     consumer_max_failures: int = 3
     lease_ttl_s: int = 15
     # reliable message bus

@@ -42,6 +42,7 @@ from pipeline.errors import (
     DialogueClosed,
     DialogueError,
     ProtocolError,
+    RemoteProtocolError,
     RequestCancelled,
 )
 
@@ -67,10 +68,16 @@ class Connection:
         write_high: int = 1 << 18,
         close_timeout: float = 5.0,
         end_timeout: float = 10.0,
+        first_frame_timeout: float | None = None,
+        frame_timeout: float | None = None,
+        idle_timeout: float | None = None,
         name: str = "dialogue",
     ) -> None:
         self.channel = channel
         self.name = name
+        self.first_frame_timeout = first_frame_timeout
+        self.frame_timeout = frame_timeout
+        self.idle_timeout = idle_timeout
         self._proto = Dialogue(role, max_frame=max_frame, window=window)
         # Flow control grants back half a window at a time, so the receive queue
         # must hold a whole window (plus one frame) before the fallback pauses reading.
@@ -105,6 +112,11 @@ class Connection:
         #: Set when the dialogue ended: why, and the protocol error if it was one.
         self.close_reason: str | None = None
         self.error: ProtocolError | None = None
+        #: Loop time of the start, and of the last byte read or written.
+        self.started_at = self._loop.time()
+        self.last_activity = self.started_at
+        self._frame_started: float | None = None
+        self._idle_closing = False
 
     # ---------------------------------------------------------------- factories
 
@@ -319,16 +331,81 @@ class Connection:
         self._proto.expire(self._loop.time())
         self._after()
 
+    @property
+    def frames_received(self) -> int:
+        """Complete frames the peer sent so far (0: it has not proved it speaks Dialogue)."""
+        return self._proto.stats.frames_in
+
+    def abort(self, reason: str) -> None:
+        """End the dialogue at once (no close exchange); :meth:`close` still cleans up."""
+        self._proto.abort(reason)
+        self._after()
+
+    def _read_deadline(self) -> tuple[float | None, str]:
+        """When the next read must have returned, and what it is called if it did not.
+
+        A peer gets ``first_frame_timeout`` to complete its first frame,
+        ``frame_timeout`` for any frame once its first byte arrived (a header
+        announcing 1 MiB and then a trickle is cut here), and the connection is
+        closed politely after ``idle_timeout`` without a byte either way while
+        nothing is outstanding.
+        """
+        proto = self._proto
+        if self.first_frame_timeout is not None and not proto.stats.frames_in:
+            return self.started_at + self.first_frame_timeout, "no first frame"
+        if self.frame_timeout is not None and self._frame_started is not None:
+            return self._frame_started + self.frame_timeout, "frame too slow"
+        if (
+            self.idle_timeout is not None
+            and not self._idle_closing
+            and not any(proto.outstanding())
+        ):
+            return self.last_activity + self.idle_timeout, "idle"
+        return None, ""
+
+    async def _read(self) -> bytes | None:
+        """The next chunk from the channel; None when a read deadline passed (already acted on)."""
+        deadline, what = self._read_deadline()
+        if deadline is None:
+            return await self.channel.read()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self.channel.read()
+        except TimeoutError:
+            if self._loop.time() < deadline:
+                raise  # the channel's own timeout, not ours
+        if what == "idle":
+            if self._read_deadline()[0] == deadline:  # nothing was written meanwhile
+                self._idle_closing = True
+                log.info("%s: idle for %.0fs, closing", self.name, self.idle_timeout)
+                self._proto.close(deadline=self._loop.time() + self.close_timeout)
+        else:
+            log.warning("%s: %s in time, dropping the connection", self.name, what)
+            self._proto.peer_failed(RemoteProtocolError(f"{what} in time", public="timeout"))
+        return None
+
     async def _reader(self) -> None:
         proto = self._proto
-        channel = self.channel
         try:
             while proto.state is not State.CLOSED:
                 if not self._read_allowed.is_set():
                     await self._read_allowed.wait()
-                data = await channel.read()
+                    # Time spent paused by our own backpressure is not the peer's.
+                    self.last_activity = self._loop.time()
+                    if self._frame_started is not None:
+                        self._frame_started = self.last_activity
+                data = await self._read()
+                if data is None:
+                    self._after()
+                    continue
                 if data:
+                    self.last_activity = now = self._loop.time()
+                    before = proto.stats.frames_in
                     proto.receive_data(data)
+                    if not proto.buffered:
+                        self._frame_started = None
+                    elif self._frame_started is None or proto.stats.frames_in != before:
+                        self._frame_started = now
                 else:
                     proto.receive_eof()
                 self._after()
@@ -344,6 +421,7 @@ class Connection:
                 data = proto.data_to_send()
                 if data:
                     await channel.send(data)
+                    self.last_activity = self._loop.time()
                     self._wake_flush_waiters()
                     continue
                 self._wake_flush_waiters()

@@ -178,6 +178,11 @@ class Dialogue:
         return self._out_size
 
     @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete incoming frame held by the decoder (0 between frames)."""
+        return self._decoder.buffered
+
+    @property
     def has_deadlines(self) -> bool:
         return bool(self._deadlines)
 
@@ -358,6 +363,11 @@ class Dialogue:
         """Close at once (local failure, transport error); no more bytes are produced."""
         if self.state is not State.CLOSED:
             self._finish(reason, clean=False)
+
+    def peer_failed(self, error: ProtocolError) -> None:
+        """Close at once because of the peer (e.g. it missed a read deadline); ``error`` is kept."""
+        if self.state is not State.CLOSED:
+            self._fail(error)
 
     # ---------------------------------------------------------------- deadlines
 

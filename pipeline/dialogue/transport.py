@@ -1,28 +1,36 @@
 """The node-to-node TCP transport (address type 1): routed messages as Dialogue Messages.
 
 An address ``tcp:HOST:PORT`` (value ``b"host:port"``) names another node's
-listening transport. On send the transport pops that hop from the onward
-route and prepends the address that leads back to this node onto the return
-route (route tracing, as every transport does), encodes the message with the
-one routing codec and sends it as one Dialogue ``Message`` packet::
+listening transport. Route tracing is done by the *receiving* side, as in
+Ockam's TCP transport: the sender pops its hop and sends the rest, the
+receiver prepends the address of the connection the message came in on::
 
-    in:   onward [tcp:B, echo]   return [requester]
-    sent: onward [echo]          return [tcp:A, requester]    (A = our listen address)
+    A sends:     onward [tcp:B, echo]  return [requester]
+    on the wire: onward [echo]         return [requester]
+    B delivers:  onward [echo]         return [tcp:A', requester]
 
-The receiving transport decodes it and hands it to its node unchanged.
+``A'`` is how B names that connection: the ``host:port`` B dialled for a
+connection it opened, the peer's socket address for one it accepted. ``A'``
+leads over that very connection, so a reply goes back the way the request
+came, whether or not A listens and whatever A put on its return route (a peer
+cannot make B send to a third address by claiming it).
 
-Connections. One Dialogue connection per peer, opened on first send (the
-opener is the Dialogue client) and reused in both directions: a message that
-arrives with a TCP first hop on its return route teaches the receiver that
-this address is reachable over that connection, so a reply to a node that is
-not listening (its return hop is then its socket's local address) goes back
-the way the request came. A connection this node opened always wins over a
-learned one. Dead connections are dropped and re-opened on the next send.
+Connections. One Dialogue connection per dialled address, opened on first
+send (the opener is the Dialogue client) and reused in both directions. Dead
+connections are dropped and re-opened on the next send; a reply to an
+accepted connection that has gone is dialled like any address (and usually refused).
 
-Bounds: ``max_connections`` peers, a connect timeout, Dialogue's frame limit
-(``max_payload`` plus routing overhead), and backpressure end to end: a full
-worker mailbox stalls the connection's message dispatcher, whose bounded
-queue stops reading the socket, so the sending node's writes wait.
+Bounds (``Settings.node_tcp_*``): ``max_connections`` in and out; at the
+bound the accepted connection that matters least is evicted for the
+newcomer (the oldest that never completed a frame, else the one idle
+longest), so silent sockets can never lock real peers out. An accepted
+connection must complete its first frame within ``first_frame_timeout``; any
+frame must complete within ``frame_timeout`` of its first byte (a header
+announcing 1 MiB followed by a trickle is cut there); a connection idle for
+``idle_timeout`` is closed. Dialogue's frame limit is ``max_payload`` plus
+routing overhead, and backpressure runs end to end: a full worker mailbox
+stalls the connection's message dispatcher, whose bounded queue stops reading
+the socket, so the sending node's writes wait.
 """
 
 from __future__ import annotations
@@ -33,7 +41,13 @@ from typing import Any
 
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.protocol import Role
-from pipeline.errors import ConfigError, DialogueClosed, DialogueError, RemoteProtocolError
+from pipeline.errors import (
+    ConfigError,
+    DialogueClosed,
+    DialogueError,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
 from pipeline.routing.message import Address, AddressType, TransportMessage
 from pipeline.routing.node import Node
 from pipeline.settings import Settings
@@ -65,8 +79,11 @@ class TcpTransport:
         *,
         connect_timeout: float = 5.0,
         close_timeout: float = 5.0,
-        max_connections: int = 256,
+        max_connections: int | None = None,
         window: int | None = None,
+        first_frame_timeout: float | None = None,
+        frame_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         settings = settings or Settings()
         self.listen = listen or None
@@ -75,21 +92,30 @@ class TcpTransport:
         self.max_payload = settings.max_payload
         self.connect_timeout = connect_timeout
         self.close_timeout = close_timeout
-        self.max_connections = max_connections
+        self.max_connections = max(1, max_connections or settings.node_tcp_max_connections)
         self._options: dict[str, Any] = {
             "max_frame": settings.max_payload + ROUTE_OVERHEAD,
             "window": window,
             "close_timeout": close_timeout,
+            "frame_timeout": frame_timeout or settings.node_tcp_frame_s or None,
+            "idle_timeout": idle_timeout or settings.node_tcp_idle_s or None,
         }
-        #: Our own return address (the bound listen address once started).
+        self._accept_options: dict[str, Any] = {
+            **self._options,
+            "first_frame_timeout": first_frame_timeout or settings.node_tcp_first_frame_s or None,
+        }
+        #: Our listen address once started (None when not listening).
         self.address: str | None = None
         self._node: Node | None = None
         self._server: asyncio.Server | None = None
+        #: dialled address -> the connection we opened to it
         self._opened: dict[str, Connection] = {}
-        self._learned: dict[str, Connection] = {}
-        self._incoming: set[Connection] = set()
+        #: accepted connection -> the address it goes by on return routes, and back
+        self._incoming: dict[Connection, str] = {}
+        self._by_peer: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._stopping = False
+        self.evicted = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TcpTransport:
@@ -116,7 +142,7 @@ class TcpTransport:
         conns = {*self._opened.values(), *self._incoming}
         await asyncio.gather(*(c.close(timeout=self.close_timeout) for c in conns))
         self._opened.clear()
-        self._learned.clear()
+        self._by_peer.clear()
         self._incoming.clear()
         if self._server is not None:
             await self._server.wait_closed()
@@ -126,7 +152,8 @@ class TcpTransport:
         return {
             "opened": len(self._opened),
             "incoming": len(self._incoming),
-            "learned": len(self._learned),
+            "learned": len(self._by_peer),
+            "evicted": self.evicted,
         }
 
     # --------------------------------------------------------------------- send
@@ -137,34 +164,25 @@ class TcpTransport:
             raise DialogueError(f"not a TCP hop: {first}")
         target = first.value.decode(errors="replace")
         conn = await self._connection(target)
-        back = Address(AddressType.TCP, self._return_address(conn).encode())
-        out = TransportMessage(
-            message.onward_route.rest(), message.return_route.prepend(back), message.payload
-        )
+        out = TransportMessage(message.onward_route.rest(), message.return_route, message.payload)
         await conn.send_message(out.encode())
-
-    def _return_address(self, conn: Connection) -> str:
-        if self.address is not None:
-            return self.address
-        writer = getattr(conn.channel, "writer", None)
-        sockname = writer.get_extra_info("sockname") if writer is not None else None
-        return f"{sockname[0]}:{sockname[1]}" if sockname else "0.0.0.0:0"
 
     async def _connection(self, target: str) -> Connection:
         if self._stopping or self._node is None:
             raise DialogueClosed("tcp transport is not running")
-        for table in (self._opened, self._learned):
-            conn = table.get(target)
-            if conn is not None:
-                if not conn.closed:
-                    return conn
-                del table[target]
-                if table is self._opened:
-                    await conn.close(timeout=self.close_timeout)
+        accepted = self._by_peer.get(target)
+        if accepted is not None and not accepted.closed:
+            return accepted
+        conn = self._opened.get(target)
+        if conn is not None:
+            if not conn.closed:
+                return conn
+            del self._opened[target]
+            await conn.close(timeout=self.close_timeout)
         pending = self._connecting.get(target)
         if pending is not None:
             return await asyncio.shield(pending)
-        if len(self._opened) + len(self._incoming) >= self.max_connections:
+        if len(self._opened) + len(self._incoming) >= self.max_connections and not self._evict():
             raise DialogueError(f"more than {self.max_connections} tcp connections")
         future: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
         self._connecting[target] = future
@@ -191,7 +209,7 @@ class TcpTransport:
             reader,
             writer,
             Role.CLIENT,
-            on_message=self._on_message_from(None),
+            on_message=self._on_message_from(target),
             name=f"tcp-to-{target}",
             **self._options,
         )
@@ -200,47 +218,69 @@ class TcpTransport:
 
     # ------------------------------------------------------------------ receive
 
+    def _evict(self) -> bool:
+        """Make room for one connection by dropping the accepted one that matters least.
+
+        The oldest that never completed a frame (silent or trickling sockets),
+        else the one idle longest. False when there is no accepted connection.
+        """
+        if not self._incoming:
+            return False
+        victim = min(self._incoming, key=lambda c: (c.frames_received > 0, c.last_activity))
+        self._forget(victim)
+        self.evicted += 1
+        if self._node is not None:
+            self._node.counters["tcp_transport.evicted"] += 1
+        log.warning("tcp transport: %d connections, evicting %s", self.max_connections, victim.name)
+        victim.abort("evicted: too many connections")
+        return True
+
+    def _forget(self, conn: Connection) -> None:
+        peer = self._incoming.pop(conn, None)
+        if peer is not None and self._by_peer.get(peer) is conn:
+            del self._by_peer[peer]
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        if self._stopping or len(self._opened) + len(self._incoming) >= self.max_connections:
+        peername = writer.get_extra_info("peername")
+        peer = f"{peername[0]}:{peername[1]}" if peername else f"unknown-{id(writer)}:0"
+        if self._stopping or (
+            len(self._opened) + len(self._incoming) >= self.max_connections and not self._evict()
+        ):
             log.warning("tcp transport: refusing connection from %s", peer)
             writer.close()
             return
-        holder: list[Connection] = []
         conn = Connection.over_streams(
             reader,
             writer,
             Role.SERVER,
-            on_message=self._on_message_from(holder),
+            on_message=self._on_message_from(peer),
             name=f"tcp-from-{peer}",
-            **self._options,
+            **self._accept_options,
         )
-        holder.append(conn)
-        self._incoming.add(conn)
-        async with conn:
-            await conn.wait_closed()
-        self._incoming.discard(conn)
-        for address, learned in list(self._learned.items()):
-            if learned is conn:
-                del self._learned[address]
+        self._incoming[conn] = peer
+        self._by_peer[peer] = conn
+        try:
+            async with conn:
+                await conn.wait_closed()
+        finally:
+            self._forget(conn)
 
-    def _on_message_from(self, holder: list[Connection] | None) -> Any:
+    def _on_message_from(self, peer: str) -> Any:
+        """The message handler of one connection; ``peer`` is its address on return routes."""
+        back = Address(AddressType.TCP, peer.encode())
+
         async def on_message(data: bytes) -> None:
             node = self._node
             assert node is not None
             try:
                 message = TransportMessage.decode(data, max_payload=self.max_payload)
-            except RemoteProtocolError as exc:
+                traced = message._replace(return_route=message.return_route.prepend(back))
+            except (RemoteProtocolError, LocalProtocolError) as exc:
+                # LocalProtocolError: the return route is already MAX_HOPS long.
                 node.counters["tcp_transport.bad_messages"] += 1
-                log.warning("tcp transport: dropped a malformed message: %s", exc)
+                log.warning("tcp transport: dropped a malformed message from %s: %s", peer, exc)
                 return
-            if holder and message.return_route:
-                back = message.return_route[0]
-                if back.type == AddressType.TCP:
-                    address = back.value.decode(errors="replace")
-                    if address not in self._opened and address not in self._learned:
-                        self._learned[address] = holder[0]
             node.counters["tcp_transport.received"] += 1
-            await node.deliver(message)
+            await node.deliver(traced)
 
         return on_message
