@@ -12,6 +12,12 @@ The JSON object has exactly the seed's fields::
 request; the other fields default to their zero value (what a client that
 leaves them out means). Unknown extra fields are ignored.
 
+Every decode is bounded before it allocates: size (``max_size``), nesting
+(:data:`MAX_DEPTH`, checked by a scan that never recurses), names
+(:data:`MAX_NAME`), fan-out (:data:`MAX_DESTINATIONS`) and integers
+(``0 <= n <= MAX_INT``). Whatever the bytes, the decoders here return a value
+or raise :class:`EnvelopeError`; nothing else escapes (no ``RecursionError``).
+
 Replies are decoded with ``reply=True``, which is lenient the way the seed
 lets a handler be: "swap ``dst`` and ``src``" done literally gives
 ``src = [1002]`` and ``dst = 1001``; both shapes are accepted and normalised
@@ -33,15 +39,28 @@ from pipeline.errors import EnvelopeError
 VERSION = 1
 #: Commands under ``system.`` would collide with the bus's own queues (``msgbus.system.*``).
 RESERVED_PREFIX = "system."
+#: A request's ``ret`` may not name a bus queue: the answer would become a new request
+#: (``msgbus.system.local``) or land in a handler's queue (``msgbus.$cmd``).
+RESERVED_RET_PREFIX = "msgbus."
 MAX_NAME = 256
 #: Most destinations one request may fan out to.
 MAX_DESTINATIONS = 64
+#: Deepest JSON nesting accepted; an envelope needs 2 (the object and ``dst``).
+MAX_DEPTH = 16
+#: Largest integer in any field (int64, what every client language can hold).
+MAX_INT = 2**63 - 1
+#: Seconds a client's ``now`` may run ahead of the bus's clock; beyond it counts from receipt.
+MAX_SKEW_S = 300
+#: A ``now`` this large is in milliseconds (in seconds it would be the year 5138).
+_MS_THRESHOLD = 10**11
 
 _INT_FIELDS = ("exp", "try", "now")
 _STR_FIELDS = ("uid", "shm", "err", "dat")
 _CMD_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
-_RET_SALVAGE = re.compile(rb'"ret"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
+_RET_SALVAGE = re.compile(rb'"ret"\s*:\s*"([^"\\\x00-\x1f]+)"')
 _CMD_SALVAGE = re.compile(rb'"cmd"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
+#: JSON strings (skipped) and brackets (counted) for the nesting scan.
+_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -102,7 +121,8 @@ def encode_data(payload: bytes | str) -> str:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A JSON integer in ``0..MAX_INT`` (booleans are not integers here)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
 
 
 def _fail(text: str) -> EnvelopeError:
@@ -116,7 +136,7 @@ def _twin_list(value: Any, name: str, *, lenient: bool) -> list[int]:
         raise _fail(f"{name} must be a non-empty list of twin ids")
     if len(value) > MAX_DESTINATIONS:
         raise _fail(f"{name} has more than {MAX_DESTINATIONS} destinations")
-    if not all(_is_int(v) and v >= 0 for v in value):
+    if not all(_is_int(v) for v in value):
         raise _fail(f"{name} must be a non-empty list of twin ids")
     return list(value)
 
@@ -160,16 +180,18 @@ def from_dict(doc: Any, *, reply: bool = False) -> Envelope:
     src_raw = doc.get("src", 0)
     if reply and isinstance(src_raw, list) and len(src_raw) == 1:
         src_raw = src_raw[0]
-    if not _is_int(src_raw) or src_raw < 0:
+    if not _is_int(src_raw):
         raise _fail("src must be a twin id")
     ret = doc.get("ret", "")
     if not isinstance(ret, str) or len(ret) > MAX_NAME or (not reply and not ret):
         raise _fail("ret must be a non-empty string of at most 256 characters")
+    if not reply and ret.startswith(RESERVED_RET_PREFIX):
+        raise _fail("ret 'msgbus.*' is reserved for the bus")
     ints: dict[str, int] = {}
     for name in _INT_FIELDS:
         value = doc.get(name, 0)
-        if not _is_int(value) or value < 0:
-            raise _fail(f"{name} must be an integer >= 0")
+        if not _is_int(value):
+            raise _fail(f"{name} must be an integer >= 0 and < 2^63")
         ints[name] = value
     strs: dict[str, str] = {}
     for name in _STR_FIELDS:
@@ -177,6 +199,8 @@ def from_dict(doc: Any, *, reply: bool = False) -> Envelope:
         if not isinstance(value, str):
             raise _fail(f"{name} must be a string")
         strs[name] = value
+    if len(strs["uid"]) > MAX_NAME:
+        raise _fail("uid must be at most 256 characters")
     _check_data(strs["dat"])
     return Envelope(
         ver=VERSION,
@@ -194,34 +218,65 @@ def from_dict(doc: Any, *, reply: bool = False) -> Envelope:
     )
 
 
-def decode(raw: bytes | str, *, reply: bool = False, max_size: int = 1 << 20) -> Envelope:
-    """Parse and validate one envelope; raise :class:`EnvelopeError` on any defect."""
+def _check_nesting(raw: bytes) -> None:
+    depth = 0
+    for match in _NESTING.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _fail(f"JSON nested deeper than {MAX_DEPTH}")
+        elif token in (b"]", b"}"):
+            depth -= 1
+
+
+def loads(raw: bytes | str, *, max_size: int) -> Any:
+    """``json.loads`` bounded in size and nesting; :class:`EnvelopeError` on any defect.
+
+    The nesting scan runs only when the text holds more brackets than
+    :data:`MAX_DEPTH` (an envelope holds two), so it costs nothing on the usual path.
+    """
     if len(raw) > max_size:
         raise _fail(f"envelope larger than {max_size} bytes")
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+        _check_nesting(data)
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _fail("not valid JSON") from exc
-    return from_dict(doc, reply=reply)
+
+
+def decode(raw: bytes | str, *, reply: bool = False, max_size: int = 1 << 20) -> Envelope:
+    """Parse and validate one envelope; raise :class:`EnvelopeError` on any defect."""
+    return from_dict(loads(raw, max_size=max_size), reply=reply)
 
 
 def load_trusted(raw: bytes | str) -> Envelope:
-    """Decode an envelope this bus validated and stored itself (backlog, outbox): no checks."""
-    doc = json.loads(raw)
-    return Envelope(
-        ver=doc["ver"],
-        uid=doc["uid"],
-        cmd=doc["cmd"],
-        exp=doc["exp"],
-        try_=doc["try"],
-        dat=doc["dat"],
-        src=doc["src"],
-        dst=doc["dst"],
-        ret=doc["ret"],
-        shm=doc["shm"],
-        now=doc["now"],
-        err=doc["err"],
-    )
+    """Decode an envelope this bus validated and stored itself (backlog, outbox).
+
+    No validation beyond the shape, but never anything other than
+    :class:`EnvelopeError` on a corrupt entry (anyone with access to Redis can
+    write one), so a caller can set it aside instead of failing.
+    """
+    try:
+        doc = json.loads(raw)
+        return Envelope(
+            ver=doc["ver"],
+            uid=doc["uid"],
+            cmd=doc["cmd"],
+            exp=doc["exp"],
+            try_=doc["try"],
+            dat=doc["dat"],
+            src=doc["src"],
+            dst=list(doc["dst"][:1]) or [0],
+            ret=doc["ret"],
+            shm=doc["shm"],
+            now=doc["now"],
+            err=doc["err"],
+        )
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
+        raise EnvelopeError(f"corrupt stored envelope: {exc!r}") from exc
 
 
 def salvage(raw: bytes) -> tuple[str, str]:
@@ -232,28 +287,44 @@ def salvage(raw: bytes) -> tuple[str, str]:
     """
     ret = cmd = ""
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        doc = loads(raw, max_size=len(raw))
+    except EnvelopeError:
         doc = None
     if isinstance(doc, dict):
-        if isinstance(doc.get("ret"), str) and 0 < len(doc["ret"]) <= MAX_NAME:
+        if isinstance(doc.get("ret"), str):
             ret = doc["ret"]
         if isinstance(doc.get("cmd"), str) and len(doc["cmd"]) <= MAX_NAME:
             cmd = doc["cmd"]
-        return ret, cmd
-    found = [pattern.search(raw[: 1 << 16]) for pattern in (_RET_SALVAGE, _CMD_SALVAGE)]
-    ret, cmd = (m.group(1).decode("utf-8", "replace") if m else "" for m in found)
+    else:
+        found = [pattern.search(raw[: 1 << 16]) for pattern in (_RET_SALVAGE, _CMD_SALVAGE)]
+        ret, cmd = (m.group(1).decode("utf-8", "replace") if m else "" for m in found)
+    if ret.startswith(RESERVED_RET_PREFIX):
+        ret = ""  # answering there would loop (msgbus.system.local) or feed a handler
     return ret, cmd
+
+
+def sent_at(now: int, *, received: float) -> float:
+    """The client's ``now`` as epoch seconds the bus can count from.
+
+    ``0`` (not filled) is ``received``; a value in milliseconds is divided
+    down; a time more than :data:`MAX_SKEW_S` ahead of ``received`` (a wrong
+    clock, an absurd value) is ``received``, so no deadline lies further out
+    than ``received + MAX_SKEW_S + max_exp``.
+    """
+    if now >= _MS_THRESHOLD:
+        now //= 1000
+    if now == 0 or now > received + MAX_SKEW_S:
+        return received
+    return float(now)
 
 
 def deadline(env: Envelope, *, received: float, default_exp: int, max_exp: int) -> float:
     """Absolute expiry (epoch seconds): ``now + exp``, ``exp`` 0 meaning ``default_exp``.
 
-    ``now`` 0 (not filled) counts from ``received``; ``exp`` is capped at ``max_exp``.
+    ``now`` is read by :func:`sent_at`; ``exp`` is capped at ``max_exp``.
     """
     exp = min(env.exp or default_exp, max_exp)
-    start = env.now or received
-    return float(start + exp)
+    return sent_at(env.now, received=received) + exp
 
 
 _RET_SLOT = b'"ret":""'
