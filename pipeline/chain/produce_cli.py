@@ -1,21 +1,55 @@
-"""``sluice produce``: write a synthetic chain into the Redis chain stream at a rate."""
+"""``sluice produce``: write a synthetic chain into the Redis chain stream at a rate.
+
+It rides out a Redis restart: a block that cannot be written is retried with
+backoff (one log line when the outage starts, one when it ends) for up to
+``--retry-for`` seconds, then the command fails with a one-line error. The
+append is idempotent, so a retry after a write whose answer was lost never
+duplicates a block, and the chain only moves on once a block is in: nothing
+is lost either. One producer per stream (the check compares with the last
+entry).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import time
 
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
+from pipeline import keys
+from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.producer import RedisStreamProducer
+from pipeline.errors import RedisUnavailable
+from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: XADD unless the stream's last entry is this very block (a retried write that had landed).
+_APPEND = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+if last then
+  local f = last[2]
+  for i = 1, #f, 2 do
+    if f[i] == ARGV[1] and f[i + 1] == ARGV[2] then return last[1] end
+  end
+end
+return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
+"""
+
+BACKOFF_START_S = 0.1
+BACKOFF_MAX_S = 2.0
+
+
+class ProducerGaveUp(RedisUnavailable):
+    """Redis stayed unreachable for longer than ``--retry-for``."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice produce", description=__doc__)
+    p = argparse.ArgumentParser(prog="sluice produce", description=__doc__.splitlines()[0])
     p.add_argument("--stream", help="chain stream name (default SLUICE_SERVE_STREAM)")
     p.add_argument(
         "--rate", type=float, default=10.0, help="blocks per second (0: as fast as possible)"
@@ -28,7 +62,53 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", action="append", help="sub-batch prefix (repeat; default s/)")
     p.add_argument("--reorg-every", type=int, default=0, help="a reorg every N steps (0: never)")
     p.add_argument("--reorg-depth", type=int, default=2, help="maximum reorg depth")
+    p.add_argument(
+        "--retry-for",
+        type=float,
+        default=600.0,
+        help="seconds to keep retrying while Redis is unreachable before giving up",
+    )
     return p
+
+
+class _Writer:
+    """Appends blocks idempotently, retrying through outages (bounded by ``retry_for``)."""
+
+    def __init__(self, url: str, stream: str, retry_for: float) -> None:
+        self.client = connect(url, Role.PRODUCER)
+        self.key = keys.stream(stream)
+        self.retry_for = retry_for
+        self.script = self.client.register_script(_APPEND)
+        self.outages = 0
+
+    async def append(self, block: Block) -> bool:
+        """Write one block; True if an outage was ridden out on the way."""
+        data = encode_block(block)
+        down_since: float | None = None
+        delay = BACKOFF_START_S
+        while True:
+            try:
+                await self.script(keys=[self.key], args=[ENTRY_FIELD, data])
+            except UNAVAILABLE as exc:
+                checkpoint(exc)
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    self.outages += 1
+                    log.warning("redis unavailable (%s); retrying block %d", exc, block.num)
+                elif now - down_since > self.retry_for:
+                    raise ProducerGaveUp(
+                        f"redis unavailable for {self.retry_for:.0f}s: {exc}"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            if down_since is not None:
+                log.warning("redis is back after %.1fs", time.monotonic() - down_since)
+            return down_since is not None
+
+    async def close(self) -> None:
+        await self.client.aclose()
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -39,23 +119,27 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         reorg_every=args.reorg_every,
         reorg_depth=args.reorg_depth,
     )
-    client = aioredis.Redis.from_url(settings.redis_url)
-    producer = RedisStreamProducer(client, args.stream or settings.serve_stream)
+    writer = _Writer(settings.redis_url, args.stream or settings.serve_stream, args.retry_for)
     sent = 0
     start = time.monotonic()
     try:
         while not args.count or sent < args.count:
             for block in chain.step():
-                await producer.send(block)
+                if await writer.append(block) and args.rate > 0:
+                    start = time.monotonic() - sent / args.rate  # no burst to catch up
                 sent += 1
             if args.rate > 0:
                 delay = start + sent / args.rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+    except (ProducerGaveUp, RedisError) as exc:  # e.g. WRONGTYPE: retrying cannot help
+        sys.stderr.write(f"sluice produce: {exc}; {sent} blocks produced\n")
+        return 1
     finally:
-        await producer.close()
+        await writer.close()
     head = chain.head.num if chain.head else None
-    sys.stdout.write(f"produced {sent} blocks ({chain.reorgs} reorgs), head {head}\n")
+    outages = f", {writer.outages} redis outage(s) ridden out" if writer.outages else ""
+    sys.stdout.write(f"produced {sent} blocks ({chain.reorgs} reorgs), head {head}{outages}\n")
     return 0
 
 
