@@ -115,3 +115,17 @@ def bus_inflight(queue: str) -> str:
 def bus_outbox() -> str:
     """Hash: outbound id -> JSON of a request or reply waiting for its HTTP POST to succeed."""
     return "msgbus.system.outbox"
+
+
+def bus_dead() -> str:
+    """List of messages the bus set aside (newest first), each ``<JSON header>\\n<message>``.
+
+    The header says where the message came from (``queue``), ``reason``, ``at``
+    (epoch s), ``attempts``, ``size`` and ``truncated``; see :mod:`pipeline.bus.dead`.
+    """
+    return "msgbus.system.dead"
+
+
+def bus_attempts() -> str:
+    """Hash: ``<queue>:<digest of a message>`` -> times the bus started handling it."""
+    return "msgbus.system.attempts"
