@@ -180,9 +180,16 @@ class BadBatch(ChainError, RemoteProtocolError):
 
 
 class BadParams(ChainError):
-    """Invalid JSON-RPC params (maps to -32602)."""
+    """Invalid JSON-RPC params (maps to -32602).
+
+    The text describes the caller's own input, so it is the public message:
+    raise it only with texts that name what the peer sent, never internals.
+    """
 
     public_message = "invalid params"
+
+    def __init__(self, message: str = "", *, public: str | None = None) -> None:
+        super().__init__(message, public=public if public is not None else message or None)
 
 
 class ResumptionError(ChainError):

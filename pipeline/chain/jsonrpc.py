@@ -1,7 +1,10 @@
 """JSON-RPC 2.0: the pure codec of the websocket endpoint (no I/O).
 
 :func:`parse_request` turns one text frame into a :class:`Request` or a
-:class:`RpcError` that carries the standard code; it never raises. The
+:class:`RpcError` that carries the standard code; it never raises. It is
+bounded before it allocates: a text longer than ``max_chars`` or nested deeper
+than ``max_depth`` (found by a linear pre-scan of the raw text, so Python's
+recursive JSON decoder is never reached with a bomb) is refused as it is. The
 encoders return JSON texts ready to send. Subscription notifications are
 built by string concatenation around a pre-encoded result, so a block encoded
 once is shared by every subscriber.
@@ -10,6 +13,7 @@ once is shared by every subscriber.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,56 @@ SERVER_ERROR = -32000
 UNAUTHORIZED = -32001
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+#: Longest request text, in characters (the server's websocket frame limit is in bytes).
+MAX_CHARS = 64 * 1024
+#: Deepest nesting of arrays and objects in a request (ours need 3).
+MAX_DEPTH = 32
+
+# A JSON string (an unterminated one runs to the end: the match never fails, so
+# the scan stays linear), everything that is not a bracket, an innermost pair.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_PAIR = re.compile(r"\[\]|\{\}")
+_RUNS: dict[int, re.Pattern[str]] = {}
+
+
+def nesting_within(text: str, limit: int) -> bool:
+    """True when the brackets of ``text`` (outside strings) nest at most ``limit`` deep.
+
+    Regular expressions only (no Python loop over characters): strings and
+    scalars are cut away, then innermost pairs are removed at most ``limit``
+    times, stopping early at a run of more than ``limit`` openers. Unbalanced
+    brackets count as too deep (the text is not JSON anyway).
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return True
+    run = _RUNS.get(limit)
+    if run is None:
+        run = _RUNS.setdefault(limit, re.compile(rf"[\[{{]{{{limit + 1}}}"))
+    rest = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    for _ in range(limit):
+        if not rest:
+            return True
+        if run.search(rest):
+            return False
+        rest, removed = _PAIR.subn("", rest)
+        if not removed:
+            return False
+    return not rest
+
+
+def loads_bounded(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` that refuses nesting deeper than ``max_depth`` first (``ValueError``)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    if not nesting_within(text, max_depth):
+        raise ValueError(f"nested deeper than {max_depth}")
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # unreachable after the pre-scan; never let it escape
+        raise ValueError("nested too deep") from exc
+
 
 RequestId = str | int | None
 
@@ -46,10 +100,14 @@ class RpcError:
         return error(self.id, self.code, self.message)
 
 
-def parse_request(text: str | bytes) -> Request | RpcError:
-    """One frame to a request, or the error to answer with."""
+def parse_request(
+    text: str | bytes, *, max_chars: int = MAX_CHARS, max_depth: int = MAX_DEPTH
+) -> Request | RpcError:
+    """One frame to a request, or the error to answer with (never raises)."""
+    if len(text) > max_chars:
+        return RpcError(code=INVALID_REQUEST, message=f"request longer than {max_chars} characters")
     try:
-        obj = json.loads(text)
+        obj = loads_bounded(text, max_depth)
     except (ValueError, UnicodeDecodeError) as exc:
         return RpcError(code=PARSE_ERROR, message=f"parse error: {exc}")
     if isinstance(obj, list):
@@ -102,7 +160,7 @@ def notification(method: str, subscription: str, result_json: str) -> str:
 def parse_notification(text: str | bytes) -> tuple[str, Any] | None:
     """(subscription id, result object) of a subscription notification, else None."""
     try:
-        obj = json.loads(text)
+        obj = loads_bounded(text)
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(obj, dict) or "id" in obj:

@@ -21,6 +21,14 @@ class Metrics:
             "subscribers disconnected for falling behind",
         ),
         "sluice_serve_rpc_errors_total": ("counter", "JSON-RPC error replies, by code"),
+        "sluice_serve_requests_refused_total": (
+            "counter",
+            "requests refused because their connection had too many in flight",
+        ),
+        "sluice_serve_internal_errors_total": (
+            "counter",
+            "requests and subscriptions ended by an unexpected error (logged)",
+        ),
         "sluice_serve_auth_failures_total": (
             "counter",
             "requests refused for a missing or bad token",

@@ -4,10 +4,13 @@ Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
 ``StreamsResumption.BlocksFrom``) first *resolves* where to start, then
 *streams* in four phases, each starting exactly where the previous stopped:
 
-1. Resolve. The Redis stream is scanned once (metadata only) into a
-   :class:`TailIndex`: the canonical chain of the tail (production order,
-   where a block at or below the head replaces everything from its height up)
-   and every hash seen. If ``hash`` is the canonical block at ``num`` (tail
+1. Resolve. The Redis stream's metadata is kept in one :class:`SharedTail`
+   per server, brought up to date before each call by reading only the
+   entries added since (and dropping those trimmed): a :class:`TailIndex`
+   with the canonical chain of the tail (production order, where a block at
+   or below the head replaces everything from its height up) and every hash
+   seen. A call never reads the whole tail; the plan keeps a snapshot of the
+   part of the chain it will stream. If ``hash`` is the canonical block at ``num`` (tail
    first, then the lake), start at ``num``. Otherwise, if the tail or the lake
    knows ``hash`` as a reorged block, walk its ancestors to the canonical fork
    point and start just above it. Otherwise start at ``num - reorg_threshold``
@@ -31,8 +34,10 @@ head with a new hash as a reorg of the given depth.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -48,7 +53,7 @@ from pipeline.chain.batch import (
     raw_results,
 )
 from pipeline.chain.producer import LiveBlock, WebsocketHub
-from pipeline.errors import BadBatch, ResumptionError, SlowConsumer
+from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,10 @@ log = logging.getLogger(__name__)
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 PAGE = 1000
+#: The largest block number served: the lake stores ``num`` as int64.
+MAX_BLOCK_NUM = 2**63 - 1
+#: What a subscriber is told when history has a hole (details go to the log).
+HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
 #: Rows of the first lake page of a subscription (later pages are ``batch_rows``).
 FIRST_PAGE = 32
 _LIVE_ATTEMPTS = 5
@@ -168,6 +177,169 @@ class TailIndex:
         self.last_id = entry_id
 
 
+def _index_entry(
+    tail: TailIndex, entry_id: bytes, fields: dict[bytes, bytes]
+) -> tuple[int, str] | None:
+    """Add one Redis entry's metadata to ``tail``: its (num, hash), or None when invalid.
+
+    An invalid entry only moves ``last_id``.
+    """
+    try:
+        raw = decode_raw(fields[ENTRY_FIELD])
+        num, hash = raw["num"], raw["hash"].hex()
+        tail.add(num, hash, raw["parent"].hex(), entry_id)
+    except (BadBatch, KeyError, AttributeError, TypeError):
+        log.warning("skipping invalid chain entry %r", entry_id)
+        tail.last_id = entry_id
+        return None
+    return num, hash
+
+
+class SharedTail:
+    """One :class:`TailIndex` of a Redis chain stream, shared by every call of a server.
+
+    :meth:`refresh` reads only the entries after the last one indexed (pages
+    of :data:`PAGE`), drops entries trimmed from Redis, and starts over when the
+    stream was recreated. Readers (:meth:`reading`) see an index that does not
+    change under them: a refresh waits for them (at most ``writer_wait_s``,
+    else it leaves the index as it is for the next call) and new readers wait
+    for a pending refresh. Memory is bounded by ``max_entries`` (oldest
+    entries leave the index first; they are then served from the lake).
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        key: str,
+        *,
+        max_entries: int = 1_000_000,
+        writer_wait_s: float = 2.0,
+    ) -> None:
+        self._redis = redis
+        self._key = key
+        self._max = max_entries
+        self._writer_wait_s = writer_wait_s
+        self.index = TailIndex()
+        #: (entry id, num, hash) in production order, to drop what Redis trimmed.
+        self._order: deque[tuple[tuple[int, int], int, str]] = deque()
+        self._lock = asyncio.Lock()
+        self._arrivals = 0
+        self._fresh_as_of = 0
+        self._readers = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._gate = asyncio.Event()
+        self._gate.set()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[TailIndex]:
+        """The index, unchanged until the block exits."""
+        while not self._gate.is_set():
+            await self._gate.wait()
+        self._readers += 1
+        self._idle.clear()
+        try:
+            yield self.index
+        finally:
+            self._readers -= 1
+            if not self._readers:
+                self._idle.set()
+
+    async def refresh(self) -> None:
+        """Index what was added since the last refresh (one round trip when nothing was).
+
+        Calls that arrive while a refresh runs share the next one: a refresh
+        covers every call that arrived before it started.
+        """
+        self._arrivals += 1
+        me = self._arrivals
+        async with self._lock:
+            if self._fresh_as_of >= me:
+                return
+            mark = self._arrivals
+            await self._refresh()
+            self._fresh_as_of = mark
+
+    async def _refresh(self) -> None:
+        while True:
+            last = self.index.last_id
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xrange(self._key, min="-", max="+", count=1)
+            pipe.xrevrange(self._key, max="+", min="-", count=1)
+            pipe.xrange(self._key, min="(" + last.decode(), max="+", count=PAGE)
+            first, newest, entries = cast(tuple[Entries, Entries, Entries], await pipe.execute())
+            checkpoint()
+            if not await self._exclusive():
+                return
+            try:
+                if not newest or _id_key(newest[0][0]) < _id_key(last):
+                    if self._order or last != b"0-0":
+                        self._reset()  # emptied or recreated (ids went back): start over
+                        if newest:
+                            continue
+                    return
+                self._drop_before(_id_key(first[0][0]))
+                for entry_id, fields in entries:
+                    added = _index_entry(self.index, entry_id, fields)
+                    num, hash = added if added is not None else (-1, "")
+                    self._order.append((_id_key(entry_id), num, hash))
+                if len(self._order) > self._max:
+                    log.warning(
+                        "tail index over %d entries: the oldest are served from the lake", self._max
+                    )
+                    self._drop_before(self._order[len(self._order) - self._max][0])
+            finally:
+                self._gate.set()
+            if len(entries) < PAGE:
+                return
+
+    async def _exclusive(self) -> bool:
+        """Close the gate and wait until no reader holds the index; False (gate open) on timeout."""
+        self._gate.clear()
+        try:
+            async with asyncio.timeout(self._writer_wait_s):
+                while self._readers:
+                    await self._idle.wait()
+        except TimeoutError:
+            self._gate.set()
+            log.warning("tail index refresh skipped: readers held it for %ss", self._writer_wait_s)
+            return False
+        except BaseException:
+            self._gate.set()  # cancelled while waiting: never leave readers locked out
+            raise
+        return True
+
+    def _reset(self) -> None:
+        self.index = TailIndex()
+        self._order.clear()
+
+    def _drop_before(self, first: tuple[int, int]) -> None:
+        chain, seen = self.index.chain, self.index.seen
+        order = self._order
+        while order and order[0][0] < first:
+            entry_key, num, hash = order.popleft()
+            hit = chain.get(num)
+            if hit is not None and _id_key(hit[2]) == entry_key:
+                del chain[num]
+                seen.pop(hash, None)
+            elif hash and (hit is None or hit[0] != hash):
+                seen.pop(hash, None)  # a block reorged away (a later entry may repeat a hash)
+
+    def snapshot(self, start: int) -> TailIndex:
+        """What a plan streaming from ``start`` needs: the chain from there up (plus ``lo``)."""
+        index = self.index
+        lo = index.lo
+        if lo is None or start <= lo:
+            chain = dict(index.chain)
+        else:
+            chain = {n: index.chain[n] for n in range(start, index.hi + 1) if n in index.chain}
+            chain[lo] = index.chain[lo]
+        return TailIndex(chain=chain, last_id=index.last_id, hi=index.hi)
+
+
 async def _xrange(
     client: aioredis.Redis,
     key: str,
@@ -220,7 +392,7 @@ class TieredResumption:
         hub: WebsocketHub,
         history_factory: Any = None,
         reorg_threshold: int = 64,
-        max_tail: int = 2_000_000,
+        max_tail: int = 1_000_000,
         batch_rows: int = 8192,
     ) -> None:
         self._redis = redis
@@ -231,26 +403,14 @@ class TieredResumption:
         self._threshold = reorg_threshold
         self._max_tail = max_tail
         self._batch_rows = batch_rows
+        self._tail = SharedTail(redis, self._key, max_entries=max_tail)
 
     # --- resolve --------------------------------------------------------------
 
     async def scan_tail(self) -> TailIndex:
-        tail = TailIndex()
-        low = "-"
-        while True:
-            entries = await _xrange(self._redis, self._key, min=low, max="+", count=PAGE)
-            for entry_id, fields in entries:
-                try:
-                    raw = decode_raw(fields[ENTRY_FIELD])
-                    tail.add(raw["num"], raw["hash"].hex(), raw["parent"].hex(), entry_id)
-                except (BadBatch, KeyError, AttributeError, TypeError):
-                    log.warning("skipping invalid chain entry %r", entry_id)
-                    tail.last_id = entry_id
-            if len(entries) < PAGE:
-                return tail
-            if len(tail.seen) > self._max_tail:
-                raise ResumptionError(f"redis tail longer than {self._max_tail} entries")
-            low = "(" + entries[-1][0].decode()
+        """The shared tail index, brought up to date; it may change at the caller's next await."""
+        await self._tail.refresh()
+        return self._tail.index
 
     def _open_history(self) -> History | None:
         if self._history_factory is None:
@@ -259,10 +419,22 @@ class TieredResumption:
         return history
 
     async def resolve(self, num: int, hash: bytes, keep: KeyTest | None = None) -> Plan:
-        """Where to start for a client at (``num``, ``hash``); ``keep`` as for :meth:`stream`."""
+        """Where to start for a client at (``num``, ``hash``); ``keep`` as for :meth:`stream`.
+
+        Reads the shared tail index (refreshed first), never the whole tail;
+        the plan holds a snapshot of the tail's chain from its start up.
+        """
         if num < 0:
             raise ResumptionError("block number must be non-negative")
-        tail = await self.scan_tail()
+        if num > MAX_BLOCK_NUM:
+            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        await self._tail.refresh()
+        async with self._tail.reading() as tail:
+            plan = await self._resolve(tail, num, hash, keep)
+            plan.tail = self._tail.snapshot(plan.start)
+        return plan
+
+    async def _resolve(self, tail: TailIndex, num: int, hash: bytes, keep: KeyTest | None) -> Plan:
         history = await asyncio.to_thread(self._open_history)
         want = hash.hex()
         lo = tail.lo
@@ -349,7 +521,13 @@ class TieredResumption:
         return None
 
     async def get_block(self, num: int) -> list[str] | None:
-        """The canonical block at ``num`` as its JSON results, or None when unknown."""
+        """The canonical block at ``num`` as its JSON results, or None when unknown.
+
+        One lookup in the shared tail index and one XRANGE of that entry (or
+        one lake read), whatever the length of the tail.
+        """
+        if not 0 <= num <= MAX_BLOCK_NUM:
+            raise BadParams(f"block number: 0 to {hex(MAX_BLOCK_NUM)}")
         tail = await self.scan_tail()
         hit = tail.chain.get(num)
         if hit is not None:
@@ -393,9 +571,11 @@ class TieredResumption:
         if lo is not None:
             if pos < lo and sender.sent:
                 raise ResumptionError(
-                    f"history gap: the lake ends at {pos - 1}, redis starts at {lo}"
+                    f"history gap: the lake ends at {pos - 1}, redis starts at {lo}",
+                    public=HISTORY_GAP,
                 )
             await self._from_tail(plan, max(pos, lo), keep, sink, sender)
+        tail.chain.clear()  # the plan's snapshot is spent: live subscriptions hold none of it
         await self._replay_and_live(plan.history, tail.last_id, keep, sink, sender)
 
     async def _from_history(
@@ -429,7 +609,10 @@ class TieredResumption:
                     if emits and (
                         emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)
                     ):
-                        raise ResumptionError(f"history gap in the lake after block {expected - 1}")
+                        raise ResumptionError(
+                            f"history gap in the lake after block {expected - 1}",
+                            public=HISTORY_GAP,
+                        )
                 else:
                     for emit in emits:
                         sender.accept(emit.num, emit.hash)
@@ -476,7 +659,9 @@ class TieredResumption:
             row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
             if row is not None:
                 return bytes(row.payload)
-        raise ResumptionError(f"block {num} was trimmed from redis and is not in the lake")
+        raise ResumptionError(
+            f"block {num} was trimmed from redis and is not in the lake", public=HISTORY_GAP
+        )
 
     async def _replay(
         self,
@@ -554,7 +739,8 @@ class TieredResumption:
                     await sink.put(emits)
         if sender.head != stop - 1 or sender.hash_at(stop - 1) != parent:
             raise ResumptionError(
-                f"history gap: redis resumed at block {stop} but the lake does not link to it"
+                f"history gap: redis resumed at block {stop} but the lake does not link to it",
+                public=HISTORY_GAP,
             )
 
     async def _replay_and_live(

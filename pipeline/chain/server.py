@@ -36,16 +36,22 @@ from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
-from pipeline.chain.resumption import History, TieredResumption
+from pipeline.chain.resumption import MAX_BLOCK_NUM, History, TieredResumption
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
-from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer
+from pipeline.errors import BadBatch, BadParams, SlowConsumer, SluiceError
+from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
 MAX_FRAME = 64 * 1024
 MAX_SUBSCRIPTIONS = 16
+#: Requests of one connection being worked on at once; more are refused with an
+#: error reply while the reader goes on reading (so pings and pongs still flow).
+MAX_IN_FLIGHT = 64
 CLOSE_TIMEOUT_S = 2.0
+#: XREAD BLOCK of the live tailer, in ms (its pool's socket timeout is longer).
+_TAIL_BLOCK_MS = 1000
 _WRITE_BATCH = 512
 
 
@@ -103,6 +109,9 @@ class Connection:
         self._next_sub = 0
         self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._pending_start: tuple[Subscription, Any] | None = None
+        #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task.
+        self._calls: set[asyncio.Task[None]] = set()
+        self._subscribing = 0
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -117,8 +126,14 @@ class Connection:
                 task.cancel()
             reader.cancel()
             writer.cancel()
+            for call in self._calls:
+                call.cancel()
             await asyncio.gather(
-                reader, writer, *(t for _, t in self.subs.values()), return_exceptions=True
+                reader,
+                writer,
+                *self._calls,
+                *(t for _, t in self.subs.values()),
+                return_exceptions=True,
             )
             self.subs.clear()
             code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
@@ -191,9 +206,15 @@ class Connection:
         return True
 
     async def _read(self) -> None:
+        """Read frames without ever waiting for a request to finish.
+
+        Each request runs in its own task (at most ``MAX_IN_FLIGHT``); the loop
+        goes straight back to ``receive``, which is where aiohttp answers pings
+        and notes pongs, so a burst of slow calls cannot starve the heartbeat.
+        """
         async for msg in self.ws:
             if msg.type == WSMsgType.TEXT:
-                await self._handle(msg.data)
+                self._dispatch(msg.data)
             elif msg.type == WSMsgType.BINARY:
                 self._error(None, jsonrpc.PARSE_ERROR, "binary frames are not JSON-RPC: send text")
             elif msg.type == WSMsgType.ERROR:
@@ -217,9 +238,11 @@ class Connection:
             f"subscriber too slow: send buffer of {self.outbox.limit} messages full",
         )
 
-    async def _handle(self, text: str) -> None:
+    def _dispatch(self, text: str) -> None:
+        """Parse one frame (bounded: see ``jsonrpc.parse_request``) and start its call."""
         req = jsonrpc.parse_request(text)
         if isinstance(req, jsonrpc.RpcError):
+            log.info("refused a request: %s", req.message)
             self._error(req.id, req.code, req.message)
             return
         if req.is_notification:
@@ -228,15 +251,43 @@ class Connection:
         if handler is None:
             self._error(req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}")
             return
+        if len(self._calls) >= MAX_IN_FLIGHT:
+            self.metrics.inc("sluice_serve_requests_refused_total")
+            self._error(
+                req.id,
+                jsonrpc.SERVER_ERROR,
+                f"too many requests in flight (at most {MAX_IN_FLIGHT}): wait for replies",
+            )
+            return
+        task = asyncio.create_task(self._handle(req, handler), name=f"rpc-{req.method[:32]}")
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _handle(
+        self, req: jsonrpc.Request, handler: Callable[[Connection, Any], Any]
+    ) -> None:
+        """Run one call; its errors become replies here, the one boundary to the wire.
+
+        Only ``public_message`` texts (and the texts of :class:`BadParams`,
+        which describe the peer's own input) are sent; details go to the log.
+        """
         try:
             value = await handler(self, req.params)
         except BadParams as exc:
-            self._error(req.id, jsonrpc.INVALID_PARAMS, str(exc))
-        except ResumptionError as exc:
-            self._error(req.id, jsonrpc.SERVER_ERROR, str(exc))
+            log.info("request %s: invalid params: %s", req.method, exc)
+            self._error(req.id, jsonrpc.INVALID_PARAMS, exc.public_message)
+        except SluiceError as exc:
+            log.info("request %s refused: %r", req.method, exc)
+            self._error(req.id, jsonrpc.SERVER_ERROR, exc.public_message)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("request %s failed: %r", req.method, exc)
             self._error(req.id, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
+        except Exception:
+            # Whatever a message can cause ends here, logged: the connection and
+            # its subscriptions go on.
+            log.exception("request %s failed", req.method)
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self._error(req.id, jsonrpc.INTERNAL_ERROR, "internal error")
         else:
             self._reply(jsonrpc.result(req.id, value))
             if req.method == "cardinal_subscribe":
@@ -244,9 +295,15 @@ class Connection:
 
     async def subscribe(self, params: Any) -> str:
         parsed = parse_subscribe(params)
-        if len(self.subs) >= MAX_SUBSCRIPTIONS:
+        if len(self.subs) + self._subscribing >= MAX_SUBSCRIPTIONS:
             raise BadParams(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
-        plan = await self.resumption.resolve(parsed.num, parsed.hash, parsed.keep)
+        if parsed.num > MAX_BLOCK_NUM:
+            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        self._subscribing += 1
+        try:
+            plan = await self.resumption.resolve(parsed.num, parsed.hash, parsed.keep)
+        finally:
+            self._subscribing -= 1
         self._next_sub += 1
         sub_id = hex(self._next_sub)
         sub = Subscription(sub_id, parsed, self.outbox)
@@ -266,11 +323,16 @@ class Connection:
             await self.resumption.stream(plan, sub.params.keep, sub)
         except SlowConsumer:
             self._slow()
-        except ResumptionError as exc:
-            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: {exc}")
+        except SluiceError as exc:
+            log.warning("subscription %s ended: %r", sub.id, exc)
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: {exc.public_message}")
         except (aioredis.RedisError, OSError) as exc:
             log.warning("subscription %s: redis error %r", sub.id, exc)
             self.fail(WSCloseCode.TRY_AGAIN_LATER, "redis unavailable, resubscribe later")
+        except Exception:
+            log.exception("subscription %s failed", sub.id)
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: internal error")
         finally:
             self.metrics.inc("sluice_serve_subscriptions_open", -1)
 
@@ -292,6 +354,8 @@ class Connection:
             num = parse_quantity(params[0])
         except BadBatch as exc:
             raise BadParams(f"block number: {exc}") from exc
+        if num > MAX_BLOCK_NUM:
+            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
         texts = await self.resumption.get_block(num)
         return None if texts is None else [json.loads(t) for t in texts]
 
@@ -383,7 +447,11 @@ def create_app(
     factory = history_factory
 
     async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
-        client = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        # Two pools: requests (any number of connections, bounded, waiting for a
+        # free connection under a burst) and the live tailer's own, so that
+        # connection churn can never starve live data or make /healthz lie.
+        client = connect(settings.redis_url, Role.SERVE)
+        tail_client = connect(settings.redis_url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
         app[REDIS] = client
         app[RESUMPTION] = TieredResumption(
             redis=client,
@@ -406,7 +474,13 @@ def create_app(
             await feed.start()
         task: asyncio.Task[None] | None = None
         if relay:
-            tailer = RedisTailer(client, settings.serve_stream, app[HUB], app[METRICS])
+            tailer = RedisTailer(
+                tail_client,
+                settings.serve_stream,
+                app[HUB],
+                app[METRICS],
+                block_ms=_TAIL_BLOCK_MS,
+            )
             app[TAILER] = tailer
             task = asyncio.create_task(tailer.run(), name="redis-tailer")
         try:
@@ -423,6 +497,7 @@ def create_app(
             if feed is not None:
                 await feed.close()
             await client.aclose()
+            await tail_client.aclose()
 
     async def on_shutdown(app: web.Application) -> None:
         conns: set[Connection] = app[CONNECTIONS]
@@ -435,4 +510,7 @@ def create_app(
     app.router.add_get("/ws", ws_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
+    from pipeline.chain import status  # the status page: GET / and /status.json
+
+    status.setup(app, settings, app[CONNECTIONS])
     return app
