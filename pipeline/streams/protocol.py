@@ -257,7 +257,9 @@ def encode(message: StreamMessage) -> bytes:
 
 
 def _bad(reason: str) -> RemoteProtocolError:
-    return RemoteProtocolError(f"malformed stream message: {reason}")
+    """``reason`` is our own text about the peer's bytes: safe to send back."""
+    text = f"malformed stream message: {reason}"
+    return RemoteProtocolError(text, public=text)
 
 
 def _text(value: Any, name: str) -> str:
@@ -286,7 +288,8 @@ def _check(kind: Kind, name: str, value: Any, max_payload: int) -> Any:
             if not isinstance(item, bytes):
                 raise _bad("data entries must be bytes")
             if len(item) > max_payload:
-                raise PayloadTooLarge(f"entry of {len(item)} bytes exceeds {max_payload}")
+                text = f"entry of {len(item)} bytes exceeds {max_payload}"
+                raise PayloadTooLarge(text, public=text)
         return tuple(value)
     if name == "indexes":
         if not isinstance(value, list) or len(value) > MAX_BATCH:
@@ -332,8 +335,11 @@ def decode(data: bytes, *, max_payload: int = 1 << 20) -> StreamMessage:
         )
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
         if "exceeds max_bin_len" in str(exc):
-            raise PayloadTooLarge(f"stream entry exceeds {max_payload} bytes") from exc
-        raise _bad(str(exc)) from exc
+            text = f"stream entry exceeds {max_payload} bytes"
+            raise PayloadTooLarge(text, public=text) from exc
+        raise RemoteProtocolError(
+            f"malformed stream message: {exc!r}", public="malformed stream message: bad msgpack"
+        ) from exc
     if not isinstance(obj, list) or not obj:
         raise _bad("not a non-empty array")
     raw_kind = obj[0]

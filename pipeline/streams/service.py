@@ -13,33 +13,36 @@ are sent to; Redis is the store shared between nodes.
   Redis packs with cmsgpack (one bulk reply per batch, bounded in bytes, nil
   when the stream is gone); a caught-up one (or an empty fetch) gets
   ``XREAD BLOCK wait_ms`` (bounded by ``max_wait_ms``; an empty answer checks
-  the stream still exists). Each pull runs in its own task
-  (at most ``max_pulls`` at once) so a waiting pull never blocks pushes.
+  the stream still exists). Each pull runs in its own task, at most
+  ``max_pulls`` at once; further pulls wait in a queue of ``max_waiting_pulls``
+  (started as slots free up, answered ``unavailable`` beyond it), so held long
+  polls never stall a push, even one in the same batch.
 * SaveIndex is monotonic (Lua compare of entry ids); GetIndex returns ``""``
   when nothing was saved.
 * Leases (``Lease`` / ``Release``) as in ``lease.py``; ``DeadLetter`` appends
   to ``keys.dead_letter``.
 
-Every bad request and every Redis failure is answered with an ``Error``
-reply, logged and counted (``node.counters["stream_service.<what>"]``); none
-stops the service.
+Every bad request, every Redis failure and every bug a request can trigger
+is answered with an ``Error`` reply, logged and counted
+(``node.counters["stream_service.<what>"]``), one request at a time: none
+stops the service or the other requests of its batch. Only public texts go
+into an ``Error`` (what was wrong with the request, ``redis unavailable``,
+``internal error``); the details stay in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 from typing import Any
 
 import msgpack
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from pipeline import keys
+from pipeline import keys, redisconn
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -111,20 +114,22 @@ return ARGV[2]
 """
 
 
-def connect(url: str, *, max_connections: int = 96, socket_timeout: float = 30.0) -> Redis:
-    """A Redis client for a stream service: bounded pool, a few retries on a dropped connection.
+#: Public text of every Redis failure sent to a peer (the details go to the log).
+REDIS_UNAVAILABLE = "redis unavailable"
+INTERNAL_ERROR = "internal error"
+#: Retried Redis errors: a dropped connection, Redis loading or going away.
+_REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, *redisconn.UNAVAILABLE)
 
+
+def connect(url: str, *, max_connections: int | None = None, block_s: float = 5.0) -> Redis:
+    """The stream service's Redis client (:func:`pipeline.redisconn.connect`, role STREAM_SERVICE).
+
+    ``block_s`` is the longest ``XREAD BLOCK`` it issues (``max_wait_ms``).
     Retried pushes are safe: a push is idempotent by its request id.
     """
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=10,
-        socket_timeout=socket_timeout,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
-        retry_on_error=[RedisConnectionError],
+    return redisconn.connect(
+        url, redisconn.Role.STREAM_SERVICE, block_s=block_s, max_connections=max_connections
     )
-    return Redis.from_pool(pool)
 
 
 def _text(value: bytes | str | None) -> str:
@@ -147,6 +152,8 @@ class StreamService(Worker):
         max_pull: int = 5000,
         max_wait_ms: int = 5000,
         max_pulls: int = 64,
+        max_waiting_pulls: int = 4096,
+        max_streams: int = 4096,
         dedup_ttl_ms: int = 600_000,
     ) -> None:
         self.redis = redis
@@ -154,8 +161,11 @@ class StreamService(Worker):
         self.max_pull = max_pull
         self.max_wait_ms = max_wait_ms
         self.dedup_ttl_ms = dedup_ttl_ms
-        self._pull_slots = asyncio.Semaphore(max_pulls)
+        self.max_pulls = max(1, max_pulls)
+        self.max_waiting_pulls = max_waiting_pulls
+        self.max_streams = max_streams
         self._pulls: set[asyncio.Task[None]] = set()
+        self._waiting: collections.deque[tuple[Context, str, p.Pull, str]] = collections.deque()
         self._streams: dict[bytes, str] = {}
         #: Streams whose last pull was a full batch (bounded by the number of streams).
         self._busy: set[str] = set()
@@ -179,45 +189,72 @@ class StreamService(Worker):
         if self._node is not None:
             self._node.counters[f"stream_service.{what}"] += n
 
-    async def _error(self, ctx: Context, request_id: str, code: p.ErrorCode, text: str) -> None:
+    async def _error(
+        self,
+        ctx: Context,
+        request_id: str,
+        code: p.ErrorCode,
+        text: str,
+        detail: BaseException | str | None = None,
+    ) -> None:
+        """Answer with ``text`` (public); ``detail`` (if any) goes only to the log."""
         self._count(str(code))
-        log.error("stream service: %s from %s: %s", code, ctx.message.return_route, text)
+        log.error(
+            "stream service: %s from %s: %s",
+            code,
+            ctx.message.return_route,
+            text if detail is None else f"{text}: {detail!r}",
+        )
         await ctx.reply(p.encode(p.Error(request_id=request_id, code=code, message=text)))
 
     async def handle(self, ctx: Context) -> None:
         await self.handle_batch([ctx])
 
     async def handle_batch(self, batch: list[Context]) -> None:
+        """Every request of the batch is answered, each on its own: pushes go to Redis
+        together after the loop, pulls are started (or queued) without waiting."""
         pushes: list[tuple[Context, str, p.Push]] = []
         for ctx in batch:
             try:
-                request = p.decode(ctx.payload, max_payload=self.max_payload)
-            except PayloadTooLarge as exc:
+                await self._one(ctx, pushes)
+            except Exception as exc:  # a bug a request triggers must not take the batch down
+                self._count("internal_errors")
+                log.exception("stream service: request from %s failed", ctx.message.return_route)
                 rid = p.peek_request_id(ctx.payload)
-                await self._error(ctx, rid, p.ErrorCode.TOO_LARGE, str(exc))
-                continue
-            except RemoteProtocolError as exc:
-                rid = p.peek_request_id(ctx.payload)
-                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, str(exc))
-                continue
-            rid = getattr(request, "request_id", "")
-            if isinstance(request, (p.Push, p.Pull)):
-                stream = self._streams.get(ctx.address.value)
-                if stream is None:
-                    await self._error(
-                        ctx, rid, p.ErrorCode.NOT_FOUND, f"no stream at address {ctx.address}"
-                    )
-                elif isinstance(request, p.Push):
-                    pushes.append((ctx, stream, request))
-                else:
-                    await self._start_pull(ctx, stream, request)
-                continue
-            try:
-                await self._control(ctx, request)
-            except RedisError as exc:
-                await self._error(ctx, rid, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR, exc)
         if pushes:
             await self._push_all(pushes)
+
+    async def _one(self, ctx: Context, pushes: list[tuple[Context, str, p.Push]]) -> None:
+        try:
+            request = p.decode(ctx.payload, max_payload=self.max_payload)
+        except PayloadTooLarge as exc:
+            rid = p.peek_request_id(ctx.payload)
+            await self._error(ctx, rid, p.ErrorCode.TOO_LARGE, exc.public_message, exc)
+            return
+        except RemoteProtocolError as exc:
+            rid = p.peek_request_id(ctx.payload)
+            await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, exc.public_message, exc)
+            return
+        rid = getattr(request, "request_id", "")
+        if isinstance(request, (p.Push, p.Pull)):
+            stream = self._streams.get(ctx.address.value)
+            if stream is None:
+                await self._error(
+                    ctx, rid, p.ErrorCode.NOT_FOUND, f"no stream at address {ctx.address}"
+                )
+            elif isinstance(request, p.Push):
+                pushes.append((ctx, stream, request))
+            else:
+                await self._start_pull(ctx, stream, request)
+            return
+        try:
+            await self._control(ctx, request)
+        except ConfigError as exc:  # a stream name no key can be built from
+            await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, "invalid stream name", exc)
+        except _REDIS_ERRORS as exc:
+            redisconn.checkpoint(exc)
+            await self._error(ctx, rid, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, exc)
 
     # --- push ---------------------------------------------------------------
 
@@ -229,13 +266,18 @@ class StreamService(Worker):
                 # (safe: a push is idempotent by its request id).
                 self._push_sha = None
                 results = await self._run_pushes(pushes)
-        except RedisError as exc:
+        except _REDIS_ERRORS as exc:
+            redisconn.checkpoint(exc)
             for ctx, _, req in pushes:
-                await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+                await self._error(
+                    ctx, req.request_id, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, exc
+                )
             return
         for (ctx, _, req), result in zip(pushes, results, strict=True):
             if isinstance(result, Exception):
-                await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {result}")
+                await self._error(
+                    ctx, req.request_id, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, result
+                )
                 continue
             status, joined = result
             indexes = tuple(_text(joined).split(",")) if joined else ()
@@ -283,17 +325,26 @@ class StreamService(Worker):
         if not INDEX_RE.match(index):
             await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, f"bad index {index!r}")
             return
-        await self._pull_slots.acquire()
+        if len(self._pulls) < self.max_pulls:
+            self._spawn_pull(ctx, stream, req, index)
+        elif len(self._waiting) < self.max_waiting_pulls:
+            self._waiting.append((ctx, stream, req, index))  # started when a slot frees up
+        else:
+            self._count("pulls_refused")
+            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, "too many pulls")
+
+    def _spawn_pull(self, ctx: Context, stream: str, req: p.Pull, index: str) -> None:
         task = asyncio.create_task(self._pull(ctx, stream, req, index))
         self._pulls.add(task)
         task.add_done_callback(self._pull_done)
 
     def _pull_done(self, task: asyncio.Task[None]) -> None:
         self._pulls.discard(task)
-        self._pull_slots.release()
         if not task.cancelled() and task.exception() is not None:
             self._count("pull_failures")
             log.error("stream service: pull failed: %r", task.exception())
+        if self._waiting and len(self._pulls) < self.max_pulls and not task.cancelled():
+            self._spawn_pull(*self._waiting.popleft())
 
     async def _pull(self, ctx: Context, stream: str, req: p.Pull, index: str) -> None:
         key = keys.stream(stream)
@@ -324,8 +375,14 @@ class StreamService(Worker):
             else:
                 self._busy.discard(stream)
             messages, next_index = await self._fit(stream, entries, index)
-        except RedisError as exc:
-            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, f"redis: {exc}")
+        except _REDIS_ERRORS as exc:
+            redisconn.checkpoint(exc)
+            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, exc)
+            return
+        except Exception as exc:  # e.g. an entry Redis holds in a shape we did not write
+            self._count("internal_errors")
+            log.exception("stream service: pull of %s failed", stream)
+            await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR, exc)
             return
         self._count("pulled", len(messages))
         reply = p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
@@ -390,12 +447,15 @@ class StreamService(Worker):
             try:
                 key = keys.stream(req.name)
             except ConfigError as exc:
-                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, str(exc))
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, "invalid stream name", exc)
+                return
+            address = self.address_of(req.name)
+            if address.encode() not in self._streams and len(self._streams) >= self.max_streams:
+                await self._error(ctx, rid, p.ErrorCode.UNAVAILABLE, "too many streams")
                 return
             created = await self._create_script(
                 keys=[key, keys.streams_registry()], args=[req.name]
             )
-            address = self.address_of(req.name)
             assert self._node is not None
             self._node.add_alias(self.name, address)
             self._streams[address.encode()] = req.name
@@ -405,7 +465,7 @@ class StreamService(Worker):
             try:
                 hkey = keys.consumer_index(req.stream)
             except ConfigError as exc:
-                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, str(exc))
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, "invalid stream name", exc)
                 return
             if isinstance(req, p.GetIndex):
                 current = await self.redis.hget(hkey, req.client_id)
@@ -449,6 +509,7 @@ class StreamService(Worker):
         await ctx.reply(p.encode(reply))
 
     async def teardown(self) -> None:
+        self._waiting.clear()
         for task in list(self._pulls):
             task.cancel()
         await asyncio.gather(*self._pulls, return_exceptions=True)
