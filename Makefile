@@ -8,6 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.sluice-installed
 JARS   := $(VENV)/.sluice-jars
 REDIS  := $(VENV)/.sluice-redis
+CHROMIUM := $(VENV)/.sluice-chromium
 B      ?=
 PYTEST_ARGS ?=
 
@@ -28,7 +29,12 @@ $(REDIS):
 	@bash scripts/ensure-redis.sh
 	@mkdir -p $(VENV) && touch $@
 
-install: $(STAMP) $(JARS) $(REDIS)
+# Debian's chromium for the status page test (skipped with a reason when missing).
+$(CHROMIUM):
+	@bash scripts/ensure-chromium.sh
+	@mkdir -p $(VENV) && touch $@
+
+install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM)
 
 demo: install
 	$(VENV)/bin/sluice demo
