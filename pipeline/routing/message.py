@@ -232,7 +232,7 @@ def unpack_bounded(data: bytes, *, max_payload: int, what: str) -> Any:
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
         if "exceeds max_bin_len" in str(exc):
             raise PayloadTooLarge(f"{what} payload exceeds {max_payload} bytes") from exc
-        raise RemoteProtocolError(f"malformed {what}: {exc}") from exc
+        raise RemoteProtocolError(f"malformed {what}: {type(exc).__name__} {exc}") from exc
 
 
 def _route_from(obj: Any, which: str) -> Route:

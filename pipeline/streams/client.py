@@ -18,7 +18,10 @@ completed: at-least-once. Saves are grouped (at most every ``save_every_ms``
 while busy, at once when idle, and on stop), so a crash re-delivers at most
 that much. An entry whose handler failed ``max_failures`` times (or that can
 never be handled: malformed, unroutable, too large) goes to the dead-letter
-stream, so one bad entry never blocks the stream. On stop it abandons the
+stream with the reason, so one bad entry never blocks the stream. A handler
+that does not finish within ``handler_timeout_s`` counts as failed (the
+lease is renewed while the consumer waits for it), so a hanging handler
+delays the stream by at most ``max_failures`` times that, never forever. On stop it abandons the
 pull in flight, finishes the current batch, saves its index and releases the
 lease.
 """
@@ -326,6 +329,7 @@ class Consumer(Worker):
         service: str = "stream_service",
         backoff_max_s: float = 2.0,
         save_every_ms: int = 100,
+        handler_timeout_s: float = 60.0,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise LocalProtocolError("a consumer needs exactly one of handler, batch_handler")
@@ -341,6 +345,8 @@ class Consumer(Worker):
         self.service = service
         self.backoff_max_s = backoff_max_s
         self.save_every_ms = save_every_ms
+        self.handler_timeout_s = handler_timeout_s
+        self._renewed = 0.0
         #: Handled up to here (in memory) / saved up to here (in Redis).
         self.index = ""
         self.saved = ""
@@ -436,7 +442,7 @@ class Consumer(Worker):
         await client.lease(self.stream, self.holder, self.lease_ttl_ms)
         self._has_lease = True
         self.refused = None
-        renewed = time.monotonic()
+        self._renewed = time.monotonic()
         address = (await client.create(self.stream)).address
         saved = await client.get_index(self.client_id, self.stream)
         self.saved = saved
@@ -464,9 +470,7 @@ class Consumer(Worker):
                 self.index = next_index
                 # Saved after the handlers completed (at-least-once); when idle, at once.
                 await self._save(force=not reply.messages)
-                if time.monotonic() - renewed > self.lease_ttl_ms / 3000:
-                    await client.lease(self.stream, self.holder, self.lease_ttl_ms)
-                    renewed = time.monotonic()
+                await self._keep_lease()
         except PullAborted:
             return  # stopping: what that pull would have got is pulled again next time
         finally:
@@ -474,18 +478,35 @@ class Consumer(Worker):
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
 
+    async def _keep_lease(self) -> None:
+        """Renew the lease if a third of its TTL passed since the last renewal."""
+        if time.monotonic() - self._renewed > self.lease_ttl_ms / 3000:
+            assert self._client is not None
+            await self._client.lease(self.stream, self.holder, self.lease_ttl_ms)
+            self._renewed = time.monotonic()
+
+    async def _wait_handled(self, outcome: asyncio.Future[None], deadline: float) -> None:
+        """Wait for a handler's outcome until ``deadline``, renewing the lease meanwhile."""
+        while not outcome.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StreamError(f"handler did not finish in {self.handler_timeout_s}s")
+            await asyncio.wait([outcome], timeout=min(left, self.lease_ttl_ms / 3000))
+            if not outcome.done():
+                await self._keep_lease()
+
     async def _process(self, entries: list[tuple[str, bytes]]) -> None:
         failures: dict[str, int] = {}
         todo = entries
         while todo:
             started = await self._start(todo)
+            deadline = time.monotonic() + self.handler_timeout_s
             retry: list[tuple[str, bytes]] = []
             for index, data, outcome in started:
                 error = outcome if isinstance(outcome, BaseException) else None
                 if isinstance(outcome, asyncio.Future):
                     try:
-                        if not outcome.done():
-                            await outcome
+                        await self._wait_handled(outcome, deadline)
                         outcome.result()
                     except asyncio.CancelledError:
                         if self._cancelling():
