@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
 import msgpack
+import redis as sync_redis
 
+from pipeline import keys
 from pipeline.localredis import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Node
 from pipeline.streams import protocol as p
+from pipeline.streams.client import Consumer, Publisher
 from pipeline.streams.service import StreamService, connect
 
-from .conftest import Recorder, eventually
+from .conftest import MakeNode, Recorder, eventually
 
 
 async def service_node(url: str, **options: int) -> tuple[Node, StreamService, Recorder]:
@@ -146,3 +150,36 @@ async def test_a_request_that_trips_a_bug_is_answered_and_the_batch_goes_on(
     finally:
         await node.stop(grace_s=2)
         await service.redis.aclose()
+
+
+async def test_a_hanging_handler_is_dead_lettered_and_the_stream_flows(
+    make_node: MakeNode, redis_client: sync_redis.Redis
+) -> None:
+    node, _ = await make_node("H")
+    await node.add_worker("pub", Publisher("hang"))
+    got: list[bytes] = []
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def handler(index: str, data: bytes) -> asyncio.Future[None] | None:
+        if data == b"hang":
+            return never  # a handler that never finishes
+        got.append(data)
+        return None
+
+    consumer = Consumer(
+        "hang",
+        handler,
+        client_id="c",
+        holder="H",
+        wait_ms=100,
+        max_failures=2,
+        handler_timeout_s=0.3,
+    )
+    await node.add_worker("consumer:hang", consumer)
+    for item in (b"a", b"hang", b"b"):
+        await node.deliver(TransportMessage(Route(["pub"]), Route(), item))
+    await eventually(lambda: got == [b"a", b"b"] and node.counters["consumer.dead_lettered"] == 1)
+    dead = redis_client.xrange(keys.dead_letter("hang"))
+    assert [fields[b"data"] for _, fields in dead] == [b"hang"]
+    assert b"did not finish" in dead[0][1][b"reason"]
+    never.cancel()
