@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.lake.cli",
         "run one lake job: archive, canonical, trim, replay, audit, maintain",
     ),
+    "spark": ("pipeline.lake.sparkserver", "run a local Spark Connect server for the lake jobs"),
 }
 
 

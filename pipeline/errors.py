@@ -227,6 +227,18 @@ class ArchiveError(LakeError):
     """An archive interval could not be archived."""
 
 
+class SparkUnavailable(LakeError):
+    """The Spark Connect server of ``SLUICE_SPARK_REMOTE`` cannot be reached or went away."""
+
+    public_message = "spark unavailable"
+
+
+class JobCancelled(LakeError):
+    """A lake job was stopped (SIGTERM, "Mark failed") before it committed."""
+
+    public_message = "job cancelled"
+
+
 class HandlerError(BusError):
     """Raised by a bus handler to answer its caller with this message in ``err``.
 

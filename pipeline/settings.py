@@ -86,6 +86,14 @@ class Settings:
     lake_uri: str = "./var/lake"
     var_dir: str = "./var"
     spark_master: str = "local[*]"
+    #: ``sc://host:port`` of a Spark Connect server: lake jobs become thin clients ("" = local JVM).
+    spark_remote: str = ""
+    #: Comma-separated Delta jar paths for the local one-JVM mode ("" = the cache ``make install`` wrote).
+    spark_jars: str = ""
+    #: Heap of a local Spark driver (one-JVM mode and ``sluice spark``).
+    spark_driver_memory: str = "1g"
+    #: Port ``sluice spark`` listens on.
+    spark_connect_port: int = 15002
     spark_shuffle_partitions: int = 4
     #: Streams archived by ``sluice_archive`` (logical stream names).
     streams: tuple[str, ...] = ("chain:demo",)
@@ -144,6 +152,8 @@ class Settings:
     archive_parallelism: int = 1
     #: Retries of a failed lake task (every lake job is idempotent, so retrying is safe).
     lake_task_retries: int = 2
+    #: How long a lake job waits for its stream's archive lock (another job on the stream).
+    lake_lock_wait_s: int = 600
 
     @property
     def redis(self) -> RedisSettings:

@@ -1,12 +1,31 @@
 """``sluice lake JOB ...``: run one lake job and print its result as one JSON line.
 
-Jobs: ``archive --stream S --start-ms A --end-ms B [--run-id R]``,
+Jobs: ``archive --stream S --start-ms A --end-ms B [--run-id R] [--force]``,
 ``canonical --stream S``, ``trim --stream S [--now-ms N]``,
 ``replay --stream S --from N --to M [--target T]``, ``audit --stream S``,
 ``maintain [--retain-hours H]``. Settings come from ``Settings.load()``
-(``SLUICE_LAKE_URI``, ``SLUICE_REDIS_URL``, ``SLUICE_SPARK_MASTER``...).
+(``SLUICE_LAKE_URI``, ``SLUICE_REDIS_URL``, ``SLUICE_SPARK_REMOTE``,
+``SLUICE_SPARK_MASTER``...).
+
+What a caller (a person, or the Airflow runner reading stderr) can rely on:
+
+- stderr carries the story of the job in a few lines, each starting with its
+  level name (``INFO``, ``WARNING``, ``ERROR``): what ran, on which Spark,
+  what it read and wrote, how long each stage took. Spark's own output (the
+  JVM's log4j, Ivy, py4j, gRPC) goes to a debug file under
+  ``$SLUICE_VAR_DIR/logs/`` instead, named in the first line;
+- the JSON result carries ``warnings``: how many WARNING-or-worse lines the
+  job logged (an archive that kept invalid entries raw says so there too);
+- a Spark session is started only when the job needs Spark (an interval
+  already archived, or with nothing in Redis, never starts one);
+- archive, canonical and trim of one stream hold that stream's archive lock
+  (:mod:`pipeline.lake.lock`) while they run;
+- SIGTERM stops the job at once: its Spark operations are interrupted (on a
+  Connect server, only this job's, by tag) and it exits 143 without
+  committing anything further.
+
 Exit status: 0 done (for ``audit``: and the chain is continuous), 1 the job
-failed or the audit found problems, 2 bad arguments.
+failed or the audit found problems, 2 bad arguments, 143 stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,13 +33,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
 
+from pipeline.errors import JobCancelled, SluiceError
 from pipeline.settings import Settings
 
+log = logging.getLogger("pipeline.lake.job")
+
 SPARK_JOBS = frozenset({"archive", "canonical", "maintain"})
+#: Jobs that write one stream's lake rows or Redis entries and so hold its archive lock.
+LOCKED_JOBS = frozenset({"archive", "canonical", "trim"})
+#: The debug log is rotated (one old copy kept) when it grows past this size.
+DEBUG_LOG_MAX = 64 << 20
+#: Loggers whose INFO chatter belongs in the debug file, not the story.
+NOISY = ("py4j", "pyspark", "grpc", "urllib3", "deltalake", "asyncio")
+EXIT_CANCELLED = 143
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     archive.add_argument("--start-ms", type=int, required=True)
     archive.add_argument("--end-ms", type=int, required=True)
     archive.add_argument("--run-id")
+    archive.add_argument(
+        "--force", action="store_true", help="re-read Redis even if archive_log has the interval"
+    )
     canonical = jobs.add_parser("canonical", help="mark the canonical chain of a stream")
     canonical.add_argument("--stream", required=True)
     trim = jobs.add_parser("trim", help="trim Redis below what archive_log proves archived")
@@ -43,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--target")
     audit = jobs.add_parser("audit", help="check the continuity of the canonical chain")
     audit.add_argument("--stream", required=True)
-    maintain = jobs.add_parser("maintain", help="OPTIMIZE and VACUUM every table")
+    maintain = jobs.add_parser("maintain", help="compact and VACUUM every table")
     maintain.add_argument("--retain-hours", type=int, default=168)
     return parser
 
@@ -53,18 +93,187 @@ def _jsonable(value: Any) -> Any:
         return value.hex()
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
 
 
+# --- the Spark session, started only when a job touches it ------------------------------
+
+
+class LazySpark:
+    """Stands in for a SparkSession and builds the real one on first use.
+
+    Jobs receive it where they take ``spark``; a job that never touches Spark
+    (an interval already archived, a job that finds nothing to do) never
+    starts a JVM or opens a Connect channel. On a Connect server every
+    operation of this job carries :attr:`tag`, so :meth:`interrupt` stops this
+    job's work and nobody else's.
+    """
+
+    def __init__(self, settings: Settings, app_name: str) -> None:
+        self._settings = settings
+        self._app_name = app_name
+        self._session: Any = None
+        self.tag = ""
+        #: seconds it took to get the session (0 when never started)
+        self.start_s = 0.0
+
+    @property
+    def started(self) -> bool:
+        """True once the session was built (and still after :meth:`close`)."""
+        return self.start_s > 0
+
+    @property
+    def mode(self) -> str:
+        if self._settings.spark_remote:
+            return "Spark Connect " + str(self._settings.spark_remote)
+        return "local Spark " + str(self._settings.spark_master)
+
+    def get(self) -> Any:
+        if self._session is None:
+            from pipeline.lake.session import build_session, is_connect, job_tag
+
+            began = time.perf_counter()
+            session = build_session(self._settings, app_name=self._app_name)
+            if is_connect(session):
+                self.tag = job_tag()
+                session.addTag(self.tag)
+            self._session = session
+            self.start_s = max(time.perf_counter() - began, 1e-6)
+            log.info("%s session ready in %.2fs", self.mode, self.start_s)
+        return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # copy/pickle probes: never start Spark for them
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def interrupt(self) -> None:
+        """Stop this job's running Spark operations (best effort, bounded by the client's retries)."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            if self.tag:
+                session.interruptTag(self.tag)
+            else:
+                session.sparkContext.cancelAllJobs()
+        except Exception as exc:  # the job is failing already; say why the interrupt did not land
+            log.warning("could not interrupt the Spark work: %s", str(exc).splitlines()[0][:200])
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        from pipeline.lake.session import close_session
+
+        try:
+            close_session(session)
+        except Exception as exc:  # closing a channel to a dead server must not hide the result
+            log.debug("closing the Spark session failed: %s", exc)
+
+
+# --- logging: the story on stderr, Spark's noise in a debug file ----------------------
+
+
+class _Counter(logging.Handler):
+    """Counts WARNING-or-worse records (the ``warnings`` of the result)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+def debug_log_path(settings: Settings) -> Path:
+    return Path(settings.var_dir).expanduser().absolute() / "logs" / "lake-jobs.log"
+
+
+@contextmanager
+def job_logging(settings: Settings, job: str) -> Iterator[tuple[_Counter, Path | None]]:
+    """Route logs for one job; see the module docstring. Restores everything on exit."""
+    path: Path | None = debug_log_path(settings)
+    debug: TextIO | None = None
+    saved_fd: int | None = None
+    story = sys.stderr
+    try:
+        assert path is not None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > DEBUG_LOG_MAX:
+            path.replace(path.with_suffix(".log.1"))
+        debug = path.open("a", buffering=1)
+        debug.write(
+            f"\n==== {datetime.now(UTC).isoformat()} sluice lake {job} (pid {os.getpid()})\n"
+        )
+        sys.stderr.flush()
+        # Children (the local JVM, Python workers) inherit fd 2: point it at the
+        # debug file and keep the story on a copy of the original stderr.
+        saved_fd = os.dup(2)
+        os.dup2(debug.fileno(), 2)
+        story = os.fdopen(os.dup(saved_fd), "w", buffering=1)
+    except OSError:
+        path = None  # no writable var dir: keep everything on stderr
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers), sys.stderr)
+    for handler in saved[1]:
+        root.removeHandler(handler)
+    out = logging.StreamHandler(story)
+    out.setLevel(logging.INFO)
+    out.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    out.addFilter(lambda r: r.levelno >= logging.WARNING or not r.name.startswith(NOISY))
+    counter = _Counter()
+    counter.addFilter(lambda r: not r.name.startswith(NOISY))
+    root.addHandler(out)
+    root.addHandler(counter)
+    if debug is not None:
+        file_handler = logging.StreamHandler(debug)
+        file_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        root.addHandler(file_handler)
+    root.setLevel(logging.DEBUG if debug is not None else logging.INFO)
+    for name in NOISY:
+        logging.getLogger(name).setLevel(logging.INFO)
+    sys.stderr = story
+    try:
+        yield counter, path
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.setLevel(saved[0])
+        for handler in saved[1]:
+            root.addHandler(handler)
+        sys.stderr = saved[2]
+        if saved_fd is not None:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+        if story is not saved[2]:
+            story.close()
+        if debug is not None:
+            debug.close()
+
+
+# --- running one job ----------------------------------------------------------------
+
+
 def run(args: argparse.Namespace, settings: Settings, spark: Any = None) -> tuple[Any, bool]:
-    """Run the parsed job; returns (result, ok)."""
+    """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`."""
     if args.job == "archive":
         from pipeline.lake.archive import archive_interval
 
         return archive_interval(
-            spark, settings, args.stream, args.start_ms, args.end_ms, run_id=args.run_id
+            spark,
+            settings,
+            args.stream,
+            args.start_ms,
+            args.end_ms,
+            run_id=args.run_id,
+            force=bool(getattr(args, "force", False)),
         ), True
     if args.job == "canonical":
         from pipeline.lake.canonical import mark_canonical
@@ -91,24 +300,126 @@ def run(args: argparse.Namespace, settings: Settings, spark: Any = None) -> tupl
     return report, report.ok
 
 
+def describe(args: argparse.Namespace) -> str:
+    """The job in one phrase: ``archive of chain:demo [2026-..Z, 2026-..Z)``."""
+    stream = getattr(args, "stream", None)
+    text = str(args.job) + (f" of {stream}" if stream else "")
+    if args.job == "archive":
+        text += f" [{_iso(args.start_ms)}, {_iso(args.end_ms)}) ms [{args.start_ms}, {args.end_ms})"
+    return text
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def summary_lines(job: str, result: dict[str, Any], seconds: float) -> list[str]:
+    """The few lines that tell what a job did (logged at INFO after it ran)."""
+    if job == "archive":
+        entries = int(result.get("entries", 0))
+        read = result.get("read", entries)
+        lines = [
+            f"stream {result.get('stream')}: {read} entries read, {entries} in the lake for the "
+            f"interval, {result.get('blocks', 0)} blocks, {result.get('invalid', 0)} invalid"
+            + (" (interval archived already: nothing read)" if result.get("skipped") else "")
+        ]
+        stages = result.get("stages") or {}
+        if stages:
+            lines.append("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
+        rate = (float(read) / seconds) if seconds > 0 and read else 0.0
+        lines.append(f"done in {seconds:.2f}s ({rate:,.0f} entries/s)")
+        return lines
+    fields = ", ".join(
+        f"{k} {v}" for k, v in result.items() if isinstance(v, int | float | str) and k != "stream"
+    )
+    return [f"{job}: {fields}"[:400], f"done in {seconds:.2f}s"]
+
+
 def main(argv: Sequence[str]) -> int:
     try:
         args = _parser().parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
     settings = Settings.load()
-    spark = None
-    if args.job in SPARK_JOBS:
-        from pipeline.lake.session import build_session
+    with job_logging(settings, args.job) as (counter, debug_path):
+        return _main(args, settings, counter, debug_path)
 
-        spark = build_session(settings, app_name=f"sluice-lake-{args.job}")
+
+def _main(
+    args: argparse.Namespace, settings: Settings, counter: _Counter, debug_path: Path | None
+) -> int:
+    began = time.perf_counter()
+    spark = (
+        LazySpark(settings, app_name=f"sluice-lake-{args.job}") if args.job in SPARK_JOBS else None
+    )
+    where = f" on {spark.mode}" if spark is not None else ""
+    log.info(
+        "sluice lake %s%s%s",
+        describe(args),
+        where,
+        f" (Spark log: {debug_path})" if debug_path else "",
+    )
+    restore = _on_sigterm(spark)
+    lock = None
     try:
+        if args.job in LOCKED_JOBS:
+            from pipeline.lake.lock import StreamLock
+
+            lock = StreamLock(
+                settings.redis_url,
+                args.stream,
+                owner=f"{args.job}",
+                wait_s=settings.lake_lock_wait_s,
+            )
+            lock.__enter__()
+            if lock.waited_s > 0.5:
+                log.info("waited %.1fs for the archive lock of %s", lock.waited_s, args.stream)
         result, ok = run(args, settings, spark)
-    finally:
+        if lock is not None:
+            lock.check()
+    except JobCancelled as exc:
         if spark is not None:
-            spark.stop()
-    print(json.dumps({"job": args.job, **_jsonable(result)}), flush=True)
+            spark.interrupt()
+        log.error("%s", exc)
+        return EXIT_CANCELLED
+    except SluiceError as exc:
+        print(f"sluice lake: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        restore()
+        if lock is not None:
+            lock.release()
+        if spark is not None:
+            spark.close()
+    seconds = time.perf_counter() - began
+    doc = {"job": args.job, **_jsonable(result)}
+    for line in summary_lines(args.job, doc, seconds):
+        log.info("%s", line)
+    doc["warnings"] = counter.count
+    doc["job_seconds"] = round(seconds, 3)
+    if spark is not None:
+        doc["spark"] = spark.mode if spark.started else "not started"
+    print(json.dumps(doc), flush=True)
     return 0 if ok else 1
+
+
+def _on_sigterm(spark: LazySpark | None) -> Callable[[], None]:
+    """SIGTERM raises :class:`JobCancelled` in the main thread (a blocked gRPC or py4j call
+    returns to Python within ~0.1 s for it); returns the function restoring the old handler."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one cancellation is enough
+        raise JobCancelled(f"stopped by signal {signum} before it committed")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (in-process callers): no signal handling
+        return lambda: None
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 if __name__ == "__main__":

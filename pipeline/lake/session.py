@@ -1,16 +1,50 @@
-"""Build the SparkSession with Delta, for any master."""
+"""Build the SparkSession with Delta: a Spark Connect client, or a local one-JVM session.
+
+Two modes, picked by ``settings.spark_remote`` (``SLUICE_SPARK_REMOTE``):
+
+- ``sc://host:port``: the job is a thin Spark Connect client of a long-lived
+  server (``sluice spark`` locally, a service in docker/). No JVM starts in
+  the job's process; the server already holds the Delta jars and warm caches.
+  The server is checked with a plain TCP connect first, so a server that is
+  down fails in milliseconds with one line naming the URL, and the client's
+  gRPC retries are bounded (:data:`CONNECT_RETRIES`), so a server that dies
+  mid-job fails the job in seconds instead of the client's default ten minutes.
+- empty: a local Spark driver in this process, for ``settings.spark_master``.
+  The Delta jars are passed as file paths (``spark.jars``) from the manifest
+  ``python -m pipeline.lake.session --warm`` wrote (``make install`` runs it),
+  so no Ivy resolution runs at start; without a manifest it falls back to
+  ``spark.jars.packages`` (Ivy, cached under ``~/.ivy2*``).
+
+:func:`spark_conf` is the one list of settings both modes (and the Connect
+server of :mod:`pipeline.lake.sparkserver`) run with.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from typing import TYPE_CHECKING
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
+from pipeline.errors import ConfigError, SparkUnavailable
 from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+log = logging.getLogger(__name__)
+
 APP_NAME = "sluice"
+#: Retries of one Connect RPC whose server is unreachable (backoff 0.2 s doubling to 2 s: ~5 s).
+CONNECT_RETRIES = 4
+#: Seconds a TCP connect to the Connect server may take before the job gives up.
+CONNECT_PROBE_S = 3.0
+#: The manifest of cached Delta jar paths, next to the interpreter that resolved them.
+MANIFEST = Path(sys.prefix) / "share" / "sluice" / "delta-jars.json"
 
 
 def delta_package() -> str:
@@ -23,52 +57,200 @@ def delta_package() -> str:
     return f"io.delta:delta-spark_{spark_mm}_2.13:{version('delta-spark')}"
 
 
-def build_session(settings: Settings | None = None, *, app_name: str = APP_NAME) -> SparkSession:
-    """A SparkSession with Delta Lake, for ``settings.spark_master`` (``SLUICE_SPARK_MASTER``).
+def cached_jars(settings: Settings | None = None, manifest: Path = MANIFEST) -> list[str] | None:
+    """The Delta jar paths to pass as ``spark.jars``, or None when there is no usable cache.
 
-    The Delta jars are resolved from Maven Central through Spark's own package
-    resolution and cached under ``~/.ivy2*``; only the first run downloads them.
+    ``settings.spark_jars`` (comma-separated) wins; else the manifest, used
+    only when it was written for this very Delta package and every jar is
+    still on disk.
     """
+    if settings is not None and settings.spark_jars:
+        return [part.strip() for part in settings.spark_jars.split(",") if part.strip()]
+    try:
+        doc = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    jars = doc.get("jars")
+    if doc.get("package") != delta_package() or not isinstance(jars, list) or not jars:
+        return None
+    paths = [str(j) for j in jars]
+    if not all(Path(p.removeprefix("file://")).is_file() for p in paths):
+        return None
+    return paths
+
+
+def spark_conf(settings: Settings, *, jars: bool = True) -> dict[str, str]:
+    """Spark settings of every lake session (and of the Connect server).
+
+    ``jars``: add the Delta jars (cached paths, else Maven coordinates); a
+    Connect client leaves them to its server.
+    """
+    conf = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.driver.memory": settings.spark_driver_memory,
+        # Python workers fork from a daemon that has the data source imported.
+        "spark.python.daemon.module": "pipeline.lake.pydaemon",
+    }
+    if jars:
+        cached = cached_jars(settings)
+        if cached:
+            conf["spark.jars"] = ",".join(cached)
+        else:
+            conf["spark.jars.packages"] = delta_package()
+    return conf
+
+
+def build_session(settings: Settings | None = None, *, app_name: str = APP_NAME) -> SparkSession:
+    """A SparkSession with Delta Lake: a Connect client when ``spark_remote`` is set, else local.
+
+    Raises :class:`SparkUnavailable` (one line naming the URL) when the
+    Connect server cannot be reached.
+    """
+    settings = settings or Settings.load()
+    if settings.spark_remote:
+        return connect_session(settings.spark_remote)
     from pyspark.sql import SparkSession
 
-    settings = settings or Settings.load()
-    os.environ.setdefault("PYSPARK_PYTHON", _python())
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .master(settings.spark_master)
-        .config("spark.jars.packages", delta_package())
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config(
-            "spark.sql.catalog.spark_catalog",
-            "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        )
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.databricks.delta.snapshotPartitions", "2")
-        .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.memory", os.environ.get("SLUICE_SPARK_DRIVER_MEMORY", "2g"))
-    )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name).master(settings.spark_master)
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
-def _python() -> str:
-    import sys
+def parse_remote(url: str) -> tuple[str, int]:
+    """``sc://host:port[/;params]`` -> ``(host, port)``; raises ConfigError otherwise."""
+    parsed = urlparse(url)
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise ConfigError(f"SLUICE_SPARK_REMOTE must look like sc://host:port, got {url!r}")
+    try:
+        port = parsed.port or 15002
+    except ValueError as exc:
+        raise ConfigError(f"bad port in SLUICE_SPARK_REMOTE {url!r}") from exc
+    return parsed.hostname, port
 
-    return sys.executable
+
+def probe(url: str, timeout_s: float = CONNECT_PROBE_S) -> None:
+    """Raise :class:`SparkUnavailable` unless something accepts TCP connections at ``url``."""
+    host, port = parse_remote(url)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise SparkUnavailable(
+            f"the Spark Connect server at {url} is not reachable ({reason}); "
+            "start one with `sluice spark` or unset SLUICE_SPARK_REMOTE"
+        ) from None
+
+
+def shared_session_id(url: str) -> str:
+    """The server-side session every lake job of this URL joins (a UUID, stable per URL).
+
+    Why one shared session: the server starts Python worker daemons per
+    session (keyed by the session's artifact UUID) and never stops them when
+    the session is released, so a session per job costs ~1 s of worker start
+    per job and leaks ~6 processes per job on a long-lived server. Jobs in the
+    shared session keep no state there but uniquely named temp views, and are
+    stopped one by one through their own operation tag (:func:`job_tag`).
+    """
+    import uuid
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "sluice-lake:" + url.split("/;")[0]))
+
+
+def job_tag() -> str:
+    """A fresh operation tag for one job (``interruptTag`` stops only that job's operations)."""
+    import uuid
+
+    return "sluice-job-" + uuid.uuid4().hex
+
+
+def connect_session(url: str, *, shared: bool = True) -> SparkSession:
+    """A Spark Connect session at ``url`` with bounded retries (see the module docstring).
+
+    ``shared``: join :func:`shared_session_id` unless the URL names a
+    ``session_id`` itself; end the job with :func:`close_session`, which
+    keeps the shared session alive on the server.
+    """
+    from pyspark.sql import SparkSession as AnySession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    probe(url)
+    target = url
+    if shared and "session_id=" not in url:
+        target = f"{url.rstrip('/')}/;session_id={shared_session_id(url)}"
+    # The classic builder also switches pyspark.sql.functions to Connect for this
+    # process (an environment flag): a process is either a Connect client or
+    # a local driver, never both.
+    session = AnySession.builder.remote(target).create()
+    session.client.set_retry_policies(
+        [
+            DefaultPolicy(
+                max_retries=CONNECT_RETRIES,
+                initial_backoff=200,
+                backoff_multiplier=2.0,
+                max_backoff=2000,
+                max_server_retry_delay=2000,
+            )
+        ]
+    )
+    return session  # type: ignore[return-value]
+
+
+def close_session(spark: Any) -> None:
+    """End this process's use of ``spark``: a Connect client closes its channel only
+    (the shared server-side session stays for the next job); a local session stops."""
+    if is_connect(spark):
+        spark.client.close()
+    else:
+        spark.stop()
+
+
+def is_connect(spark: Any) -> bool:
+    """True when ``spark`` is a Spark Connect client session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def write_manifest(jars: list[str], manifest: Path = MANIFEST) -> None:
+    """Record the resolved Delta jar paths for :func:`cached_jars`."""
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"package": delta_package(), "jars": jars}, indent=1))
+    tmp.replace(manifest)
 
 
 def _warm() -> None:
-    """Start and stop one session so the Delta jars land in the local cache."""
-    session = build_session(Settings.load(spark_master="local[1]"), app_name="sluice-warm")
-    session.range(1).count()
-    session.stop()
+    """Resolve the Delta jars once through Ivy and record their paths in :data:`MANIFEST`."""
+    from pyspark.sql import SparkSession
+
+    settings = Settings.load(spark_master="local[1]", spark_jars="")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("sluice-warm").master("local[1]")
+    for key, value in spark_conf(settings, jars=False).items():
+        builder = builder.config(key, value)
+    session = builder.config("spark.jars.packages", delta_package()).getOrCreate()
+    try:
+        session.range(1).count()
+        resolved = [j for j in (session.conf.get("spark.jars", "") or "").split(",") if j]
+    finally:
+        session.stop()
+    if not any("delta-spark" in j for j in resolved):
+        raise SystemExit(f"sluice: Ivy did not resolve {delta_package()}: {resolved}")
+    write_manifest(resolved)
+    print(f"sluice: {len(resolved)} Delta jars cached in {MANIFEST}", file=sys.stderr)  # noqa: T201
 
 
 if __name__ == "__main__":
-    import sys
-
     if sys.argv[1:] == ["--warm"]:
         _warm()
