@@ -4,6 +4,10 @@ It speaks only the seed's Redis protocol: RPUSH the envelope to
 ``msgbus.system.local`` on the twin's own Redis, then BLPOP the ``ret`` queue
 (a fresh uuid4) once per destination. Every answer carries ``src`` = the
 destination it answers for, which is how answers are put back in ``dst`` order.
+
+A wait of any length is cut into BLPOPs of at most :data:`BLOCK_S` seconds on
+a client whose socket timeout is longer (see :mod:`pipeline.redisconn`), so
+``exp=60`` waits 60 s, not redis-py's default 5.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from pipeline import keys
+from pipeline import keys, redisconn
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import RemoteError, RequestExpired
 
 #: Extra seconds the client waits past ``exp`` for the bus's own "request expired" answer.
 GRACE_S = 5.0
+#: Longest single BLPOP; longer waits are several of them.
+BLOCK_S = 20.0
 
 
 class CallFailed(RemoteError):
@@ -35,10 +41,10 @@ class BusClient:
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64) -> BusClient:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=30
+        client = redisconn.connect(
+            url, redisconn.Role.BUS_CLIENT, block_s=BLOCK_S, max_connections=max_connections
         )
-        return cls(aioredis.Redis(connection_pool=pool))
+        return cls(client)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -71,8 +77,9 @@ class BusClient:
         limit = time.monotonic() + (wait_s if wait_s is not None else exp + GRACE_S)
         by_src: dict[int, list[Envelope]] = {}
         for _ in dst:
-            left = limit - time.monotonic()
-            popped = await self.redis.blpop([ret], timeout=max(left, 0.01)) if left > 0 else None
+            popped = None
+            while popped is None and (left := limit - time.monotonic()) > 0:
+                popped = await self.redis.blpop([ret], timeout=max(min(left, BLOCK_S), 0.01))
             if popped is None:
                 await self.redis.delete(ret)
                 raise RequestExpired(f"no answer to {cmd} on {ret} in time")

@@ -32,6 +32,12 @@ class BusConfig:
     http_workers: int = 128
     max_pending: int = 10_000
     redis_connections: int = 32
+    #: Seconds a signed POST's timestamp may differ from this bus's clock.
+    replay_window_s: float = 300.0
+    #: Most request ids remembered for replay protection (then peers get 503 and retry).
+    max_seen: int = 1_000_000
+    #: Handling attempts of one message before it goes to the dead-letter list.
+    max_attempts: int = 3
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> BusConfig:
@@ -48,6 +54,11 @@ class BusConfig:
             "retry_max_s": settings.bus_retry_max_s,
             "max_size": settings.max_payload,
         }
+        # Bounds added by issue 11; read when Settings has them, else the defaults above.
+        for name in ("replay_window_s", "max_seen", "max_attempts"):
+            value = getattr(settings, f"bus_{name}", None)
+            if value is not None:
+                values[name] = value
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 

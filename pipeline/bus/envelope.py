@@ -125,6 +125,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
 
 
+def is_twin(value: Any) -> bool:
+    """True for a valid twin id."""
+    return _is_int(value)
+
+
 def _fail(text: str) -> EnvelopeError:
     return EnvelopeError(text, public=f"invalid envelope: {text}")
 
@@ -167,8 +172,13 @@ def _check_data(dat: str) -> None:
         raise _fail("dat must be valid base64") from exc
 
 
-def from_dict(doc: Any, *, reply: bool = False) -> Envelope:
-    """Validate a decoded JSON value; raise :class:`EnvelopeError` with the text for ``err``."""
+def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelope:
+    """Validate a decoded JSON value; raise :class:`EnvelopeError` with the text for ``err``.
+
+    ``client``: a request as a client wrote it (``msgbus.system.local``), whose
+    ``ret`` may not name a bus queue; the bus itself sets ``ret`` to
+    ``msgbus.system.reply`` on the copy a handler gets.
+    """
     if not isinstance(doc, dict):
         raise _fail("not a JSON object")
     if doc.get("ver") != VERSION or not _is_int(doc.get("ver")):
@@ -185,7 +195,7 @@ def from_dict(doc: Any, *, reply: bool = False) -> Envelope:
     ret = doc.get("ret", "")
     if not isinstance(ret, str) or len(ret) > MAX_NAME or (not reply and not ret):
         raise _fail("ret must be a non-empty string of at most 256 characters")
-    if not reply and ret.startswith(RESERVED_RET_PREFIX):
+    if client and ret.startswith(RESERVED_RET_PREFIX):
         raise _fail("ret 'msgbus.*' is reserved for the bus")
     ints: dict[str, int] = {}
     for name in _INT_FIELDS:
@@ -247,9 +257,14 @@ def loads(raw: bytes | str, *, max_size: int) -> Any:
         raise _fail("not valid JSON") from exc
 
 
-def decode(raw: bytes | str, *, reply: bool = False, max_size: int = 1 << 20) -> Envelope:
-    """Parse and validate one envelope; raise :class:`EnvelopeError` on any defect."""
-    return from_dict(loads(raw, max_size=max_size), reply=reply)
+def decode(
+    raw: bytes | str, *, reply: bool = False, client: bool = False, max_size: int = 1 << 20
+) -> Envelope:
+    """Parse and validate one envelope; raise :class:`EnvelopeError` on any defect.
+
+    ``reply`` and ``client`` as in :func:`from_dict`.
+    """
+    return from_dict(loads(raw, max_size=max_size), reply=reply, client=client)
 
 
 def load_trusted(raw: bytes | str) -> Envelope:

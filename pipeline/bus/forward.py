@@ -24,7 +24,7 @@ import aiohttp
 
 from pipeline.bus.directory import Directory
 from pipeline.bus.httpclient import HttpPool
-from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER, Signer
+from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,10 @@ class Outbound:
     resent: bool = field(default=False, compare=False)
     attempt: int = field(default=0, compare=False)
     last_error: str = field(default="", compare=False)
-    #: Signature of ``body``, made on the first attempt and reused by retries.
+    #: Signature of the POST, made on the first attempt and reused by retries until stale.
     signature: str = field(default="", compare=False)
+    #: The signed time (ms) of ``signature``.
+    signed_ms: int = field(default=0, compare=False)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -106,6 +108,7 @@ class Forwarder:
         retry_base_s: float = 0.1,
         retry_max_s: float = 2.0,
         request_timeout_s: float = 10.0,
+        resign_after_s: float = 75.0,
     ) -> None:
         self.twin = twin
         self._directory = directory
@@ -118,6 +121,7 @@ class Forwarder:
         self._wake = asyncio.Event()
         self._base = retry_base_s
         self._cap = retry_max_s
+        self._resign_ms = int(resign_after_s * 1000)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=2.0)
         self._session: aiohttp.ClientSession | None = None  # https:// peers
         self._pool = HttpPool(per_host=workers, deadline_s=request_timeout_s)  # http:// peers
@@ -183,8 +187,14 @@ class Forwarder:
         path = REMOTE_PATH if item.kind is Kind.REQUEST else REPLY_PATH
         headers = {TWIN_HEADER: str(self.twin), "Content-Type": "application/json"}
         if self._signer is not None:
-            if not item.signature:
-                item.signature = self._signer.sign(item.body)
+            now_ms = int(time.time() * 1000)
+            if not item.signature or now_ms - item.signed_ms > self._resign_ms:
+                # Retries reuse a signature until it nears the receiver's clock window.
+                item.signed_ms = now_ms
+                item.signature = self._signer.sign_post(
+                    src=self.twin, dst=item.to, path=path, sent_ms=now_ms, body=item.body
+                )
+            headers[TIME_HEADER] = str(item.signed_ms)
             headers[SIGNATURE_HEADER] = item.signature
         try:
             if peer.url.startswith("http://"):

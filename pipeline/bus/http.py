@@ -1,20 +1,28 @@
 """Inbound HTTP: the seed's ``POST /zbus-remote`` and ``POST /zbus-reply`` endpoints.
 
 Both take one envelope as the JSON body, signed by the sending bus
-(``X-Sluice-Twin`` names it, ``X-Sluice-Signature`` is Ed25519 over the exact
-body), and answer:
+(``X-Sluice-Twin`` names it, ``X-Sluice-Time`` is its clock in ms,
+``X-Sluice-Signature`` is Ed25519 over both, this twin, the path and the exact
+body: see :mod:`pipeline.bus.signing`), and answer:
 
 =====  ==========================================================
 200    accepted: a request queued to ``msgbus.system.remote``; a reply
        pushed to its caller's ``ret`` (and its backlog entry dropped)
 400    the envelope is invalid
-401    unsigned (and legacy peers are not allowed) or bad signature
+401    unsigned (and legacy peers are not allowed), bad signature, or a
+       signed time outside the clock window (``replay_window_s``)
 403    unknown sender twin, or a reply from a twin the request was not sent to
 404    not for this twin, or a reply whose uid is not in the backlog
-409    a request uid already seen within its expiry (replay)
+409    a request uid already seen (replay); the sender counts it as delivered
 410    the request expired
-503    Redis is unavailable (the sender retries)
+503    Redis is unavailable, or the seen-uid memory is full (the sender retries)
 =====  ==========================================================
+
+Replay protection: a signed request is refused unless its signed time is
+within ``replay_window_s`` of this bus's clock, and its ``src:uid`` is
+remembered until both its deadline and the end of that window have passed, so
+a copy of the POST is refused by one check or the other, whatever ``now`` and
+``exp`` the client put in the envelope.
 
 Only the short public text of an error is sent back; details are logged.
 """
@@ -37,7 +45,7 @@ from pipeline import keys
 from pipeline.bus import envelope
 from pipeline.bus.directory import Directory
 from pipeline.bus.forward import REMOTE_PATH, REPLY_PATH
-from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER
+from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, SignatureError
 
@@ -55,6 +63,7 @@ class Ingress:
     default_exp: int
     max_exp: int
     max_size: int
+    replay_window_s: float = 300.0
 
 
 _OK = b'{"ok":true}'
@@ -70,8 +79,11 @@ def _refuse(status: int, text: str) -> web.Response:
 
 async def _authenticate(
     ing: Ingress, request: web.BaseRequest, body: bytes, src: int
-) -> web.Response | None:
-    """None when the body is signed by ``src`` (or legacy and unsigned), else the refusal."""
+) -> float | web.Response:
+    """The sender's signed time (epoch s) when the POST is signed by ``src``, else the refusal.
+
+    A legacy peer's unsigned POST (when allowed) gets this bus's own clock.
+    """
     header = request.headers.get(TWIN_HEADER)
     if header is not None and header.strip() != str(src):
         return _refuse(401, "sender twin does not match src")
@@ -79,18 +91,33 @@ async def _authenticate(
     if peer is None:
         return _refuse(403, "unknown twin")
     signature = request.headers.get(SIGNATURE_HEADER)
+    now = time.time()
     if signature is None:
         if ing.legacy_peers:
-            return None
+            return now
         return _refuse(401, SignatureError.public_message)
     if peer.verifier is None:
         return _refuse(401, "no public key for this twin")
+    sent = request.headers.get(TIME_HEADER, "")
+    if not sent.isdigit() or len(sent) > 15:
+        return _refuse(401, "missing or invalid signed time")
+    sent_ms = int(sent)
     try:
-        peer.verifier.verify(body, signature)
+        peer.verifier.verify_post(
+            src=src,
+            dst=ing.twin,
+            path=request.path,
+            sent_ms=sent_ms,
+            body=body,
+            signature=signature,
+        )
     except SignatureError:
         log.warning("bus: forged or corrupted signature from twin %s", src)
         return _refuse(401, SignatureError.public_message)
-    return None
+    if abs(sent_ms / 1000 - now) > ing.replay_window_s:
+        log.warning("bus: POST from twin %s signed %.0fs away from now", src, sent_ms / 1000 - now)
+        return _refuse(401, "signed time outside the clock window")
+    return sent_ms / 1000
 
 
 async def _decode(
@@ -116,24 +143,29 @@ def build_server(ing: Ingress) -> web.Server:
             return _refuse(404, "destination mismatch")
         if not env.uid:
             return _refuse(400, "invalid envelope: uid missing")
-        refusal = await _authenticate(ing, request, body, env.src)
-        if refusal is not None:
-            return refusal
+        sent = await _authenticate(ing, request, body, env.src)
+        if isinstance(sent, web.Response):
+            return sent
         now = time.time()
         expires = envelope.deadline(
             env, received=now, default_exp=ing.default_exp, max_exp=ing.max_exp
         )
         if expires <= now:
             return _refuse(410, "request expired")
+        # Remembered until neither the deadline nor the clock window would let a copy in.
+        forget_at = max(expires, sent + ing.replay_window_s)
         queued = env.copy(ret=keys.BUS_REPLY).encode()
         try:
-            fresh = await ing.store.accept_request(f"{env.src}:{env.uid}", expires, queued)
+            result = await ing.store.accept_request(f"{env.src}:{env.uid}", forget_at, queued)
         except (redis.exceptions.RedisError, OSError):
             log.exception("bus: redis unavailable")
             return _refuse(503, "redis unavailable")
-        if not fresh:
+        if result == 0:
             log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
             return _refuse(409, "replayed request")
+        if result < 0:
+            log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
+            return _refuse(503, "busy")
         return _accepted()
 
     async def reply(request: web.BaseRequest) -> web.Response:
@@ -143,9 +175,9 @@ def build_server(ing: Ingress) -> web.Server:
         body, env = decoded
         if env.dst != [ing.twin]:
             return _refuse(404, "destination mismatch")
-        refusal = await _authenticate(ing, request, body, env.src)
-        if refusal is not None:
-            return refusal
+        sent = await _authenticate(ing, request, body, env.src)
+        if isinstance(sent, web.Response):
+            return sent
         try:
             head, tail = envelope.answer_parts(env)
             result = await ing.store.deliver_reply(env.uid, env.src, head, tail)

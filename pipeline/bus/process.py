@@ -25,19 +25,28 @@ transaction that records the outcome, and pending requests (backlog) and
 replies (outbox) are resent after a restart, so neither a crash nor a graceful stop loses a
 request. The backlog + scrubber guarantee that each accepted request gets
 exactly one answer on ``ret``: the reply, or an ``err``.
+
+Poison messages: whatever a message makes a handler raise, the loop goes on.
+A batch that fails stays in flight and is taken again one message at a
+time; each of those attempts is counted in Redis *before* it starts (so a
+message that kills the whole process counts too), and a message that reaches
+``max_attempts`` moves to the dead-letter list (``msgbus.system.dead``, see
+:mod:`pipeline.bus.dead`) with its last failure, instead of failing forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import redis.asyncio as aioredis
 from aiohttp import web
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-from pipeline import keys
+from pipeline import keys, redisconn
 from pipeline.bus import envelope
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, reraise_if_cancelling
 from pipeline.bus.directory import Directory
@@ -46,8 +55,12 @@ from pipeline.bus.http import Ingress, build_server
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
+from pipeline.errors import EnvelopeError
 
 log = logging.getLogger(__name__)
+
+#: Longest blocking wait (BLMOVE) of a queue loop, in seconds.
+_WAIT_S = 1
 
 
 class BusProcess:
@@ -63,11 +76,17 @@ class BusProcess:
     ) -> None:
         self.config = config
         self.twin = config.twin
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url, max_connections=config.redis_connections, timeout=10
+        self.redis = redisconn.connect(
+            redis_url,
+            redisconn.Role.BUS,
+            block_s=_WAIT_S,
+            max_connections=config.redis_connections,
         )
-        self.redis = aioredis.Redis(connection_pool=pool)
-        self.store = BusStore(self.redis)
+        # No silent resend of a command whose connection dropped: claims and batch
+        # transactions are not idempotent (a claim run twice would strand a batch in
+        # flight); the loops recover from the inflight list instead.
+        self.redis.set_retry(Retry(NoBackoff(), 0))
+        self.store = BusStore(self.redis, max_seen=config.max_seen)
         self.directory = directory
         self.forwarder = Forwarder(
             twin=config.twin,
@@ -78,6 +97,7 @@ class BusProcess:
             max_pending=config.max_pending,
             retry_base_s=config.retry_base_s,
             retry_max_s=config.retry_max_s,
+            resign_after_s=config.replay_window_s / 4,
         )
         self._ingress = Ingress(
             twin=config.twin,
@@ -87,6 +107,7 @@ class BusProcess:
             default_exp=config.default_exp,
             max_exp=config.max_exp,
             max_size=config.max_size,
+            replay_window_s=config.replay_window_s,
         )
         self.queues = QueueHandlers(
             config=config,
@@ -158,18 +179,17 @@ class BusProcess:
     async def _loop(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
         pause = 0.1
         batch_size = self.config.batch
-        recover = True  # inflight items left by a crash or a failed transaction go first
+        recover = True  # inflight items left by a crash or a failed batch go first, one by one
         # The flag also ends the loop within one BLMOVE wait should a cancellation be lost
         # inside the Redis client.
         while not self._stopped:
             try:
                 if recover:
-                    batch = await self.store.inflight(queue, batch_size)
-                    recover = bool(batch)
-                else:
-                    batch = await self.store.claim(queue, batch_size)
+                    recover = await self._recover_one(queue, handle)
+                    continue
+                batch = await self.store.claim(queue, batch_size)
                 if not batch:
-                    first = await self.store.wait_one(queue, 1)
+                    first = await self.store.wait_one(queue, _WAIT_S)
                     if first is None:
                         continue
                     batch = [first]
@@ -181,6 +201,44 @@ class BusProcess:
                 log.warning("bus: %s loop: redis error %r, retrying in %.1fs", queue, exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
+            except Exception:  # the boundary: a message broke its handler; isolate it
+                log.exception(
+                    "bus: %s loop: a batch failed; retrying its messages one by one", queue
+                )
+                recover = True
+
+    async def _recover_one(
+        self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]
+    ) -> bool:
+        """Handle the first inflight item alone; False once the inflight list is empty.
+
+        The attempt is counted before handling starts; past ``max_attempts`` the
+        item goes to the dead-letter list instead.
+        """
+        items = await self.store.inflight(queue, 1)
+        if not items:
+            return False
+        item = items[0]
+        digest = hashlib.blake2b(item, digest_size=12).hexdigest()
+        attempts, why = await self.store.attempt(queue, digest)
+        if attempts > self.config.max_attempts:
+            reason = (
+                f"handling failed {attempts - 1} times: "
+                f"{why or 'the bus stopped while handling it'}"
+            )
+            log.error("bus: %s: message set aside in %s: %s", queue, keys.bus_dead(), reason)
+            await self.store.bury_head(queue, digest, item, reason, attempts - 1)
+            return True
+        try:
+            await handle([item])
+        except REDIS_ERRORS:
+            raise
+        except Exception as exc:  # the boundary: remember why, try again up to the limit
+            log.exception("bus: %s: handling one message failed (attempt %d)", queue, attempts)
+            await self.store.failed(queue, digest, f"{type(exc).__name__}: {exc}")
+            return True
+        await self.store.handled(queue, digest)
+        return True
 
     # --- outbound outcomes, recovery, expiry --------------------------------
 
@@ -195,6 +253,8 @@ class BusProcess:
                 request = envelope.load_trusted(item.body)
                 fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
                 await self.store.finish(item.uid, request.ret, fail.encode())
+        except EnvelopeError:
+            log.error("bus: corrupt pending request %s; the scrubber sets it aside", item.id)
         except REDIS_ERRORS:
             # Still in the outbox / backlog: resent on restart, or expired by the scrubber.
             log.exception("bus: could not record outcome of %s", item.id)
@@ -208,7 +268,10 @@ class BusProcess:
         limit = self.config.max_pending
         requests = await self.store.pending_requests(limit)
         for uid, body, expires in requests:
-            request = envelope.load_trusted(body)
+            try:
+                request = envelope.load_trusted(body)
+            except EnvelopeError:
+                continue  # the scrubber sets it aside
             if request.dst[0] == self.twin:
                 continue  # went to msgbus.system.remote in the same transaction
             item = Outbound(
@@ -243,6 +306,8 @@ class BusProcess:
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 log.warning("bus: scrubber: redis error %r", exc)
+            except Exception:  # the boundary: the scrubber must outlive any one entry
+                log.exception("bus: scrubber failed; trying again")
 
     async def scrub(self, now: float) -> int:
         """Answer expired backlog entries with ``err``; returns how many were answered."""
@@ -255,7 +320,11 @@ class BusProcess:
                     if original is None:
                         pipe.zrem(keys.bus_expiry(), uid)
                         continue
-                    request = envelope.load_trusted(original)
+                    try:
+                        request = envelope.load_trusted(original)
+                    except EnvelopeError:
+                        self.queues.corrupt_in(pipe, uid, original)
+                        continue
                     fail = envelope.error_reply(
                         request, "request expired", about=request.dst[0], me=self.twin
                     )

@@ -10,14 +10,17 @@
 
 Each batch ends in one MULTI transaction that also releases the batch from
 the queue's inflight list, so a crash replays a batch rather than losing it.
+Nothing one message holds can fail the batch: pushes to client-named keys
+are type-checked in Lua (see :class:`BusStore`), and what cannot be answered
+or delivered goes to the dead-letter list (:mod:`pipeline.bus.dead`) with
+its reason instead of being dropped.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -54,14 +57,16 @@ class QueueHandlers:
     async def local(self, batch: list[bytes]) -> None:
         now = time.time()
         answers: list[tuple[str, bytes]] = []  # (ret, answer) pushed right away
+        unanswerable: list[tuple[str, bytes]] = []  # (reason, request) set aside
         routed: list[tuple[Envelope, float, int]] = []  # (request, deadline, destination)
         for raw in batch:
             try:
-                env = envelope.decode(raw, max_size=self.config.max_size)
+                env = envelope.decode(raw, client=True, max_size=self.config.max_size)
             except EnvelopeError as exc:
                 ret, cmd = envelope.salvage(raw)
                 if not ret:
-                    log.warning("bus: dropped unreadable request (no ret): %s", exc)
+                    log.warning("bus: unanswerable request (no ret) set aside: %s", exc)
+                    unanswerable.append((f"{exc.public_message} (no usable ret)", raw))
                     continue
                 log.info("bus: invalid request answered on %s: %s", ret, exc)
                 bad = Envelope(cmd=cmd, ret=ret, dst=[self.twin], now=int(now))
@@ -109,8 +114,10 @@ class QueueHandlers:
                     )
                 )
         async with self.redis.pipeline(transaction=True) as pipe:
-            for ret, answer in answers:
-                pipe.rpush(ret, answer)
+            if answers:
+                await self.store.push_in(pipe, "answer not delivered", answers)
+            for reason, raw in unanswerable:
+                self.store.bury_in(pipe, keys.BUS_LOCAL, reason, raw)
             if backlog:
                 pipe.hset(keys.BUS_BACKLOG, mapping=backlog)  # type: ignore[arg-type]
                 pipe.zadd(keys.bus_expiry(), deadlines)
@@ -122,33 +129,47 @@ class QueueHandlers:
             await self.forwarder.submit(item)
 
     async def remote(self, batch: list[bytes]) -> None:
-        by_cmd: dict[str, list[bytes]] = {}
+        pushes: list[tuple[str, bytes]] = []
+        unreadable: list[bytes] = []
         for raw in batch:
             # Entries were validated on the way in (HTTP or local loop); only cmd is needed.
-            cmd = _command_of(raw)
-            if not cmd:
-                log.warning("bus: dropped an entry of %s without a valid cmd", keys.BUS_REMOTE)
-                continue
-            by_cmd.setdefault(cmd, []).append(raw)
+            cmd = self._command_of(raw)
+            if cmd:
+                pushes.append((keys.bus_command(cmd), raw))
+            else:
+                log.warning("bus: entry of %s without a valid cmd set aside", keys.BUS_REMOTE)
+                unreadable.append(raw)
         async with self.redis.pipeline(transaction=True) as pipe:
-            for cmd, items in by_cmd.items():
-                pipe.rpush(keys.bus_command(cmd), *items)
+            if pushes:
+                await self.store.push_in(pipe, "request not delivered", pushes)
+            for raw in unreadable:
+                self.store.bury_in(pipe, keys.BUS_REMOTE, "no valid cmd", raw)
             self.store.release(pipe, keys.BUS_REMOTE, len(batch))
             await pipe.execute()
+
+    def _command_of(self, raw: bytes) -> str:
+        try:
+            doc = envelope.loads(raw, max_size=self.config.max_size)
+        except EnvelopeError:
+            return ""
+        cmd = doc.get("cmd") if isinstance(doc, dict) else None
+        return str(cmd) if envelope.valid_cmd(cmd) else ""
 
     async def reply(self, batch: list[bytes]) -> None:
         mine: list[Envelope] = []
         outbound: list[Outbound] = []
         invalid: list[tuple[str, str]] = []  # (uid, error) of unparseable replies
+        unanswerable: list[tuple[str, bytes]] = []  # (reason, reply) set aside
         now = time.time()
         for raw in batch:
             try:
                 env = envelope.decode(raw, reply=True, max_size=self.config.max_size)
             except EnvelopeError as exc:
                 # A handler sent garbage: its caller still gets an answer, with err.
-                uid, to, cmd = _salvage_reply(raw)
+                uid, to, cmd = self._salvage_reply(raw)
                 log.warning("bus: invalid reply %r for twin %s: %s", uid, to, exc)
                 if not uid or to is None:
+                    unanswerable.append((f"invalid reply without uid or dst: {exc}", raw))
                     continue
                 if to == self.twin:
                     invalid.append((uid, exc.public_message))
@@ -185,17 +206,27 @@ class QueueHandlers:
                 if original is None:
                     log.warning("bus: reply %s matches no pending request (late?)", env.uid)
                     continue
-                request = envelope.load_trusted(original)
+                try:
+                    request = envelope.load_trusted(original)
+                except EnvelopeError:
+                    self.corrupt_in(pipe, env.uid, original)
+                    continue
                 answer = env.copy(ret=request.ret).encode()
                 await self.store.finish_in(pipe, env.uid, request.ret, answer)
             for (uid, text), original in zip(invalid, originals[len(mine) :], strict=True):
                 if original is None:
                     continue
-                request = envelope.load_trusted(original)
+                try:
+                    request = envelope.load_trusted(original)
+                except EnvelopeError:
+                    self.corrupt_in(pipe, uid, original)
+                    continue
                 fail = envelope.error_reply(
                     request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
                 )
                 await self.store.finish_in(pipe, uid, request.ret, fail.encode())
+            for reason, raw in unanswerable:
+                self.store.bury_in(pipe, keys.BUS_REPLY, reason, raw)
             if outbound:
                 pending = {item.id: item.to_json() for item in outbound}
                 pipe.hset(keys.bus_outbox(), mapping=pending)  # type: ignore[arg-type]
@@ -203,6 +234,29 @@ class QueueHandlers:
             await pipe.execute()
         for item in outbound:
             await self.forwarder.submit(item)
+
+    def corrupt_in(self, pipe: Any, uid: str, original: bytes) -> None:
+        """Set aside a backlog entry that does not decode (written by something else)."""
+        log.error("bus: corrupt backlog entry %s set aside", uid)
+        pipe.hdel(keys.BUS_BACKLOG, uid)
+        pipe.zrem(keys.bus_expiry(), uid)
+        self.store.bury_in(pipe, keys.BUS_BACKLOG, f"corrupt backlog entry {uid}", original)
+
+    def _salvage_reply(self, raw: bytes) -> tuple[str, int | None, str]:
+        """``(uid, destination twin, cmd)`` of a reply that failed validation, where readable."""
+        try:
+            doc = envelope.loads(raw, max_size=self.config.max_size)
+        except EnvelopeError:
+            return "", None, ""
+        uid = doc.get("uid") if isinstance(doc, dict) else None
+        if not isinstance(uid, str) or not uid or len(uid) > envelope.MAX_NAME:
+            return "", None, ""
+        dst = doc.get("dst")
+        if isinstance(dst, list) and len(dst) == 1:
+            dst = dst[0]
+        to = dst if envelope.is_twin(dst) else None
+        cmd = doc.get("cmd")
+        return uid, to, str(cmd) if envelope.valid_cmd(cmd) else "invalid.reply"
 
 
 class UidCounters:
@@ -230,26 +284,3 @@ class UidCounters:
         value = span[0]
         span[0] += 1
         return value
-
-
-def _command_of(raw: bytes) -> str:
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        doc = json.loads(raw)
-        cmd = doc.get("cmd") if isinstance(doc, dict) else None
-        if envelope.valid_cmd(cmd):
-            return str(cmd)
-    return ""
-
-
-def _salvage_reply(raw: bytes) -> tuple[str, int | None, str]:
-    """``(uid, destination twin, cmd)`` of a reply that failed validation, where readable."""
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        doc = json.loads(raw)
-        if isinstance(doc, dict) and isinstance(doc.get("uid"), str):
-            dst = doc.get("dst")
-            if isinstance(dst, list) and len(dst) == 1:
-                dst = dst[0]
-            to = dst if isinstance(dst, int) and not isinstance(dst, bool) else None
-            cmd = doc.get("cmd")
-            return doc["uid"], to, str(cmd) if envelope.valid_cmd(cmd) else "invalid.reply"
-    return "", None, ""

@@ -30,7 +30,7 @@ from typing import cast
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from pipeline import keys
+from pipeline import keys, redisconn
 from pipeline.bus.config import reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import EnvelopeError, HandlerError
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[bytes, Envelope], Awaitable[bytes | str | None]]
 
 HANDLER_FAILED = "handler failed"
+#: Longest blocking wait (BLMPOP) of a worker, in seconds.
+_WAIT_S = 1
 
 
 class BusServer:
@@ -57,10 +59,10 @@ class BusServer:
     @classmethod
     def from_url(cls, url: str, **kwargs: int | bool) -> BusServer:
         workers = int(kwargs.get("workers", 4))
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=workers + 8, timeout=30
+        client = redisconn.connect(
+            url, redisconn.Role.BUS_CLIENT, block_s=_WAIT_S, max_connections=workers + 8
         )
-        return cls(aioredis.Redis(connection_pool=pool), **kwargs)  # type: ignore[arg-type]
+        return cls(client, **kwargs)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -90,17 +92,21 @@ class BusServer:
         while True:
             try:
                 popped = await self.redis.blmpop(
-                    1, len(queues), *queues, direction="LEFT", count=self.batch
+                    _WAIT_S, len(queues), *queues, direction="LEFT", count=self.batch
                 )
                 if not popped:
                     continue
                 items = cast(list[bytes], popped[1])
                 replies = await asyncio.gather(*(self._answer(raw) for raw in items))
+                sent = [(target, reply) for target, reply in replies if target]
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    for target, reply in replies:
-                        if target:
-                            pipe.rpush(target, reply)
-                    await pipe.execute()
+                    for target, reply in sent:
+                        pipe.rpush(target, reply)
+                    results = await pipe.execute(raise_on_error=False)
+                for (target, _), result in zip(sent, results, strict=True):
+                    if isinstance(result, redis.exceptions.ResponseError):
+                        # One bad target (WRONGTYPE) must not cost the other replies.
+                        log.error("bus server: reply to %s not delivered: %s", target, result)
                 pause = 0.1
             except (redis.exceptions.RedisError, OSError) as exc:
                 reraise_if_cancelling(exc)

@@ -1,8 +1,18 @@
-"""Ed25519 signatures of bus-to-bus HTTP bodies (pynacl).
+"""Ed25519 signatures of bus-to-bus HTTP POSTs (pynacl).
 
-A bus signs the exact body bytes it POSTs and names itself in a header; the
-receiver verifies the signature with the public key the twin directory holds
-for that twin. Keys travel as standard base64 of their 32 raw bytes.
+A bus signs each POST and sends three headers: ``X-Sluice-Twin`` (itself),
+``X-Sluice-Time`` (its own clock, integer milliseconds since the epoch) and
+``X-Sluice-Signature`` (base64 Ed25519). The signature covers
+:func:`signed_message`: a version tag, sender twin, receiver twin, path, the
+time, then the exact body bytes. So a captured POST cannot be sent to another
+twin or endpoint, and the receiver can refuse it once the time has left its
+clock window; within the window the envelope ``uid`` (inside the signed body)
+is what the receiver remembers. Nothing the *client* set (``now``, ``exp``)
+decides whether a POST is fresh.
+
+The layout does not depend on what the body holds, so a body carrying several
+envelopes (one signature per POST) signs the same way; a new layout gets a new
+:data:`SIGNED_TAG`. Keys travel as standard base64 of their 32 raw bytes.
 """
 
 from __future__ import annotations
@@ -17,9 +27,18 @@ import nacl.signing
 
 from pipeline.errors import ConfigError, SignatureError
 
-#: HTTP headers carrying the sender twin id and the base64 signature of the body.
+#: HTTP headers: the sender twin id, its clock (ms), the base64 signature.
 TWIN_HEADER = "X-Sluice-Twin"
+TIME_HEADER = "X-Sluice-Time"
 SIGNATURE_HEADER = "X-Sluice-Signature"
+#: First line of every signed message; names the layout below it.
+SIGNED_TAG = b"sluice-bus-post/2"
+
+
+def signed_message(*, src: int, dst: int, path: str, sent_ms: int, body: bytes) -> bytes:
+    """The bytes a POST's signature covers."""
+    head = b"%s\n%d\n%d\n%s\n%d\n" % (SIGNED_TAG, src, dst, path.encode(), sent_ms)
+    return head + body
 
 
 def b64(raw: bytes) -> str:
@@ -63,8 +82,12 @@ class Signer:
     def public_key(self) -> str:
         return b64(bytes(self._key.verify_key))
 
-    def sign(self, body: bytes) -> str:
-        return b64(self._key.sign(body).signature)
+    def sign(self, message: bytes) -> str:
+        return b64(self._key.sign(message).signature)
+
+    def sign_post(self, *, src: int, dst: int, path: str, sent_ms: int, body: bytes) -> str:
+        """The ``X-Sluice-Signature`` of one POST (see :func:`signed_message`)."""
+        return self.sign(signed_message(src=src, dst=dst, path=path, sent_ms=sent_ms, body=body))
 
     def write(self, path: str | Path) -> None:
         """Write the seed to ``path`` readable by its owner only; never overwrite."""
@@ -80,10 +103,17 @@ class Verifier:
     def __init__(self, public_key: str) -> None:
         self._key = nacl.signing.VerifyKey(unb64(public_key, size=32, what="public key"))
 
-    def verify(self, body: bytes, signature: str) -> None:
-        """Raise :class:`SignatureError` unless ``signature`` signs ``body``."""
+    def verify(self, message: bytes, signature: str) -> None:
+        """Raise :class:`SignatureError` unless ``signature`` signs ``message``."""
         try:
             sig = base64.b64decode(signature, validate=True)
-            self._key.verify(body, sig)
+            self._key.verify(message, sig)
         except (binascii.Error, ValueError, nacl.exceptions.BadSignatureError) as exc:
             raise SignatureError("bad signature") from exc
+
+    def verify_post(
+        self, *, src: int, dst: int, path: str, sent_ms: int, body: bytes, signature: str
+    ) -> None:
+        """Raise :class:`SignatureError` unless ``signature`` signs this POST."""
+        message = signed_message(src=src, dst=dst, path=path, sent_ms=sent_ms, body=body)
+        self.verify(message, signature)

@@ -7,6 +7,10 @@
 * :meth:`BusStore.finish` answers a backlog request at most once: whoever
   removes the backlog entry (reply, expiry scrubber, failed forwarding)
   pushes the one answer; the others find it gone and push nothing.
+* Every push to a key a client named (``ret``) or to a handler's queue goes
+  through a type check in the same script: a key that is not a list gets no
+  push (no ``WRONGTYPE`` that would fail the rest of a batched write); the
+  message goes to the dead-letter list instead (:mod:`pipeline.bus.dead`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,29 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 
 from pipeline import keys
+from pipeline.bus import dead
 from pipeline.bus.coalesce import Coalescer
+
+# bury(target, value, why): set value aside in the dead-letter list.
+# push_or_bury(target, value, why): RPUSH value to target when target is a list (or
+# absent), else set it aside in the dead-letter list. 1 pushed, 0 set aside.
+_PUSH_OR_BURY = f"""
+local function bury(target, value, why)
+  local head = cjson.encode({{queue = target, at = tonumber(redis.call('TIME')[1]),
+    reason = why, attempts = 0, size = #value, truncated = #value > {dead.BODY_MAX}}})
+  redis.call('LPUSH', '{keys.bus_dead()}', head .. '\\n' .. string.sub(value, 1, {dead.BODY_MAX}))
+  redis.call('LTRIM', '{keys.bus_dead()}', 0, {dead.LIST_MAX - 1})
+  return 0
+end
+local function push_or_bury(target, value, why)
+  local kind = redis.call('TYPE', target)['ok']
+  if kind == 'list' or kind == 'none' then
+    redis.call('RPUSH', target, value)
+    return 1
+  end
+  return bury(target, value, why .. ': ' .. target .. ' holds a ' .. kind .. ', not a list')
+end
+"""
 
 # KEYS: queue, inflight. ARGV: count. Moves up to count items, returns them.
 _CLAIM = """
@@ -27,9 +53,11 @@ redis.call('RPUSH', KEYS[2], unpack(items))
 return items
 """
 
-# KEYS: seen, remote. ARGV: seen id, expiry score, body. 1 queued, 0 replayed.
+# KEYS: seen, remote. ARGV: seen id, expiry score, body, most seen ids.
+# 1 queued, 0 replayed, -1 the seen set is full (the sender retries later).
 _ACCEPT_REQUEST = """
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -1 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 return 1
@@ -38,40 +66,78 @@ return 1
 # KEYS: backlog, expiry. ARGV: uid, sender twin, answer head, answer tail.
 # The answer to the caller is head .. <the request's ret as a JSON string> .. tail.
 # 1 answered, 0 uid not in backlog (or already answered), -1 the request was sent to another twin.
-_DELIVER_REPLY = """
+_DELIVER_REPLY = (
+    _PUSH_OR_BURY
+    + """
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then return 0 end
 local dst = string.match(entry, '"dst":%[(%d+)%]')
 if dst ~= ARGV[2] then return -1 end
-local ret = cjson.decode(entry)['ret']
-if type(ret) ~= 'string' then return redis.error_reply('corrupt backlog entry') end
+local ok, doc = pcall(cjson.decode, entry)
+local ret = ok and type(doc) == 'table' and doc['ret'] or nil
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('RPUSH', ret, ARGV[3] .. cjson.encode(ret) .. ARGV[4])
+if type(ret) ~= 'string' then
+  bury('', ARGV[3] .. '""' .. ARGV[4], 'corrupt backlog entry ' .. ARGV[1] .. ': reply kept')
+  return 1
+end
+push_or_bury(ret, ARGV[3] .. cjson.encode(ret) .. ARGV[4], 'answer not delivered')
 return 1
 """
+)
 
 # KEYS: backlog, expiry, outbox. ARGV: uid, ret, answer, outbox id.
-_FINISH = """
+_FINISH = (
+    _PUSH_OR_BURY
+    + """
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ARGV[4] ~= '' then redis.call('HDEL', KEYS[3], ARGV[4]) end
-redis.call('RPUSH', ARGV[2], ARGV[3])
+push_or_bury(ARGV[2], ARGV[3], 'answer not delivered')
 return 1
 """
+)
+
+# KEYS: none (the targets are client-named). ARGV: why, then (target, value) pairs.
+# Returns how many were pushed; the others are in the dead-letter list.
+_PUSH = (
+    _PUSH_OR_BURY
+    + """
+local pushed = 0
+for i = 2, #ARGV, 2 do pushed = pushed + push_or_bury(ARGV[i], ARGV[i + 1], ARGV[1]) end
+return pushed
+"""
+)
+
+# KEYS: inflight, dead, attempts. ARGV: dead entry, attempts field. Sets aside the
+# first inflight item (the one the entry is about) in one step.
+_BURY_HEAD = f"""
+redis.call('LPUSH', KEYS[2], ARGV[1])
+redis.call('LTRIM', KEYS[2], 0, {dead.LIST_MAX - 1})
+redis.call('LPOP', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[2], ARGV[2] .. ':why')
+return 1
+"""
+
+
+#: Attempt counts outlive no restart loop: the hash expires a day after its last write.
+ATTEMPTS_TTL_S = 86400
 
 
 class BusStore:
     """Typed wrappers around the bus's Redis commands and scripts."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, *, max_seen: int = 1_000_000) -> None:
         self.redis = client
+        self.max_seen = max_seen
         #: Single commands from concurrent callers go through here; run it as a task.
         self.coalescer = Coalescer(client, reload=self._load_scripts)
         self._claim = client.register_script(_CLAIM)
         self._accept_request = client.register_script(_ACCEPT_REQUEST)
         self._finish = client.register_script(_FINISH)
         self._deliver_reply = client.register_script(_DELIVER_REPLY)
+        self._push = client.register_script(_PUSH)
+        self._bury_head = client.register_script(_BURY_HEAD)
 
     async def _load_scripts(self) -> None:
         """Load the scripts the coalescer runs by EVALSHA (after Redis lost its script cache)."""
@@ -97,13 +163,55 @@ class BusStore:
         """Queue the removal of the first ``count`` inflight items into ``pipe``."""
         pipe.ltrim(keys.bus_inflight(queue), count, -1)
 
-    async def accept_request(self, seen_id: str, expires: float, body: bytes) -> bool:
-        args: list[str | float | bytes] = [seen_id, expires, body]
+    async def accept_request(self, seen_id: str, forget_at: float, body: bytes) -> int:
+        """Queue a request from a peer unless ``seen_id`` was seen (until ``forget_at``).
+
+        1 queued, 0 a replay, -1 the seen set holds ``max_seen`` ids already.
+        """
+        args: list[str | float | bytes] = [seen_id, forget_at, body, self.max_seen]
         sha = self._accept_request.sha
         result = await self.coalescer.call(
             lambda pipe: pipe.evalsha(sha, 2, keys.bus_seen(), keys.BUS_REMOTE, *args)
         )
-        return int(result) == 1
+        return int(result)
+
+    async def push_in(self, pipe: Any, why: str, pushes: Sequence[tuple[str, bytes]]) -> None:
+        """Queue RPUSHes to client-named keys into ``pipe``; a non-list target is set aside."""
+        args: list[str | bytes] = [why]
+        for target, value in pushes:
+            args += [target, value]
+        await self._push(keys=[], args=args, client=pipe)
+
+    async def attempt(self, queue: str, digest: str) -> tuple[int, str]:
+        """Count one more handling attempt of a message; (attempts so far, last failure)."""
+        field = f"{queue}:{digest}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(keys.bus_attempts(), field, 1)
+            pipe.hget(keys.bus_attempts(), field + ":why")
+            pipe.expire(keys.bus_attempts(), ATTEMPTS_TTL_S)
+            count, why, _ = await pipe.execute()
+        return int(count), (why or b"").decode("utf-8", "replace")
+
+    async def failed(self, queue: str, digest: str, why: str) -> None:
+        """Remember why handling of a message failed (for its dead-letter entry)."""
+        await self.redis.hset(keys.bus_attempts(), f"{queue}:{digest}:why", why[:1000])
+
+    async def handled(self, queue: str, digest: str) -> None:
+        field = f"{queue}:{digest}"
+        await self.redis.hdel(keys.bus_attempts(), field, field + ":why")
+
+    async def bury_head(self, queue: str, digest: str, item: bytes, why: str, tries: int) -> None:
+        """Move the first inflight item of ``queue`` (``item``) to the dead-letter list."""
+        entry = dead.entry(queue, why, item, attempts=tries)
+        await self._bury_head(
+            keys=[keys.bus_inflight(queue), keys.bus_dead(), keys.bus_attempts()],
+            args=[entry, f"{queue}:{digest}"],
+        )
+
+    def bury_in(self, pipe: Any, queue: str, why: str, item: bytes) -> None:
+        """Queue setting ``item`` aside into ``pipe`` (with the batch that read it)."""
+        pipe.lpush(keys.bus_dead(), dead.entry(queue, why, item))
+        pipe.ltrim(keys.bus_dead(), 0, dead.LIST_MAX - 1)
 
     async def deliver_reply(self, uid: str, sender: int, head: bytes, tail: bytes) -> int:
         """Answer the caller of backlog request ``uid`` with a reply from twin ``sender``.

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from pipeline import keys
 from pipeline.bus.envelope import Envelope
-from pipeline.bus.signing import SIGNATURE_HEADER, TWIN_HEADER, Signer
+from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
 
 from .conftest import eventually
 
@@ -26,12 +26,31 @@ def request_body(src: int, dst: int, uid: str, **fields: Any) -> bytes:
     return env.copy(**fields).encode()
 
 
+def signed_headers(
+    signer: Signer, twin: int, path: str, body: bytes, *, to: int | None = None, skew_s: float = 0
+) -> dict[str, str]:
+    """What a sending bus puts on a POST (see pipeline.bus.signing)."""
+    if to is None:
+        try:
+            dst = json.loads(body)["dst"]
+            to = dst[0] if isinstance(dst, list) else dst
+        except ValueError:
+            to = 0
+    sent_ms = int((time.time() + skew_s) * 1000)
+    signature = signer.sign_post(src=twin, dst=to, path=path, sent_ms=sent_ms, body=body)
+    return {TWIN_HEADER: str(twin), TIME_HEADER: str(sent_ms), SIGNATURE_HEADER: signature}
+
+
 async def post(
-    port: int, path: str, body: bytes, signer: Signer | None, twin: int
+    port: int, path: str, body: bytes, signer: Signer | None, twin: int, **sign: Any
 ) -> tuple[int, str]:
     headers = {TWIN_HEADER: str(twin)}
     if signer is not None:
-        headers[SIGNATURE_HEADER] = signer.sign(body)
+        headers = signed_headers(signer, twin, path, body, **sign)
+    return await post_raw(port, path, body, headers)
+
+
+async def post_raw(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"http://127.0.0.1:{port}{path}", data=body, headers=headers
@@ -70,14 +89,8 @@ async def test_forged_unsigned_and_unknown_refused(twins):
     assert (await post(b.port, "/zbus-remote", body, None, a.id))[0] == 401  # unsigned
     assert (await post(b.port, "/zbus-remote", body, c.signer, c.id))[0] == 401  # header != src
     tampered = body.replace(b'"cmd":"echo"', b'"cmd":"evil"')
-    headers_sig = a.signer.sign(body)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"http://127.0.0.1:{b.port}/zbus-remote",
-            data=tampered,
-            headers={TWIN_HEADER: str(a.id), SIGNATURE_HEADER: headers_sig},
-        ) as resp:
-            assert resp.status == 401
+    headers = signed_headers(a.signer, a.id, "/zbus-remote", body)
+    assert (await post_raw(b.port, "/zbus-remote", tampered, headers))[0] == 401
     stranger = request_body(9999, b.id, f"{b.id}.2")
     assert (await post(b.port, "/zbus-remote", stranger, intruder, 9999))[0] == 403
     assert (await post(b.port, "/zbus-remote", request_body(a.id, c.id, "x.1"), a.signer, a.id))[
@@ -143,3 +156,71 @@ async def test_unknown_path_wrong_method_and_oversized_body_refused(twins):
     assert (await post(b.port, "/zbus-remote", big, a.signer, a.id))[0] == 413
     # the endpoint still works after those
     assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
+
+
+async def test_captured_post_is_refused_after_the_envelope_expired(twins):
+    """Issue 11: ``now: 0`` made a captured POST fresh again once its seen entry was swept."""
+    a, b = twins(2)
+    await b.start_bus(replay_window_s=1.5)
+    body = request_body(a.id, b.id, f"{b.id}.40", now=0, exp=1)
+    captured = signed_headers(a.signer, a.id, "/zbus-remote", body)
+    assert (await post_raw(b.port, "/zbus-remote", body, captured))[0] == 200
+    assert (await post_raw(b.port, "/zbus-remote", body, captured))[0] == 409
+    rb = aioredis.Redis.from_url(b.url)
+    try:
+
+        async def forgotten() -> bool:  # exp is over and the scrubber forgot the uid
+            return await rb.zcard(keys.bus_seen()) == 0 and await rb.llen("msgbus.echo") == 1
+
+        await eventually(forgotten)
+        status, text = await post_raw(b.port, "/zbus-remote", body, captured)
+        assert status == 401 and "clock window" in text
+        assert await rb.llen("msgbus.echo") == 1  # the handler got it exactly once
+    finally:
+        await rb.aclose()
+
+
+async def test_seen_uid_outlives_a_short_deadline_within_the_clock_window(twins):
+    a, b = twins(2)
+    await b.start_bus(replay_window_s=30)
+    body = request_body(a.id, b.id, f"{b.id}.41", now=0, exp=1)
+    captured = signed_headers(a.signer, a.id, "/zbus-remote", body)
+    assert (await post_raw(b.port, "/zbus-remote", body, captured))[0] == 200
+    await b.bus.scrub(time.time() + 5)  # the scrubber after exp: the uid is still remembered
+    assert (await post_raw(b.port, "/zbus-remote", body, captured))[0] == 409
+    rb = aioredis.Redis.from_url(b.url)
+    try:
+        [(member, score)] = await rb.zrange(keys.bus_seen(), 0, -1, withscores=True)
+        assert member == f"{a.id}:{b.id}.41".encode() and score >= time.time() + 25
+    finally:
+        await rb.aclose()
+
+
+async def test_signed_time_outside_the_window_other_twin_or_path_refused(twins):
+    a, b, c = twins(3)
+    await b.start_bus(replay_window_s=60)
+    body = request_body(a.id, b.id, f"{b.id}.42")
+    for skew in (-120, 120):
+        status, text = await post(b.port, "/zbus-remote", body, a.signer, a.id, skew_s=skew)
+        assert status == 401 and "clock window" in text
+    # signed for c (or for the reply endpoint), replayed to b's /zbus-remote
+    assert (await post(b.port, "/zbus-remote", body, a.signer, a.id, to=c.id))[0] == 401
+    headers = signed_headers(a.signer, a.id, "/zbus-reply", body)
+    assert (await post_raw(b.port, "/zbus-remote", body, headers))[0] == 401
+    # the old layout (signature over the body alone) and a missing time are refused
+    old = {TWIN_HEADER: str(a.id), SIGNATURE_HEADER: a.signer.sign(body)}
+    assert (await post_raw(b.port, "/zbus-remote", body, old))[0] == 401
+    headers = signed_headers(a.signer, a.id, "/zbus-remote", body)
+    del headers[TIME_HEADER]
+    assert (await post_raw(b.port, "/zbus-remote", body, headers))[0] == 401
+    assert (await post(b.port, "/zbus-remote", body, a.signer, a.id, skew_s=30))[0] == 200
+
+
+async def test_seen_memory_is_bounded(twins):
+    a, b = twins(2)
+    await b.start_bus(max_seen=3)
+    for i in range(3):
+        body = request_body(a.id, b.id, f"{b.id}.{50 + i}")
+        assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
+    body = request_body(a.id, b.id, f"{b.id}.60")
+    assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 503

@@ -124,13 +124,15 @@ WRONG = [None, True, 1.5, "1", [], {}, [1], {"a": 1}, -1, 2**64, "x" * 300]
 @pytest.mark.parametrize("value", WRONG, ids=repr)
 def test_wrong_type_in_every_field(name, value):
     decodes_or_refuses(raw(**{name: value}))
+    decodes_or_refuses(raw(**{name: value}), client=True)
     decodes_or_refuses(raw(**{name: value}), reply=True)
 
 
 @pytest.mark.parametrize("value", ["msgbus.system.local", "msgbus.system.reply", "msgbus.x"])
 def test_reserved_ret_is_refused(value):
     with pytest.raises(EnvelopeError, match="ret"):
-        decode(raw(ret=value))
+        decode(raw(ret=value), client=True)
+    assert decode(raw(ret=value)).ret == value  # the copy a handler gets
 
 
 def test_salvage_keeps_a_long_ret_but_not_a_reserved_one():
