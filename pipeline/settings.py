@@ -120,12 +120,16 @@ class Settings:
     node_tcp_idle_s: float = 300.0
     consumer_max_failures: int = 3
     lease_ttl_s: int = 15
+    #: ``host:port`` of the node's ``/healthz`` and ``/metrics`` (empty: off).
+    node_health_listen: str = ""
     # reliable message bus
     bus_twin: int = 0
     bus_listen: str = "127.0.0.1:8051"
     bus_directory: str = ""
     bus_key_file: str = ""
     bus_legacy_peers: bool = False
+    #: ``host:port`` of the bus's ``/healthz`` and ``/metrics`` (empty: off).
+    bus_health_listen: str = ""
     #: ``exp`` 0 means this many seconds; larger ``exp`` values are capped at bus_max_exp_s.
     bus_default_exp_s: int = 300
     bus_max_exp_s: int = 86400
