@@ -17,6 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from pipeline import health
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
@@ -104,8 +105,14 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
             await stream_transport.subscribe(stream)
         for name, worker in workers.items():
             await node.add_worker(name, worker)
-        print(f"node {settings.node_name} ready", flush=True)
-        await stop.wait()
+        async with health.serving(
+            settings.node_health_listen,
+            "sluice_node",
+            checks={"redis": redis.ping},
+            samples=lambda: health.counter_samples("sluice_node", node.statistics()),
+        ):
+            print(f"node {settings.node_name} ready", flush=True)
+            await stop.wait()
         log.info("node %s: stopping", settings.node_name)
     finally:
         await node.stop()
