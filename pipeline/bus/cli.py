@@ -23,6 +23,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from pipeline import health
 from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
 from pipeline.bus.process import BusProcess
@@ -99,13 +100,19 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     try:
         await bus.start()
         print(f"sluice bus: twin {config.twin} listening on {config.host}:{bus.port}", flush=True)
-        stopping = asyncio.create_task(stop.wait())
-        failing = asyncio.create_task(bus.wait())
-        done, _ = await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stopping, failing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        async with health.serving(
+            settings.bus_health_listen,
+            "sluice_bus",
+            checks={"redis": bus.redis.ping},
+            samples=lambda: health.bus_samples(bus.redis),
+        ):
+            stopping = asyncio.create_task(stop.wait())
+            failing = asyncio.create_task(bus.wait())
+            done, _ = await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (stopping, failing):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if failing in done and not failing.cancelled() and failing.exception() is not None:
             print(f"sluice bus: failed: {failing.exception()!r}", file=sys.stderr)
             code = 1
