@@ -21,6 +21,7 @@ samples=...)`` is a no-op when ``listen`` is empty.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import math
@@ -31,8 +32,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.asyncio as aioredis
 from aiohttp import web
 
+from pipeline import keys
 from pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,8 @@ class Sample:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-Samples = Callable[[], Awaitable[Iterable[Sample]]]
+#: What a process reports on ``/metrics``: a plain or an async callable.
+Samples = Callable[[], Iterable[Sample] | Awaitable[Iterable[Sample]]]
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -233,7 +237,8 @@ class HealthServer:
         if self._samples is not None:
             try:
                 async with asyncio.timeout(CHECK_TIMEOUT_S):
-                    extra = list(await self._samples())
+                    got = self._samples()
+                    extra = list(await got if inspect.isawaitable(got) else got)
             except TimeoutError:
                 log.warning("metrics of %s timed out", self.prefix)
             except Exception as exc:  # partial metrics beat none; the error is logged
@@ -303,12 +308,55 @@ def counter_samples(
     return out
 
 
+async def bus_samples(client: aioredis.Redis) -> list[Sample]:
+    """Queue depths of a bus from its Redis (seed 002 queue names): what is waiting and in flight."""
+    queues = (keys.BUS_LOCAL, keys.BUS_REMOTE, keys.BUS_REPLY)
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue)
+        pipe.llen(keys.bus_inflight(queue))
+    pipe.hlen(keys.BUS_BACKLOG)
+    pipe.hlen(keys.bus_outbox())
+    values = [int(v) for v in await pipe.execute()]
+    out: list[Sample] = []
+    for i, queue in enumerate(queues):
+        out.append(
+            Sample(
+                name="sluice_bus_queue_length",
+                value=values[2 * i],
+                labels={"queue": queue},
+                help="messages waiting in a bus queue",
+            )
+        )
+    for i, queue in enumerate(queues):
+        out.append(
+            Sample(
+                name="sluice_bus_inflight_length",
+                value=values[2 * i + 1],
+                labels={"queue": queue},
+                help="messages claimed from a queue and not yet handled",
+            )
+        )
+    out.append(
+        Sample(name="sluice_bus_backlog_size", value=values[-2], help="requests awaiting a reply")
+    )
+    out.append(
+        Sample(
+            name="sluice_bus_outbox_size",
+            value=values[-1],
+            help="requests and replies waiting for their HTTP POST to succeed",
+        )
+    )
+    return out
+
+
 __all__ = [
     "CACHE_S",
     "CHECK_TIMEOUT_S",
     "CONTENT_TYPE",
     "HealthServer",
     "Sample",
+    "bus_samples",
     "counter_samples",
     "metric_name",
     "parse_listen",

@@ -1,0 +1,135 @@
+"""``sluice bus`` and ``sluice node`` as real processes: curl their /healthz and /metrics.
+
+Each process runs with ``SLUICE_*_HEALTH_LISTEN`` on a free port; the test
+reads both endpoints with curl, stops Redis and sees /healthz turn 503 with
+the reason, then stops the process with SIGTERM and expects a clean exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from pipeline import keys
+from pipeline.localredis import LocalRedis, free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+SLUICE = [sys.executable, "-m", "pipeline.cli"]
+
+pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+
+
+def curl(url: str) -> tuple[int, str]:
+    out = subprocess.run(
+        ["curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", url],
+        capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    body, _, code = out.stdout.rpartition("\n")
+    return int(code or 0), body
+
+
+def wait_for(url: str, status: int, limit_s: float = 30.0) -> str:
+    deadline = time.monotonic() + limit_s
+    code, body = 0, ""
+    while time.monotonic() < deadline:
+        code, body = curl(url)
+        if code == status:
+            return body
+        time.sleep(0.1)
+    raise AssertionError(f"{url}: {code} {body!r}, wanted {status}")
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([*SLUICE, *args], cwd=ROOT, env=env, stdout=out, stderr=out)
+
+
+def stop(proc: subprocess.Popen[bytes], log: Path) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    assert code == 0, log.read_text(errors="replace")
+
+
+def _env(local: LocalRedis, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SLUICE_REDIS_URL": local.url,
+        "SLUICE_LOG_LEVEL": "WARNING",
+        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        **extra,
+    }
+
+
+def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_path: Path) -> None:
+    local = redis_factory()
+    key = tmp_path / "twin7.key"
+    public = subprocess.run(
+        [*SLUICE, "bus", "keygen", "--out", str(key)],
+        capture_output=True, text=True, timeout=60, check=True, cwd=ROOT,
+    ).stdout.strip()  # fmt: skip
+    bus_port, health_port = free_port(), free_port()
+    directory = tmp_path / "twins.json"
+    directory.write_text(json.dumps({"7": {"url": f"http://127.0.0.1:{bus_port}", "key": public}}))
+    client = redis.Redis.from_url(local.url)
+    client.lpush(keys.BUS_REMOTE + ".unrelated", b"x")  # a busy Redis is not a sick bus
+    env = _env(local, tmp_path, SLUICE_BUS_HEALTH_LISTEN=f"127.0.0.1:{health_port}")
+    log = tmp_path / "bus.log"
+    proc = start(
+        ["bus", "--twin", "7", "--listen", f"127.0.0.1:{bus_port}", "--directory", str(directory),
+         "--key", str(key)], env, log,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{health_port}"
+        body = json.loads(wait_for(f"{base}/healthz", 200))
+        assert body["status"] == "ok" and body["checks"] == {"redis": "ok"}
+        code, text = curl(f"{base}/metrics")
+        assert code == 200
+        assert "sluice_bus_up 1" in text
+        assert 'sluice_bus_queue_length{queue="msgbus.system.remote"} 0' in text
+        assert "sluice_bus_backlog_size" in text and "sluice_bus_outbox_size" in text
+        client.close()
+        local.kill()
+        body = json.loads(wait_for(f"{base}/healthz", 503))
+        assert body["status"] == "degraded" and body["checks"]["redis"] != "ok"
+    finally:
+        client.close()
+        local.start()
+        stop(proc, log)
+
+
+def test_node_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_path: Path) -> None:
+    local = redis_factory()
+    health_port = free_port()
+    env = _env(local, tmp_path, SLUICE_NODE_HEALTH_LISTEN=f"127.0.0.1:{health_port}")
+    log = tmp_path / "node.log"
+    proc = start(["node", "--name", "n1", "--workers", "echo"], env, log)
+    try:
+        base = f"http://127.0.0.1:{health_port}"
+        body = json.loads(wait_for(f"{base}/healthz", 200))
+        assert body["checks"] == {"redis": "ok"}
+        code, text = curl(f"{base}/metrics")
+        assert code == 200
+        assert "sluice_node_up 1" in text and "# TYPE sluice_node_uptime_seconds gauge" in text
+        assert 'sluice_node_mailbox{name="echo"} 0' in text
+        local.kill()
+        body = json.loads(wait_for(f"{base}/healthz", 503))
+        assert body["checks"]["redis"] != "ok"
+    finally:
+        local.start()
+        stop(proc, log)
