@@ -18,9 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import redis
 
-from pipeline import keys
 from pipeline.localredis import LocalRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,8 +84,6 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
     bus_port, health_port = free_port(), free_port()
     directory = tmp_path / "twins.json"
     directory.write_text(json.dumps({"7": {"url": f"http://127.0.0.1:{bus_port}", "key": public}}))
-    client = redis.Redis.from_url(local.url)
-    client.lpush(keys.BUS_REMOTE + ".unrelated", b"x")  # a busy Redis is not a sick bus
     env = _env(local, tmp_path, SLUICE_BUS_HEALTH_LISTEN=f"127.0.0.1:{health_port}")
     log = tmp_path / "bus.log"
     proc = start(
@@ -103,12 +99,10 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
         assert "sluice_bus_up 1" in text
         assert 'sluice_bus_queue_length{queue="msgbus.system.remote"} 0' in text
         assert "sluice_bus_backlog_size" in text and "sluice_bus_outbox_size" in text
-        client.close()
         local.kill()
         body = json.loads(wait_for(f"{base}/healthz", 503))
         assert body["status"] == "degraded" and body["checks"]["redis"] != "ok"
     finally:
-        client.close()
         local.start()
         stop(proc, log)
 
