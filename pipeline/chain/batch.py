@@ -1,9 +1,16 @@
 """Block batches: the pure codec (msgpack for Redis, the seed's JSON for websockets).
 
-A block batch is ``num, hash, parent, updates {key: bytes}, deletes [key],
-batches {prefix: subbatch_id}`` plus its sub-batches ``{id, updates,
+A block batch is ``num, weight, hash, parent, updates {key: bytes}, deletes
+[key], batches {prefix: subbatch_id}`` plus its sub-batches ``{id, updates,
 deletes}``. In Redis one stream entry holds one whole block: the entry has a
 single field :data:`ENTRY_FIELD` whose value is :func:`encode_block`'s bytes.
+
+Weight is the block's total difficulty in Cardinal's sense: an integer of at
+most 256 bits (:data:`MAX_WEIGHT_BITS`), stored in the msgpack map under
+``weight`` as big-endian minimal bytes (``b""`` for zero), absent for blocks
+written before weights existed. Such a block counts as ``num + 1``
+(:func:`effective_weight`, used everywhere a weight is compared). The
+heaviest chain is canonical; ties go to the block seen first.
 """
 
 from __future__ import annotations
@@ -20,6 +27,50 @@ from pipeline.errors import BadBatch
 #: The one field of a chain-stream entry.
 ENTRY_FIELD = b"block"
 HASH_LEN = 32
+#: A weight is a non-negative integer of at most this many bits.
+MAX_WEIGHT_BITS = 256
+WEIGHT_BYTES = MAX_WEIGHT_BITS // 8
+
+
+def effective_weight(num: int, weight: int | None) -> int:
+    """The weight compared by fork choice: ``weight``, or ``num + 1`` for blocks without one."""
+    return num + 1 if weight is None else weight
+
+
+def check_weight(weight: object) -> int:
+    """``weight`` when it is an int in ``[0, 2**256)``; else :class:`BadBatch`."""
+    if not isinstance(weight, int) or isinstance(weight, bool):
+        raise BadBatch(f"block weight must be an integer, got {_short(weight)}")
+    if weight < 0:
+        raise BadBatch("block weight must be non-negative")
+    if weight.bit_length() > MAX_WEIGHT_BITS:
+        raise BadBatch(f"block weight must fit in {MAX_WEIGHT_BITS} bits")
+    return weight
+
+
+def weight_to_bytes(weight: int) -> bytes:
+    """Big-endian minimal bytes (``b""`` for zero): the msgpack form."""
+    return weight.to_bytes((weight.bit_length() + 7) // 8, "big")
+
+
+def weight_from_bytes(data: object) -> int:
+    """Inverse of :func:`weight_to_bytes` (leading zero bytes allowed, at most 32 bytes)."""
+    if not isinstance(data, bytes):
+        raise BadBatch("block weight must be msgpack bin (big-endian bytes)")
+    if len(data) > WEIGHT_BYTES:
+        raise BadBatch(f"block weight must fit in {MAX_WEIGHT_BITS} bits")
+    return int.from_bytes(data, "big")
+
+
+def weight_bytes32(weight: int | None) -> bytes | None:
+    """The lake's ``blocks.weight`` form: 32 bytes big-endian (byte order is numeric order)."""
+    return None if weight is None else weight.to_bytes(WEIGHT_BYTES, "big")
+
+
+def raw_weight(raw: dict[str, Any]) -> int | None:
+    """The stored weight of a :func:`decode_raw` map (None when absent); :class:`BadBatch` if bad."""
+    data = raw.get("weight")
+    return None if data is None else weight_from_bytes(data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +82,8 @@ class SubBatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Block:
+    """One whole block; ``weight`` None means "written before weights" (counts ``num + 1``)."""
+
     num: int
     hash: bytes
     parent: bytes
@@ -38,10 +91,14 @@ class Block:
     deletes: tuple[str, ...] = ()
     batches: dict[str, bytes] = field(default_factory=dict)
     subbatches: tuple[SubBatch, ...] = ()
+    #: total difficulty; None for blocks written before weights existed (see effective_weight)
+    weight: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.num, int) or isinstance(self.num, bool) or self.num < 0:
             raise BadBatch(f"block num must be a non-negative int, got {self.num!r}")
+        if self.weight is not None:
+            check_weight(self.weight)
         for name in ("hash", "parent"):
             value = getattr(self, name)
             if not isinstance(value, bytes) or len(value) != HASH_LEN:
@@ -63,22 +120,21 @@ def _deletes(raw: Any) -> tuple[str, ...]:
 
 
 def encode_block(block: Block) -> bytes:
-    """The msgpack form stored in one Redis stream entry."""
-    out: bytes = msgpack.packb(
-        {
-            "num": block.num,
-            "hash": block.hash,
-            "parent": block.parent,
-            "updates": block.updates,
-            "deletes": list(block.deletes),
-            "batches": block.batches,
-            "subbatches": [
-                {"id": s.id, "updates": s.updates, "deletes": list(s.deletes)}
-                for s in block.subbatches
-            ],
-        },
-        use_bin_type=True,
-    )
+    """The msgpack form stored in one Redis stream entry (no ``weight`` key when None)."""
+    body: dict[str, Any] = {
+        "num": block.num,
+        "hash": block.hash,
+        "parent": block.parent,
+        "updates": block.updates,
+        "deletes": list(block.deletes),
+        "batches": block.batches,
+        "subbatches": [
+            {"id": s.id, "updates": s.updates, "deletes": list(s.deletes)} for s in block.subbatches
+        ],
+    }
+    if block.weight is not None:
+        body["weight"] = weight_to_bytes(block.weight)
+    out: bytes = msgpack.packb(body, use_bin_type=True)
     return out
 
 
@@ -101,6 +157,7 @@ def decode_block(data: bytes) -> Block:
             raise BadBatch("batches must map str prefixes to bytes ids")
         return Block(
             num=raw["num"],
+            weight=raw_weight(raw),
             hash=raw["hash"],
             parent=raw["parent"],
             updates=_updates(raw.get("updates", {})),
@@ -232,7 +289,12 @@ def _deletes_json(deletes: list[str], keep: KeyTest | None) -> str:
 
 
 def raw_results(
-    raw: dict[str, Any], num: int, hash_hex: str, parent_hex: str, keep: KeyTest | None = None
+    raw: dict[str, Any],
+    num: int,
+    hash_hex: str,
+    parent_hex: str,
+    keep: KeyTest | None = None,
+    weight: int | None = None,
 ) -> list[str]:
     """The block's ``batch`` result then its ``subbatch`` results, as JSON object texts.
 
@@ -240,6 +302,8 @@ def raw_results(
     sent when its prefix or one of its keys is kept, with only the kept keys;
     ``batches`` lists exactly the sub-batches sent. Every block is sent, even
     when nothing in it is kept, so the subscriber can follow the chain.
+    ``weight`` (the subscriber opted in) adds ``"weight":"0x.."`` after ``num``;
+    without it the seed's shape is unchanged byte for byte.
     """
     try:
         updates = raw.get("updates") or {}
@@ -267,8 +331,10 @@ def raw_results(
                     f'{{"type":"subbatch","hash":"0x{hash_hex}","id":"{id_hex}",'
                     f'"updates":{u_text},"deletes":{d_text}}}'
                 )
+        weight_text = "" if weight is None else f'"weight":"0x{weight:x}",'
         head = (
-            f'{{"type":"batch","num":"0x{num:x}","hash":"0x{hash_hex}","parent":"0x{parent_hex}",'
+            f'{{"type":"batch","num":"0x{num:x}",{weight_text}"hash":"0x{hash_hex}",'
+            f'"parent":"0x{parent_hex}",'
             f'"updates":{_updates_json(updates, keep)},"deletes":{_deletes_json(deletes, keep)},'
             f'"batches":{_json_dumps(sent) if sent else "{}"}}}'
         )
@@ -279,7 +345,7 @@ def raw_results(
 
 def block_raw(block: Block) -> dict[str, Any]:
     """The map :func:`decode_raw` would return for this block."""
-    return {
+    raw: dict[str, Any] = {
         "updates": block.updates,
         "deletes": list(block.deletes),
         "batches": block.batches,
@@ -287,11 +353,19 @@ def block_raw(block: Block) -> dict[str, Any]:
             {"id": s.id, "updates": s.updates, "deletes": list(s.deletes)} for s in block.subbatches
         ],
     }
+    if block.weight is not None:
+        raw["weight"] = weight_to_bytes(block.weight)
+    return raw
 
 
-def block_results(block: Block, keep: KeyTest | None = None) -> list[str]:
-    """:func:`raw_results` for a :class:`Block`."""
-    return raw_results(block_raw(block), block.num, block.hash.hex(), block.parent.hex(), keep)
+def block_results(
+    block: Block, keep: KeyTest | None = None, *, with_weight: bool = False
+) -> list[str]:
+    """:func:`raw_results` for a :class:`Block` (``with_weight``: its effective weight too)."""
+    weight = effective_weight(block.num, block.weight) if with_weight else None
+    return raw_results(
+        block_raw(block), block.num, block.hash.hex(), block.parent.hex(), keep, weight
+    )
 
 
 def _json_updates(raw: object) -> dict[str, bytes]:
@@ -316,6 +390,19 @@ class BatchHeader:
     updates: dict[str, bytes]
     deletes: tuple[str, ...]
     batches: dict[str, bytes]
+    weight: int | None = None
+
+
+def parse_weight(text: object) -> int:
+    """A ``0x`` hex weight (no leading zeros, at most 256 bits); :class:`BadBatch` otherwise."""
+    if not isinstance(text, str) or not text.startswith("0x"):
+        raise BadBatch(f"expected a 0x hex weight, got {_short(text)}")
+    digits = text[2:]
+    if not digits or not _is_hex(digits) or (len(digits) > 1 and digits[0] == "0"):
+        raise BadBatch(f"expected a 0x hex weight without leading zeros, got {_short(text)}")
+    if len(digits) > MAX_WEIGHT_BITS // 4:
+        raise BadBatch(f"block weight must fit in {MAX_WEIGHT_BITS} bits")
+    return int(digits, 16)
 
 
 def parse_batch_result(obj: object) -> BatchHeader:
@@ -326,8 +413,10 @@ def parse_batch_result(obj: object) -> BatchHeader:
         batches = obj.get("batches", {})
         if not isinstance(batches, dict):
             raise BadBatch("batches must map prefixes to 0x ids")
+        weight = obj.get("weight")
         return BatchHeader(
             num=parse_quantity(obj["num"]),
+            weight=None if weight is None else parse_weight(weight),
             hash=parse_hash(obj["hash"]),
             parent=parse_hash(obj["parent"]),
             updates=_json_updates(obj.get("updates", {})),
@@ -360,6 +449,7 @@ def assemble(header: BatchHeader, subs: Iterable[SubBatch]) -> Block:
         raise BadBatch(f"sub-batches missing for prefixes {missing}")
     return Block(
         num=header.num,
+        weight=header.weight,
         hash=header.hash,
         parent=header.parent,
         updates=header.updates,

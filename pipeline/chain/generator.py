@@ -4,6 +4,14 @@ Deterministic for a given ``seed``. :meth:`SyntheticChain.step` returns the
 blocks to emit next, in production order: usually one new block; on a reorg,
 the replacement branch starting below the head (its first block's parent is the
 canonical block at the fork point), which then becomes canonical.
+
+Every block carries a ``weight`` (total difficulty): its parent's weight plus
+a difficulty of 1, so a plain chain weighs ``num + 1`` like blocks written
+before weights existed (hand-made blocks without a weight mix in freely). A
+replacement branch is always heavier than the chain it replaces (its last
+block's difficulty is raised when needed), so the heaviest chain is the
+generator's canonical chain, also for :meth:`SyntheticChain.reorg` branches
+shorter than what they replace.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, SubBatch, encode_block
+from pipeline.chain.batch import ENTRY_FIELD, Block, SubBatch, effective_weight, encode_block
 
 GENESIS_PARENT = bytes(32)
 
@@ -69,7 +77,8 @@ class SyntheticChain:
         )
         return updates, deletes
 
-    def _make(self, num: int, parent: bytes) -> Block:
+    def _make(self, num: int, parent: bytes, parent_weight: int = 0, *, floor: int = 0) -> Block:
+        """A new block; its weight is ``parent_weight`` plus its difficulty, and above ``floor``."""
         updates, deletes = self._kv("")
         subs = []
         for prefix in self.prefixes:
@@ -83,8 +92,10 @@ class SyntheticChain:
         block_hash = hashlib.blake2b(
             parent + num.to_bytes(8, "big") + self._salt + self._rng.randbytes(8), digest_size=32
         ).digest()
+        weight = max(parent_weight + 1, floor + 1)
         return Block(
             num=num,
+            weight=weight,
             hash=block_hash,
             parent=parent,
             updates=updates,
@@ -105,19 +116,37 @@ class SyntheticChain:
         ):
             self._since_reorg = 0
             depth = self._rng.randint(1, min(self.reorg_depth, len(self.canonical) - 1))
-            fork = len(self.canonical) - depth  # first replaced height
-            del self.canonical[fork:]
-            out = []
-            for num in range(fork, fork + depth + 1):
-                block = self._make(num, self.canonical[-1].hash)
-                self.canonical.append(block)
-                out.append(block)
-            self.reorgs += 1
-        else:
-            num = 0 if head is None else head.num + 1
-            block = self._make(num, GENESIS_PARENT if head is None else head.hash)
+            return self.reorg(depth)
+        num = 0 if head is None else head.num + 1
+        block = self._make(
+            num,
+            GENESIS_PARENT if head is None else head.hash,
+            0 if head is None else _weight(head),
+        )
+        self.canonical.append(block)
+        self.emitted.append(block)
+        return [block]
+
+    def reorg(self, depth: int, length: int | None = None) -> list[Block]:
+        """Replace the top ``depth`` blocks by a heavier branch of ``length`` (default depth + 1).
+
+        ``length`` may be shorter than ``depth`` (at least 1): a shorter but
+        heavier chain. Returns the branch, which is now canonical.
+        """
+        length = depth + 1 if length is None else length
+        if not 1 <= depth < len(self.canonical) or length < 1:
+            raise ValueError(f"cannot replace {depth} of {len(self.canonical)} blocks by {length}")
+        old_head = _weight(self.canonical[-1])
+        fork = len(self.canonical) - depth  # first replaced height
+        del self.canonical[fork:]
+        out = []
+        for i, num in enumerate(range(fork, fork + length)):
+            parent = self.canonical[-1]
+            last = i == length - 1
+            block = self._make(num, parent.hash, _weight(parent), floor=old_head if last else 0)
             self.canonical.append(block)
-            out = [block]
+            out.append(block)
+        self.reorgs += 1
         self.emitted.extend(out)
         return out
 
@@ -127,6 +156,10 @@ class SyntheticChain:
         while len(out) < n:
             out.extend(self.step())
         return out
+
+
+def _weight(block: Block) -> int:
+    return effective_weight(block.num, block.weight)
 
 
 class _XAdd(Protocol):

@@ -29,7 +29,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -319,6 +319,7 @@ def _write_blocks(
     archived_at: datetime,
 ) -> None:
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.functions import arrow_udf
 
     # Derived from the archived entries, not from Redis again.
     valid = (
@@ -339,6 +340,7 @@ def _write_blocks(
             )
         )
         valid = valid.join(firsts, ["block_hash", "entry_ms", "entry_seq"], "left_semi")
+    payload = F.col("fields").getItem("block")
     rows = valid.select(
         F.lit(stream).alias("stream"),
         F.col("block_num").alias("num"),
@@ -347,10 +349,13 @@ def _write_blocks(
         F.lit(False).alias("canonical"),
         "entry_id",
         "entry_ms",
-        F.col("fields").getItem("block").alias("payload"),
+        payload.alias("payload"),
         F.lit(archived_at).alias("archived_at"),
+        # (pyspark's stubs type arrow_udf only for annotated pyarrow callables)
+        cast(Any, arrow_udf)(payload_weights, "binary")(payload).alias(tables.WEIGHT_COLUMN),
     )
     lake = settings.lake
+    ensure_weight_column(lake)
     lo, hi = int(stats.lo or 0), int(stats.hi or 0)
     present = _interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash"])
     if present.num_rows and _all_present(lake, stream, start_ms, end_ms, present):
@@ -365,6 +370,46 @@ def _write_blocks(
         match=f"t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
         "AND t.num = s.num AND t.hash = s.hash",
     )
+
+
+def payload_weights(payloads: pa.Array) -> pa.Array:
+    """``blocks.weight`` of each payload: 32 bytes big-endian, null when the block has none.
+
+    The entries were validated when archived (a bad weight makes the entry
+    invalid, with a ``block_error``), so anything undecodable here is null.
+    """
+    from pipeline.chain.batch import decode_raw, raw_weight, weight_bytes32
+    from pipeline.errors import BadBatch
+
+    out: list[bytes | None] = []
+    for data in payloads.to_pylist():
+        try:
+            out.append(weight_bytes32(raw_weight(decode_raw(data))) if data is not None else None)
+        except BadBatch:
+            out.append(None)
+    return pa.array(out, pa.binary())
+
+
+def ensure_weight_column(lake: LakeSettings) -> None:
+    """Give a ``blocks`` table created before weights existed its nullable ``weight`` column.
+
+    A metadata-only commit (delta-rs ``ADD COLUMNS``): no rewrite, column
+    mapping stays off, old rows read as null (``num + 1``).
+    """
+    from deltalake import DeltaTable
+    from deltalake.schema import Field, PrimitiveType
+
+    uri = lake.table(tables.BLOCKS)
+
+    def add() -> None:
+        table = DeltaTable(uri)
+        if tables.WEIGHT_COLUMN in table.schema().to_arrow().names:
+            return
+        table.alter.add_columns(
+            [Field(tables.WEIGHT_COLUMN, PrimitiveType("binary"), nullable=True)]
+        )
+
+    delta_retry(f"weight column of {uri}", add)
 
 
 def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> int | None:

@@ -1,7 +1,9 @@
 """Mark the canonical chain of a stream in ``blocks``.
 
-Theory of operation: the head is the block with the highest ``num`` (ties go
-to the block archived from the latest stream entry). From the head the walk
+Theory of operation: the head is the heaviest block, the one with the
+greatest weight (``blocks.weight``; a row without one weighs ``num + 1``), and
+ties go to the block seen first (archived from the earliest stream entry), so
+a reorg to a shorter but heavier chain is followed. From the head the walk
 follows parent links down, marking each block canonical and unmarking any
 other block canonical at the same height, until it reaches a block that is
 already canonical (the join with the chain marked before), a parent that is
@@ -9,7 +11,7 @@ not in the table (a gap, or the genesis), or height 0. Reorged blocks stay
 in the table with ``canonical = false``.
 
 The walk itself is the pure :func:`plan_walk`; the job reads a window of
-``(num, hash, parent, canonical, entry_id)`` rows with delta-rs (no payloads,
+``(num, hash, parent, canonical, entry_id, weight)`` rows with delta-rs (no payloads,
 files pruned by ``num``), widening the window downwards while the walk runs
 off its bottom, then applies the changes with one Spark MERGE. A second run
 finds the head canonical and changes nothing.
@@ -21,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.chain.batch import effective_weight
 from pipeline.lake import tables
 from pipeline.lake.jobs import ensure_tables, run_spark, table_sql
 from pipeline.settings import LakeSettings, Settings
@@ -37,6 +40,12 @@ class Node:
     canonical: bool
     #: (entry ms, entry seq) of the entry the block was archived from: breaks head ties.
     order: tuple[int, int] = (0, 0)
+    #: the stored weight; None for rows written before weights (they weigh ``num + 1``)
+    weight: int | None = None
+
+    @property
+    def effective_weight(self) -> int:
+        return effective_weight(self.num, self.weight)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,12 +75,13 @@ def plan_walk(nodes: Iterable[Node], floor: int) -> Plan:
         by_hash[node.hash] = node
         if node.canonical:
             canonical_at.setdefault(node.num, []).append(node)
-        if head is None or (node.num, node.order) > (head.num, head.order):
+        if head is None or _heavier(node, head):
             head = node
     if head is None:
         return Plan(head=None, mark=(), unmark=(), needs_lower=False)
     mark: list[Node] = []
-    unmark: list[Node] = []
+    # A head below canonical heights (a shorter, heavier chain): those leave the chain.
+    unmark: list[Node] = [n for num, ns in canonical_at.items() if num > head.num for n in ns]
     seen: set[str] = set()
     current = head
     while not current.canonical and current.hash not in seen:
@@ -84,6 +94,12 @@ def plan_walk(nodes: Iterable[Node], floor: int) -> Plan:
             return Plan(head=head, mark=tuple(mark), unmark=tuple(unmark), needs_lower=below_window)
         current = parent
     return Plan(head=head, mark=tuple(mark), unmark=tuple(unmark), needs_lower=False)
+
+
+def _heavier(node: Node, head: Node) -> bool:
+    """Fork choice: greater weight wins; equal weight goes to the block seen first."""
+    weight, best = node.effective_weight, head.effective_weight
+    return weight > best or (weight == best and node.order < head.order)
 
 
 def mark_canonical(spark: Any, settings: Settings, stream: str) -> CanonicalResult:
@@ -135,18 +151,32 @@ def _max_num(lake: LakeSettings, stream: str) -> int | None:
 def _nodes(lake: LakeSettings, stream: str, floor: int) -> list[Node]:
     import pyarrow.compute as pc
 
-    table = _dataset(lake, stream, floor).to_table(
-        columns=["num", "hash", "parent", "canonical", "entry_id"],
+    dataset = _dataset(lake, stream, floor)
+    columns = ["num", "hash", "parent", "canonical", "entry_id"]
+    has_weight = tables.WEIGHT_COLUMN in dataset.schema.names  # absent in pre-weight tables
+    table = dataset.to_table(
+        columns=[*columns, tables.WEIGHT_COLUMN] if has_weight else columns,
         filter=(pc.field("stream") == stream) & (pc.field("num") >= floor),
     )
+    weights = (
+        table.column(tables.WEIGHT_COLUMN).to_pylist() if has_weight else [None] * table.num_rows
+    )
     return [
-        Node(num=n, hash=h, parent=p, canonical=bool(c), order=_order(e))
-        for n, h, p, c, e in zip(
+        Node(
+            num=n,
+            hash=h,
+            parent=p,
+            canonical=bool(c),
+            order=_order(e),
+            weight=None if w is None else int.from_bytes(w, "big"),
+        )
+        for n, h, p, c, e, w in zip(
             table.column("num").to_pylist(),
             table.column("hash").to_pylist(),
             table.column("parent").to_pylist(),
             table.column("canonical").to_pylist(),
             table.column("entry_id").to_pylist(),
+            weights,
             strict=True,
         )
     ]

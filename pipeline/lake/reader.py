@@ -50,6 +50,8 @@ class BlockRow:
     parent: bytes
     canonical: bool
     payload: bytes
+    #: the stored weight, None for rows written before weights: use ``effective_weight``
+    weight: int | None = None
 
 
 class LakeReader:
@@ -220,7 +222,10 @@ class LakeReader:
         dataset = self._dataset([("stream", "=", stream), *pruning])
         if dataset is None:
             return []
-        table = dataset.to_table(columns=_ROW_COLUMNS, filter=_stream(stream) & row_filter)
+        columns = list(_ROW_COLUMNS)
+        if tables.WEIGHT_COLUMN in dataset.schema.names:  # absent in pre-weight tables
+            columns.append(tables.WEIGHT_COLUMN)
+        table = dataset.to_table(columns=columns, filter=_stream(stream) & row_filter)
         return _rows(table, canonical=None)
 
     def _min_num(self, path: str) -> int:
@@ -318,10 +323,22 @@ def _rows(table: pa.Table, *, canonical: bool | None) -> list[BlockRow]:
     flags = (
         [canonical] * len(nums) if canonical is not None else table.column("canonical").to_pylist()
     )
+    weights: list[bytes | None] = (
+        table.column(tables.WEIGHT_COLUMN).to_pylist()
+        if tables.WEIGHT_COLUMN in table.column_names
+        else [None] * len(nums)
+    )
     fromhex = bytes.fromhex
     return [
-        BlockRow(num=n, hash=fromhex(h), parent=fromhex(p), canonical=c, payload=b)
-        for n, h, p, c, b in zip(nums, hashes, parents, flags, payloads, strict=True)
+        BlockRow(
+            num=n,
+            hash=fromhex(h),
+            parent=fromhex(p),
+            canonical=c,
+            payload=b,
+            weight=None if w is None else int.from_bytes(w, "big"),
+        )
+        for n, h, p, c, b, w in zip(nums, hashes, parents, flags, payloads, weights, strict=True)
     ]
 
 

@@ -34,6 +34,15 @@ BLOCKS_DDL = (
     "parent STRING NOT NULL, canonical BOOLEAN NOT NULL, entry_id STRING NOT NULL, "
     "entry_ms BIGINT NOT NULL, payload BINARY NOT NULL, archived_at TIMESTAMP"
 )
+"""The columns every writer of ``blocks`` fills. The table also has :data:`WEIGHT_COLUMN`."""
+
+#: ``blocks.weight``: the block's weight as 32 bytes big-endian (byte order is
+#: numeric order), null for blocks written before weights existed, which count as
+#: ``num + 1`` (:func:`pipeline.chain.batch.effective_weight`). Nullable and last,
+#: so tables created before it gain it by a plain column add (no rewrite, no
+#: column mapping) and writers that do not know it leave it null.
+WEIGHT_COLUMN = "weight"
+WEIGHT_DDL = "weight BINARY"
 
 ARCHIVE_LOG_DDL = (
     "stream STRING NOT NULL, start_ms BIGINT NOT NULL, end_ms BIGINT NOT NULL, "
@@ -89,9 +98,12 @@ ARCHIVE_LOG_ARROW = pa.schema(
     ]
 )
 
+#: The ``blocks`` table as created: :data:`BLOCKS_ARROW` plus the weight column.
+BLOCKS_TABLE_ARROW = BLOCKS_ARROW.append(pa.field(WEIGHT_COLUMN, pa.binary()))
+
 #: table -> (arrow schema, partition columns): how the jobs create each table.
 LAYOUT: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
     STREAM_ENTRIES: (STREAM_ENTRIES_ARROW, ("stream",)),
-    BLOCKS: (BLOCKS_ARROW, ("stream",)),
+    BLOCKS: (BLOCKS_TABLE_ARROW, ("stream",)),
     ARCHIVE_LOG: (ARCHIVE_LOG_ARROW, ()),
 }

@@ -59,7 +59,7 @@ def test_seed_shape_exactly() -> None:
 
 def test_round_trip_generated_blocks() -> None:
     for block in SyntheticChain(seed=3, prefixes=("s/", "t/")).take(20):
-        assert block_from_json(block_results(block)) == block
+        assert block_from_json(block_results(block, with_weight=True)) == block
 
 
 keys = st.text(min_size=1, max_size=8)

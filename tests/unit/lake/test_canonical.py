@@ -31,12 +31,46 @@ def test_reorg_unmarks_the_old_branch_and_stops_at_the_join() -> None:
     assert sorted(n.hash for n in plan.unmark) == ["m4", "m5"]
 
 
-def test_head_tie_goes_to_latest_entry() -> None:
+def test_head_tie_goes_to_the_block_seen_first() -> None:
     main = _chain(0, 3, "m", "g", True)
     late = Node(num=2, hash="x2", parent="m1", canonical=False, order=(999, 0))
     plan = plan_walk([*main, late], 0)
+    assert plan.head is not None and plan.head.hash == "m2"
+    assert plan.mark == () and plan.unmark == ()
+
+
+def test_heavier_block_at_the_same_height_wins() -> None:
+    main = _chain(0, 3, "m", "g", True)
+    late = Node(num=2, hash="x2", parent="m1", canonical=False, order=(999, 0), weight=4)
+    plan = plan_walk([*main, late], 0)
     assert plan.head == late
     assert [n.hash for n in plan.mark] == ["x2"] and [n.hash for n in plan.unmark] == ["m2"]
+
+
+def test_shorter_heavier_chain_is_canonical() -> None:
+    main = [
+        Node(num=n, hash=f"m{n}", parent=f"m{n - 1}" if n else "g", canonical=True,
+             order=(n, 0), weight=10 * (n + 1))
+        for n in range(10)
+    ]  # fmt: skip
+    short = [
+        Node(num=7, hash="s7", parent="m6", canonical=False, order=(50, 0), weight=75),
+        Node(num=8, hash="s8", parent="s7", canonical=False, order=(51, 0), weight=101),
+    ]
+    plan = plan_walk(main + short, 0)
+    assert plan.head is not None and plan.head.hash == "s8"
+    assert [n.hash for n in plan.mark] == ["s8", "s7"]
+    assert sorted(n.hash for n in plan.unmark) == ["m7", "m8", "m9"]
+
+
+def test_rows_without_weight_weigh_num_plus_one() -> None:
+    old = _chain(0, 5, "m", "g", True)  # weights None: 1..5
+    new = Node(num=3, hash="w3", parent="m2", canonical=False, order=(99, 0), weight=6)
+    plan = plan_walk([*old, new], 0)
+    assert (
+        plan.head == new
+        and Node(num=4, hash="a", parent="b", canonical=False).effective_weight == 5
+    )
 
 
 def test_already_canonical_head_changes_nothing() -> None:
