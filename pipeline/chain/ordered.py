@@ -3,19 +3,27 @@
 Theory of operation: a subscriber may receive blocks twice, out of order, and
 as reorg branches. :class:`BlockAssembler` joins each ``batch`` result with its
 ``subbatch`` results into a whole :class:`Block`. :class:`OrderedChain` keeps
-the hashes of the last ``window`` heights of the subscriber's chain and turns
-each whole block into updates:
+the hashes of the last ``window`` heights of the subscriber's chain, the
+heaviest chain it has seen (fork choice: the greatest
+:func:`~pipeline.chain.batch.effective_weight`, ties to the block seen first),
+and turns each whole block into updates:
 
-- a block already in the chain is dropped (duplicate);
-- a block extending the head (``num == head + 1`` and ``parent`` = head hash)
-  is :class:`Added`, then any held block that now extends the head follows;
-- a block at or below the head with another hash, whose parent is in the
-  chain (or, right after :meth:`OrderedChain.expect_rewind`, below what the
-  chain remembers), is a reorg: the replaced heights
-  are :class:`Removed` from the head down, then the block is :class:`Added`;
+- a block already in the chain, or already held, is dropped (duplicate);
+- a block whose parent is the head and that is heavier than the head is
+  :class:`Added`, then any held block that now fits follows;
+- a block whose parent is known (in the chain, or a held side block) on
+  another branch, and heavier than the head, is a reorg: the heights above
+  the common ancestor are :class:`Removed` from the head down, then the
+  branch (held side blocks first) is :class:`Added`; this follows a reorg to
+  a shorter but heavier chain too;
+- a block whose parent is known but that is not heavier than the head is
+  held as a side block (it may become part of a heavier branch later);
+- right after :meth:`OrderedChain.expect_rewind` the server's first block
+  that is not a duplicate is taken as it comes when its parent is in the
+  chain or below what the chain remembers (the server chose where to resume);
 - anything else (a gap, or a branch block whose parent has not arrived yet)
-  is held, at most ``max_pending`` blocks; more raises :class:`OrderingError`
-  and the caller resumes from :attr:`OrderedChain.head`.
+  is held too. At most ``max_pending`` blocks are held; more raises
+  :class:`OrderingError` and the caller resumes from :attr:`OrderedChain.head`.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pipeline.chain.batch import BatchHeader, Block, SubBatch, assemble
+from pipeline.chain.batch import BatchHeader, Block, SubBatch, assemble, effective_weight
 from pipeline.errors import ChainError
 
 
@@ -51,25 +59,33 @@ class Removed:
 ChainUpdate = Added | Removed
 
 
+def _weight(block: Block) -> int:
+    return effective_weight(block.num, block.weight)
+
+
 class OrderedChain:
     def __init__(
         self,
         *,
-        head: tuple[int, bytes] | None = None,
+        head: tuple[int, bytes] | tuple[int, bytes, int] | None = None,
         window: int = 4096,
         max_pending: int = 4096,
     ) -> None:
+        """``head``: (num, hash) or (num, hash, weight) of the block the subscriber has."""
         if window < 1 or max_pending < 1:
             raise ValueError("window and max_pending must be positive")
         self._window = window
         self._max_pending = max_pending
         self._hashes: dict[int, bytes] = {}
         self._head: int | None = None
+        self._head_weight = 0
+        #: blocks held: parent unknown yet, or side blocks not heavier than the head
         self._pending: dict[bytes, Block] = {}
         self._rewind_ok = False
         if head is not None:
             self._head = head[0]
             self._hashes[head[0]] = head[1]
+            self._head_weight = head[2] if len(head) == 3 else effective_weight(head[0], None)
 
     @property
     def head(self) -> tuple[int, bytes] | None:
@@ -77,6 +93,11 @@ class OrderedChain:
         if self._head is None:
             return None
         return self._head, self._hashes[self._head]
+
+    @property
+    def head_weight(self) -> int | None:
+        """The head's effective weight, or None before the first block."""
+        return None if self._head is None else self._head_weight
 
     def hash_at(self, num: int) -> bytes | None:
         return self._hashes.get(num)
@@ -97,17 +118,19 @@ class OrderedChain:
         out: list[ChainUpdate] = []
         if self._place(block, out):
             self._drain(out)
-        else:
-            if block.hash not in self._pending:
-                if len(self._pending) >= self._max_pending:
-                    raise OrderingError(
-                        f"{len(self._pending)} blocks held out of order after head {self._head}"
-                    )
-                self._pending[block.hash] = block
+        elif block.hash not in self._pending:
+            if len(self._pending) >= self._max_pending:
+                raise OrderingError(
+                    f"{len(self._pending)} blocks held out of order after head {self._head}"
+                )
+            self._pending[block.hash] = block
         return out
 
+    def _in_chain(self, num: int, hash: bytes) -> bool:
+        return self._hashes.get(num) == hash
+
     def _place(self, block: Block, out: list[ChainUpdate]) -> bool:
-        """Apply ``block`` if it fits now; False when it must wait."""
+        """Apply (or drop) ``block`` if it can be decided now; False when it must be held."""
         head = self._head
         hashes = self._hashes
         if head is None:
@@ -116,28 +139,57 @@ class OrderedChain:
         if hashes.get(block.num) == block.hash:
             self._rewind_ok = False
             return True  # duplicate
-        if block.num == head + 1:
-            self._rewind_ok = False
-            if hashes[head] == block.parent:
-                self._add(block, out)
-                return True
-            return False
-        if block.num > head + 1:
-            return False
         rewind, self._rewind_ok = self._rewind_ok, False
+        parent_num = block.num - 1
+        parent_in_chain = self._in_chain(parent_num, block.parent)
+        if rewind and block.num <= head:
+            known_parent = hashes.get(parent_num)
+            if parent_in_chain or (known_parent is None and parent_num < self._low()):
+                self._reorg_to(parent_num, [block], out)
+                return True
         if block.num < self._low() and not rewind:
             return True  # older than anything remembered: a stale duplicate
-        parent_num = block.num - 1
-        known_parent = hashes.get(parent_num)
-        if known_parent == block.parent or (known_parent is None and parent_num < self._low()):
-            for num in range(head, block.num - 1, -1):
+        if parent_in_chain and parent_num == head:
+            if _weight(block) > self._head_weight:
+                self._add(block, out)
+                return True
+            return False  # not heavier than the head: a side block, held
+        branch = self._branch(block)
+        if branch is None:
+            return False  # parent not arrived yet
+        if _weight(block) <= self._head_weight:
+            return False  # a lighter (or equally heavy, later) branch: held
+        ancestor = branch[0].num - 1
+        for b in branch[:-1]:
+            self._pending.pop(b.hash, None)
+        self._reorg_to(ancestor, branch, out)
+        return True
+
+    def _branch(self, block: Block) -> list[Block] | None:
+        """``block`` and its held ancestors down to a chain block, oldest first; None if unlinked."""
+        branch = [block]
+        current = block
+        while not self._in_chain(current.num - 1, current.parent):
+            held = self._pending.get(current.parent)
+            if held is None or held.num != current.num - 1 or len(branch) > self._window:
+                return None
+            branch.append(held)
+            current = held
+        branch.reverse()
+        return branch
+
+    def _reorg_to(self, ancestor: int, branch: list[Block], out: list[ChainUpdate]) -> None:
+        """Remove the heights above ``ancestor`` (head first), then add ``branch``."""
+        hashes = self._hashes
+        head = self._head
+        if head is not None:
+            for num in range(head, ancestor, -1):
                 old = hashes.pop(num, None)
                 if old is not None:
                     out.append(Removed(num=num, hash=old))
-            self._head = parent_num if parent_num in hashes else None
+        self._head = ancestor if ancestor in hashes else None
+        for block in branch:
             self._add(block, out)
-            return True
-        return False
 
     def _low(self) -> int:
         return min(self._hashes) if self._hashes else 0
@@ -145,6 +197,7 @@ class OrderedChain:
     def _add(self, block: Block, out: list[ChainUpdate]) -> None:
         self._hashes[block.num] = block.hash
         self._head = block.num
+        self._head_weight = _weight(block)
         out.append(Added(block=block))
         stale = block.num - self._window
         if stale in self._hashes:
@@ -158,8 +211,8 @@ class OrderedChain:
         while progress and self._pending:
             progress = False
             for key, block in list(self._pending.items()):
-                if self._place(block, out):
-                    del self._pending[key]
+                if key in self._pending and self._place(block, out):
+                    self._pending.pop(key, None)
                     progress = True
             head = self._head
             if head is not None:

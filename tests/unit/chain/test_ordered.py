@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from pipeline.chain.batch import BatchHeader, SubBatch
+from pipeline.chain.batch import BatchHeader, Block, SubBatch
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, OrderingError, Removed
 
@@ -90,7 +90,7 @@ def test_assembler_joins_subbatches_in_any_order() -> None:
     block = gen.take(1)[0]
     header = BatchHeader(
         num=block.num, hash=block.hash, parent=block.parent, updates=block.updates,
-        deletes=block.deletes, batches=block.batches,
+        deletes=block.deletes, batches=block.batches, weight=block.weight,
     )  # fmt: skip
     asm = BlockAssembler()
     assert asm.subbatch(block.hash, block.subbatches[1]) is None  # early sub-batch
@@ -109,3 +109,42 @@ def test_assembler_is_bounded() -> None:
                         batches={"p": b"\x01" * 32})
         )  # fmt: skip
     assert asm.subbatch(b"\x05" * 32, SubBatch(id=b"x")) is None
+
+
+def test_reorg_to_a_shorter_heavier_chain() -> None:
+    gen = SyntheticChain(seed=8)
+    main = gen.take(12)
+    branch = gen.reorg(5, 2)  # heights 7, 8 replace 7..11
+    chain = OrderedChain()
+    ups = apply(chain, main + branch)
+    assert final_chain(ups) == {b.num: b.hash for b in gen.canonical}
+    assert [u.num for u in ups if isinstance(u, Removed)] == [11, 10, 9, 8, 7]
+    assert chain.head == (8, branch[-1].hash) and chain.head_weight == branch[-1].weight
+
+
+def test_lighter_branch_is_held_until_it_becomes_heavier() -> None:
+    gen = SyntheticChain(seed=9)
+    main = gen.take(10)
+    base = main[5]
+    side1 = Block(num=6, hash=b"\x61" * 32, parent=base.hash, weight=base.weight + 1)  # type: ignore[operator]
+    side2 = Block(num=7, hash=b"\x62" * 32, parent=side1.hash, weight=main[-1].weight)  # a tie
+    side3 = Block(num=8, hash=b"\x63" * 32, parent=side2.hash, weight=main[-1].weight + 1)  # type: ignore[operator]
+    chain = OrderedChain()
+    apply(chain, main)
+    assert chain.accept(side1) == [] and chain.accept(side2) == []  # lighter, then a tie
+    assert chain.head == (9, main[-1].hash) and chain.pending == 2
+    ups = chain.accept(side3)
+    assert [u.num for u in ups if isinstance(u, Removed)] == [9, 8, 7, 6]
+    assert [u.block.hash for u in ups if isinstance(u, Added)] == [
+        side1.hash, side2.hash, side3.hash,
+    ]  # fmt: skip
+    assert chain.pending == 0
+
+
+def test_child_not_heavier_than_its_parent_does_not_extend() -> None:
+    gen = SyntheticChain(seed=10)
+    main = gen.take(3)
+    flat = Block(num=3, hash=b"\x33" * 32, parent=main[-1].hash, weight=main[-1].weight)
+    chain = OrderedChain()
+    apply(chain, main)
+    assert chain.accept(flat) == [] and chain.head == (2, main[-1].hash)
