@@ -1,0 +1,264 @@
+"""Hostile input and faults (issue 11): no message takes the bus down, loops, or starves others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.bus import dead
+from pipeline.bus.envelope import Envelope
+from pipeline.bus.queues import QueueHandlers
+
+from .conftest import eventually
+from .test_process import echo, raw_call, seed_request, serve, stop
+
+pytestmark = pytest.mark.timeout(90)
+
+BOMB = b"[" * 1024  # the issue's message: about 1 KB of '['
+
+
+async def dead_letters(client: aioredis.Redis) -> list[dead.DeadLetter]:
+    return [dead.parse(raw) for raw in await client.lrange(keys.bus_dead(), 0, -1)]
+
+
+async def test_bracket_bomb_in_every_queue_child_bus_stays_up_across_restarts(twins):
+    """The bomb that crash-looped the bus: in local, its inflight list, and reply."""
+    a, b = twins(2)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        await ra.rpush(keys.bus_inflight(keys.BUS_LOCAL), BOMB)  # left by the old crash
+        await ra.rpush(keys.BUS_LOCAL, BOMB)
+        await ra.rpush(keys.BUS_REPLY, BOMB)
+        await ra.rpush(keys.BUS_REMOTE, BOMB)
+        _, task = serve(a, echo=echo)
+        try:
+            for restart in range(3):
+                proc = a.spawn()
+
+                async def set_aside() -> bool:
+                    return await ra.llen(keys.bus_dead()) == 4 and not any(
+                        [
+                            await ra.llen(q)
+                            for q in (keys.BUS_LOCAL, keys.BUS_REPLY, keys.BUS_REMOTE)
+                        ]
+                    )
+
+                await eventually(set_aside)
+                doc = seed_request("echo", [a.id], f"after {restart}".encode())
+                [answer] = await raw_call(a.url, doc, 1)
+                assert answer["err"] == "" and proc.poll() is None
+                assert a.terminate() == 0
+        finally:
+            await stop(task)
+        letters = await dead_letters(ra)
+        assert sorted(letter.queue for letter in letters) == sorted(
+            [keys.BUS_LOCAL, keys.BUS_LOCAL, keys.BUS_REPLY, keys.BUS_REMOTE]
+        )
+        assert all(letter.body == BOMB for letter in letters)
+        assert all("nested deeper" in letter.reason or "cmd" in letter.reason for letter in letters)
+        for queue in (keys.BUS_LOCAL, keys.BUS_REPLY, keys.BUS_REMOTE):
+            assert await ra.llen(keys.bus_inflight(queue)) == 0
+    finally:
+        await ra.aclose()
+
+
+async def test_poison_message_goes_to_dead_letters_after_n_attempts(twins, monkeypatch):
+    """A message whose handling raises (a bug, not bad input) is retried N times, then set aside."""
+    (a,) = twins(1)
+    real = QueueHandlers.local
+
+    async def fragile(self: QueueHandlers, batch: list[bytes]) -> None:
+        if any(b"poison-ret" in raw for raw in batch):
+            raise ZeroDivisionError("poison")
+        await real(self, batch)
+
+    monkeypatch.setattr(QueueHandlers, "local", fragile)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        docs = [seed_request("echo", [a.id], str(i).encode()) for i in range(5)]
+        poison = seed_request("echo", [a.id], b"", ret="poison-ret")
+        raws = [json.dumps(d) for d in docs]
+        await ra.rpush(keys.BUS_LOCAL, *raws[:2], json.dumps(poison), *raws[2:])
+        _, task = serve(a, echo=echo)
+        try:
+            await a.start_bus(max_attempts=3)  # the six are claimed as one batch
+            answers = [await ra.blpop([d["ret"]], timeout=10) for d in docs]
+        finally:
+            await stop(task)
+        assert all(popped is not None for popped in answers)
+
+        async def buried() -> bool:
+            return await ra.llen(keys.bus_dead()) == 1
+
+        await eventually(buried)
+        [letter] = await dead_letters(ra)
+        assert letter.queue == keys.BUS_LOCAL and letter.attempts == 3
+        assert "ZeroDivisionError: poison" in letter.reason
+        assert letter.body == json.dumps(poison).encode()
+        assert await ra.llen(keys.bus_inflight(keys.BUS_LOCAL)) == 0
+        assert await ra.hlen(keys.bus_attempts()) == 0
+        assert a.bus is not None and all(not t.done() for t in a.bus._tasks)
+    finally:
+        await ra.aclose()
+
+
+async def test_attempts_count_across_restarts(twins):
+    """A message that killed the process N times (no exception to catch) is set aside at start."""
+    (a,) = twins(1)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        killer = json.dumps(seed_request("echo", [a.id], b"kills")).encode()
+        await ra.rpush(keys.bus_inflight(keys.BUS_LOCAL), killer)
+        import hashlib
+
+        field = f"{keys.BUS_LOCAL}:{hashlib.blake2b(killer, digest_size=12).hexdigest()}"
+        await ra.hset(keys.bus_attempts(), field, 3)
+        await a.start_bus(max_attempts=3)
+
+        async def buried() -> bool:
+            return await ra.llen(keys.bus_dead()) == 1
+
+        await eventually(buried)
+        [letter] = await dead_letters(ra)
+        assert "stopped while handling" in letter.reason and letter.body == killer
+    finally:
+        await ra.aclose()
+
+
+async def test_wrongtype_ret_does_not_fail_the_batch(twins):
+    """Issue 11: one ret naming a hash failed the batched write; five good requests expired."""
+    a, b = twins(2)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        await ra.hset("not-a-list", "k", "v")
+        await ra.hset("hash-too", "k", "v")
+        good = [seed_request("echo", [b.id], str(i).encode(), exp=30) for i in range(5)]
+        unknown = seed_request("echo", [9999], b"", ret="not-a-list")  # answered by the local loop
+        routed = seed_request("echo", [b.id], b"x", ret="hash-too")  # answered by a reply
+        raws = [json.dumps(d) for d in [good[0], unknown, *good[1:3], routed, *good[3:]]]
+        await ra.rpush(keys.BUS_LOCAL, *raws)
+        _, task = serve(b, echo=echo)
+        try:
+            await b.start_bus()
+            await a.start_bus()  # all seven in one batch
+            answers = [await ra.blpop([d["ret"]], timeout=10) for d in good]
+            assert all(p is not None and json.loads(p[1])["err"] == "" for p in answers)
+
+            async def both_set_aside() -> bool:
+                return await ra.llen(keys.bus_dead()) == 2
+
+            await eventually(both_set_aside)
+        finally:
+            await stop(task)
+        letters = await dead_letters(ra)
+        assert {letter.queue for letter in letters} == {"not-a-list", "hash-too"}
+        assert all("holds a hash, not a list" in letter.reason for letter in letters)
+        unknown_answer = next(letter for letter in letters if letter.queue == "not-a-list")
+        assert json.loads(unknown_answer.body)["err"] == "destination not found"
+        assert await ra.hgetall("not-a-list") == {b"k": b"v"}
+    finally:
+        await ra.aclose()
+
+
+async def test_reserved_ret_is_set_aside_not_looped(twins):
+    """Issue 11: ret 'msgbus.system.local' turned each error answer into a new request."""
+    (a,) = twins(1)
+    await a.start_bus()
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        looping = seed_request("echo", [9999], b"", ret=keys.BUS_LOCAL)
+        feeding = seed_request("echo", [a.id], b"", ret="msgbus.echo")
+        await ra.rpush(keys.BUS_LOCAL, json.dumps(looping), json.dumps(feeding))
+        marker = seed_request("nobody", [9999], b"")
+        [answer] = await raw_call(a.url, marker, 1)  # handled after the two above
+        assert answer["err"] == "destination not found"
+        letters = await dead_letters(ra)
+        assert len(letters) == 2 and all("reserved" in letter.reason for letter in letters)
+        assert await ra.llen(keys.BUS_LOCAL) == 0 and await ra.hlen(keys.BUS_BACKLOG) == 0
+        assert await ra.llen("msgbus.echo") == 0
+    finally:
+        await ra.aclose()
+
+
+async def test_ret_over_256_characters_is_answered_with_err(twins):
+    (a,) = twins(1)
+    await a.start_bus()
+    ret = "r" * 300
+    [answer] = await raw_call(a.url, seed_request("echo", [a.id], b"", ret=ret), 1)
+    assert "ret must be" in answer["err"] and answer["ret"] == ret
+
+
+async def test_now_in_milliseconds_still_expires_and_is_answered(twins):
+    """Issue 11: a `now` in ms gave a deadline that never came: no answer at all."""
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()  # and no handler: only expiry can answer
+    doc = seed_request("echo", [b.id], b"", now=int(time.time() * 1000), exp=1, **{"try": 50})
+    [answer] = await raw_call(a.url, doc, 1, wait=10)
+    assert answer["err"] == "request expired"
+
+
+async def test_absurd_now_is_refused_and_leaves_nothing_behind(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    [answer] = await raw_call(a.url, seed_request("echo", [b.id], b"", now=10**30), 1)
+    assert "now must be" in answer["err"]
+    far = seed_request("echo", [b.id], b"", now=10**17, exp=60)  # ms of the year 5138
+    _, task = serve(b, echo=echo)
+    try:
+        [answer] = await raw_call(a.url, far, 1)
+    finally:
+        await stop(task)
+    assert answer["err"] == ""
+    rb = aioredis.Redis.from_url(b.url)
+    try:
+        scores = [s for _, s in await rb.zrange(keys.bus_seen(), 0, -1, withscores=True)]
+        assert scores and max(scores) < time.time() + 3600  # swept within the hour
+    finally:
+        await rb.aclose()
+
+
+async def test_bus_client_waits_past_the_default_socket_timeout(twins):
+    """Issue 11: `call(exp=60)` died after 5 s with redis-py's TimeoutError."""
+    (a,) = twins(1)
+    await a.start_bus()
+
+    async def slow(data: bytes, request: Envelope) -> bytes:
+        await asyncio.sleep(7)
+        return b"late"
+
+    _, task = serve(a, slow=slow)
+    try:
+        assert await a.client().call("slow", dst=[a.id], exp=60) == [b"late"]
+    finally:
+        await stop(task)
+
+
+async def test_corrupt_backlog_entries_are_set_aside_and_the_bus_goes_on(twins):
+    (a,) = twins(1)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        for uid, junk in (("1002.1", b"[" * 5000), ("1002.2", b'{"ver":1}'), ("1002.3", b"\xff")):
+            await ra.hset(keys.BUS_BACKLOG, uid, junk)
+            await ra.zadd(keys.bus_expiry(), {uid: time.time() - 1})
+        await a.start_bus()
+
+        async def swept() -> bool:
+            return await ra.hlen(keys.BUS_BACKLOG) == 0 and await ra.llen(keys.bus_dead()) == 3
+
+        await eventually(swept)
+        _, task = serve(a, echo=echo)
+        try:
+            [answer] = await raw_call(a.url, seed_request("echo", [a.id], b"ok"), 1)
+        finally:
+            await stop(task)
+        assert answer["err"] == ""
+        assert all("corrupt backlog" in letter.reason for letter in await dead_letters(ra))
+    finally:
+        await ra.aclose()
