@@ -9,6 +9,7 @@ STAMP  := $(VENV)/.sluice-installed
 JARS   := $(VENV)/.sluice-jars
 REDIS  := $(VENV)/.sluice-redis
 CHROMIUM := $(VENV)/.sluice-chromium
+COMPOSE := $(VENV)/.sluice-compose
 B      ?=
 PYTEST_ARGS ?=
 
@@ -34,7 +35,12 @@ $(CHROMIUM):
 	@bash scripts/ensure-chromium.sh
 	@mkdir -p $(VENV) && touch $@
 
-install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM)
+# a Compose implementation for `config` checks of docker/compose.yaml (no engine needed)
+$(COMPOSE):
+	@bash scripts/ensure-compose.sh
+	@mkdir -p $(VENV) && touch $@
+
+install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE)
 
 demo: install
 	$(VENV)/bin/sluice demo

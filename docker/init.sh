@@ -1,0 +1,40 @@
+#!/bin/sh
+# One-shot preparation for docker/compose.yaml (the `init` service), idempotent:
+# what exists is kept, so restarts and `docker compose up` again change nothing.
+#   - the bus: this twin's Ed25519 key and the twin directory (twins.json);
+#   - Airflow: the JWT secret and the API secret key every Airflow component shares;
+#   - the lake directory on the shared volume.
+# Secrets live only on the `secrets` volume (never in the image or the build context).
+set -eu
+SECRETS="${SLUICE_SECRETS_DIR:-/run/sluice}"
+TWIN="${SLUICE_BUS_TWIN:-1}"
+BUS_URL="${SLUICE_BUS_URL:-http://bus:8051}"
+umask 077
+mkdir -p "$SECRETS" "${SLUICE_LAKE_URI:-/lake}"
+
+for name in airflow_jwt_secret airflow_api_secret; do
+  if [ ! -s "$SECRETS/$name" ]; then
+    python -c 'import secrets; print(secrets.token_urlsafe(48))' > "$SECRETS/$name.tmp"
+    mv "$SECRETS/$name.tmp" "$SECRETS/$name"
+    echo "init: created $SECRETS/$name"
+  fi
+done
+
+KEY="$SECRETS/twin$TWIN.key"
+if [ ! -s "$KEY" ]; then
+  sluice bus keygen --out "$KEY" > /dev/null
+  echo "init: created the key of twin $TWIN"
+fi
+# The directory is rewritten from the key every time: it can never go stale.
+python - "$KEY" "$TWIN" "$BUS_URL" "$SECRETS/twins.json" <<'PY'
+import json, os, sys
+from pipeline.bus.signing import Signer
+key, twin, url, out = sys.argv[1:]
+doc = {twin: {"url": url, "key": Signer.from_file(key).public_key}}
+with open(out + ".tmp", "w") as f:
+    json.dump(doc, f, indent=2)
+os.replace(out + ".tmp", out)
+os.chmod(out, 0o644)  # public keys only
+print(f"init: twin directory {out}: {sorted(doc)}")
+PY
+echo "init: done"
