@@ -6,13 +6,20 @@ options, and calls ``on_connection(conn)`` if given. :meth:`close` stops
 accepting, closes every connection the seed's way (the server signals, the
 clients close) bounded by ``close_timeout``, then waits for the listener.
 Safe to call twice.
+
+Hostile clients: a connection must complete its first frame within
+``first_frame_timeout`` and any frame within ``frame_timeout`` of its first
+byte (both on by default; ``None`` turns one off), and at ``max_connections``
+the connection that matters least is evicted for the newcomer (see
+:func:`least_valuable`), so silent sockets never lock real clients out; a
+newcomer is refused only when every connection is busy talking.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -20,6 +27,27 @@ from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.protocol import Role
 
 log = logging.getLogger(__name__)
+
+DEFAULT_FIRST_FRAME_TIMEOUT = 10.0
+DEFAULT_FRAME_TIMEOUT = 30.0
+
+
+#: A connection that completed a frame is evicted only after this long without a byte.
+EVICT_IDLE_S = 1.0
+
+
+def least_valuable(conns: Iterable[Connection]) -> Connection | None:
+    """The connection to evict for a newcomer, or None to refuse the newcomer instead.
+
+    The oldest that never completed a frame (silent or trickling sockets),
+    else the one idle longest if it has been idle for ``EVICT_IDLE_S``: a
+    peer in the middle of talking is never dropped for an unknown one.
+    """
+    victim = min(conns, key=lambda c: (c.frames_received > 0, c.last_activity), default=None)
+    if victim is None or not victim.frames_received:
+        return victim
+    idle = asyncio.get_running_loop().time() - victim.last_activity
+    return victim if idle >= EVICT_IDLE_S else None
 
 
 class DialogueServer:
@@ -38,8 +66,11 @@ class DialogueServer:
         self.on_connection = on_connection
         self.max_connections = max_connections
         self.close_timeout = close_timeout
+        options.setdefault("first_frame_timeout", DEFAULT_FIRST_FRAME_TIMEOUT)
+        options.setdefault("frame_timeout", DEFAULT_FRAME_TIMEOUT)
         self.options = options
         self.connections: set[Connection] = set()
+        self.evicted = 0
         self._server: asyncio.Server | None = None
         self._closing = False
 
@@ -64,8 +95,22 @@ class DialogueServer:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def _make_room(self) -> bool:
+        if len(self.connections) < self.max_connections:
+            return True
+        victim = least_valuable(self.connections)
+        if victim is None:
+            return False
+        self.connections.discard(victim)
+        self.evicted += 1
+        log.warning(
+            "dialogue server: %d connections, evicting %s", self.max_connections, victim.name
+        )
+        victim.abort("evicted: too many connections")
+        return True
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._closing or len(self.connections) >= self.max_connections:
+        if self._closing or not self._make_room():
             log.warning("dialogue server: refusing %s", writer.get_extra_info("peername"))
             writer.close()
             return

@@ -23,7 +23,8 @@ accepted connection that has gone is dialled like any address (and usually refus
 Bounds (``Settings.node_tcp_*``): ``max_connections`` in and out; at the
 bound the accepted connection that matters least is evicted for the
 newcomer (the oldest that never completed a frame, else the one idle
-longest), so silent sockets can never lock real peers out. An accepted
+longest if idle for a second), so silent sockets can never lock real peers
+out. An accepted
 connection must complete its first frame within ``first_frame_timeout``; any
 frame must complete within ``frame_timeout`` of its first byte (a header
 announcing 1 MiB followed by a trickle is cut there); a connection idle for
@@ -41,6 +42,7 @@ from typing import Any
 
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.protocol import Role
+from pipeline.dialogue.server import least_valuable
 from pipeline.errors import (
     ConfigError,
     DialogueClosed,
@@ -219,14 +221,11 @@ class TcpTransport:
     # ------------------------------------------------------------------ receive
 
     def _evict(self) -> bool:
-        """Make room for one connection by dropping the accepted one that matters least.
-
-        The oldest that never completed a frame (silent or trickling sockets),
-        else the one idle longest. False when there is no accepted connection.
-        """
-        if not self._incoming:
+        """Make room for one connection by dropping the accepted one that matters least
+        (:func:`~pipeline.dialogue.server.least_valuable`); False if none may go."""
+        victim = least_valuable(self._incoming)
+        if victim is None:
             return False
-        victim = min(self._incoming, key=lambda c: (c.frames_received > 0, c.last_activity))
         self._forget(victim)
         self.evicted += 1
         if self._node is not None:

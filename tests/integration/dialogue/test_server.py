@@ -42,3 +42,28 @@ async def test_refuses_over_the_connection_limit() -> None:
         assert second.close_reason == "connection lost"
         await second.close()
         await first.close()
+
+
+async def test_silent_sockets_do_not_lock_out_a_client() -> None:
+    async with DialogueServer("127.0.0.1", 0, on_request=upper, max_connections=8) as server:
+        silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(16)]
+        for _ in range(500):  # the server accepts (and evicts) in its own time
+            if server.evicted >= 8:
+                break
+            await asyncio.sleep(0.01)
+        client = await Connection.connect("127.0.0.1", server.port)
+        try:
+            assert await asyncio.wait_for(client.request(b"a"), 5) == b"A"
+            assert server.evicted >= 9 and len(server.connections) <= 8
+        finally:
+            await client.close()
+            for _, writer in silent:
+                writer.close()
+
+
+async def test_a_silent_socket_is_closed_after_the_first_frame_timeout() -> None:
+    async with DialogueServer("127.0.0.1", 0, first_frame_timeout=0.3) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        writer.close()
