@@ -148,6 +148,9 @@ class Settings:
     serve_dialogue_port: int = 0
     #: Decoded lake history kept in memory by ``sluice serve`` (MiB, LRU by data file; 0: off).
     serve_history_cache_mb: int = 512
+    #: Redis tail entries ``sluice serve`` indexes by block number (about 0.7 KB each);
+    #: older entries are served from the lake.
+    serve_tail_index_max: int = 500_000
     log_level: str = "INFO"
     # Airflow side of the lake (dags/, plugins/)
     #: Wall-clock limit of one lake job child process (archive, canonical, trim...).

@@ -412,6 +412,10 @@ class TieredResumption:
         await self._tail.refresh()
         return self._tail.index
 
+    async def warm(self) -> None:
+        """Index the Redis tail now (a server calls it at start so no client pays for it)."""
+        await self._tail.refresh()
+
     def _open_history(self) -> History | None:
         if self._history_factory is None:
             return None

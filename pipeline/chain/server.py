@@ -367,6 +367,14 @@ _METHODS: dict[str, Callable[[Connection, Any], Any]] = {
 }
 
 
+async def _warm(resumption: TieredResumption) -> None:
+    """Index the tail at start; if Redis is not there yet, the first call will."""
+    try:
+        await resumption.warm()
+    except (aioredis.RedisError, OSError) as exc:
+        log.warning("tail index not built at start: %r", exc)
+
+
 def _authorized(request: web.Request, token: str) -> bool:
     header = request.headers.get("Authorization", "")
     given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
@@ -460,6 +468,7 @@ def create_app(
             history_factory=factory,
             reorg_threshold=settings.reorg_threshold,
             batch_rows=512,
+            max_tail=settings.serve_tail_index_max,
         )
         feed = None
         if settings.serve_dialogue_port:
@@ -472,6 +481,7 @@ def create_app(
                 send_buffer=settings.serve_send_buffer,
             )
             await feed.start()
+        warm = asyncio.create_task(_warm(app[RESUMPTION]), name="tail-index-warm")
         task: asyncio.Task[None] | None = None
         if relay:
             tailer = RedisTailer(
@@ -486,6 +496,9 @@ def create_app(
         try:
             yield
         finally:
+            warm.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warm
             if task is not None:
                 task.cancel()
                 try:
