@@ -7,13 +7,17 @@ A subcommand module exposes ``main(argv: list[str]) -> int``.
 
 from __future__ import annotations
 
+import argparse
+import errno
 import importlib
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pipeline import __version__
-from pipeline.errors import SluiceError
+from pipeline.errors import ConfigError, SluiceError
 from pipeline.settings import Settings
 
 #: subcommand -> (module with ``main(argv)``, one-line help)
@@ -30,6 +34,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "spark": ("pipeline.lake.sparkserver", "run a local Spark Connect server for the lake jobs"),
 }
+
+
+_N = TypeVar("_N", int, float)
+
+#: A port in use or an address not on this host: bad input, not a crash.
+_LISTEN_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+
+
+def non_negative(kind: Callable[[str], _N]) -> Callable[[str], _N]:
+    """An argparse ``type``: ``kind(text)``, refusing negative and non-finite numbers (exit 2)."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 def _usage() -> str:
@@ -63,9 +89,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     try:
         code: int = module.main(rest)
+    except ConfigError as exc:  # bad input: one line, the usage exit code
+        print(f"sluice {name}: {exc}", file=sys.stderr)
+        return 2
     except SluiceError as exc:
         print(f"sluice {name}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.errno not in _LISTEN_ERRORS:
+            raise
+        # asyncio's text names the address: "error while attempting to bind on address ..."
+        print(f"sluice {name}: cannot listen: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return code

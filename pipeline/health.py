@@ -176,9 +176,7 @@ class HealthServer:
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
-            raise ConfigError(
-                f"health endpoint: cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
-            ) from exc
+            raise ConfigError(f"health endpoint: {exc.strerror or exc}") from exc
         if self.port == 0:
             self.port = int(self._runner.addresses[0][1])
 

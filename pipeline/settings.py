@@ -10,6 +10,7 @@ run everything on one machine: a private ``redis-server``, Spark
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -181,24 +182,58 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         path = Path(config_path or env.get(_PREFIX + "CONFIG", "sluice.toml"))
-        if path.is_file():
+        # A missing file means "no config file"; one that exists must be readable TOML.
+        if path.exists():
             try:
                 doc = tomllib.loads(path.read_text())
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise ConfigError(f"cannot read config file {path}: {reason or exc}") from exc
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"{path}: {exc}") from exc
-            values.update(doc.get("sluice", {}))
+            table = doc.get("sluice", {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: [sluice] must be a table")
+            values.update(table)
         for f in fields(cls):
             raw = env.get(_PREFIX + f.name.upper())
             if raw is not None:
                 values[f.name] = raw
         values.update(overrides)
-        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+        settings = cls(**{k: _coerce(k, v) for k, v in values.items()})
+        _validate(settings)
+        return settings
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
 
 _FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
+
+
+def _validate(settings: Settings) -> None:
+    """Refuse values no part can run with: :class:`ConfigError` naming the setting."""
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if f.type in ("int", "float"):
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"setting {f.name!r} must be a non-negative number, got {value}")
+            if f.name.endswith("_port") and value > 65535:
+                raise ConfigError(f"setting {f.name!r} must be a TCP port (0-65535), got {value}")
+        elif f.name.endswith("_listen") and value:
+            _, sep, port = str(value).rpartition(":")
+            if not sep or not port.isdigit() or int(port) > 65535:
+                raise ConfigError(f"setting {f.name!r} must be host:port, got {value!r}")
+    if not settings.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(
+            f"setting 'redis_url' must start with redis://, rediss:// or unix://, "
+            f"got {settings.redis_url!r}"
+        )
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    if settings.log_level.upper() not in levels:
+        raise ConfigError(
+            f"setting 'log_level' must be one of {', '.join(levels)}, got {settings.log_level!r}"
+        )
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -20,6 +20,7 @@ from aiohttp import web
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxError, MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
+from pipeline.cli import non_negative
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="produce a synthetic chain in this process (Redis + live hub) instead of tailing Redis",
     )
-    p.add_argument("--rate", type=float, default=10.0, help="blocks/s for --in-process")
+    p.add_argument(
+        "--rate", type=non_negative(float), default=10.0, help="blocks/s for --in-process"
+    )
     p.add_argument(
         "--dialogue-port",
         type=int,

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.generator import SyntheticChain
+from pipeline.cli import non_negative
 from pipeline.errors import RedisUnavailable
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect
 from pipeline.settings import Settings
@@ -52,10 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice produce", description=__doc__.splitlines()[0])
     p.add_argument("--stream", help="chain stream name (default SLUICE_SERVE_STREAM)")
     p.add_argument(
-        "--rate", type=float, default=10.0, help="blocks per second (0: as fast as possible)"
+        "--rate",
+        type=non_negative(float),
+        default=10.0,
+        help="blocks per second (0: as fast as possible)",
     )
     p.add_argument(
-        "--count", type=int, default=100, help="blocks to produce (0: until interrupted)"
+        "--count",
+        type=non_negative(int),
+        default=100,
+        help="blocks to produce (0: until interrupted)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keys", type=int, default=64, help="key space size")
@@ -64,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reorg-depth", type=int, default=2, help="maximum reorg depth")
     p.add_argument(
         "--retry-for",
-        type=float,
+        type=non_negative(float),
         default=600.0,
         help="seconds to keep retrying while Redis is unreachable before giving up",
     )

@@ -170,7 +170,7 @@ def test_sigterm_is_graceful_and_settings_are_checked(
 
     bad = Proc(["--name", "D", "--workers", "nope"], env, tmp_path / "d.log")
     procs.append(bad)
-    assert bad.proc.wait(30) == 1
+    assert bad.proc.wait(30) == 2  # bad input: exit 2 (pipeline/cli.py)
     assert "unknown worker 'nope'" in bad.text()
 
 
