@@ -1,10 +1,13 @@
-"""``sluice bus``: run one twin's bus process; ``sluice bus keygen``; ``sluice bus register``.
+"""``sluice bus``: run one twin's bus process; ``keygen``, ``register``, ``dead``, ``requeue``.
 
 ::
 
     sluice bus keygen --out twin1001.key            # prints the public key
     sluice bus --twin 1001 --listen 127.0.0.1:8051 --directory twins.json --key twin1001.key
     sluice bus register --twin 1002 --url http://127.0.0.1:8052 --key <public key>
+    sluice bus dead [--count 20]                    # messages the bus set aside, newest first
+    sluice bus requeue --index 0 [--index 3 ...]    # push them back where they came from
+    sluice bus requeue --all
 
 Settings (``SLUICE_REDIS_URL``, ``SLUICE_BUS_*``) give the defaults; flags win.
 SIGTERM / SIGINT stop it gracefully: queued and pending work stays in Redis
@@ -16,14 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from pipeline import health
+from pipeline import health, keys, redisconn
+from pipeline.bus import dead
 from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
 from pipeline.bus.process import BusProcess
@@ -58,13 +64,74 @@ def _register(argv: list[str]) -> int:
     url = args.redis or Settings.load().redis_url
 
     async def run() -> None:
-        client = aioredis.Redis.from_url(url)
+        client = redisconn.connect(url, redisconn.Role.CLI)
         try:
             await RedisDirectory.register(client, args.twin, args.url, args.key)
         finally:
             await client.aclose()
 
     asyncio.run(run())
+    return 0
+
+
+def _dead(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluice bus dead", description="list the bus's dead letters, newest first"
+    )
+    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument("--redis", default=None)
+    args = parser.parse_args(argv)
+    client = redisconn.connect_sync(args.redis or Settings.load().redis_url, redisconn.Role.CLI)
+    try:
+        entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, max(args.count, 1) - 1))
+    finally:
+        client.close()
+    for index, raw in enumerate(entries):
+        try:
+            letter = dead.parse(raw)
+        except ValueError:
+            print(f"{index}\t(unreadable entry)")
+            continue
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(letter.at))
+        cut = " truncated" if letter.truncated else ""
+        print(
+            f"{index}\t{when}\t{letter.queue}\tattempts={letter.attempts}"
+            f"\tsize={letter.size}{cut}\t{letter.reason}"
+        )
+        print(f"\t{json.dumps(letter.body[:200].decode('utf-8', 'replace'))}")
+    return 0
+
+
+def _requeue(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluice bus requeue",
+        description="push dead letters back onto the queue they came from",
+    )
+    parser.add_argument("--index", type=int, action="append", default=[])
+    parser.add_argument("--all", action="store_true")
+    parser.add_argument("--redis", default=None)
+    args = parser.parse_args(argv)
+    if not args.index and not args.all:
+        parser.error("name entries with --index (see 'sluice bus dead') or use --all")
+    client = redisconn.connect_sync(args.redis or Settings.load().redis_url, redisconn.Role.CLI)
+    moved = 0
+    try:
+        entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, -1))
+        chosen = range(len(entries)) if args.all else args.index
+        for index in chosen:
+            raw = entries[index]
+            letter = dead.parse(raw)
+            if letter.truncated or letter.queue in ("", keys.BUS_BACKLOG):
+                print(f"{index}: not requeued (truncated or not from a queue)", file=sys.stderr)
+                continue
+            with client.pipeline(transaction=True) as pipe:
+                pipe.lrem(keys.bus_dead(), 1, raw)  # type: ignore[arg-type]
+                pipe.rpush(letter.queue, letter.body)
+                pipe.execute()
+            moved += 1
+    finally:
+        client.close()
+    print(f"requeued {moved}")
     return 0
 
 
@@ -89,7 +156,7 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     if settings.bus_directory:
         directory = FileDirectory.load(settings.bus_directory)
     else:
-        client = aioredis.Redis.from_url(settings.redis_url)
+        client = redisconn.connect(settings.redis_url, redisconn.Role.CLI)
         directory = RedisDirectory(client)
     bus = BusProcess(config, redis_url=settings.redis_url, directory=directory, signer=signer)
     stop = asyncio.Event()
@@ -128,6 +195,10 @@ def main(argv: list[str]) -> int:
         return _keygen(argv[1:])
     if argv[:1] == ["register"]:
         return _register(argv[1:])
+    if argv[:1] == ["dead"]:
+        return _dead(argv[1:])
+    if argv[:1] == ["requeue"]:
+        return _requeue(argv[1:])
     args = _parser().parse_args(argv)
     overrides: dict[str, Any] = {}
     for flag, name in (

@@ -262,3 +262,34 @@ async def test_corrupt_backlog_entries_are_set_aside_and_the_bus_goes_on(twins):
         assert all("corrupt backlog" in letter.reason for letter in await dead_letters(ra))
     finally:
         await ra.aclose()
+
+
+async def test_operator_lists_and_requeues_dead_letters(twins, capsys):
+    from pipeline.bus import cli
+
+    (a,) = twins(1)
+    await a.start_bus()
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        await ra.hset("caller-q", "k", "v")  # a ret of the wrong type
+        doc = seed_request("echo", [9999], b"", ret="caller-q")
+        await ra.rpush(keys.BUS_LOCAL, json.dumps(doc), BOMB)
+
+        async def both_set_aside() -> bool:
+            return await ra.llen(keys.bus_dead()) == 2
+
+        await eventually(both_set_aside)
+        assert await asyncio.to_thread(cli.main, ["dead", "--redis", a.url]) == 0
+        listing = capsys.readouterr().out
+        assert "caller-q" in listing and "holds a hash" in listing and "nested deeper" in listing
+        await ra.delete("caller-q")  # the operator fixes the key, then requeues the answer
+        index = 0 if b"caller-q" in (await ra.lindex(keys.bus_dead(), 0) or b"") else 1
+        assert (
+            await asyncio.to_thread(cli.main, ["requeue", "--index", str(index), "--redis", a.url])
+            == 0
+        )
+        popped = await ra.blpop(["caller-q"], timeout=5)
+        assert popped is not None and json.loads(popped[1])["err"] == "destination not found"
+        assert await ra.llen(keys.bus_dead()) == 1
+    finally:
+        await ra.aclose()
