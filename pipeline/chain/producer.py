@@ -15,14 +15,23 @@ each listener owns a bounded buffer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, KeyTest, block_raw, encode_block, raw_results
+from pipeline.chain.batch import (
+    ENTRY_FIELD,
+    Block,
+    KeyTest,
+    block_raw,
+    effective_weight,
+    encode_block,
+    raw_results,
+)
+from pipeline.chain.cardinal import Encoding, encode_results
 from pipeline.errors import ChainError
 
 log = logging.getLogger(__name__)
@@ -73,7 +82,9 @@ class LiveBlock:
     parent: str
     raw: dict[str, Any]
     entry_id: bytes | None = None
-    _cache: dict[tuple[str, ...] | None, list[str]] = field(default_factory=dict)
+    #: the effective weight (``num + 1`` for a block without one): what fork choice compares
+    weight: int = 0
+    _cache: dict[Hashable, list[str]] = field(default_factory=dict)
 
     @classmethod
     def from_block(cls, block: Block, entry_id: bytes | None = None) -> LiveBlock:
@@ -83,15 +94,23 @@ class LiveBlock:
             parent=block.parent.hex(),
             raw=block_raw(block),
             entry_id=entry_id,
+            weight=effective_weight(block.num, block.weight),
         )
 
     def results(self, keep: KeyTest | None) -> list[str]:
-        key: tuple[str, ...] | None = getattr(keep, "patterns", None) if keep else None
-        if keep is not None and key is None:
-            return raw_results(self.raw, self.num, self.hash, self.parent, keep)
+        """Result texts for ``keep`` (a key filter or a :class:`~pipeline.chain.cardinal.Encoding`)."""
+        key: Hashable | None
+        if isinstance(keep, Encoding):
+            key = keep.cache_key
+            if key is None:
+                return encode_results(self.raw, self.num, self.hash, self.parent, keep)
+        else:
+            key = getattr(keep, "patterns", None) if keep else None
+            if keep is not None and key is None:
+                return raw_results(self.raw, self.num, self.hash, self.parent, keep)
         hit = self._cache.get(key)
         if hit is None:
-            hit = raw_results(self.raw, self.num, self.hash, self.parent, keep)
+            hit = encode_results(self.raw, self.num, self.hash, self.parent, keep)
             if len(self._cache) < 64:
                 self._cache[key] = hit
         return hit

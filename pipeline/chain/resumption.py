@@ -7,9 +7,9 @@ Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
 1. Resolve. The Redis stream's metadata is kept in one :class:`SharedTail`
    per server, brought up to date before each call by reading only the
    entries added since (and dropping those trimmed): a :class:`TailIndex`
-   with the canonical chain of the tail (production order, where a block at
-   or below the head replaces everything from its height up) and every hash
-   seen. A call never reads the whole tail; the plan keeps a snapshot of the
+   with the canonical chain of the tail (the heaviest chain: greatest
+   weight, ties to the block seen first; a shorter, heavier branch wins) and
+   every hash seen. A call never reads the whole tail; the plan keeps a snapshot of the
    part of the chain it will stream. If ``hash`` is the canonical block at ``num`` (tail
    first, then the lake), start at ``num``. Otherwise, if the tail or the lake
    knows ``hash`` as a reorged block, walk its ancestors to the canonical fork
@@ -27,8 +27,10 @@ Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
    (by entry id, and by the :class:`Sender` window of sent hashes).
 
 Every emitted block goes through one :class:`Sender`, which drops a block
-whose hash was already sent at that height and marks a block at or below the
-head with a new hash as a reorg of the given depth.
+whose hash was already sent at that height, holds blocks of production order
+(replay, live) that are not heavier than what was sent, and sends a heavier
+branch with its held blocks, the first marked as a reorg of the given depth
+above the common ancestor.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ from pipeline.chain.batch import (
     KeyTest,
     decode_block,
     decode_raw,
-    raw_results,
+    effective_weight,
+    raw_weight,
 )
+from pipeline.chain.cardinal import encode_results
 from pipeline.chain.producer import LiveBlock, WebsocketHub
 from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer
 
@@ -80,6 +84,8 @@ class Emit:
     results: list[str]
     #: 0 when the block extends the subscriber's head, else how many heights it replaces.
     reorg: int = 0
+    #: the effective weight (``num + 1`` for a block without one): what fork choice compares
+    weight: int = 0
 
 
 class BlockSink(Protocol):
@@ -115,22 +121,40 @@ class History(Protocol):
 
 
 class Sender:
-    """Dedup and reorg detection over the hashes sent in the last ``window`` heights."""
+    """Dedup, reorg detection and fork choice over what was sent in the last ``window`` heights.
 
-    __slots__ = ("_hashes", "_window", "floor", "head", "sent")
+    :meth:`accept` takes blocks of a canonical source (the lake, the tail's
+    chain) in height order: a block at or below the head with another hash
+    replaces everything from its height up. :meth:`take` takes blocks in
+    production order (replay, live) and follows the heaviest chain: a block
+    that is not heavier than the head is held as a side block (the last
+    :data:`RETAIN` heights), and a heavier block on another branch is sent
+    with the held blocks that link it to the sent chain, the first of them
+    marked as a reorg above the common ancestor (a shorter, heavier chain too).
+    """
+
+    __slots__ = ("_blocks", "_hashes", "_window", "floor", "head", "head_weight", "sent")
+
+    #: Heights below the head whose blocks are kept to rebuild a branch.
+    RETAIN = 256
 
     def __init__(self, start: int, window: int = 4096) -> None:
         self.floor = start
         self.head = start - 1
+        self.head_weight = -1
         self.sent = 0
         self._hashes: dict[int, str] = {}
         self._window = window
+        #: hash -> block, sent or held, in the last RETAIN heights
+        self._blocks: dict[str, Emit] = {}
 
-    def accept(self, num: int, hash: str) -> int | None:
+    def accept(
+        self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
+    ) -> int | None:
         """None to skip the block, else the reorg depth (0: it extends the head)."""
         if num > self.head:
             self.head = num
-            self._note(num, hash)
+            self._note(num, hash, weight, emit)
             return 0
         if self.sent == 0 and num < self.floor:
             return None  # below the resume point, before anything was sent
@@ -140,12 +164,67 @@ class Sender:
         for height in range(num, self.head + 1):
             self._hashes.pop(height, None)
         self.head = num
-        self._note(num, hash)
+        self._note(num, hash, weight, emit)
         return depth
 
-    def _note(self, num: int, hash: str) -> None:
+    def take(self, emit: Emit) -> list[Emit]:
+        """Fork choice for one block in production order: the blocks to send now (maybe none)."""
+        num, hash = emit.num, emit.hash
+        if self.sent == 0 or self._hashes.get(num) == hash:
+            return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []
+        if hash in self._blocks:
+            return []  # held already (or sent, then reorged away: only a heavier block brings it back)
+        linked = self._hashes.get(num - 1) == emit.parent or emit.parent in self._blocks
+        if linked and emit.weight <= self.head_weight:
+            self._keep(emit)  # not heavier than the head (a tie goes to the first seen): held
+            return []
+        if not linked:
+            if num <= self.head + 1 and emit.weight <= self.head_weight:
+                return []  # an unlinked block, not heavier: nothing to follow
+            # A gap above the head, or a heavier block whose parent was never seen
+            # here: replace from its height, as a canonical source would.
+            depth = self.accept(num, hash, emit.weight, emit)
+            return [] if depth is None else [_with_reorg(emit, depth)]
+        branch = [emit]
+        while self._hashes.get(branch[-1].num - 1) != branch[-1].parent:
+            held = self._blocks.get(branch[-1].parent)
+            if held is None or held.num != branch[-1].num - 1:
+                break
+            branch.append(held)
+        branch.reverse()
+        ancestor = branch[0].num - 1
+        depth = max(0, self.head - ancestor)
+        for height in range(ancestor + 1, self.head + 1):
+            self._hashes.pop(height, None)
+        self.head = ancestor
+        out = []
+        for i, block in enumerate(branch):
+            self.head = block.num
+            self._note(block.num, block.hash, block.weight, block)
+            out.append(_with_reorg(block, depth if i == 0 else 0))
+        return out
+
+    def knows(self, num: int, hash: str) -> bool:
+        """Whether the block ``hash`` at ``num`` was sent or is held (so a child of it links)."""
+        return self._hashes.get(num) == hash or hash in self._blocks
+
+    def _keep(self, emit: Emit) -> None:
+        self._blocks[emit.hash] = emit
+        if len(self._blocks) > 4 * self.RETAIN:
+            low = self.head - self.RETAIN
+            for h in [h for h, e in self._blocks.items() if e.num < low]:
+                del self._blocks[h]
+            while len(self._blocks) > 4 * self.RETAIN:  # many side blocks up high: oldest first
+                del self._blocks[next(iter(self._blocks))]
+
+    def _note(self, num: int, hash: str, weight: int | None, emit: Emit | None) -> None:
         self.sent += 1
         self._hashes[num] = hash
+        self.head_weight = num + 1 if weight is None else weight
+        if emit is not None:
+            self._keep(emit)
+            if num > 0 and num - 1 not in self._hashes:
+                self._hashes[num - 1] = emit.parent  # the parent of the first block is on the chain
         stale = num - self._window
         if stale in self._hashes:
             del self._hashes[stale]
@@ -154,27 +233,61 @@ class Sender:
         return self._hashes.get(num)
 
 
+def _with_reorg(emit: Emit, depth: int) -> Emit:
+    if emit.reorg == depth:
+        return emit
+    return Emit(emit.num, emit.hash, emit.parent, emit.results, depth, emit.weight)
+
+
 @dataclass(slots=True)
 class TailIndex:
-    """The Redis tail, metadata only: canonical chain and every hash seen."""
+    """The Redis tail, metadata only: the heaviest chain and every hash seen.
+
+    ``chain`` maps heights to (hash, parent, entry id) of the chain ending at
+    the heaviest block (fork choice: the greatest effective weight, ties to
+    the block seen first); ``seen`` maps every hash to (num, parent, entry id,
+    effective weight). A block heavier than the head on another branch moves
+    the chain to that branch (walking its parents through ``seen``), also
+    when the branch is shorter; a lighter one only joins ``seen``.
+    """
 
     chain: dict[int, tuple[str, str, bytes]] = field(default_factory=dict)
-    seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    seen: dict[str, tuple[int, str, bytes, int]] = field(default_factory=dict)
     last_id: bytes = b"0-0"
     hi: int = -1
+    head_weight: int = -1
 
     @property
     def lo(self) -> int | None:
         return min(self.chain) if self.chain else None
 
-    def add(self, num: int, hash: str, parent: str, entry_id: bytes) -> None:
-        if self.chain and num <= self.hi:
-            for height in range(num, self.hi + 1):
-                self.chain.pop(height, None)
-        self.chain[num] = (hash, parent, entry_id)
-        self.hi = num
-        self.seen[hash] = (num, parent)
+    def add(
+        self, num: int, hash: str, parent: str, entry_id: bytes, weight: int | None = None
+    ) -> None:
         self.last_id = entry_id
+        if hash in self.seen:
+            return  # published again: the first entry stands
+        w = effective_weight(num, weight)
+        self.seen[hash] = (num, parent, entry_id, w)
+        if self.chain and w <= self.head_weight:
+            return  # not heavier than the head: a side block
+        branch = [(num, hash, parent, entry_id)]
+        chain, seen = self.chain, self.seen
+        while chain:
+            at = chain.get(branch[-1][0] - 1)
+            if at is not None and at[0] == branch[-1][2]:
+                break  # linked to the chain
+            up = seen.get(branch[-1][2])
+            if up is None or up[0] != branch[-1][0] - 1 or len(branch) > len(seen):
+                break  # parent unknown here: replace from this height, as production order did
+            branch.append((up[0], branch[-1][2], up[1], up[2]))
+        start = branch[-1][0]
+        for height in range(start, self.hi + 1):
+            chain.pop(height, None)
+        for n, h, p, e in reversed(branch):
+            chain[n] = (h, p, e)
+        self.hi = num
+        self.head_weight = w
 
 
 def _index_entry(
@@ -187,7 +300,7 @@ def _index_entry(
     try:
         raw = decode_raw(fields[ENTRY_FIELD])
         num, hash = raw["num"], raw["hash"].hex()
-        tail.add(num, hash, raw["parent"].hex(), entry_id)
+        tail.add(num, hash, raw["parent"].hex(), entry_id, raw_weight(raw))
     except (BadBatch, KeyError, AttributeError, TypeError):
         log.warning("skipping invalid chain entry %r", entry_id)
         tail.last_id = entry_id
@@ -491,7 +604,7 @@ class TieredResumption:
         """(num, parent, canonical) of a block hash, from the tail first, then the lake."""
         seen = tail.seen.get(h)
         if seen is not None:
-            num, parent = seen
+            num, parent = seen[0], seen[1]
             in_chain = tail.chain.get(num)
             if in_chain is not None:
                 return num, parent, in_chain[0] == h
@@ -524,12 +637,18 @@ class TieredResumption:
             parent = anc_parent
         return None
 
-    async def get_block(self, num: int) -> list[str] | None:
+    async def get_block(self, num: int, keep: KeyTest | None = None) -> list[str] | None:
         """The canonical block at ``num`` as its JSON results, or None when unknown.
 
         One lookup in the shared tail index and one XRANGE of that entry (or
-        one lake read), whatever the length of the tail.
+        one lake read), whatever the length of the tail. ``keep`` as for
+        :meth:`stream` (a key filter or a dialect's encoding).
         """
+        found = await self.get_block_raw(num)
+        return None if found is None else encode_results(*found, keep)
+
+    async def get_block_raw(self, num: int) -> tuple[dict[str, Any], int, str, str] | None:
+        """(decoded map, num, hash hex, parent hex) of the canonical block at ``num``, or None."""
         if not 0 <= num <= MAX_BLOCK_NUM:
             raise BadParams(f"block number: 0 to {hex(MAX_BLOCK_NUM)}")
         tail = await self.scan_tail()
@@ -539,14 +658,14 @@ class TieredResumption:
             entries = await _xrange(self._redis, self._key, min=entry_id, max=entry_id)
             if entries:
                 raw = decode_raw(entries[0][1][ENTRY_FIELD])
-                return raw_results(raw, num, h, parent)
+                return raw, num, h, parent
         history = await asyncio.to_thread(self._open_history)
         if history is None:
             return None
         row = await asyncio.to_thread(history.canonical_at, self._stream, num)
         if row is None:
             return None
-        return raw_results(decode_raw(row.payload), num, row.hash.hex(), row.parent.hex())
+        return decode_raw(row.payload), num, row.hash.hex(), row.parent.hex()
 
     # --- stream ---------------------------------------------------------------
 
@@ -609,7 +728,9 @@ class TieredResumption:
                     return pos
                 expected = pos if sender.sent else emits[0].num
                 if emits[0].num != expected or emits[-1].num - expected + 1 != len(emits):
-                    emits = [e for e in emits if sender.accept(e.num, e.hash) is not None]
+                    emits = [
+                        e for e in emits if sender.accept(e.num, e.hash, e.weight, e) is not None
+                    ]
                     if emits and (
                         emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)
                     ):
@@ -619,7 +740,7 @@ class TieredResumption:
                         )
                 else:
                     for emit in emits:
-                        sender.accept(emit.num, emit.hash)
+                        sender.accept(emit.num, emit.hash, emit.weight, emit)
                 if emits:
                     await sink.put(emits)
                     pos = emits[-1].num + 1
@@ -648,12 +769,13 @@ class TieredResumption:
                 payload = payloads.get(eid)
                 if payload is None:
                     payload = await self._payload_from_history(plan.history, n, h)
-                depth = sender.accept(n, h)
+                raw = decode_raw(payload)
+                emit = Emit(n, h, parent, [], 0, effective_weight(n, raw_weight(raw)))
+                depth = sender.accept(n, h, emit.weight, emit)
                 if depth is None:
                     continue
-                emits.append(
-                    Emit(n, h, parent, raw_results(decode_raw(payload), n, h, parent, keep), depth)
-                )
+                emit.results, emit.reorg = encode_results(raw, n, h, parent, keep), depth
+                emits.append(emit)
             if emits:
                 await sink.put(emits)
 
@@ -692,21 +814,17 @@ class TieredResumption:
                 except (BadBatch, KeyError):
                     log.warning("skipping invalid chain entry %r", entry_id)
                     continue
-                if sender.sent and (
-                    block.num > sender.head + 1
-                    or (
-                        block.num == sender.head + 1
-                        and sender.hash_at(sender.head) != block.parent.hex()
-                    )
+                if (
+                    sender.sent
+                    and block.num > sender.head
+                    and not sender.knows(block.num - 1, block.parent.hex())
                 ):
                     if emits:
                         await sink.put(emits)
                         emits = []
                     await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
                 item = LiveBlock.from_block(block, entry_id)
-                depth = sender.accept(item.num, item.hash)
-                if depth is not None:
-                    emits.append(Emit(item.num, item.hash, item.parent, item.results(keep), depth))
+                emits.extend(sender.take(_live_emit(item, keep)))
             if emits:
                 await sink.put(emits)
             if len(entries) < PAGE:
@@ -735,7 +853,7 @@ class TieredResumption:
             while (page := await asyncio.to_thread(_next_page, pages, keep)) is not None:
                 emits = []
                 for emit in page:
-                    depth = sender.accept(emit.num, emit.hash)
+                    depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
                     if depth is not None:
                         emit.reorg = depth
                         emits.append(emit)
@@ -817,11 +935,7 @@ class _LiveListener:
     def _deliver(self, items: list[LiveBlock]) -> None:
         emits = []
         for item in items:
-            depth = self._sender.accept(item.num, item.hash)
-            if depth is not None:
-                emits.append(
-                    Emit(item.num, item.hash, item.parent, item.results(self._keep), depth)
-                )
+            emits.extend(self._sender.take(_live_emit(item, self._keep)))
         if not emits:
             return
         try:
@@ -871,10 +985,19 @@ def _next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | 
     hashes = table.column("hash").to_pylist()
     parents = table.column("parent").to_pylist()
     payloads = table.column("payload").to_pylist()
-    return [
-        Emit(n, h, p, raw_results(decode_raw(b), n, h, p, keep))
-        for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True)
-    ]
+    out = []
+    for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True):
+        raw = decode_raw(b)
+        out.append(
+            Emit(
+                n, h, p, encode_results(raw, n, h, p, keep), 0, effective_weight(n, raw_weight(raw))
+            )
+        )
+    return out
+
+
+def _live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:
+    return Emit(item.num, item.hash, item.parent, item.results(keep), 0, item.weight)
 
 
 __all__ = [

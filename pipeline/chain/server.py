@@ -6,6 +6,23 @@ Methods: ``cardinal_subscribe`` (params ``["streams", "0xNUM", "0xHASH",
 and ``cardinal_getBlock`` (``["0xNUM"]``: the canonical block's results, or
 null). Also ``/healthz`` and Prometheus ``/metrics``.
 
+Two wire dialects share every method, the resumption and the refusals (the
+same JSON-RPC error codes and close codes); they differ only in how results
+are written (:mod:`pipeline.chain.cardinal`):
+
+- ``seed`` (``/ws``): seed 004's flat ``batch``/``subbatch`` results, byte for
+  byte as before weights existed; a subscriber that passes
+  ``{"weight": true}`` in the options object also gets ``"weight"``.
+- ``cardinal`` (``/cardinal``, or ``/ws?dialect=cardinal``): the shape the
+  real github.com/openrelayxyz/cardinal-streams library reads (v1.5.1,
+  ``transports.ResolveConsumer`` with a ``ws://host:port/cardinal`` URL):
+  nested ``batch`` (with ``weight``) and ``subbatch`` objects, ``ready``
+  always, ``reorg`` naming the common ancestor before replacing blocks. The
+  library's 3-parameter ``["streams", "0xNUM", "0xHASH"]`` subscribe works
+  (patterns and options may follow, as in the seed dialect), and
+  ``cardinal_streamsBlock`` (``["0xNUM"]``) answers as the library's server
+  does. The library's client cannot send options, hence the URL.
+
 Each connection has one bounded :class:`~pipeline.chain.subscription.Outbox`
 and one writer task; a subscriber that lets it fill up during live fan-out is
 closed with code 1008 and the reason. Errors are answered with the standard
@@ -32,13 +49,21 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.chain import jsonrpc
 from pipeline.chain.batch import parse_quantity
+from pipeline.chain.cardinal import (
+    CARDINAL,
+    DIALECTS,
+    SEED,
+    STREAMS_BLOCK,
+    encoding_for,
+    whole_block_result,
+)
 from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
 from pipeline.chain.resumption import MAX_BLOCK_NUM, History, TieredResumption
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
-from pipeline.errors import BadBatch, BadParams, SlowConsumer, SluiceError
+from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer, SluiceError
 from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
 
@@ -104,6 +129,7 @@ class Connection:
         self.settings = app[SETTINGS]
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
+        self.dialect = _dialect(request) or SEED
         self.outbox = Outbox(self.settings.serve_send_buffer, direct=self._write_now)
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
@@ -301,12 +327,15 @@ class Connection:
             raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
         self._subscribing += 1
         try:
-            plan = await self.resumption.resolve(parsed.num, parsed.hash, parsed.keep)
+            keep = encoding_for(parsed.keep, self.dialect, parsed.weight)
+            plan = await self.resumption.resolve(parsed.num, parsed.hash, keep)
         finally:
             self._subscribing -= 1
         self._next_sub += 1
         sub_id = hex(self._next_sub)
-        sub = Subscription(sub_id, parsed, self.outbox)
+        # Not started where the subscriber said it was: the cardinal dialect names the block below.
+        moved = plan.reason in ("rewind", "fork") and (parsed.num, parsed.hash) != (0, bytes(32))
+        sub = Subscription(sub_id, parsed, self.outbox, dialect=self.dialect, announce=moved)
         self._pending_start = (sub, plan)
         return sub_id
 
@@ -320,7 +349,7 @@ class Connection:
 
     async def _run_sub(self, sub: Subscription, plan: Any) -> None:
         try:
-            await self.resumption.stream(plan, sub.params.keep, sub)
+            await self.resumption.stream(plan, sub.keep, sub)
         except SlowConsumer:
             self._slow()
         except SluiceError as exc:
@@ -356,14 +385,36 @@ class Connection:
             raise BadParams(f"block number: {exc}") from exc
         if num > MAX_BLOCK_NUM:
             raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
-        texts = await self.resumption.get_block(num)
+        texts = await self.resumption.get_block(num, encoding_for(None, self.dialect, False))
         return None if texts is None else [json.loads(t) for t in texts]
+
+    async def streams_block(self, params: Any) -> Any:
+        """``cardinal_streamsBlock``: the library's ``StreamsBlock`` (one ``batch``, all values)."""
+        num = _block_number(params)
+        found = await self.resumption.get_block_raw(num)
+        if found is None:
+            raise ResumptionError("block not found", public="block not found")
+        return whole_block_result(*found)
+
+
+def _block_number(params: Any) -> int:
+    """The one ``["0xNUM"]`` parameter of a block query; :class:`BadParams` otherwise."""
+    if not isinstance(params, list) or len(params) != 1:
+        raise BadParams('params must be ["0xNUM"]')
+    try:
+        num = parse_quantity(params[0])
+    except BadBatch as exc:
+        raise BadParams(f"block number: {exc}") from exc
+    if num > MAX_BLOCK_NUM:
+        raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+    return num
 
 
 _METHODS: dict[str, Callable[[Connection, Any], Any]] = {
     "cardinal_subscribe": Connection.subscribe,
     "cardinal_unsubscribe": Connection.unsubscribe,
     "cardinal_getBlock": Connection.get_block,
+    STREAMS_BLOCK: Connection.streams_block,
 }
 
 
@@ -381,12 +432,23 @@ def _authorized(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
+def _dialect(request: web.Request) -> str | None:
+    """The wire dialect the URL asks for (``/cardinal``, ``?dialect=``), None if unknown."""
+    default = CARDINAL if request.path == "/cardinal" else SEED
+    name = request.query.get("dialect", default)
+    return name if name in DIALECTS else None
+
+
 async def ws_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, metrics = app[SETTINGS], app[METRICS]
     if settings.serve_token and not _authorized(request, settings.serve_token):
         metrics.inc("sluice_serve_auth_failures_total")
         return web.json_response({"error": "missing or invalid bearer token"}, status=401)
+    if _dialect(request) is None:
+        return web.json_response(
+            {"error": f"unknown dialect; known: {', '.join(DIALECTS)}"}, status=400
+        )
     ws = web.WebSocketResponse(
         heartbeat=settings.serve_heartbeat_s or None,
         max_msg_size=MAX_FRAME,
@@ -521,6 +583,7 @@ def create_app(
     app.cleanup_ctx.append(redis_ctx)
     app.on_shutdown.append(on_shutdown)
     app.router.add_get("/ws", ws_handler)
+    app.router.add_get("/cardinal", ws_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     from pipeline.chain import status  # the status page: GET / and /status.json

@@ -16,12 +16,13 @@ from typing import Any
 
 from pipeline.chain import jsonrpc
 from pipeline.chain.batch import hex_quantity, parse_hash, parse_quantity
+from pipeline.chain.cardinal import CARDINAL, READY, SEED, encoding_for, reorg_text
 from pipeline.chain.patterns import KeyFilter, compile_patterns
 from pipeline.chain.resumption import Emit
 from pipeline.errors import BadBatch, BadParams, SlowConsumer
 
 METHOD = "cardinal_subscribe"
-_EXTRAS = {"ready", "reorgs"}
+_EXTRAS = {"ready", "reorgs", "weight"}
 
 #: Live notification texts by (prefix, result): a live block's results are
 #: shared string objects, and subscription ids such as "0x1" repeat across
@@ -40,6 +41,8 @@ class SubscribeParams:
     keep: KeyFilter | None
     ready: bool = False
     reorgs: bool = False
+    #: the seed dialect's opt-in: ``batch`` results carry ``"weight"``
+    weight: bool = False
 
 
 def parse_subscribe(params: Any) -> SubscribeParams:
@@ -73,6 +76,7 @@ def parse_subscribe(params: Any) -> SubscribeParams:
         keep=keep,
         ready=extras.get("ready", False),
         reorgs=extras.get("reorgs", False),
+        weight=extras.get("weight", False),
     )
 
 
@@ -158,13 +162,32 @@ def _live_text(prefix: str, result: str, suffix: str) -> str:
 
 
 class Subscription:
-    """The :class:`~pipeline.chain.resumption.BlockSink` of one websocket subscription."""
+    """The :class:`~pipeline.chain.resumption.BlockSink` of one websocket subscription.
+
+    ``dialect`` is ``"seed"`` or ``"cardinal"`` (:mod:`pipeline.chain.cardinal`).
+    In the cardinal dialect ``ready`` is always sent, every reorg is announced
+    by a ``reorg`` result naming the common ancestor before the replacing
+    blocks, and with ``announce`` the first block is announced that way too
+    (the server did not start where the subscriber said it was: its ``lastHash``
+    must move to the block below the first one sent).
+    """
 
     def __init__(
-        self, sub_id: str, params: SubscribeParams, outbox: Outbox, *, envelope: bool = True
+        self,
+        sub_id: str,
+        params: SubscribeParams,
+        outbox: Outbox,
+        *,
+        envelope: bool = True,
+        dialect: str = SEED,
+        announce: bool = False,
     ) -> None:
         self.id = sub_id
         self.params = params
+        #: what resumption takes as ``keep``: the key filter in this dialect's encoding
+        self.keep = encoding_for(params.keep, dialect, params.weight)
+        self.cardinal = dialect == CARDINAL
+        self._announce = announce and self.cardinal
         self._outbox = outbox
         # Without the envelope each text is the bare result object (the Dialogue feed).
         self._prefix = jsonrpc.notification_prefix(METHOD, sub_id) if envelope else ""
@@ -178,7 +201,12 @@ class Subscription:
         suffix = self._suffix
         out: list[str] = []
         for emit in emits:
-            if emit.reorg and self.params.reorgs:
+            if self.cardinal:
+                if emit.reorg or self._announce:
+                    self._announce = False
+                    ancestor = reorg_text(max(emit.num - 1, 0), emit.parent)
+                    out.append(prefix + ancestor + suffix)
+            elif emit.reorg and self.params.reorgs:
                 out.append(
                     prefix + f'{{"type":"reorg","num":"{hex_quantity(emit.num)}",'
                     f'"depth":"{hex_quantity(emit.reorg)}"}}' + suffix
@@ -203,6 +231,10 @@ class Subscription:
 
     def ready(self, num: int, hash: str) -> None:
         self.is_live = True
+        if self.cardinal:
+            if not self._outbox.offer([self._prefix + READY + self._suffix]):
+                raise SlowConsumer("send buffer full at the live head")
+            return
         if not self.params.ready:
             return
         num_text = f'"{hex_quantity(num)}"' if num >= 0 else "null"

@@ -125,8 +125,13 @@ class Client:
         block_hash: bytes,
         patterns: list[str] | None = None,
         opts: dict[str, bool] | None = None,
+        *,
+        weight: bool = True,
     ) -> str:
+        """Subscribe; ``weight`` (the default) opts in so blocks compare equal with weights."""
         params: list[Any] = ["streams", hex(num), "0x" + block_hash.hex(), patterns or []]
+        if weight:
+            opts = {**(opts or {}), "weight": True}
         if opts is not None:
             params.append(opts)
         reply = await self.call("cardinal_subscribe", params)

@@ -38,7 +38,7 @@ async def test_dialogue_duplex_gets_the_same_blocks(settings, serve, connect, re
         await feed.aclose()
         results: list[dict] = []
         async with connect(base) as client:
-            await client.subscribe(5, gen.canonical[5].hash, patterns=["t/"])
+            await client.subscribe(5, gen.canonical[5].hash, patterns=["t/"], weight=False)
             ws_blocks = await client.blocks(25, results=results)
         assert got == ws_blocks
         assert [b.num for b in got] == list(range(5, 30))

@@ -125,7 +125,7 @@ async def test_fork_point_from_the_redis_tail(settings, serve, connect, redis_cl
     new = []
     for num in range(26, 31):
         b = side.take(1)[0]
-        nb = type(b)(num=num, hash=b.hash, parent=parent, updates=b.updates)
+        nb = type(b)(num=num, hash=b.hash, parent=parent, updates=b.updates, weight=num + 1)
         new.append(nb)
         parent = nb.hash
     write_blocks(redis_client, STREAM, new)

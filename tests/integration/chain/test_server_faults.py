@@ -154,7 +154,7 @@ async def test_get_block_unsubscribe_and_reorg_notifications(
         new = []
         for num in (10, 11, 12):
             b = side.take(1)[0]
-            new.append(type(b)(num=num, hash=b.hash, parent=parent))
+            new.append(type(b)(num=num, hash=b.hash, parent=parent, weight=num + 1))
             parent = new[-1].hash
         write_blocks(redis_client, STREAM, new)
         results.clear()

@@ -24,15 +24,45 @@ def test_sender_dedups_and_marks_reorgs() -> None:
     assert s.accept(3, "deep") == 12  # below the start once sending: a reorg
 
 
-def test_tail_index_follows_production_order() -> None:
+def test_tail_index_follows_the_heaviest_chain() -> None:
     t = TailIndex()
     for n in range(5):
         t.add(n, f"a{n}", f"a{n - 1}", f"{n + 1}-0".encode())
-    t.add(3, "b3", "a2", b"6-0")
-    t.add(4, "b4", "b3", b"7-0")
-    assert t.lo == 0 and t.hi == 4
-    assert [t.chain[n][0] for n in range(5)] == ["a0", "a1", "a2", "b3", "b4"]
-    assert t.seen["a4"] == (4, "a3") and t.last_id == b"7-0"
+    t.add(3, "b3", "a2", b"6-0")  # no weight: 4, lighter than a4 (5)
+    t.add(4, "b4", "b3", b"7-0")  # 5: a tie, the first seen (a4) stays
+    assert t.lo == 0 and t.hi == 4 and t.head_weight == 5
+    assert [t.chain[n][0] for n in range(5)] == ["a0", "a1", "a2", "a3", "a4"]
+    t.add(5, "b5", "b4", b"8-0")  # 6: heavier, on the b branch
+    assert [t.chain[n][0] for n in range(6)] == ["a0", "a1", "a2", "b3", "b4", "b5"]
+    assert [t.chain[n][2] for n in (3, 4, 5)] == [b"6-0", b"7-0", b"8-0"]
+    t.add(3, "c3", "a2", b"9-0", weight=100)  # shorter, heavier
+    assert t.hi == 3 and sorted(t.chain) == [0, 1, 2, 3] and t.chain[3][0] == "c3"
+    assert t.seen["a4"] == (4, "a3", b"5-0", 5) and t.last_id == b"9-0"
+    t.add(4, "a4", "a3", b"10-0", weight=999)  # published again: the first entry stands
+    assert t.chain[3][0] == "c3" and t.last_id == b"10-0"
+
+
+def _e(num: int, hash: str, parent: str, weight: int) -> Emit:
+    return Emit(num, hash, parent, [hash], 0, weight)
+
+
+def test_sender_takes_the_heaviest_branch_with_its_held_blocks() -> None:
+    s = Sender(start=0)
+    for n in range(6):
+        assert s.take(_e(n, f"a{n}", f"a{n - 1}", 10 * (n + 1))) == [
+            _e(n, f"a{n}", f"a{n - 1}", 10 * (n + 1))
+        ]
+    assert s.take(_e(3, "a3", "a2", 40)) == []  # duplicate
+    assert s.take(_e(3, "b3", "a2", 35)) == []  # lighter: held
+    assert s.take(_e(4, "b4", "b3", 60)) == []  # a tie with a5: the first seen stays
+    assert s.head == 5 and s.knows(4, "b4") and not s.knows(4, "zz")
+    out = s.take(_e(5, "b5", "b4", 61))  # heavier: the whole branch, a reorg above a2
+    assert [(e.hash, e.reorg) for e in out] == [("b3", 3), ("b4", 0), ("b5", 0)]
+    assert s.head == 5 and s.hash_at(3) == "b3" and s.head_weight == 61
+    out = s.take(_e(4, "c4", "a3", 1000))  # back to a3 (sent earlier), shorter and heavier
+    assert [(e.hash, e.reorg) for e in out] == [("a3", 3), ("c4", 0)]
+    assert s.head == 4 and s.hash_at(5) is None
+    assert s.take(_e(9, "x9", "x8", 5)) == [_e(9, "x9", "x8", 5)]  # a gap above: taken as is
 
 
 @pytest.mark.parametrize(
