@@ -86,6 +86,10 @@ def system(redis_url: str, lake_uri: str, tmp_path: Path) -> Iterator[tuple[str,
     ]  # fmt: skip
     try:
         yield f"http://127.0.0.1:{port}", env
+        # the page read the lake (archive_log) with delta-rs: no JVM was started for it
+        children = Path(f"/proc/{procs[1].pid}/task/{procs[1].pid}/children").read_text().split()
+        names = [Path(f"/proc/{c}/comm").read_text().strip() for c in children]
+        assert "java" not in names, names
     finally:
         for proc in procs:
             proc.terminate()
