@@ -355,11 +355,8 @@ class Connection:
             return self.started_at + self.first_frame_timeout, "no first frame"
         if self.frame_timeout is not None and self._frame_started is not None:
             return self._frame_started + self.frame_timeout, "frame too slow"
-        if (
-            self.idle_timeout is not None
-            and not self._idle_closing
-            and not any(proto.outstanding())
-        ):
+        if self.idle_timeout is not None and not self._idle_closing:
+            # Checked again when it passes: writes move it, and outstanding work defers it.
             return self.last_activity + self.idle_timeout, "idle"
         return None, ""
 
@@ -375,7 +372,7 @@ class Connection:
             if self._loop.time() < deadline:
                 raise  # the channel's own timeout, not ours
         if what == "idle":
-            if self._read_deadline()[0] == deadline:  # nothing was written meanwhile
+            if self._read_deadline()[0] == deadline and not any(self._proto.outstanding()):
                 self._idle_closing = True
                 log.info("%s: idle for %.0fs, closing", self.name, self.idle_timeout)
                 self._proto.close(deadline=self._loop.time() + self.close_timeout)
