@@ -293,3 +293,34 @@ async def test_operator_lists_and_requeues_dead_letters(twins, capsys):
         assert await ra.llen(keys.bus_dead()) == 1
     finally:
         await ra.aclose()
+
+
+async def test_v_era_js_client_habits_still_work(twins):
+    """LPUSH, `exp: 0`, `now` from Date.now() (ms); the handler LPUSHes its reply onto `ret`."""
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    ra = aioredis.Redis.from_url(a.url)
+    rb = aioredis.Redis.from_url(b.url)
+
+    async def js_handler() -> None:
+        popped = await rb.brpop(["msgbus.wallet.balance"], timeout=10)
+        assert popped is not None
+        msg = json.loads(popped[1])
+        msg["src"], msg["dst"] = msg["dst"], msg["src"]
+        msg["dat"] = "MTAw"  # "100"
+        msg["now"] = int(time.time() * 1000)
+        await rb.lpush(msg["ret"], json.dumps(msg))
+
+    try:
+        doc = seed_request("wallet.balance", [b.id], b"GA7O", exp=0, now=int(time.time() * 1000))
+        await ra.lpush(keys.BUS_LOCAL, json.dumps(doc))
+        handler = asyncio.create_task(js_handler())
+        popped = await ra.blpop([doc["ret"]], timeout=10)
+        await handler
+        assert popped is not None
+        answer = json.loads(popped[1])
+        assert answer["err"] == "" and answer["dat"] == "MTAw" and answer["src"] == b.id
+    finally:
+        await ra.aclose()
+        await rb.aclose()
