@@ -91,14 +91,19 @@ _C = TypeVar("_C", bound=_Conn)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SeenBlock:
+    """One block as the tail saw it; raw bytes, turned into text only for the page."""
+
     num: int
-    hash: str
-    parent: str
-    #: Redis entry id and its milliseconds (when Redis stored it).
-    entry_id: str
-    ms: int
+    hash: bytes
+    parent: bytes
+    #: The Redis entry id: its milliseconds are when Redis stored the block.
+    entry_id: bytes
     #: Blocks this one replaced (0: it extended the chain).
     reorg: int = 0
+
+    @property
+    def ms(self) -> int:
+        return parse_entry_id(self.entry_id)[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,7 +159,6 @@ class StreamBoard:
         self.last_id = entry_id
         try:
             num, hash_, parent = peek_header(fields[ENTRY_FIELD])
-            ms = parse_entry_id(entry_id)[0]
         except (KeyError, ValueError):
             self.invalid += 1
             return
@@ -163,19 +167,12 @@ class StreamBoard:
         if head is not None:
             if num <= head.num:
                 depth = head.num - num + 1
-            elif num == head.num + 1 and parent.hex() != head.hash:
+            elif num == head.num + 1 and parent != head.hash:
                 depth = 1
-        block = SeenBlock(
-            num=num,
-            hash=hash_.hex(),
-            parent=parent.hex(),
-            entry_id=entry_id.decode(),
-            ms=ms,
-            reorg=depth,
-        )
+        block = SeenBlock(num=num, hash=hash_, parent=parent, entry_id=entry_id, reorg=depth)
         if depth and head is not None:
             self.reorg_count += 1
-            self.reorgs.append(Reorg(ms=ms, old_head=head.num, new_num=num, depth=depth))
+            self.reorgs.append(Reorg(ms=block.ms, old_head=head.num, new_num=num, depth=depth))
         self.head = block
         self.recent.append(block)
 
@@ -196,9 +193,9 @@ class StreamBoard:
 def _block_json(b: SeenBlock) -> dict[str, Any]:
     return {
         "num": b.num,
-        "hash": "0x" + b.hash,
-        "parent": "0x" + b.parent,
-        "entry_id": b.entry_id,
+        "hash": "0x" + b.hash.hex(),
+        "parent": "0x" + b.parent.hex(),
+        "entry_id": b.entry_id.decode(),
         "ms": b.ms,
         "reorg": b.reorg,
     }
