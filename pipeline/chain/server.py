@@ -75,6 +75,8 @@ MAX_SUBSCRIPTIONS = 16
 #: error reply while the reader goes on reading (so pings and pongs still flow).
 MAX_IN_FLIGHT = 64
 CLOSE_TIMEOUT_S = 2.0
+#: Refused requests logged per connection (later ones are only counted).
+_REFUSALS_LOGGED = 16
 #: XREAD BLOCK of the live tailer, in ms (its pool's socket timeout is longer).
 _TAIL_BLOCK_MS = 1000
 _WRITE_BATCH = 512
@@ -138,6 +140,7 @@ class Connection:
         #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task.
         self._calls: set[asyncio.Task[None]] = set()
         self._subscribing = 0
+        self._refusals_logged = 0
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -257,6 +260,13 @@ class Connection:
         self.metrics.inc_label("sluice_serve_rpc_errors_total", "code", str(code))
         self._reply(jsonrpc.error(req_id, code, message))
 
+    def _log_refusal(self, fmt: str, *args: object) -> None:
+        """Log a refused request, at most ``_REFUSALS_LOGGED`` per connection (a flood is counted
+        in ``sluice_serve_rpc_errors_total``, not written to the log line by line)."""
+        if self._refusals_logged < _REFUSALS_LOGGED:
+            self._refusals_logged += 1
+            log.info(fmt + " (%s)", *args, self.request.remote)
+
     def _slow(self) -> None:
         self.metrics.inc("sluice_serve_slow_disconnects_total")
         self.fail(
@@ -268,7 +278,7 @@ class Connection:
         """Parse one frame (bounded: see ``jsonrpc.parse_request``) and start its call."""
         req = jsonrpc.parse_request(text)
         if isinstance(req, jsonrpc.RpcError):
-            log.info("refused a request: %s", req.message)
+            self._log_refusal("refused a request: %s", req.message)
             self._error(req.id, req.code, req.message)
             return
         if req.is_notification:
@@ -300,7 +310,7 @@ class Connection:
         try:
             value = await handler(self, req.params)
         except BadParams as exc:
-            log.info("request %s: invalid params: %s", req.method, exc)
+            self._log_refusal("request %s: invalid params: %s", req.method[:64], exc)
             self._error(req.id, jsonrpc.INVALID_PARAMS, exc.public_message)
         except SluiceError as exc:
             log.info("request %s refused: %r", req.method, exc)

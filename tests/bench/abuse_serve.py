@@ -70,6 +70,7 @@ class SoakResult:
     abuse_calls: int = 0
     abuse_errors_answered: int = 0
     abuse_closed: int = 0
+    churn_connections: int = 0
     server_alive: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -164,6 +165,7 @@ class _Abuse:
 
     async def churn(self, session: aiohttp.ClientSession) -> None:
         async def one(i: int) -> None:
+            self.result.churn_connections += 1
             async with session.ws_connect(self.base + "/ws") as ws:
                 back = self.chain.canonical[-1 - (i % 50)]
                 await self._exchange(
@@ -367,6 +369,7 @@ def run(duration_s: float) -> list[dict[str, Any]]:
             "metric": "serve_abuse_calls",
             "value": r.abuse_calls,
             "answered_errors": r.abuse_errors_answered,
+            "churn_connections": r.churn_connections,
             "closed": r.abuse_closed,
         },
     ]
