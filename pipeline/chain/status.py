@@ -10,8 +10,9 @@ of every chain stream (the served stream and ``chain_streams``):
   server started (the blocks seeded at start count too);
 - the lake's coverage: ``archive_log`` read with delta-rs (never a JVM), at
   most once per :data:`LAKE_TTL_S`, in a worker thread, stale-while-refresh so
-  a slow lake never holds a page up; its intervals are merged exactly as the
-  safe trim merges them (:func:`pipeline.lake.trim.merge_intervals`);
+  a slow lake never holds a page up; its intervals are merged there, exactly as
+  the safe trim merges them (:func:`pipeline.lake.trim.merge_intervals`), so a
+  snapshot only looks the oldest Redis entry up in the merged runs;
 - the Redis hot window (``XINFO STREAM``: length, first and last entry ids),
   the trim point (the oldest entry still in Redis) and how far the next safe
   trim could go.
@@ -26,6 +27,7 @@ connection open.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import time
@@ -51,7 +53,7 @@ RECENT_BLOCKS = 12
 RECENT_REORGS = 8
 #: Every viewer within this window gets the same snapshot.
 SNAPSHOT_TTL_S = 1.0
-#: ``archive_log`` is read at most this often.
+#: ``archive_log`` is read at most this often (and at most 10% of the time when reads are slow).
 LAKE_TTL_S = 5.0
 #: How long the first snapshot waits for the first ``archive_log`` read.
 LAKE_FIRST_WAIT_S = 3.0
@@ -84,6 +86,9 @@ class _Conn(Protocol):
 
 
 _C = TypeVar("_C", bound=_Conn)
+
+
+_MAX_MS = 1 << 63
 
 
 # --- the chain as the tail sees it (pure) ----------------------------------------
@@ -214,8 +219,31 @@ class Interval:
     blocks: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Archived:
+    """What ``archive_log`` says of one stream: its intervals merged into runs, and totals."""
+
+    intervals: int = 0
+    entries: int = 0
+    blocks: int = 0
+    #: Disjoint ``[start_ms, end_ms)`` runs, oldest first (adjacent intervals joined).
+    runs: tuple[tuple[int, int], ...] = ()
+
+
+def summarize(intervals: Sequence[Interval]) -> Archived:
+    """Merge a stream's logged intervals exactly as the safe trim does."""
+    from pipeline.lake.trim import merge_intervals
+
+    return Archived(
+        intervals=len(intervals),
+        entries=sum(i.entries for i in intervals),
+        blocks=sum(i.blocks for i in intervals),
+        runs=tuple(merge_intervals((i.start_ms, i.end_ms) for i in intervals)),
+    )
+
+
 def coverage(
-    intervals: Sequence[Interval],
+    archived: Archived,
     *,
     first_ms: int | None,
     last_ms: int | None,
@@ -230,24 +258,23 @@ def coverage(
     ``trimmable_to_ms`` how far the next safe trim would cut (None: not at
     all, because the oldest entry is not in an archived run).
     """
-    from pipeline.lake.trim import covered_until, merge_intervals
-
-    spans = [(i.start_ms, i.end_ms) for i in intervals]
-    runs = merge_intervals(spans)
-    gaps = [(a[1], b[0]) for a, b in zip(runs, runs[1:], strict=False)]
+    runs = list(archived.runs)
+    tail = runs[-(MAX_RUNS + 1) :]
+    gaps = [(a[1], b[0]) for a, b in zip(tail, tail[1:], strict=False)]
     trimmable: int | None = None
     if first_ms is not None:
-        covered = covered_until(spans, first_ms)
-        if covered is not None:
-            trimmable = max(first_ms, min(covered, now_ms - hot_retention_s * 1000))
+        # the run holding the oldest entry (runs are disjoint and sorted: a binary search)
+        at = bisect.bisect_right(runs, (first_ms, _MAX_MS)) - 1
+        if at >= 0 and runs[at][0] <= first_ms < runs[at][1]:
+            trimmable = max(first_ms, min(runs[at][1], now_ms - hot_retention_s * 1000))
     return {
-        "intervals": len(intervals),
-        "entries": sum(i.entries for i in intervals),
-        "blocks": sum(i.blocks for i in intervals),
+        "intervals": archived.intervals,
+        "entries": archived.entries,
+        "blocks": archived.blocks,
         "runs": [list(r) for r in runs[-MAX_RUNS:]],
         "run_count": len(runs),
         "gaps": [list(g) for g in gaps[-MAX_RUNS:]],
-        "gap_count": len(gaps),
+        "gap_count": max(0, len(runs) - 1),
         "archived_from_ms": runs[0][0] if runs else None,
         "archived_to_ms": runs[-1][1] if runs else None,
         "trim_point_ms": first_ms,
@@ -283,8 +310,8 @@ class ArchiveLog:
         self.uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
         self._table: Any = None
 
-    def read(self) -> dict[str, list[Interval]]:
-        """Every logged interval, per stream (empty when the table does not exist yet).
+    def read(self) -> dict[str, Archived]:
+        """What the log says of each stream (empty when the table does not exist yet).
 
         Blocking: call it in a worker thread. Raises ``OSError`` or deltalake's
         ``DeltaError`` when the lake cannot be read.
@@ -298,14 +325,14 @@ class ArchiveLog:
         else:
             self._table.update_incremental()
         table = self._table.to_pyarrow_dataset().to_table(columns=self.COLUMNS)
-        out: dict[str, list[Interval]] = {}
+        per_stream: dict[str, list[Interval]] = {}
         for stream, start, end, entries, blocks in zip(
             *(table.column(c).to_pylist() for c in self.COLUMNS), strict=True
         ):
-            out.setdefault(stream, []).append(
+            per_stream.setdefault(stream, []).append(
                 Interval(start_ms=start, end_ms=end, entries=entries or 0, blocks=blocks or 0)
             )
-        return out
+        return {stream: summarize(rows) for stream, rows in per_stream.items()}
 
 
 # --- the board -------------------------------------------------------------------
@@ -326,9 +353,10 @@ class StatusBoard:
         names = dict.fromkeys((settings.serve_stream, *settings.chain_streams))
         self.streams = {name: StreamBoard(name) for name in names}
         self._archive = archive or ArchiveLog(settings.lake_uri)
-        self._lake: dict[str, list[Interval]] | None = None
+        self._lake: dict[str, Archived] | None = None
         self._lake_error: str | None = None
         self._lake_at = -LAKE_TTL_S
+        self._lake_read_s = 0.0
         self._lake_task: asyncio.Future[None] | None = None
         self._body: bytes | None = None
         self._body_at = 0.0
@@ -400,7 +428,8 @@ class StatusBoard:
 
     def _refresh_lake(self) -> asyncio.Future[None] | None:
         """Start an ``archive_log`` read when the last one is stale (never two at once)."""
-        if time.monotonic() - self._lake_at < LAKE_TTL_S:
+        # A slow lake is read less often: at most a tenth of the time goes to reading it.
+        if time.monotonic() - self._lake_at < max(LAKE_TTL_S, 10 * self._lake_read_s):
             return None
         if self._lake_task is None or self._lake_task.done():
             self._lake_task = asyncio.ensure_future(self._read_lake())
@@ -409,6 +438,7 @@ class StatusBoard:
     async def _read_lake(self) -> None:
         from deltalake.exceptions import DeltaError
 
+        started = time.monotonic()
         try:
             self._lake = await asyncio.to_thread(self._archive.read)
             self._lake_error = None
@@ -418,6 +448,7 @@ class StatusBoard:
         finally:
             self.lake_reads += 1
             self._lake_at = time.monotonic()
+            self._lake_read_s = self._lake_at - started
 
     async def close(self) -> None:
         """Wait for an ``archive_log`` read in flight (a thread cannot be cancelled)."""
@@ -475,7 +506,7 @@ class StatusBoard:
                     **board.to_json(),
                     "redis": hot,
                     "coverage": coverage(
-                        (self._lake or {}).get(name, []),
+                        (self._lake or {}).get(name, Archived()),
                         first_ms=first_ms,
                         last_ms=last_ms,
                         now_ms=now_ms,

@@ -6,7 +6,15 @@ import msgpack
 import pytest
 
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
-from pipeline.chain.status import Interval, StreamBoard, coverage, peek_header
+from pipeline.chain.status import (
+    MAX_RUNS,
+    Archived,
+    Interval,
+    StreamBoard,
+    coverage,
+    peek_header,
+    summarize,
+)
 
 
 def _block(num: int, tag: int, parent_tag: int) -> Block:
@@ -28,7 +36,13 @@ def test_peek_header_reads_only_num_hash_parent() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\x92\x01\x02", msgpack.packb({"num": 1}), msgpack.packb({"num": "1", "hash": b"", "parent": b""}), b"\xc1"],
+    [
+        b"",
+        b"\x92\x01\x02",
+        msgpack.packb({"num": 1}),
+        msgpack.packb({"num": "1", "hash": b"", "parent": b""}),
+        b"\xc1",
+    ],
 )
 def test_peek_header_refuses_non_blocks(data: bytes) -> None:
     with pytest.raises(ValueError):
@@ -62,6 +76,7 @@ def test_coverage_runs_gaps_and_trim() -> None:
         Interval(start_ms=200, end_ms=300, entries=5, blocks=4),  # adjacent: one run
         Interval(start_ms=400, end_ms=500, entries=1, blocks=1),
     ]
+    rows = summarize(rows)
     cov = coverage(rows, first_ms=150, last_ms=900, now_ms=10_000, hot_retention_s=0)
     assert cov["runs"] == [[100, 300], [400, 500]] and cov["gaps"] == [[300, 400]]
     assert (cov["run_count"], cov["gap_count"], cov["blocks"], cov["entries"]) == (2, 1, 10, 11)
@@ -72,7 +87,34 @@ def test_coverage_runs_gaps_and_trim() -> None:
     held = coverage(rows, first_ms=150, last_ms=900, now_ms=1_200, hot_retention_s=1)
     assert held["trimmable_to_ms"] == 200
     # oldest entry in the gap: nothing may be trimmed
-    assert coverage(rows, first_ms=350, last_ms=900, now_ms=10_000, hot_retention_s=0)["trimmable_to_ms"] is None
-    empty = coverage([], first_ms=None, last_ms=None, now_ms=1, hot_retention_s=0)
-    assert empty["runs"] == [] and empty["archived_to_ms"] is None and empty["unarchived_from_ms"] is None
-    assert coverage([], first_ms=5, last_ms=9, now_ms=10, hot_retention_s=0)["unarchived_from_ms"] == 5
+    assert (
+        coverage(rows, first_ms=350, last_ms=900, now_ms=10_000, hot_retention_s=0)[
+            "trimmable_to_ms"
+        ]
+        is None
+    )
+    empty = coverage(Archived(), first_ms=None, last_ms=None, now_ms=1, hot_retention_s=0)
+    assert (
+        empty["runs"] == []
+        and empty["archived_to_ms"] is None
+        and empty["unarchived_from_ms"] is None
+    )
+    assert (
+        coverage(Archived(), first_ms=5, last_ms=9, now_ms=10, hot_retention_s=0)[
+            "unarchived_from_ms"
+        ]
+        == 5
+    )
+
+
+def test_coverage_is_bounded_and_finds_the_run_of_the_oldest_entry() -> None:
+    # 200 runs of 10 ms with 5 ms holes
+    rows = [Interval(start_ms=15 * i, end_ms=15 * i + 10, entries=1, blocks=1) for i in range(200)]
+    archived = summarize(rows)
+    cov = coverage(archived, first_ms=150, last_ms=4000, now_ms=10**9, hot_retention_s=0)
+    assert cov["run_count"] == 200 and cov["gap_count"] == 199
+    assert len(cov["runs"]) == MAX_RUNS and len(cov["gaps"]) == MAX_RUNS
+    assert cov["gaps"][-1] == [15 * 198 + 10, 15 * 199]
+    assert cov["trimmable_to_ms"] == 160  # run [150, 160) holds the oldest entry
+    at_end = coverage(archived, first_ms=160, last_ms=4000, now_ms=10**9, hot_retention_s=0)
+    assert at_end["trimmable_to_ms"] is None  # 160 is in the hole [160, 165)
