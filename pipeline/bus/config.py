@@ -38,6 +38,10 @@ class BusConfig:
     max_seen: int = 1_000_000
     #: Handling attempts of one message before it goes to the dead-letter list.
     max_attempts: int = 3
+    #: Seconds an inbound HTTP connection may go without completing a request.
+    http_idle_s: float = 30.0
+    #: Inbound HTTP connections open at once (more are closed on arrival).
+    http_max_connections: int = 1024
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> BusConfig:
@@ -55,7 +59,13 @@ class BusConfig:
             "max_size": settings.max_payload,
         }
         # Bounds added by issue 11; read when Settings has them, else the defaults above.
-        for name in ("replay_window_s", "max_seen", "max_attempts"):
+        for name in (
+            "replay_window_s",
+            "max_seen",
+            "max_attempts",
+            "http_idle_s",
+            "http_max_connections",
+        ):
             value = getattr(settings, f"bus_{name}", None)
             if value is not None:
                 values[name] = value

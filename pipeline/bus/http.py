@@ -25,6 +25,12 @@ a copy of the POST is refused by one check or the other, whatever ``now`` and
 ``exp`` the client put in the envelope.
 
 Only the short public text of an error is sent back; details are logged.
+
+Connections are bounded: at most ``max_connections`` at once (more are
+closed on arrival), and one that completes no request for ``idle_s`` seconds,
+first or next, is closed (aiohttp's keep-alive timer, which it also starts on
+connect); a request head is bounded by aiohttp (8190-byte lines, 128 headers),
+a body by ``max_size``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ class Ingress:
     max_exp: int
     max_size: int
     replay_window_s: float = 300.0
+    idle_s: float = 30.0
+    max_connections: int = 1024
 
 
 _OK = b'{"ok":true}'
@@ -219,4 +227,26 @@ def build_server(ing: Ingress) -> web.Server:
             client_max_size=ing.max_size + 4096,
         )
 
-    return web.Server(dispatch, request_factory=make_request)
+    return _BoundedServer(
+        dispatch,
+        max_connections=ing.max_connections,
+        request_factory=make_request,
+        keepalive_timeout=ing.idle_s,
+    )
+
+
+class _BoundedServer(web.Server):
+    """aiohttp's low-level server that closes connections past ``max_connections``."""
+
+    def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_connections = max_connections
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.connections) > self._max_connections:
+            log.warning(
+                "bus: more than %d HTTP connections; closing a new one", self._max_connections
+            )
+            handler.force_close()
+            transport.close()

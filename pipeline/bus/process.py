@@ -108,6 +108,8 @@ class BusProcess:
             max_exp=config.max_exp,
             max_size=config.max_size,
             replay_window_s=config.replay_window_s,
+            idle_s=config.http_idle_s,
+            max_connections=config.http_max_connections,
         )
         self.queues = QueueHandlers(
             config=config,

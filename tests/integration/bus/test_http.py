@@ -224,3 +224,37 @@ async def test_seen_memory_is_bounded(twins):
         assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
     body = request_body(a.id, b.id, f"{b.id}.60")
     assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 503
+
+
+async def test_idle_and_trickling_connections_are_bounded(twins):
+    import asyncio
+    import contextlib
+
+    a, b = twins(2)
+    await b.start_bus(http_idle_s=1.0, http_max_connections=8)
+    idle = [await asyncio.open_connection("127.0.0.1", b.port) for _ in range(8)]
+    for _, writer in idle[:4]:  # half a request head, then nothing
+        writer.write(b"POST /zbus-remote HTTP/1.1\r\nX-Trickle: ")
+        await writer.drain()
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:  # a header byte every 0.2 s
+        for _ in range(100):
+            writer.write(b"x")
+            await asyncio.sleep(0.2)
+            if writer.is_closing():
+                return
+
+    trickling = asyncio.create_task(trickle(idle[0][1]))
+    # over the limit: closed on arrival
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    # the idle ones are closed within the idle time, then real peers get in
+    for reader, writer in idle:
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    trickling.cancel()
+    with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+        await trickling
+    body = request_body(a.id, b.id, f"{b.id}.70")
+    assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
