@@ -229,6 +229,12 @@ def _validate(settings: Settings) -> None:
             f"setting 'redis_url' must start with redis://, rediss:// or unix://, "
             f"got {settings.redis_url!r}"
         )
+    if not settings.redis_url.startswith("unix://"):
+        try:
+            urlparse(settings.redis_url).port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ConfigError(f"setting 'redis_url': {exc}: {settings.redis_url!r}") from exc
+        RedisSettings.from_url(settings.redis_url)  # the db must be a number
     levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     if settings.log_level.upper() not in levels:
         raise ConfigError(

@@ -53,6 +53,10 @@ def _one_line(out: subprocess.CompletedProcess[str], *needles: str) -> None:
 
 CASES = [
     ("bad redis url", ["serve"], {"SLUICE_REDIS_URL": "http://x"}, ["redis_url", "redis://"]),
+    ("redis port out of range", ["produce"], {"SLUICE_REDIS_URL": "redis://h:99999/0"},
+     ["redis_url", "out of range"]),
+    ("redis port not a number", ["serve"], {"SLUICE_REDIS_URL": "redis://h:abc/0"}, ["redis_url"]),
+    ("redis db not a number", ["produce"], {"SLUICE_REDIS_URL": "redis://h:6379/x"}, ["db"]),
     ("bad log level", ["produce"], {"SLUICE_LOG_LEVEL": "LOUD"}, ["log_level", "LOUD"]),
     ("negative ttl", ["node"], {"SLUICE_LEASE_TTL_S": "-1"}, ["lease_ttl_s", "non-negative"]),
     ("negative retention", ["lake", "trim", "--stream", "s"], {"SLUICE_HOT_RETENTION_S": "-5"},
