@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -63,6 +64,13 @@ class ArchiveResult:
     first_id: str | None
     last_id: str | None
     seconds: float
+    #: entries this run read from Redis (0 when the interval was archived already
+    #: or Redis holds nothing in it: no Spark work at all then)
+    read: int = 0
+    #: True when the run found the interval archived and read nothing
+    skipped: bool = False
+    #: seconds per stage, in order (check, entries, stats, blocks, log)
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 def archive_interval(
@@ -74,6 +82,7 @@ def archive_interval(
     *,
     run_id: str | None = None,
     force: bool = False,
+    guard: Callable[[], None] | None = None,
 ) -> ArchiveResult:
     """Archive entries of ``stream`` with ids in ``[start_ms-0, end_ms-0)``; idempotent.
 
@@ -82,33 +91,62 @@ def archive_interval(
     written after its entries and blocks were committed, and Redis cannot
     gain auto-id entries in a closed interval. ``force`` re-reads Redis and
     merges, which picks up entries added later with explicit ids.
+
+    Spark is touched only when there is something to write: an interval
+    already archived, or one with no entry in Redis, is settled with Redis
+    and delta-rs reads alone (``spark`` may be a lazy stand-in that is never
+    started then). ``guard`` is called right before the ``archive_log``
+    commit (the archive lock's check): if it raises, nothing is logged.
     """
     began = time.perf_counter()
+    stages: dict[str, float] = {}
+    clock = [began]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        stages[name] = round(stages.get(name, 0.0) + now - clock[0], 3)
+        clock[0] = now
+
     if not 0 <= start_ms < end_ms:
         raise ArchiveError(f"bad interval [{start_ms}, {end_ms}) for stream {stream!r}")
     key = keys.stream(stream)
     chain = stream in settings.chain_streams
-    _check_redis(settings, stream, key, end_ms)
+    in_redis = _check_redis(settings, stream, key, start_ms, end_ms)
     lake = settings.lake
     ensure_tables(lake)
     archived_at = datetime.now(UTC)
 
     done = None if force else _logged_entries(lake, stream, start_ms, end_ms)
+    lap("check")
+    read = 0
+    skipped = False
 
     def work() -> ArchiveResult:
-        stats = _stats(lake, stream, start_ms, end_ms) if done is not None else None
-        if stats is None or stats.entries != done:
-            _write_entries(spark, settings, stream, key, start_ms, end_ms, chain, archived_at)
-            stats = _stats(lake, stream, start_ms, end_ms)
+        nonlocal read, skipped
+        stats = _stats(lake, stream, start_ms, end_ms) if done is not None or not in_redis else None
+        if stats is not None and (stats.entries == done or not in_redis):
+            skipped = stats.entries == done
+            if skipped:
+                log.info("stream %s [%d, %d) is archived already", stream, start_ms, end_ms)
+            else:
+                log.info(
+                    "stream %s [%d, %d): nothing in Redis to archive", stream, start_ms, end_ms
+                )
         else:
-            log.info("stream %s [%d, %d) is archived already", stream, start_ms, end_ms)
+            before = stats.entries if stats is not None else 0
+            _write_entries(spark, settings, stream, key, start_ms, end_ms, chain, archived_at)
+            lap("entries")
+            stats = _stats(lake, stream, start_ms, end_ms)
+            read = stats.entries - before if force else stats.entries
+            lap("stats")
         if stats.invalid_ids:
             log.warning(
                 "stream %s [%d, %d): %d entries are not valid blocks (archived raw), e.g. %s",
                 stream, start_ms, end_ms, stats.invalid, ", ".join(stats.invalid_ids[:5]),
             )  # fmt: skip
-        if chain and stats.blocks:
+        if chain and stats.blocks and not skipped:
             _write_blocks(spark, settings, stream, start_ms, end_ms, stats, archived_at)
+            lap("blocks")
         return ArchiveResult(
             stream=stream,
             start_ms=start_ms,
@@ -123,23 +161,34 @@ def archive_interval(
         )
 
     result = run_spark(f"archive of {stream!r} [{start_ms}, {end_ms})", work)
+    if guard is not None:
+        guard()
     _write_log(lake, result, run_id, archived_at)
-    return _with_seconds(result, time.perf_counter() - began)
+    lap("log")
+    return _finish(result, time.perf_counter() - began, read, skipped, stages)
 
 
-def _with_seconds(result: ArchiveResult, seconds: float) -> ArchiveResult:
+def _finish(
+    result: ArchiveResult, seconds: float, read: int, skipped: bool, stages: dict[str, float]
+) -> ArchiveResult:
     from dataclasses import replace
 
-    return replace(result, seconds=round(seconds, 3))
+    return replace(result, seconds=round(seconds, 3), read=read, skipped=skipped, stages=stages)
 
 
-def _check_redis(settings: Settings, stream: str, key: str, end_ms: int) -> None:
+def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_ms: int) -> bool:
+    """Check the stream and that the interval is closed; True when Redis holds an entry in it."""
     import redis
 
     client = connect(settings.redis_url)
     try:
         kind = client.type(key)
         seconds, micros = client.time()
+        first = (
+            client.xrange(key, f"{start_ms}-0", f"({end_ms}-0", count=1)
+            if kind == b"stream"
+            else []
+        )
     except redis.ConnectionError as exc:
         raise RedisUnavailable(
             f"redis at {settings.redis.host}:{settings.redis.port} is unavailable: {exc}"
@@ -156,6 +205,7 @@ def _check_redis(settings: Settings, stream: str, key: str, end_ms: int) -> None
             f"interval of {stream!r} ends at {end_ms}, after Redis' clock ({now_ms}): "
             "it is not closed yet"
         )
+    return bool(first)
 
 
 def _interval_predicate(stream: str, start_ms: int, end_ms: int) -> str:

@@ -261,8 +261,14 @@ def job_logging(settings: Settings, job: str) -> Iterator[tuple[_Counter, Path |
 # --- running one job ----------------------------------------------------------------
 
 
-def run(args: argparse.Namespace, settings: Settings, spark: Any = None) -> tuple[Any, bool]:
-    """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`."""
+def run(
+    args: argparse.Namespace,
+    settings: Settings,
+    spark: Any = None,
+    guard: Callable[[], None] | None = None,
+) -> tuple[Any, bool]:
+    """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`;
+    ``guard`` is called before a job's last commit (the archive lock's check)."""
     if args.job == "archive":
         from pipeline.lake.archive import archive_interval
 
@@ -274,6 +280,7 @@ def run(args: argparse.Namespace, settings: Settings, spark: Any = None) -> tupl
             args.end_ms,
             run_id=args.run_id,
             force=bool(getattr(args, "force", False)),
+            guard=guard,
         ), True
     if args.job == "canonical":
         from pipeline.lake.canonical import mark_canonical
@@ -374,7 +381,7 @@ def _main(
             lock.__enter__()
             if lock.waited_s > 0.5:
                 log.info("waited %.1fs for the archive lock of %s", lock.waited_s, args.stream)
-        result, ok = run(args, settings, spark)
+        result, ok = run(args, settings, spark, lock.check if lock is not None else None)
         if lock is not None:
             lock.check()
     except JobCancelled as exc:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline.errors import LakeError, LakePathError, RedisUnavailable
+from pipeline.errors import LakeError, LakePathError, RedisUnavailable, SparkUnavailable
 from pipeline.lake import tables
 from pipeline.settings import LakeSettings
 
@@ -86,16 +86,49 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
 
+    errors: tuple[type[BaseException], ...] = (PySparkException, Py4JError)
+    try:
+        import grpc  # type: ignore[import-untyped]
+
+        errors += (grpc.RpcError,)
+    except ImportError:  # no Connect client installed: local mode only
+        pass
     try:
         return work()
-    except (PySparkException, Py4JError) as exc:
+    except errors as exc:
         text = str(exc)
-        first = next((line for line in text.splitlines() if line.strip()), text)[:500]
+        first = _first_line(text)
+        if _connect_lost(exc, text):
+            raise SparkUnavailable(
+                f"{what} failed: the Spark Connect server went away ({first})"
+            ) from exc
         if "RedisUnavailable" in text or "redis.exceptions.ConnectionError" in text:
             raise RedisUnavailable(f"{what} failed: Redis is unavailable ({first})") from exc
         if "Permission denied" in text or "AccessDenied" in text:
             raise LakePathError(f"{what} failed: the lake is not writable ({first})") from exc
         raise LakeError(f"{what} failed: {first}") from exc
+
+
+def _first_line(text: str) -> str:
+    """The telling line of a Spark error (gRPC errors put theirs in ``details = "..."``)."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("details = "):
+            return stripped[len("details = ") :].strip('"')[:500]
+    return next((line for line in text.splitlines() if line.strip()), text)[:500]
+
+
+def _connect_lost(exc: BaseException, text: str) -> bool:
+    """True when a Spark Connect call failed because the server is gone or unreachable."""
+    code = getattr(exc, "getGrpcStatusCode", None)
+    status = ""
+    if callable(code):
+        status = str(code())
+    elif callable(getattr(exc, "code", None)):
+        status = str(exc.code())  # type: ignore[attr-defined]
+    return "UNAVAILABLE" in status or (
+        "StatusCode.UNAVAILABLE" in text or "Connection refused" in text or "Socket closed" in text
+    )
 
 
 def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:

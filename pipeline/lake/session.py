@@ -100,6 +100,10 @@ def spark_conf(settings: Settings, *, jars: bool = True) -> dict[str, str]:
         "spark.driver.memory": settings.spark_driver_memory,
         # Python workers fork from a daemon that has the data source imported.
         "spark.python.daemon.module": "pipeline.lake.pydaemon",
+        # A Connect server caches analyzed plans per session, and a Python data
+        # source's partitions (the Redis id ranges found at planning) with them:
+        # the same read repeated later would miss entries added since. Off.
+        "spark.connect.session.planCache.enabled": "false",
     }
     if jars:
         cached = cached_jars(settings)
@@ -205,7 +209,7 @@ def connect_session(url: str, *, shared: bool = True) -> SparkSession:
             )
         ]
     )
-    return session  # type: ignore[return-value]
+    return session
 
 
 def close_session(spark: Any) -> None:

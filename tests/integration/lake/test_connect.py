@@ -1,0 +1,185 @@
+"""Lake jobs as thin Spark Connect clients of the session's server (``SLUICE_SPARK_REMOTE``).
+
+Each job runs as ``python -m pipeline.lake.cli`` in a child process, as
+Airflow runs it: a Connect client and a local driver cannot share one Python
+process (pyspark switches its functions module per process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from pipeline.lake import tables
+from pipeline.lake.sparkserver import free_port
+from pipeline.settings import LakeSettings
+from tests.integration.lake.helpers import chain, publish
+
+pytestmark = [pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[3]
+NOISE = ("ivy", "log4j", ":: ", "WARN NativeCodeLoader", "py4j", "SparkContext")
+
+
+def job_env(redis_url: str, lake_uri: str, tmp_path: Path, remote: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SLUICE_REDIS_URL": redis_url,
+        "SLUICE_LAKE_URI": lake_uri,
+        "SLUICE_VAR_DIR": str(tmp_path / "var"),
+        "SLUICE_SPARK_REMOTE": remote,
+        "SLUICE_CHAIN_STREAMS": "c",
+        "SLUICE_STREAMS": "c",
+        "SLUICE_ARCHIVE_PARTITIONS": "2",
+        "SLUICE_LAKE_LOCK_WAIT_S": "2",
+        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+    }
+
+
+def start_job(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.lake.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def run_job(env: dict[str, str], *args: str, timeout: float = 180) -> tuple[int, Any, str]:
+    proc = start_job(env, *args)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    doc = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
+    return proc.returncode, doc, err
+
+
+def log_rows(lake_uri: str) -> int:
+    uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
+    return DeltaTable(uri).to_pyarrow_table().num_rows if DeltaTable.is_deltatable(uri) else 0
+
+
+def test_archive_through_connect_tells_its_story(
+    spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+) -> None:
+    publish(redis_client, "c", chain(0, 500), first_ms=1000)
+    env = job_env(redis_url, lake_uri, tmp_path, spark_remote)
+    args = ("archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "2000")
+    code, doc, err = run_job(env, *args)
+    assert code == 0, err
+    assert (doc["entries"], doc["blocks"], doc["invalid"]) == (500, 500, 0)
+    assert doc["spark"] == f"Spark Connect {spark_remote}"
+    assert doc["warnings"] == 0
+    lines = err.strip().splitlines()
+    # A few lines, each with its level first, none of Spark's own noise.
+    assert 2 <= len(lines) <= 8, err
+    assert all(line.split(" ", 1)[0] in ("INFO", "WARNING", "ERROR") for line in lines), err
+    assert not [line for line in lines if any(n in line for n in NOISE)], err
+    assert "500 entries read" in err and "entries/s" in err
+    assert (tmp_path / "var" / "logs" / "lake-jobs.log").exists()
+    # The canonical job through the same server.
+    code, doc, err = run_job(env, "canonical", "--stream", "c")
+    assert code == 0, err
+    assert doc["head_num"] == 499
+
+
+def test_invalid_entries_are_warnings_counted_in_the_result(
+    spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+) -> None:
+    from pipeline import keys
+
+    publish(redis_client, "c", chain(0, 10), first_ms=1000)
+    redis_client.xadd(keys.stream("c"), {"block": b"not msgpack"}, id="1500-0")
+    env = job_env(redis_url, lake_uri, tmp_path, spark_remote)
+    code, doc, err = run_job(
+        env, "archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "2000"
+    )
+    assert code == 0, err
+    assert doc["invalid"] == 1 and doc["warnings"] >= 1
+    assert any(line.startswith("WARNING ") and "1500-0" in line for line in err.splitlines()), err
+
+
+def test_server_down_is_one_line_naming_the_url(
+    redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+) -> None:
+    publish(redis_client, "c", chain(0, 5), first_ms=1000)
+    url = f"sc://127.0.0.1:{free_port()}"
+    env = job_env(redis_url, lake_uri, tmp_path, url)
+    began = time.monotonic()
+    code, doc, err = run_job(
+        env, "archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "2000"
+    )
+    assert code == 1 and doc is None
+    errors = [line for line in err.splitlines() if line.startswith("sluice lake:")]
+    assert len(errors) == 1 and url in errors[0] and "not reachable" in errors[0], err
+    assert "Traceback" not in err
+    assert time.monotonic() - began < 30
+    assert log_rows(lake_uri) == 0
+
+
+def test_sigterm_stops_the_job_before_it_commits(
+    spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+) -> None:
+    n = 20_000
+    blocks = chain(0, n, size=64)
+    for start in range(0, n, 5000):
+        publish(redis_client, "c", blocks[start : start + 5000], first_ms=1000 + start)
+    env = job_env(redis_url, lake_uri, tmp_path, spark_remote)
+    args = ("archive", "--stream", "c", "--start-ms", "1000", "--end-ms", str(1000 + n))
+    proc = start_job(env, *args)
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:  # wait until the job is inside Spark
+            if "session ready" in line:
+                break
+            assert time.monotonic() < deadline
+        os.killpg(proc.pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        proc.wait(timeout=30)
+        took = time.monotonic() - stopped
+        debug = (tmp_path / "var" / "logs" / "lake-jobs.log").read_text()[-3000:]
+        assert took < 10, f"the job took {took:.1f}s to stop: {proc.stderr.read()}\n{debug}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode in (143, -signal.SIGTERM), proc.returncode
+    assert log_rows(lake_uri) == 0
+    # Nothing half-written: the rerun completes the interval exactly.
+    code, doc, err = run_job(env, *args)
+    assert code == 0, err
+    assert (doc["entries"], doc["blocks"]) == (n, n)
+    assert log_rows(lake_uri) == 1
+
+
+def test_a_locked_stream_waits_then_fails_naming_the_holder(
+    spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+) -> None:
+    from pipeline.lake.lock import StreamLock
+
+    publish(redis_client, "c", chain(0, 5), first_ms=1000)
+    env = job_env(redis_url, lake_uri, tmp_path, spark_remote)
+    args = ("archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "2000")
+    with StreamLock(redis_url, "c", owner="other-task"):
+        code, doc, err = run_job(env, *args)
+    assert code == 1 and doc is None
+    assert "locked by other-task" in err, err
+    assert log_rows(lake_uri) == 0
+    code, doc, err = run_job(env, *args)
+    assert code == 0 and doc["entries"] == 5, err
