@@ -21,7 +21,12 @@ never be handled: malformed, unroutable, too large) goes to the dead-letter
 stream with the reason, so one bad entry never blocks the stream. A handler
 that does not finish within ``handler_timeout_s`` counts as failed (the
 lease is renewed while the consumer waits for it), so a hanging handler
-delays the stream by at most ``max_failures`` times that, never forever. On stop it abandons the
+delays the stream by at most ``max_failures`` times that, never forever.
+An entry that kills the process is caught too: sessions that start without
+progress are counted in Redis (``Attempts``), and after ``max_failures`` of
+them the consumer handles the next batch one entry at a time, each counted
+before its handler runs, so the killer is dead-lettered after
+``max_failures`` more deaths instead of crash-looping the process. On stop it abandons the
 pull in flight, finishes the current batch, saves its index and releases the
 lease.
 """
@@ -216,6 +221,11 @@ class StreamClient:
         req = p.Release(request_id=new_request_id(), stream=stream, holder=holder)
         await self.call(self.service, req, p.Ok)
 
+    async def attempts(self, stream: str, key: str, op: str) -> int:
+        """Add one to (``INCR``) or forget (``CLEAR``) a crash counter; the new count."""
+        req = p.Attempts(request_id=new_request_id(), stream=stream, key=key, op=op)
+        return int((await self.call(self.service, req, p.Index)).index or 0)
+
     async def dead_letter(self, stream: str, index: str, data: bytes, reason: str) -> None:
         req = p.DeadLetter(
             request_id=new_request_id(), stream=stream, index=index, data=data, reason=reason[:500]
@@ -347,6 +357,7 @@ class Consumer(Worker):
         self.save_every_ms = save_every_ms
         self.handler_timeout_s = handler_timeout_s
         self._renewed = 0.0
+        self._marker: str | None = None
         #: Handled up to here (in memory) / saved up to here (in Redis).
         self.index = ""
         self.saved = ""
@@ -424,6 +435,7 @@ class Consumer(Worker):
         if self._has_lease and self._client is not None:
             try:
                 await self._save(force=True)
+                await self._clear_marker()  # a graceful stop is not a crash
             except (StreamError, RemoteProtocolError) as exc:
                 self._count("errors")
                 log.error(
@@ -449,6 +461,16 @@ class Consumer(Worker):
         # What this process already handled (and may not have saved yet) is not handled again.
         self.index = self.index if _id_key(self.index) > _id_key(saved) else saved or "0-0"
         self.ready.set()
+        # Crash guard: sessions that start without the previous one having made
+        # progress are counted in Redis. More than max_failures of them mean an
+        # entry ahead kills this process: go one entry at a time, counting each.
+        marker = f"{self.client_id}:sessions"
+        started_at = self.saved
+        isolate = await client.attempts(self.stream, marker, p.INCR) > self.max_failures
+        self._marker = marker
+        if isolate:
+            self._count("isolated_sessions")
+            log.warning("consumer %s: restarted often without progress; isolating", self.stream)
         # While a big batch is handled (and its index saved) the next pull is
         # already in flight; after a small one, pull afterwards (lower latency).
         pending: asyncio.Future[p.Messages] | None = None
@@ -464,12 +486,18 @@ class Consumer(Worker):
                     pending = asyncio.ensure_future(
                         client.pull(address, next_index, self.batch, self.wait_ms)
                     )
-                if reply.messages:
+                if reply.messages and isolate:
+                    await self._process_isolated(list(reply.messages))
+                    self._count("handled", len(reply.messages))
+                    isolate = False
+                elif reply.messages:
                     await self._process(list(reply.messages))
                     self._count("handled", len(reply.messages))
                 self.index = next_index
                 # Saved after the handlers completed (at-least-once); when idle, at once.
                 await self._save(force=not reply.messages)
+                if self._marker is not None and not isolate and self.saved != started_at:
+                    await self._clear_marker()  # progress: this session did not crash-loop
                 await self._keep_lease()
         except PullAborted:
             return  # stopping: what that pull would have got is pulled again next time
@@ -477,6 +505,29 @@ class Consumer(Worker):
             if pending is not None:
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
+
+    async def _clear_marker(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None and self._client is not None:
+            await self._client.attempts(self.stream, marker, p.CLEAR)
+
+    async def _process_isolated(self, entries: list[tuple[str, bytes]]) -> None:
+        """One entry at a time, each counted in Redis before its handler runs and its
+        index saved after: an entry that killed the process ``max_failures`` times is
+        dead-lettered instead of handled again."""
+        client = self._client
+        assert client is not None
+        for index, data in entries:
+            key = f"{self.client_id}#{index}"
+            tries = await client.attempts(self.stream, key, p.INCR)
+            if tries > self.max_failures:
+                died = StreamError("the consumer's process died while handling it")
+                await self._dead_letter(index, data, died, tries - 1)
+            else:
+                await self._process([(index, data)])
+            self.index = index
+            await self._save(force=True)
+            await client.attempts(self.stream, key, p.CLEAR)
 
     async def _keep_lease(self) -> None:
         """Renew the lease if a third of its TTL passed since the last renewal."""

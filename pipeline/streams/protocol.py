@@ -16,7 +16,12 @@ request            fields                                       reply
 ``Lease``          request_id, stream, holder, ttl_ms           ``Ok`` or ``Error``
 ``Release``        request_id, stream, holder                   ``Ok``
 ``DeadLetter``     request_id, stream, index, data, reason      ``Ok``
+``Attempts``       request_id, stream, key, op                  ``Index`` (the count)
 =================  ===========================================  =====================
+
+``Attempts`` keeps a consumer's crash counters in Redis (``op`` ``incr``
+adds one and answers the new count, ``clear`` forgets ``key`` and answers 0),
+so a message that kills its consumer's process is recognised after a restart.
 
 Any request can be answered with ``Error{request_id, code, message}``.
 Indexes are Redis entry ids, opaque to clients; ``""`` means "none saved".
@@ -62,6 +67,7 @@ class Kind(enum.IntEnum):
     DEAD_LETTER = 12
     OK = 13
     ERROR = 14
+    ATTEMPTS = 15
 
 
 class ErrorCode(enum.StrEnum):
@@ -172,6 +178,19 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Attempts:
+    request_id: str
+    stream: str
+    key: str
+    #: :data:`INCR` or :data:`CLEAR`
+    op: str
+
+
+INCR = "incr"
+CLEAR = "clear"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Ok:
     request_id: str
 
@@ -211,6 +230,7 @@ StreamMessage = (
     | Lease
     | Release
     | DeadLetter
+    | Attempts
     | Ok
     | Error
 )
@@ -230,6 +250,7 @@ _CLASSES: dict[Kind, type[Any]] = {
     Kind.DEAD_LETTER: DeadLetter,
     Kind.OK: Ok,
     Kind.ERROR: Error,
+    Kind.ATTEMPTS: Attempts,
 }
 _KINDS: dict[type[Any], Kind] = {cls: kind for kind, cls in _CLASSES.items()}
 _FIELDS: dict[Kind, tuple[str, ...]] = {
@@ -358,6 +379,9 @@ def decode(data: bytes, *, max_payload: int = 1 << 20) -> StreamMessage:
 
 
 __all__ = [
+    "CLEAR",
+    "INCR",
+    "Attempts",
     "DUPLICATE",
     "NEW",
     "CreateStream",

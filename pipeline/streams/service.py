@@ -20,7 +20,7 @@ are sent to; Redis is the store shared between nodes.
 * SaveIndex is monotonic (Lua compare of entry ids); GetIndex returns ``""``
   when nothing was saved.
 * Leases (``Lease`` / ``Release``) as in ``lease.py``; ``DeadLetter`` appends
-  to ``keys.dead_letter``.
+  to ``keys.dead_letter``; ``Attempts`` counts in ``keys.failures``.
 
 Every bad request, every Redis failure and every bug a request can trigger
 is answered with an ``Error`` reply, logged and counted
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 FIELD = b"data"
 INDEX_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
 DEAD_LETTER_MAXLEN = 100_000
+#: Crash counters (``Attempts``) of a stream are forgotten this long after the last one.
+ATTEMPTS_TTL_MS = 7 * 24 * 3600 * 1000
 #: Most entries one blocking XREAD returns (the fast path is the packed fetch).
 BLOCK_COUNT = 64
 
@@ -490,6 +492,20 @@ class StreamService(Worker):
         elif isinstance(req, p.Release):
             await self._leases.release(req.stream, req.holder)
             reply = p.Ok(request_id=rid)
+        elif isinstance(req, p.Attempts):
+            hkey = keys.failures(req.stream)
+            if req.op == p.INCR:
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.hincrby(hkey, req.key, 1)
+                    pipe.pexpire(hkey, ATTEMPTS_TTL_MS)  # leftovers of a vanished consumer go
+                    count, _ = await pipe.execute()
+            elif req.op == p.CLEAR:
+                await self.redis.hdel(hkey, req.key)
+                count = 0
+            else:
+                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, f"unknown op {req.op!r}")
+                return
+            reply = p.Index(request_id=rid, client_id=req.key, stream=req.stream, index=str(count))
         elif isinstance(req, p.DeadLetter):
             fields: dict[Any, Any] = {
                 FIELD: req.data,

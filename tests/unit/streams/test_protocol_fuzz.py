@@ -49,6 +49,7 @@ SAMPLES: list[p.StreamMessage] = [
     p.Lease(request_id="r", stream="s", holder="h", ttl_ms=1000),
     p.Release(request_id="r", stream="s", holder="h"),
     p.DeadLetter(request_id="r", stream="s", index="1-0", data=b"x", reason="why"),
+    p.Attempts(request_id="r", stream="s", key="c#1-0", op=p.INCR),
     p.Ok(request_id="r"),
     p.Error(request_id="r", code="not_found", message="no"),
 ]
