@@ -35,7 +35,7 @@ class BusConfig:
     #: Seconds a signed POST's timestamp may differ from this bus's clock.
     replay_window_s: float = 300.0
     #: Most request ids remembered for replay protection (then peers get 503 and retry).
-    max_seen: int = 1_000_000
+    max_seen: int = 2_000_000
     #: Handling attempts of one message before it goes to the dead-letter list.
     max_attempts: int = 3
     #: Seconds an inbound HTTP connection may go without completing a request.

@@ -20,9 +20,12 @@ body: see :mod:`pipeline.bus.signing`), and answer:
 
 Replay protection: a signed request is refused unless its signed time is
 within ``replay_window_s`` of this bus's clock, and its ``src:uid`` is
-remembered until both its deadline and the end of that window have passed, so
-a copy of the POST is refused by one check or the other, whatever ``now`` and
-``exp`` the client put in the envelope.
+remembered until that window has passed (then the clock check refuses a copy),
+so a copy of the POST is refused by one check or the other, whatever ``now``
+and ``exp`` the client put in the envelope. The memory holds at most
+``max_seen`` ids: about (requests per second) x ``replay_window_s``. A
+legitimate resend (after the sender restarted) within the window gets 409,
+which the sender counts as delivered.
 
 Only the short public text of an error is sent back; details are logged.
 
@@ -160,8 +163,9 @@ def build_server(ing: Ingress) -> web.Server:
         )
         if expires <= now:
             return _refuse(410, "request expired")
-        # Remembered until neither the deadline nor the clock window would let a copy in.
-        forget_at = max(expires, sent + ing.replay_window_s)
+        # Remembered until the clock window refuses a copy (1 s margin for rounding);
+        # legacy unsigned peers get this bus's clock as their signed time.
+        forget_at = sent + ing.replay_window_s + 1
         queued = env.copy(ret=keys.BUS_REPLY).encode()
         try:
             result = await ing.store.accept_request(f"{env.src}:{env.uid}", forget_at, queued)

@@ -127,7 +127,7 @@ ATTEMPTS_TTL_S = 86400
 class BusStore:
     """Typed wrappers around the bus's Redis commands and scripts."""
 
-    def __init__(self, client: aioredis.Redis, *, max_seen: int = 1_000_000) -> None:
+    def __init__(self, client: aioredis.Redis, *, max_seen: int = 2_000_000) -> None:
         self.redis = client
         self.max_seen = max_seen
         #: Single commands from concurrent callers go through here; run it as a task.
