@@ -49,20 +49,23 @@ class SluiceRedisHook(BaseHook):
             log.info(
                 "no Airflow connection %r: using SLUICE_REDIS_URL / settings", self.redis_conn_id
             )
-            return settings.redis.url
+            # The URL as configured: its scheme (rediss:// = TLS) must survive.
+            RedisSettings.from_url(settings.redis_url)
+            return settings.redis_url
         return connection_url(
             host=conn.host,
             port=conn.port,
             password=conn.password,
             schema=conn.schema,
             extra=conn.extra_dejson,
+            conn_type=conn.conn_type,
         )
 
     def get_conn(self) -> Any:
         """A ``redis.Redis`` client for :meth:`get_url` (the caller closes it)."""
-        import redis
+        from pipeline.redisconn import Role, connect_sync
 
-        return redis.Redis.from_url(self.get_url(), socket_timeout=10, socket_connect_timeout=5)
+        return connect_sync(self.get_url(), Role.CLI)
 
     def test_connection(self) -> tuple[bool, str]:
         client = self.get_conn()
@@ -82,11 +85,14 @@ def connection_url(
     password: str | None,
     schema: str | None,
     extra: dict[str, Any],
+    conn_type: str | None = None,
 ) -> str:
     """Build ``redis[s]://[:password@]host:port/db`` from connection fields.
 
     The database comes from ``extra["db"]`` or the connection's schema (what
-    ``AIRFLOW_CONN_X=redis://host:port/3`` sets); ``extra["ssl"]`` picks ``rediss``.
+    ``AIRFLOW_CONN_X=redis://host:port/3`` sets). TLS (``rediss``) when the
+    connection was given as a ``rediss://`` URI (its ``conn_type``) or
+    ``extra["ssl"]`` is true.
     """
     if not host:
         raise ConfigError("the Redis connection has no host")
@@ -95,7 +101,8 @@ def connection_url(
         db = int(db_raw)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"the Redis connection's db must be a number, got {db_raw!r}") from exc
-    scheme = "rediss" if str(extra.get("ssl", "")).lower() in ("1", "true", "yes") else "redis"
+    tls = conn_type == "rediss" or str(extra.get("ssl", "")).lower() in ("1", "true", "yes")
+    scheme = "rediss" if tls else "redis"
     auth = f":{quote(password, safe='')}@" if password else ""
     url = f"{scheme}://{auth}{host}:{port or 6379}/{db}"
     RedisSettings.from_url(url)  # the same validation the lake jobs apply

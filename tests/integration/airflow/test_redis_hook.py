@@ -75,3 +75,23 @@ def test_ssl_and_db_from_extra() -> None:
         host="h", port=None, password="pw", schema="", extra={"db": 4, "ssl": "true"}
     )
     assert url == "rediss://:pw@h:6379/4"
+
+
+def test_tls_survives_a_rediss_connection_and_the_fallback(
+    airflow_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11: the hook must never turn ``rediss://`` (TLS) into ``redis://``."""
+    from sluice_redis_hook import SluiceRedisHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", "rediss://:pw@10.1.2.3:6380/1")
+    assert SluiceRedisHook().get_url() == "rediss://:pw@10.1.2.3:6380/1"
+    monkeypatch.delenv("AIRFLOW_CONN_SLUICE_REDIS")
+    monkeypatch.setenv("SLUICE_REDIS_URL", "rediss://:pw@10.9.9.9:6390/2")
+    assert SluiceRedisHook().get_url() == "rediss://:pw@10.9.9.9:6390/2"
+    # A TLS client, not a plaintext one, comes out of it.
+    client = SluiceRedisHook().get_conn()
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        assert client.connection_pool.connection_class.__name__ == "SSLConnection", kwargs
+    finally:
+        client.close()
