@@ -23,7 +23,7 @@ import asyncio
 import logging
 from typing import Any
 
-from pipeline.errors import LocalProtocolError, RemoteProtocolError, StreamError
+from pipeline.errors import LocalProtocolError, RemoteProtocolError, SluiceError, StreamError
 from pipeline.routing.message import Address, AddressType, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker
 from pipeline.streams.client import Consumer, StreamClient, StreamPusher
@@ -77,7 +77,7 @@ class _Batcher:
                 items.append(self.queue.get_nowait())
             try:
                 await self.pusher.push([data for data, _ in items])
-            except (StreamError, RemoteProtocolError) as exc:
+            except SluiceError as exc:  # any failure of this batch fails its senders, not the loop
                 for _, done in items:
                     if not done.done():
                         done.set_exception(exc)
