@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
+import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -169,5 +176,126 @@ def connect() -> Callable[..., Any]:
         async with aiohttp.ClientSession() as session:
             async with session.ws_connect(base + "/ws", **kwargs) as ws:
                 yield Client(session, ws)
+
+    return run
+
+
+# --- the Go programs built against github.com/openrelayxyz/cardinal-streams --------
+
+GO_DIR = Path(__file__).resolve().parents[2] / "go"
+
+
+def _go_sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(GO_DIR.rglob("*")):
+        if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
+            digest.update(str(path.relative_to(GO_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def go_programs() -> dict[str, str]:
+    """Paths of tests/go's programs, built once and cached outside the tree by source hash.
+
+    The cache (``$SLUICE_GO_CACHE`` or ``~/.cache/sluice-go``) survives reruns:
+    a rerun with unchanged sources builds nothing. Without ``go`` on PATH the
+    test fails with the reason: Go is part of this project's toolchain.
+    """
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail(
+            "the cardinal-streams tests need the Go toolchain ('go' on PATH) to build tests/go"
+        )
+    root = Path(os.environ.get("SLUICE_GO_CACHE") or Path.home() / ".cache" / "sluice-go")
+    out = root / _go_sources_digest()
+    names = ("consumer", "producer")
+    if not all((out / name).is_file() for name in names):
+        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=root if root.exists() else None))
+        try:
+            for name in names:
+                done = subprocess.run(
+                    [go, "build", "-mod=readonly", "-o", str(tmp / name), f"./{name}"],
+                    cwd=GO_DIR,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
+                if done.returncode != 0:
+                    pytest.fail(f"go build ./{name} failed:\n{done.stderr[-4000:]}")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError, OSError):
+                tmp.rename(out)  # atomic: a concurrent build of the same sources may win
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {name: str(out / name) for name in names}
+
+
+class GoProcess:
+    """One of tests/go's programs: JSON lines from stdout collected as they come."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[dict[str, Any]] = []
+        self._changed = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            self.lines.append(json.loads(raw))
+            self._changed.set()
+        self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], wait_s: float, what: str) -> None:
+        """Wait until ``predicate()`` holds (checked after each line), at most ``wait_s``."""
+        try:
+            async with asyncio.timeout(wait_s):
+                while not predicate():
+                    if self._reader.done():
+                        raise AssertionError(f"{what}: the program ended ({self.proc.returncode})")
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"{what}: not within {wait_s}s; last lines {self.lines[-3:]}"
+            ) from None
+
+    async def send(self, obj: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            async with asyncio.timeout(5):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+@pytest.fixture
+def go_run(go_programs: dict[str, str]) -> Callable[..., Any]:
+    """``async with go_run("consumer", *args) as proc``: a running Go program, ended after."""
+
+    @asynccontextmanager
+    async def run(name: str, *args: str) -> AsyncIterator[GoProcess]:
+        proc = await asyncio.create_subprocess_exec(
+            go_programs[name],
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=None,  # inherited: the library's warnings show in a failing test's output
+        )
+        program = GoProcess(proc)
+        try:
+            yield program
+        finally:
+            await program.close()
 
     return run
