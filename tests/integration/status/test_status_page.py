@@ -58,8 +58,11 @@ def write_archive_log(lake_uri: str, stream: str, spans: list[tuple[int, int, in
 
 
 @pytest.fixture
-def system(redis_url: str, lake_uri: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """A producer with reorgs and ``sluice serve`` as child processes; yields the server's URL."""
+def system(
+    redis_url: str, lake_uri: str, tmp_path: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A producer with reorgs and ``sluice serve`` as child processes; yields the server's URL
+    and process."""
     now_ms = int(time.time() * 1000)
     write_archive_log(
         lake_uri,
@@ -85,16 +88,18 @@ def system(redis_url: str, lake_uri: str, tmp_path: Path) -> Iterator[tuple[str,
         subprocess.Popen([*sluice, "serve", "--port", str(port)], env=env),
     ]  # fmt: skip
     try:
-        yield f"http://127.0.0.1:{port}", env
-        # the page read the lake (archive_log) with delta-rs: no JVM was started for it
-        children = Path(f"/proc/{procs[1].pid}/task/{procs[1].pid}/children").read_text().split()
-        names = [Path(f"/proc/{c}/comm").read_text().strip() for c in children]
-        assert "java" not in names, names
+        yield f"http://127.0.0.1:{port}", procs[1]
     finally:
         for proc in procs:
-            proc.terminate()
+            if proc.poll() is None:  # a second SIGTERM during exit would kill it uncleanly
+                proc.terminate()
         codes = [proc.wait(20) for proc in procs]
         assert codes[1] == 0, "sluice serve did not stop cleanly"
+
+
+def _children(pid: int) -> list[str]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [Path(f"/proc/{c}/comm").read_text().strip() for c in children]
 
 
 async def _until_up(url: str, session: aiohttp.ClientSession) -> None:
@@ -121,9 +126,9 @@ def _text(field: str) -> str:
 
 @pytest.mark.skipif(chromium_path() is None, reason="chromium not installed (make install)")
 async def test_status_page_live_in_chromium(
-    system: tuple[str, dict[str, str]], tmp_path: Path
+    system: tuple[str, subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
-    url, _ = system
+    url, server = system
     async with aiohttp.ClientSession() as session:
         await _until_up(url, session)
         async with session.ws_connect(f"{url}/ws") as ws:
@@ -168,4 +173,12 @@ async def test_status_page_live_in_chromium(
                 assert served["name"] == STREAM and served["subscribers"] == 1
                 assert served["coverage"]["gap_count"] == 1
                 await page.screenshot(SHOT)
+                # the page read the lake (archive_log) with delta-rs: no JVM was started for it
+                assert "java" not in _children(server.pid)
+                # the server goes away: the page says so instead of showing stale data as live
+                server.terminate()
+                await page.wait_for("document.getElementById('live').dataset.state === 'down'")
+                assert await asyncio.to_thread(server.wait, 20) == 0, (
+                    "sluice serve did not stop cleanly"
+                )
     assert SHOT.stat().st_size > 10_000
