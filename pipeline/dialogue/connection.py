@@ -409,6 +409,10 @@ class Connection:
         except (ConnectionError, OSError, ProtocolError) as exc:
             proto.abort(f"read failed: {exc!r}")
             self._after()
+        except Exception as exc:  # a bug must end this connection, not leave it half alive
+            log.exception("%s: reader failed", self.name)
+            proto.abort(f"internal error: {exc!r}")
+            self._after()
 
     async def _writer(self) -> None:
         proto = self._proto

@@ -407,6 +407,9 @@ class Consumer(Worker):
             except SluiceError as exc:  # Redis down, service timeout, bad reply: retry
                 self._count("errors")
                 log.error("consumer %s: %s; retrying in %.2fs", self.stream, exc, delay)
+            except Exception:  # a bug: logged with its traceback and counted; the stream goes on
+                self._count("crashes")
+                log.exception("consumer %s: session failed; retrying in %.2fs", self.stream, delay)
             else:
                 continue
             await self._sleep(delay)

@@ -183,3 +183,29 @@ async def test_a_hanging_handler_is_dead_lettered_and_the_stream_flows(
     assert [fields[b"data"] for _, fields in dead] == [b"hang"]
     assert b"did not finish" in dead[0][1][b"reason"]
     never.cancel()
+
+
+async def test_a_bug_in_a_consumer_session_is_retried_not_fatal(make_node: MakeNode) -> None:
+    node, _ = await make_node("K")
+    await node.add_worker("pub", Publisher("buggy"))
+    got: list[bytes] = []
+
+    async def handler(index: str, data: bytes) -> None:
+        got.append(data)
+
+    consumer = Consumer("buggy", handler, client_id="c", holder="K", wait_ms=100)
+    real = consumer._process
+    calls = 0
+
+    async def once_broken(entries: list[tuple[str, bytes]]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyError("a bug")
+        await real(entries)
+
+    consumer._process = once_broken  # type: ignore[method-assign]
+    await node.add_worker("consumer:buggy", consumer)
+    await node.deliver(TransportMessage(Route(["pub"]), Route(), b"x"))
+    await eventually(lambda: got == [b"x"])
+    assert node.counters["consumer.crashes"] == 1
