@@ -114,6 +114,29 @@ class OrderedChain:
     def pending(self) -> int:
         return len(self._pending)
 
+    def reorg_to(self, num: int, hash: bytes) -> list[ChainUpdate]:
+        """The producer named a common ancestor (the cardinal dialect's ``reorg``).
+
+        Every height above ``num`` leaves the chain (:class:`Removed`, head
+        first) and ``hash`` becomes the head: the next block on it extends the
+        chain whatever its weight, as the library's own processor does. A
+        height at or above the head changes nothing.
+        """
+        out: list[ChainUpdate] = []
+        head = self._head
+        if head is None or num > head or (num == head and self._hashes.get(num) == hash):
+            return out
+        self._reorg_to(num, [], out)
+        old = self._hashes.get(num)
+        if old is not None and old != hash:
+            out.append(Removed(num=num, hash=old))
+        self._hashes[num] = hash
+        self._head = num
+        self._head_weight = -1
+        self._rewind_ok = False
+        self._drain(out)
+        return out
+
     def accept(self, block: Block) -> list[ChainUpdate]:
         out: list[ChainUpdate] = []
         if self._place(block, out):

@@ -8,6 +8,7 @@ import json
 import sys
 
 from pipeline.chain.batch import parse_hash
+from pipeline.chain.cardinal import CARDINAL, DIALECTS, SEED
 from pipeline.chain.consumer import subscribe
 from pipeline.chain.ordered import Added
 from pipeline.errors import BadBatch, ConfigError
@@ -16,7 +17,18 @@ from pipeline.settings import Settings
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice subscribe", description=__doc__)
-    p.add_argument("--url", help="ws://host:port/ws (default from SLUICE_SERVE_HOST/PORT)")
+    p.add_argument(
+        "--url",
+        help="ws://host:port/ws, or .../cardinal for --dialect cardinal "
+        "(default from SLUICE_SERVE_HOST/PORT)",
+    )
+    p.add_argument(
+        "--dialect",
+        choices=DIALECTS,
+        default=SEED,
+        help="wire dialect: seed (sluice serve's /ws) or cardinal (sluice serve's /cardinal, "
+        "or a cardinal-streams websocket producer)",
+    )
     p.add_argument("--from", dest="from_num", type=int, default=0, help="first block number")
     p.add_argument("--hash", help="0x hash of block --from, when known")
     p.add_argument("--prefix", action="append", default=[], help="RE2 key prefix pattern (repeat)")
@@ -26,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
-    url = args.url or f"ws://{settings.serve_host}:{settings.serve_port}/ws"
+    path = "/cardinal" if args.dialect == CARDINAL else "/ws"
+    url = args.url or f"ws://{settings.serve_host}:{settings.serve_port}{path}"
     try:
         block_hash = parse_hash(args.hash) if args.hash else None
     except BadBatch as exc:
@@ -38,6 +51,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         block_hash,
         args.prefix,
         token=args.token or settings.serve_token or None,
+        dialect=args.dialect,
     )
     try:
         async for update in updates:
@@ -46,6 +60,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
                 line = {
                     "added": b.num,
                     "hash": "0x" + b.hash.hex(),
+                    "parent": "0x" + b.parent.hex(),
+                    "weight": None if b.weight is None else hex(b.weight),
                     "updates": {k: "0x" + v.hex() for k, v in b.updates.items()},
                     "deletes": list(b.deletes),
                     "subbatches": {

@@ -5,19 +5,32 @@ URL) follows ``sluice serve``'s ``/cardinal`` endpoint: from block 0, from N
 with the right hash, from N with a wrong hash, through reorgs of depth 1 to 5
 and one to a shorter, heavier chain. Each must fire ``Ready()`` and end with
 the canonical chain Sluice holds in Redis and the lake, parent-linked, no gap.
+
+Its own websocket producer (``transports.NewWebsocketProducer`` with a
+``StreamsResumption``) feeds Sluice's consumer library and ``sluice subscribe
+--dialect cardinal`` the same way; and Sluice's consumer follows ``sluice
+serve`` in the cardinal dialect too.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import sys
 from typing import Any
 
 import redis
 
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, effective_weight
+from pipeline.chain.consumer import subscribe
 from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.ordered import Added, Removed
 from pipeline.chain.resumption import TailIndex
 from pipeline.lake.reader import LakeReader
+from pipeline.localredis import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
 
 ZERO = "0x" + "00" * 32
@@ -135,3 +148,184 @@ async def test_go_consumer_follows_sluice_through_reorgs(
                 "num": 16,
                 "hash": "0x" + gen.canonical[16].hash.hex(),
             }  # the rewind is announced: the block below the first one sent
+
+
+# --- Sluice's consumer in the cardinal dialect ------------------------------------------
+
+
+class Follower:
+    """Sluice's consumer library in a task, its chain kept as num -> block."""
+
+    def __init__(self, url: str, from_num: int = 0, from_hash: bytes | None = None) -> None:
+        self.state: dict[int, Block] = {}
+        self.removed = 0
+        self._changed = asyncio.Event()
+        self._task = asyncio.create_task(self._run(url, from_num, from_hash))
+
+    async def _run(self, url: str, from_num: int, from_hash: bytes | None) -> None:
+        updates = subscribe(url, from_num, from_hash, dialect="cardinal", retry_delay_s=0.05)
+        try:
+            async for update in updates:
+                if isinstance(update, Added):
+                    self.state[update.block.num] = update.block
+                else:
+                    assert isinstance(update, Removed)
+                    gone = self.state.pop(update.num, None)  # None: the block it started from
+                    assert gone is None or gone.hash == update.hash
+                    self.removed += 1
+                self._changed.set()
+        finally:
+            await updates.aclose()  # type: ignore[attr-defined]
+
+    async def wait_head(self, head: Block, what: str, wait_s: float = 30) -> None:
+        def done() -> bool:
+            top = max(self.state, default=-1)
+            return top == head.num and self.state[top].hash == head.hash
+
+        try:
+            async with asyncio.timeout(wait_s):
+                while not done():
+                    if self._task.done():
+                        self._task.result()
+                        raise AssertionError(f"{what}: the consumer ended")
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"{what}: head {max(self.state, default=None)}") from None
+
+    def check(self, gen: SyntheticChain, first: int) -> None:
+        assert sorted(self.state) == list(range(first, gen.canonical[-1].num + 1))
+        for block in gen.canonical[first:]:
+            got = self.state[block.num]
+            assert (got.hash, got.parent, got.weight) == (block.hash, block.parent, block.weight)
+            assert _merged(got) == _merged(block)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def _command(block: Block) -> dict[str, Any]:
+    """The Go producer's ``block`` command for ``block``."""
+    return {
+        "op": "block",
+        "num": block.num,
+        "hash": "0x" + block.hash.hex(),
+        "parent": "0x" + block.parent.hex(),
+        "weight": hex(effective_weight(block.num, block.weight)),
+        "values": {k: "0x" + v.hex() for k, v in block.updates.items()},
+        "deletes": list(block.deletes),
+        "batches": {p: "0x" + i.hex() for p, i in block.batches.items()},
+        "subbatches": {
+            "0x" + s.id.hex(): {
+                "values": {k: "0x" + v.hex() for k, v in s.updates.items()},
+                "deletes": list(s.deletes),
+            }
+            for s in block.subbatches
+        },
+    }
+
+
+async def _produce(producer: GoProcess, blocks: list[Block], ancestor: Block | None = None) -> None:
+    """Send ``blocks`` (after a ``reorg`` naming ``ancestor`` when given); wait until taken."""
+    commands = [_command(b) for b in blocks]
+    if ancestor is not None:
+        commands.insert(0, {"op": "reorg", "num": ancestor.num, "hash": "0x" + ancestor.hash.hex()})
+    before = len(producer.lines)
+    for command in commands:
+        await producer.send(command)
+    await producer.wait_for(lambda: len(producer.lines) >= before + len(commands), 10, "produce")
+    assert all(line == {"event": "ok"} for line in producer.lines[before:]), producer.lines[before:]
+
+
+async def _listening(port: int, wait_s: float = 10) -> None:
+    async with asyncio.timeout(wait_s):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return
+
+
+async def _reorgs(gen: SyntheticChain, apply: Any, followers: list[Follower]) -> None:
+    """Reorgs of depth 1 to 5, one to a shorter, heavier chain, a block after each."""
+    steps: list[tuple[str, int, int | None]] = [(f"depth {d}", d, None) for d in range(1, 6)]
+    steps.append(("shorter, heavier", 4, 2))
+    for what, depth, length in steps:
+        ancestor = gen.canonical[-depth - 1]
+        await apply(gen.reorg(depth, length), ancestor)
+        for follower in followers:
+            await follower.wait_head(gen.canonical[-1], f"reorg {what}")
+        await apply(gen.take(1), None)
+        for follower in followers:
+            await follower.wait_head(gen.canonical[-1], f"block after the reorg {what}")
+
+
+async def test_go_producer_feeds_sluice_consumer_and_cli(go_run, settings) -> None:
+    gen = SyntheticChain(seed=62, prefixes=("s/", "t/"))
+    port = free_port()
+    async with go_run("producer", "-port", str(port), "-threshold", "8") as producer:
+        await _listening(port)
+        await _produce(producer, gen.take(20))
+        url = f"ws://127.0.0.1:{port}"
+        wrong = Follower(url, 10, b"\x77" * 32)  # the producer rewinds to 2
+        followers = [Follower(url), Follower(url, 10, gen.canonical[10].hash), wrong]
+        try:
+            for follower in followers:
+                await follower.wait_head(gen.canonical[-1], "catch-up")
+
+            async def apply(blocks: list[Block], ancestor: Block | None) -> None:
+                await _produce(producer, blocks, ancestor)
+
+            await _reorgs(gen, apply, followers)
+            for follower, first in zip(followers, (0, 11, 2), strict=True):
+                follower.check(gen, first)
+            assert followers[0].removed > 0
+        finally:
+            for follower in followers:
+                await follower.close()
+
+        count = gen.canonical[-1].num + 1
+        env = {**os.environ, "SLUICE_LOG_LEVEL": "WARNING"}
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pipeline.cli", "subscribe", "--dialect", "cardinal",
+            "--url", url, "--count", str(count),
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        async with asyncio.timeout(60):
+            out, err = await cli.communicate()
+        assert cli.returncode == 0, err.decode()
+        lines = [json.loads(line) for line in out.decode().splitlines()]
+        assert [(line["added"], line["hash"]) for line in lines] == [
+            (b.num, "0x" + b.hash.hex()) for b in gen.canonical
+        ]
+        assert [line["weight"] for line in lines] == [hex(b.weight or 0) for b in gen.canonical]
+
+
+async def test_sluice_consumer_follows_sluice_serve_in_the_cardinal_dialect(
+    settings, serve, redis_client
+) -> None:
+    gen = SyntheticChain(seed=63)
+    write_lake(settings.lake_uri, gen.take(10))
+    write_blocks(redis_client, STREAM, gen.take(10))
+    async with serve(settings) as (base, _app):
+        url = base.replace("http://", "ws://") + "/cardinal"
+        followers = [Follower(url), Follower(url, 15, b"\x66" * 32)]  # a rewind to 7
+        try:
+            for follower in followers:
+                await follower.wait_head(gen.canonical[-1], "catch-up")
+
+            async def apply(blocks: list[Block], ancestor: Block | None) -> None:
+                write_blocks(redis_client, STREAM, blocks)
+
+            await _reorgs(gen, apply, followers)
+            followers[0].check(gen, 0)
+            followers[1].check(gen, 15 - settings.reorg_threshold)
+        finally:
+            for follower in followers:
+                await follower.close()
