@@ -11,7 +11,24 @@ idempotent for its interval, so re-runs, retries and Airflow 3 backfills
 
 The schedule is ``SLUICE_ARCHIVE_CRON`` (default every 5 minutes) as a
 ``CronDataIntervalTimetable`` in UTC; catchup is off (use a backfill for the
-past). The lake jobs run as child processes (plugins/sluice_lake_job.py).
+past). The DAG is unpaused on creation: archiving is what a user deploying
+Sluice expects to start.
+
+The lake jobs run as child processes (plugins/sluice_lake_job.py) through
+``LakeJobOperator``, whose ``on_kill`` stops the job at once when the task is
+marked failed. With ``SLUICE_SPARK_REMOTE`` (a ``sluice spark`` server, or
+the Connect service of docker/) each child is a thin client: a task costs
+seconds. An interval already archived (a manual trigger repeats the last
+scheduled interval) or with no entry in Redis never touches Spark.
+
+Backfills: ``airflow backfill create`` runs up to its own
+``--max-active-runs`` (default 10) runs at once, next to the scheduled run.
+That is safe: archive, canonical and trim of one stream hold the stream's
+archive lock in Redis (a second job on the stream waits for it, up to
+``SLUICE_LAKE_LOCK_WAIT_S``), every step is idempotent per interval, and
+``SLUICE_ARCHIVE_PARALLELISM`` (default 1) bounds how many archive/canonical
+tasks of this DAG run at once across all runs. Pass ``--max-active-runs`` to
+bound the runs themselves.
 """
 
 from __future__ import annotations
@@ -21,7 +38,8 @@ from typing import Any
 
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
-from sluice_dag_common import LAKE_BLOCKS, default_args, interval_ms, lake_job, load_settings
+from sluice_dag_common import LAKE_BLOCKS, default_args, interval_ms, load_settings
+from sluice_lake_operator import LakeJobOperator
 
 _settings = load_settings()
 
@@ -32,6 +50,7 @@ _settings = load_settings()
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,
     default_args=default_args(_settings),
     tags=["sluice", "lake"],
     doc_md=__doc__,
@@ -48,31 +67,17 @@ def sluice_archive() -> None:
         settings = load_settings()
         return [name for name in settings.chain_streams if name in settings.streams]
 
-    @task(max_active_tis_per_dag=_settings.archive_parallelism)
-    def archive(stream: str) -> dict[str, Any]:
-        context = get_current_context()
-        start_ms, end_ms = interval_ms(
-            context.get("data_interval_start"), context.get("data_interval_end")
-        )
-        result: dict[str, Any] = lake_job(
-            "archive",
-            "--stream", stream,
-            "--start-ms", str(start_ms),
-            "--end-ms", str(end_ms),
-            "--run-id", str(context["run_id"]),
-        )  # fmt: skip
-        return result
-
-    @task(max_active_tis_per_dag=_settings.archive_parallelism)
-    def canonical(stream: str) -> dict[str, Any]:
-        result: dict[str, Any] = lake_job("canonical", "--stream", stream)
-        return result
-
+    archive = LakeJobOperator.partial(
+        task_id="archive",
+        job="archive",
+        interval=True,
+        max_active_tis_per_dag=_settings.archive_parallelism,
+    )
+    canonical = LakeJobOperator.partial(
+        task_id="canonical", job="canonical", max_active_tis_per_dag=_settings.archive_parallelism
+    )
     # No chain stream configured: the mapped canonical task is skipped, not failed.
-    @task(trigger_rule="none_failed")
-    def trim(stream: str) -> dict[str, Any]:
-        result: dict[str, Any] = lake_job("trim", "--stream", stream)
-        return result
+    trim = LakeJobOperator.partial(task_id="trim", job="trim", trigger_rule="none_failed")
 
     @task(trigger_rule="none_failed", outlets=[LAKE_BLOCKS])
     def publish(archived: list[dict[str, Any]], trimmed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -101,7 +106,7 @@ def sluice_archive() -> None:
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed
     archived >> trimmed
-    publish(archived, trimmed)
+    publish(archived.output, trimmed.output)
 
 
 sluice_archive()

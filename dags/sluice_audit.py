@@ -34,6 +34,7 @@ _settings = load_settings()
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,
     default_args=default_args(_settings),
     tags=["sluice", "lake"],
     doc_md=__doc__,

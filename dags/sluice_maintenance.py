@@ -8,10 +8,10 @@ needs. Both are safe to repeat.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from airflow.sdk import Param, dag, get_current_context, task
-from sluice_dag_common import default_args, lake_job, load_settings
+from airflow.sdk import Param, dag
+from sluice_dag_common import default_args, load_settings
+from sluice_lake_operator import LakeJobOperator
 
 _settings = load_settings()
 
@@ -22,6 +22,7 @@ _settings = load_settings()
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,
     default_args=default_args(_settings),
     params={
         "retain_hours": Param(
@@ -32,13 +33,11 @@ _settings = load_settings()
     doc_md=__doc__,
 )
 def sluice_maintenance() -> None:
-    @task
-    def maintain() -> dict[str, Any]:
-        retain = int(get_current_context()["params"]["retain_hours"])
-        result: dict[str, Any] = lake_job("maintain", "--retain-hours", str(retain))
-        return result
-
-    maintain()
+    LakeJobOperator(
+        task_id="maintain",
+        job="maintain",
+        extra_args=["--retain-hours", "{{ params.retain_hours }}"],
+    )
 
 
 sluice_maintenance()

@@ -1,5 +1,16 @@
 """Run one lake job as a child process: ``python -m pipeline.lake.cli JOB ...``.
 
+With ``SLUICE_SPARK_REMOTE`` set the child is a light Spark Connect client
+(a Python process of ~100 MB that starts in about a second, no JVM of its
+own); without it the child starts its own local JVM.
+
+Stopping: :func:`stop_running_jobs` (what ``LakeJobOperator.on_kill`` calls
+when a task is marked failed or times out) sends SIGTERM to every job this
+process runs; the job interrupts its Spark work and exits without committing.
+
+The child's story lines (``LEVEL message``, see ``pipeline.lake.cli``) are
+logged at their own level, so a WARNING of the job is a WARNING of the task.
+
 Why a child process and not an in-process SparkSession: a task on
 LocalExecutor runs in a forked, supervised worker process. A JVM started
 there (py4j gateway, Spark driver) outlives a killed task, holds a 2 GB heap
@@ -37,6 +48,18 @@ TAIL_LINES = 40
 MAX_STDOUT = 4 << 20
 #: Seconds between SIGTERM and SIGKILL when stopping a job.
 KILL_GRACE_S = 10.0
+#: Level names a job's stderr line may start with.
+LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+
+#: Jobs this process is running now (what :func:`stop_running_jobs` stops).
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+_RUNNING_LOCK = threading.Lock()
 
 #: Child bootstrap: ask Linux for SIGTERM when the task process dies
 #: (PR_SET_PDEATHSIG; done in the child itself, as ``preexec_fn`` is unsafe in
@@ -100,6 +123,8 @@ def run_lake_job(
         start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     out = bytearray()
     readers = [
@@ -122,6 +147,8 @@ def run_lake_job(
     finally:
         if proc.poll() is None:  # task terminated (SIGTERM -> exception) mid-job
             _stop(proc)
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
     if not _join(readers, timeout=5.0):
         # Something the job started still holds its pipes: stop the whole group.
         _killpg(proc.pid)
@@ -132,6 +159,12 @@ def run_lake_job(
             return parse_result(job, out.decode("utf-8", "replace"), stderr_tail=stderr_tail)
         except LakeJobError:
             pass  # no result after all: report the exit code below
+    if returncode in (143, -signal.SIGTERM):
+        raise LakeJobError(
+            f"lake job {job!r} was stopped (SIGTERM) before it committed",
+            returncode=returncode,
+            stderr_tail=stderr_tail,
+        )
     if returncode != 0:
         raise LakeJobError(
             f"lake job {job!r} failed with exit code {returncode}: {_error_line(tail)}",
@@ -175,12 +208,38 @@ def _error_line(tail: Sequence[str]) -> str:
     return tail[-1] if tail else "(no output)"
 
 
+def stop_running_jobs() -> int:
+    """SIGTERM every lake job this process runs (then SIGKILL after the grace); returns how many.
+
+    Safe to call from a signal handler (Airflow calls ``on_kill`` from its
+    SIGTERM handler): it only signals and waits on the children.
+    """
+    with _RUNNING_LOCK:
+        running = [proc for proc in _RUNNING if proc.poll() is None]
+    for proc in running:
+        log.warning("stopping lake job pid %d (task killed)", proc.pid)
+        _stop(proc)
+    return len(running)
+
+
+def forward_line(line: str) -> None:
+    """Log one stderr line of a job at its own level (``LEVEL message``), else as INFO."""
+    level, _, rest = line.partition(" ")
+    number = LEVELS.get(level)
+    if number is not None and rest:
+        log.log(number, "%s", rest)
+    elif line.startswith("sluice "):
+        log.error("%s", line)
+    else:
+        log.info("| %s", line)
+
+
 def _pump_stderr(stream: IO[bytes], tail: collections.deque[str]) -> None:
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip()
         if line:
             tail.append(line)
-            log.info("| %s", line)
+            forward_line(line)
     stream.close()
 
 

@@ -3,7 +3,8 @@
 The DAGs run with ``dag.test()`` against the session's migrated Airflow DB
 (``airflow_home``), the session's real Redis (database 9, so per-test
 flushes of database 0 do not touch it) and a temporary lake; the lake jobs
-run as real child processes with local Spark. ``SLUICE_*`` variables are set
+run as real child processes, thin clients of the session's Spark Connect
+server (``SLUICE_SPARK_REMOTE``), as a deployment runs them. ``SLUICE_*`` variables are set
 only around each run, so nothing leaks into other tests.
 """
 
@@ -24,6 +25,7 @@ import redis
 from pipeline import keys
 from pipeline.localredis import LocalRedis
 from tests.integration.airflow import scenario
+from tests.integration.lake.connect import shared_server
 
 ROOT = Path(__file__).resolve().parents[3]
 PLUGINS = str(ROOT / "plugins")
@@ -50,11 +52,18 @@ JOB_ENV = {
 LAKE_REDIS_DB = 9
 
 
+@pytest.fixture(scope="session")
+def spark_remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``sc://`` URL of the session's Spark Connect server (shared with the lake tests)."""
+    return shared_server(request, tmp_path_factory.getbasetemp()).url
+
+
 @dataclass
 class DagRunner:
     """Loads ``dags/`` once and runs one DAG with ``dag.test`` under given ``SLUICE_*`` env."""
 
     bag: Any
+    remote: str = ""
 
     def run(
         self,
@@ -70,7 +79,8 @@ class DagRunner:
         if logical_date is not None:
             kwargs["logical_date"] = logical_date
         with pytest.MonkeyPatch.context() as mp:
-            for name, value in {**JOB_ENV, **(env or {})}.items():
+            base = {**JOB_ENV, "SLUICE_SPARK_REMOTE": self.remote}
+            for name, value in {**base, **(env or {})}.items():
                 mp.setenv(name, value)
             return dag.test(**kwargs)
 
@@ -81,7 +91,7 @@ def task_states(run: Any) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def dag_runner(airflow_home: Path) -> DagRunner:
+def dag_runner(airflow_home: Path, spark_remote: str) -> DagRunner:
     from airflow.dag_processing.dagbag import DagBag
 
     with pytest.MonkeyPatch.context() as mp:
@@ -89,7 +99,7 @@ def dag_runner(airflow_home: Path) -> DagRunner:
             mp.setenv(name, value)
         bag = DagBag(dag_folder=str(ROOT / "dags"))
     assert not bag.import_errors, bag.import_errors
-    return DagRunner(bag)
+    return DagRunner(bag, spark_remote)
 
 
 @pytest.fixture(scope="session")
