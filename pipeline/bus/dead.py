@@ -72,7 +72,10 @@ def entry(queue: str, reason: str, body: bytes, *, attempts: int = 0) -> bytes:
 def parse(raw: bytes) -> DeadLetter:
     """Read one list element back; ``ValueError`` when it is not one."""
     head, sep, body = raw.partition(b"\n")
-    doc = json.loads(head) if sep else None
+    try:
+        doc = json.loads(head) if sep else None
+    except RecursionError as exc:  # anyone can write to the list: never more than ValueError
+        raise ValueError("not a dead-letter entry") from exc
     if not isinstance(doc, dict):
         raise ValueError("not a dead-letter entry")
     return DeadLetter(

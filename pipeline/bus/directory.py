@@ -121,7 +121,7 @@ class RedisDirectory:
         if raw is not None:
             try:
                 peer = Peer.parse(twin, json.loads(raw))
-            except (ValueError, ConfigError):
+            except (ValueError, RecursionError, ConfigError):
                 peer = None  # a broken entry is "not found": the caller gets an err
         if len(self._cache) >= CACHE_MAX:
             self._cache.clear()

@@ -292,7 +292,7 @@ class BusProcess:
         for outbox_id, raw in replies:
             try:
                 item = Outbound.from_json(outbox_id, raw)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 log.error("bus: dropping corrupt outbox entry %s", outbox_id)
                 await self.store.drop_outbox(outbox_id)
                 continue

@@ -36,3 +36,8 @@ def test_header_is_one_json_line():
 def test_parse_refuses_what_is_not_an_entry(raw):
     with pytest.raises(ValueError):
         dead.parse(raw)
+
+
+def test_parse_of_a_bomb_is_a_value_error():
+    with pytest.raises(ValueError):
+        dead.parse(b"[" * 100_000 + b"\nbody")
