@@ -27,12 +27,11 @@ connection open.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, TypeVar, cast
@@ -43,6 +42,7 @@ from aiohttp import web
 
 from pipeline import __version__, keys
 from pipeline.chain.batch import ENTRY_FIELD
+from pipeline.chain.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, parse_entry_id
 from pipeline.settings import Settings
 
@@ -59,8 +59,6 @@ LAKE_TTL_S = 5.0
 LAKE_FIRST_WAIT_S = 3.0
 #: Redis part of a snapshot: give up after this long and report Redis down.
 REDIS_TIMEOUT_S = 2.0
-#: Archived runs (and gaps) reported per stream: the newest ones.
-MAX_RUNS = 64
 #: Entries read per ``XREAD`` of the tail; block this long per call.
 TAIL_COUNT = 512
 TAIL_BLOCK_MS = 1000
@@ -86,9 +84,6 @@ class _Conn(Protocol):
 
 
 _C = TypeVar("_C", bound=_Conn)
-
-
-_MAX_MS = 1 << 63
 
 
 # --- the chain as the tail sees it (pure) ----------------------------------------
@@ -204,95 +199,6 @@ def _block_json(b: SeenBlock) -> dict[str, Any]:
         "ms": b.ms,
         "reorg": b.reorg,
     }
-
-
-# --- coverage (pure) -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Interval:
-    """One ``archive_log`` row: ``[start_ms, end_ms)`` of a stream was archived."""
-
-    start_ms: int
-    end_ms: int
-    entries: int
-    blocks: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Archived:
-    """What ``archive_log`` says of one stream: its intervals merged into runs, and totals."""
-
-    intervals: int = 0
-    entries: int = 0
-    blocks: int = 0
-    #: Disjoint ``[start_ms, end_ms)`` runs, oldest first (adjacent intervals joined).
-    runs: tuple[tuple[int, int], ...] = ()
-
-
-def summarize(intervals: Sequence[Interval]) -> Archived:
-    """Merge a stream's logged intervals exactly as the safe trim does."""
-    from pipeline.lake.trim import merge_intervals
-
-    return Archived(
-        intervals=len(intervals),
-        entries=sum(i.entries for i in intervals),
-        blocks=sum(i.blocks for i in intervals),
-        runs=tuple(merge_intervals((i.start_ms, i.end_ms) for i in intervals)),
-    )
-
-
-def coverage(
-    archived: Archived,
-    *,
-    first_ms: int | None,
-    last_ms: int | None,
-    now_ms: int,
-    hot_retention_s: int,
-) -> dict[str, Any]:
-    """The lake's coverage of one stream next to its Redis hot window, as the page shows it.
-
-    ``runs`` are the merged archived intervals (newest :data:`MAX_RUNS`),
-    ``gaps`` the holes between consecutive runs, ``trim_point_ms`` the oldest
-    entry still in Redis (everything older was trimmed), and
-    ``trimmable_to_ms`` how far the next safe trim would cut (None: not at
-    all, because the oldest entry is not in an archived run).
-    """
-    runs = list(archived.runs)
-    tail = runs[-(MAX_RUNS + 1) :]
-    gaps = [(a[1], b[0]) for a, b in zip(tail, tail[1:], strict=False)]
-    trimmable: int | None = None
-    if first_ms is not None:
-        # the run holding the oldest entry (runs are disjoint and sorted: a binary search)
-        at = bisect.bisect_right(runs, (first_ms, _MAX_MS)) - 1
-        if at >= 0 and runs[at][0] <= first_ms < runs[at][1]:
-            trimmable = max(first_ms, min(runs[at][1], now_ms - hot_retention_s * 1000))
-    return {
-        "intervals": archived.intervals,
-        "entries": archived.entries,
-        "blocks": archived.blocks,
-        "runs": [list(r) for r in runs[-MAX_RUNS:]],
-        "run_count": len(runs),
-        "gaps": [list(g) for g in gaps[-MAX_RUNS:]],
-        "gap_count": max(0, len(runs) - 1),
-        "archived_from_ms": runs[0][0] if runs else None,
-        "archived_to_ms": runs[-1][1] if runs else None,
-        "trim_point_ms": first_ms,
-        "trimmable_to_ms": trimmable,
-        "unarchived_from_ms": _unarchived_from(runs, first_ms, last_ms),
-    }
-
-
-def _unarchived_from(
-    runs: list[tuple[int, int]], first_ms: int | None, last_ms: int | None
-) -> int | None:
-    """Where the Redis entries no archive run covers start (None: Redis is empty or all archived)."""
-    if first_ms is None or last_ms is None:
-        return None
-    if not runs:
-        return first_ms
-    end = runs[-1][1]
-    return max(end, first_ms) if last_ms >= end else None
 
 
 # --- archive_log through delta-rs ------------------------------------------------
@@ -598,6 +504,8 @@ def setup(app: web.Application, settings: Settings, connections: set[_C]) -> Non
 
 
 __all__ = [
+    "MAX_RUNS",
+    "Archived",
     "ArchiveLog",
     "BOARD",
     "Interval",
@@ -606,4 +514,5 @@ __all__ = [
     "coverage",
     "peek_header",
     "setup",
+    "summarize",
 ]
