@@ -164,7 +164,11 @@ class Forwarder:
     async def _worker(self) -> None:
         while True:
             item = await self._ready.get()
-            outcome, text = await self._attempt(item)
+            try:
+                outcome, text = await self._attempt(item)
+            except Exception:  # the boundary: one item (or a directory outage) never ends a worker
+                log.exception("bus: sending %s failed", item.id)
+                outcome, text = Outcome.UNREACHABLE, "remote unreachable: internal error"
             if outcome is Outcome.UNREACHABLE:
                 pause = self.backoff(item.attempt)
                 item.attempt += 1
@@ -176,7 +180,10 @@ class Forwarder:
                     self._wake.set()
                     continue
             self._room.release()
-            await self._done(item, outcome, text)
+            try:
+                await self._done(item, outcome, text)
+            except Exception:  # the boundary: the item stays in the backlog / outbox
+                log.exception("bus: recording the outcome of %s failed", item.id)
 
     async def _attempt(self, item: Outbound) -> tuple[Outcome, str]:
         if time.time() >= item.deadline:

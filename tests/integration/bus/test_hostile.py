@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -324,3 +325,38 @@ async def test_v_era_js_client_habits_still_work(twins):
     finally:
         await ra.aclose()
         await rb.aclose()
+
+
+async def test_a_failing_directory_lookup_does_not_end_the_forwarder(twins):
+    from pipeline.bus.directory import FileDirectory
+    from pipeline.bus.process import BusProcess
+
+    a, b = twins(2)
+    files = FileDirectory.load(a.directory_file)
+
+    class Flaky:
+        """Knows b for the local loop, then fails every lookup the sender makes."""
+
+        calls = 0
+
+        async def lookup(self, twin: int) -> Any:
+            Flaky.calls += 1
+            if twin == b.id and Flaky.calls % 2 == 0:
+                raise RuntimeError("directory exploded")
+            return await files.lookup(twin)
+
+    bus = BusProcess(a.config(), redis_url=a.url, directory=Flaky(), signer=a.signer)
+    await bus.start()
+    try:
+        doc = seed_request("echo", [b.id], b"", **{"try": 1})
+        [answer] = await raw_call(a.url, doc, 1)
+        assert answer["err"].startswith("remote unreachable")
+        assert all(not task.done() for task in bus._tasks)
+        _, task = serve(a, echo=echo)
+        try:
+            [ok] = await raw_call(a.url, seed_request("echo", [a.id], b"still"), 1)
+        finally:
+            await stop(task)
+        assert ok["err"] == ""
+    finally:
+        await bus.stop()
