@@ -64,6 +64,7 @@ class Connection:
         window: int | None = None,
         duplex_queue_bytes: int = 1 << 20,
         max_queued_messages: int = 1024,
+        max_queued_bytes: int = 8 << 20,
         max_handlers: int = 256,
         write_high: int = 1 << 18,
         close_timeout: float = 5.0,
@@ -97,6 +98,7 @@ class Connection:
             on_duplex=on_duplex,
             max_queued_messages=max_queued_messages,
             max_handlers=max_handlers,
+            max_queued_bytes=max_queued_bytes,
         )
         self._flush_waiters: list[asyncio.Future[None]] = []
         self._writer_wake: asyncio.Future[None] | None = None

@@ -3,7 +3,9 @@
 ``on_message(data)`` and ``on_request(data) -> bytes | None`` may be plain
 functions (called inline by the reader: the fast path) or coroutine
 functions; ``on_duplex(duplex)`` is a coroutine function. Async message
-handlers run one at a time, in order, from a bounded queue; each async request
+handlers run one at a time, in order, from a queue bounded in messages and in
+bytes (``max_queued_bytes``: a stalled handler cannot make a peer's 1 MiB
+frames pile up by the thousand); each async request
 and each incoming duplex gets an owned task, at most ``max_handlers`` of each.
 Over a bound, the connection stops reading its transport until the backlog
 halves. A request handler returning None or raising declines the request (an
@@ -48,6 +50,7 @@ class Inbound:
         on_duplex: DuplexHandler | None,
         max_queued_messages: int,
         max_handlers: int,
+        max_queued_bytes: int = 8 << 20,
     ) -> None:
         self.conn = conn
         self.on_message = on_message
@@ -55,6 +58,8 @@ class Inbound:
         self.on_request = on_request
         self.on_duplex = on_duplex
         self.max_queued_messages = max_queued_messages
+        self.max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0
         self.max_handlers = max_handlers
         self._messages: deque[bytes] = deque()
         self._message_waiter: asyncio.Future[None] | None = None
@@ -83,7 +88,11 @@ class Inbound:
                 log.exception("%s: message handler failed", self.conn.name)
             return
         self._messages.append(data)
-        if len(self._messages) >= self.max_queued_messages:
+        self._queued_bytes += len(data)
+        if (
+            len(self._messages) >= self.max_queued_messages
+            or self._queued_bytes >= self.max_queued_bytes
+        ):
             self.conn._press("messages")
         self._wake_messages()
 
@@ -98,10 +107,12 @@ class Inbound:
         assert handler is not None
         queue = self._messages
         low = self.max_queued_messages // 2
+        low_bytes = self.max_queued_bytes // 2
         while True:
             while queue:
                 data = queue.popleft()
-                if len(queue) < low:
+                self._queued_bytes -= len(data)
+                if len(queue) < low and self._queued_bytes < low_bytes:
                     self.conn._relieve("messages")
                 try:
                     await handler(data)

@@ -49,3 +49,30 @@ async def test_frame_deadline_cuts_a_slow_frame(connect: Connect) -> None:
     async with asyncio.timeout(5):
         await server.wait_closed()
     assert server.error is not None and "frame too slow" in str(server.error)
+
+
+async def test_queued_messages_are_bounded_in_bytes(connect: Connect) -> None:
+    """A stalled async message handler: the peer's big messages stop being read at the bound."""
+    release = asyncio.Event()
+    got: list[bytes] = []
+
+    async def slow(data: bytes) -> None:
+        await release.wait()
+        got.append(data)
+
+    limit = 1 << 20
+    client, server = await connect({}, {"on_message": slow, "max_queued_bytes": limit})
+    chunk = 256 << 10
+    sender = asyncio.gather(*(client.send_message(bytes([i]) * chunk) for i in range(40)))
+    async with asyncio.timeout(10):
+        while server._inbound._queued_bytes < limit:  # noqa: ASYNC110 - no event for this
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)  # then give the reader every chance to over-read
+    queued = server._inbound._queued_bytes
+    assert queued <= limit + (256 << 10) + (1 << 20) + chunk, queued
+    release.set()
+    await asyncio.wait_for(sender, 10)
+    async with asyncio.timeout(10):
+        while len(got) < 40:  # noqa: ASYNC110 - the handler has no completion event
+            await asyncio.sleep(0.01)
+    assert [m[0] for m in got] == list(range(40))
