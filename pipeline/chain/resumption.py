@@ -300,12 +300,29 @@ def _index_entry(
     try:
         raw = decode_raw(fields[ENTRY_FIELD])
         num, hash = raw["num"], raw["hash"].hex()
+        if not _indexable(num, raw["hash"], raw["parent"]):
+            raise BadBatch("block number or hashes out of range")
         tail.add(num, hash, raw["parent"].hex(), entry_id, raw_weight(raw))
     except (BadBatch, KeyError, AttributeError, TypeError):
         log.warning("skipping invalid chain entry %r", entry_id)
         tail.last_id = entry_id
         return None
     return num, hash
+
+
+def _indexable(num: object, hash: object, parent: object) -> bool:
+    """Whether an entry's metadata can join the index: a number the lake can hold, 32-byte hashes.
+
+    A number past :data:`MAX_BLOCK_NUM` would otherwise become the head of the
+    tail for good (its implied weight beats every real block).
+    """
+    return (
+        type(num) is int
+        and 0 <= num <= MAX_BLOCK_NUM
+        and isinstance(hash, bytes)
+        and isinstance(parent, bytes)
+        and len(hash) == len(parent) == 32
+    )
 
 
 class SharedTail:
