@@ -16,7 +16,10 @@ reply payload. The reply follows the seed: ``src`` and ``dst`` swapped,
 ``msgbus.system.reply`` (or, with ``direct=True``, straight to ``ret``: the
 no-bus baseline). A handler that raises :class:`HandlerError` answers with its
 message in ``err``; any other exception is logged and answered with a generic
-``err``. Either way the server keeps serving.
+``err``; a handler still running when its request expires (``now + exp``,
+``exp`` 0 meaning 300 s) is cancelled and answered ``err = "handler timed
+out"``. Either way the server keeps serving. A request that does not decode
+goes to the dead-letter list (:mod:`pipeline.bus.dead`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from pipeline import keys, redisconn
+from pipeline.bus import dead
 from pipeline.bus.config import reraise_if_cancelling
-from pipeline.bus.envelope import Envelope, decode, encode_data
+from pipeline.bus.envelope import Envelope, deadline, decode, encode_data
 from pipeline.errors import EnvelopeError, HandlerError
 
 log = logging.getLogger(__name__)
@@ -40,6 +44,9 @@ log = logging.getLogger(__name__)
 Handler = Callable[[bytes, Envelope], Awaitable[bytes | str | None]]
 
 HANDLER_FAILED = "handler failed"
+HANDLER_TIMED_OUT = "handler timed out"
+#: ``exp`` 0 means this many seconds (the bus's default).
+DEFAULT_EXP_S = 300
 #: Longest blocking wait (BLMPOP) of a worker, in seconds.
 _WAIT_S = 1
 
@@ -96,14 +103,18 @@ class BusServer:
                 )
                 if not popped:
                     continue
-                items = cast(list[bytes], popped[1])
+                source, items = cast(bytes, popped[0]).decode(), cast(list[bytes], popped[1])
                 replies = await asyncio.gather(*(self._answer(raw) for raw in items))
                 sent = [(target, reply) for target, reply in replies if target]
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for target, reply in sent:
                         pipe.rpush(target, reply)
+                    for (target, why), raw in zip(replies, items, strict=True):
+                        if not target:  # set aside, with the reason
+                            pipe.lpush(keys.bus_dead(), dead.entry(source, why.decode(), raw))
+                            pipe.ltrim(keys.bus_dead(), 0, dead.LIST_MAX - 1)
                     results = await pipe.execute(raise_on_error=False)
-                for (target, _), result in zip(sent, results, strict=True):
+                for (target, _), result in zip(sent, results[: len(sent)], strict=True):
                     if isinstance(result, redis.exceptions.ResponseError):
                         # One bad target (WRONGTYPE) must not cost the other replies.
                         log.error("bus server: reply to %s not delivered: %s", target, result)
@@ -115,19 +126,26 @@ class BusServer:
                 pause = min(pause * 2, 2.0)
 
     async def _answer(self, raw: bytes) -> tuple[str, bytes]:
+        """``(target, reply)``; ``("", reason)`` for a request that does not decode."""
         try:
             request = decode(raw)
         except EnvelopeError as exc:
-            log.warning("bus server: dropped invalid request: %s", exc)
-            return "", b""
+            log.warning("bus server: invalid request set aside: %s", exc)
+            return "", str(exc).encode()
         handler = self.handlers.get(request.cmd)
         err = ""
         payload: bytes | str | None = None
         if handler is None:
             err = f"no handler for {request.cmd}"
         else:
+            received = time.time()
+            expires = deadline(request, received=received, default_exp=DEFAULT_EXP_S, max_exp=86400)
             try:
-                payload = await handler(request.data, request)
+                async with asyncio.timeout(max(expires - received, 0.0)):
+                    payload = await handler(request.data, request)
+            except TimeoutError:
+                log.warning("bus server: handler of %s still running at expiry", request.cmd)
+                err = HANDLER_TIMED_OUT
             except HandlerError as exc:
                 err = exc.public_message
             except Exception:  # the boundary: log it all, send a generic text, keep serving

@@ -360,3 +360,34 @@ async def test_a_failing_directory_lookup_does_not_end_the_forwarder(twins):
         assert ok["err"] == ""
     finally:
         await bus.stop()
+
+
+async def test_handler_server_sets_aside_bombs_and_times_out_hung_handlers(twins):
+    (a,) = twins(1)
+    await a.start_bus()
+    release = asyncio.Event()
+
+    async def hang(data: bytes, request: Envelope) -> bytes:
+        await release.wait()  # never set: the request's exp must end it
+        return b""
+
+    server, task = serve(a, hang=hang, echo=echo)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        await ra.rpush("msgbus.echo", BOMB)
+        hung = [seed_request("hang", [a.id], b"", exp=1) for _ in range(server.workers)]
+        calls = [raw_call(a.url, doc, 1) for doc in hung]
+        results = await asyncio.gather(*calls)
+        assert all(r[0]["err"] in ("handler timed out", "request expired") for r in results)
+        [ok] = await raw_call(a.url, seed_request("echo", [a.id], b"x"), 1)
+        assert ok["err"] == ""  # the workers are free again
+
+        async def bomb_set_aside() -> bool:
+            return await ra.llen(keys.bus_dead()) == 1
+
+        await eventually(bomb_set_aside)
+        [letter] = await dead_letters(ra)
+        assert letter.queue == "msgbus.echo" and letter.body == BOMB
+    finally:
+        await stop(task)
+        await ra.aclose()
