@@ -68,6 +68,8 @@ from pipeline.routing.message import Address, AddressType, Route, TransportMessa
 log = logging.getLogger(__name__)
 
 DEFAULT_MAILBOX = 1024
+#: Payload bytes a mailbox holds before senders wait (besides its message count).
+DEFAULT_MAILBOX_BYTES = 64 << 20
 MAX_WORKERS = 10_000
 
 
@@ -142,11 +144,13 @@ class WorkerContext:
 class Worker:
     """Base of local workers. Override :meth:`handle` (or :meth:`handle_batch`).
 
-    ``mailbox_size`` bounds the mailbox; ``batch_size`` > 1 makes the node hand
+    ``mailbox_size`` bounds the mailbox in messages and ``mailbox_bytes`` in
+    payload bytes (a sender waits above either); ``batch_size`` > 1 makes the node hand
     up to that many queued messages at once to :meth:`handle_batch`.
     """
 
     mailbox_size: int = DEFAULT_MAILBOX
+    mailbox_bytes: int = DEFAULT_MAILBOX_BYTES
     batch_size: int = 1
 
     async def setup(self, wctx: WorkerContext) -> None:
@@ -178,13 +182,16 @@ _Item = tuple[TransportMessage, _Done]
 
 
 class _Slot:
-    __slots__ = ("address", "name", "queue", "tasks", "worker")
+    __slots__ = ("address", "bytes", "name", "queue", "room", "tasks", "worker")
 
     def __init__(self, name: str, worker: Worker) -> None:
         self.name = name
         self.address = Address.local(name)
         self.worker = worker
         self.queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=max(1, worker.mailbox_size))
+        #: Payload bytes queued, and an event set whenever some were taken out.
+        self.bytes = 0
+        self.room = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
 
 
@@ -385,8 +392,12 @@ class Node:
                     done.set_result(None)
                 return None
             queue = slot.queue
-            if queue.full():
-                return queue.put((message, done))  # back-pressure
+            size = len(message.payload)
+            if queue.full() or (
+                slot.bytes + size > slot.worker.mailbox_bytes and not queue.empty()
+            ):
+                return self._put_when_room(slot, message, done)  # back-pressure
+            slot.bytes += size
             queue.put_nowait((message, done))
             return None
         transport = self._transports.get(first.type)
@@ -398,6 +409,14 @@ class Node:
             )
             return None
         return self._send(transport, message, done)
+
+    async def _put_when_room(self, slot: _Slot, message: TransportMessage, done: _Done) -> None:
+        size = len(message.payload)
+        while slot.bytes + size > slot.worker.mailbox_bytes and not slot.queue.empty():
+            slot.room.clear()
+            await slot.room.wait()
+        slot.bytes += size
+        await slot.queue.put((message, done))
 
     async def _send(self, transport: Transport, message: TransportMessage, done: _Done) -> None:
         try:
@@ -431,6 +450,8 @@ class Node:
             items = [await queue.get()]
             while len(items) < limit and not queue.empty():
                 items.append(queue.get_nowait())
+            slot.bytes -= sum(len(message.payload) for message, _ in items)
+            slot.room.set()
             contexts = []
             for message, _ in items:
                 address = message.onward_route[0]
