@@ -9,6 +9,7 @@ duration of each mix (default 60 s).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -32,7 +33,9 @@ def main() -> int:
         name = path.stem
         print(f"# abuse mix {name} for {duration:g}s", file=sys.stderr, flush=True)
         try:
-            rows: list[dict[str, Any]] = importlib.import_module(name).run(duration)
+            # a mix's own prints go to stderr: stdout carries one line per figure, printed here
+            with contextlib.redirect_stdout(sys.stderr):
+                rows: list[dict[str, Any]] = importlib.import_module(name).run(duration)
         except Exception:
             traceback.print_exc()
             failed = 1
