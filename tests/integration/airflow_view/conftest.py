@@ -1,0 +1,191 @@
+"""A real ``airflow api-server`` with Sluice's plugins, a lake and a Redis, for the coverage view.
+
+One server per module (starting one costs about 10-20 s): a temporary
+``AIRFLOW_HOME`` with a migrated SQLite database, ``dags/`` serialized into it,
+``plugins/`` of this checkout as the plugin folder, the simple auth manager
+(its generated admin password gives a JWT through ``POST /auth/token``), a
+temporary lake and database 11 of the session's redis-server. The server runs
+in its own process group and is ended as a whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+import httpx
+import pyarrow as pa
+import pytest
+
+from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
+from pipeline.localredis import LocalRedis, free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+VIEW_REDIS_DB = 11
+#: The streams the server's settings name: a chain stream and a plain one.
+CHAIN = "chain:view"
+PLAIN = "events:view"
+START_DEADLINE_S = 90.0
+
+
+@dataclass
+class ApiServer:
+    """A running ``airflow api-server`` and what the test needs to talk to it."""
+
+    url: str
+    token: str
+    home: Path
+    lake: str
+    redis_url: str
+    log: Path
+
+    def client(self, *, auth: bool = True) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if auth else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def write_archive_log(lake: str, rows: list[dict[str, Any]]) -> None:
+    """Append rows (``stream``, ``start_ms``, ``end_ms``, ``entries``, ``run_id``) with delta-rs."""
+    from deltalake import write_deltalake
+
+    now = datetime.now(UTC)
+    full = [
+        {
+            "blocks": r["entries"] if r["stream"] == CHAIN else 0,
+            "invalid": 0,
+            "first_id": f"{r['start_ms']}-0",
+            "last_id": f"{r['end_ms'] - 1}-0",
+            "archived_at": now,
+            **r,
+        }
+        for r in rows
+    ]
+    write_deltalake(
+        f"{lake}/{ARCHIVE_LOG}", pa.Table.from_pylist(full, schema=ARCHIVE_LOG_ARROW), mode="append"
+    )
+
+
+def airflow_env(home: Path, port: int, lake: str, redis_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_"))}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__CORE__AUTH_MANAGER": (
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__WORKERS": "1",
+            # The view takes its Redis from the sluice_redis connection, as a deployment would.
+            "AIRFLOW_CONN_SLUICE_REDIS": redis_url,
+            "SLUICE_LAKE_URI": lake,
+            "SLUICE_REDIS_URL": "redis://127.0.0.1:1/0",  # wrong on purpose: the connection wins
+            "SLUICE_STREAMS": f"{CHAIN},{PLAIN}",
+            "SLUICE_CHAIN_STREAMS": CHAIN,
+            "SLUICE_HOT_RETENTION_S": "60",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        }
+    )
+    return env
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def view_redis_url(redis_server: LocalRedis | None) -> str:
+    base = os.environ.get("SLUICE_TEST_REDIS_URL") or (redis_server.url if redis_server else "")
+    return urlunparse(urlparse(base)._replace(path=f"/{VIEW_REDIS_DB}"))
+
+
+@pytest.fixture(scope="module")
+def api_server(
+    tmp_path_factory: pytest.TempPathFactory, view_redis_url: str
+) -> Iterator[ApiServer]:
+    home = tmp_path_factory.mktemp("airflow-view")
+    lake = str(home / "lake")
+    port = free_port()
+    env = airflow_env(home, port, lake, view_redis_url)
+    airflow = [sys.executable, "-m", "airflow"]
+    for step in (["db", "migrate"], ["dags", "reserialize"]):
+        done = subprocess.run(
+            [*airflow, *step], env=env, cwd=home, capture_output=True, timeout=180, check=False
+        )
+        assert done.returncode == 0, f"airflow {' '.join(step)}: {done.stderr.decode()[-3000:]}"
+    log_path = home / "api-server.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [*airflow, "api-server", "--port", str(port), "--workers", "1"],
+            env=env,
+            cwd=home,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, proc, log_path)
+        token = _token(url, home)
+        yield ApiServer(
+            url=url, token=token, home=home, lake=lake, redis_url=view_redis_url, log=log_path
+        )
+    finally:
+        _stop(proc)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"api-server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            )
+        try:
+            if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(
+        f"api-server not healthy in {START_DEADLINE_S} s:\n{log_path.read_text()[-3000:]}"
+    )
+
+
+def _token(url: str, home: Path) -> str:
+    """A JWT for the simple auth manager's admin, with its generated password."""
+    passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
+    reply = httpx.post(
+        f"{url}/auth/token",
+        json={"username": "admin", "password": passwords["admin"]},
+        timeout=30,
+    )
+    assert reply.status_code in (200, 201), reply.text
+    return str(reply.json()["access_token"])
