@@ -135,8 +135,9 @@ class Sender:
 
     __slots__ = ("_blocks", "_hashes", "_window", "floor", "head", "head_weight", "sent")
 
-    #: Heights below the head whose blocks are kept to rebuild a branch.
-    RETAIN = 256
+    #: Heights below the head whose blocks are kept to rebuild a branch (at most
+    #: 2 * RETAIN blocks per subscriber: deeper branches fall back to production order).
+    RETAIN = 128
 
     def __init__(self, start: int, window: int = 4096) -> None:
         self.floor = start
@@ -210,11 +211,11 @@ class Sender:
 
     def _keep(self, emit: Emit) -> None:
         self._blocks[emit.hash] = emit
-        if len(self._blocks) > 4 * self.RETAIN:
+        if len(self._blocks) > 2 * self.RETAIN:
             low = self.head - self.RETAIN
             for h in [h for h, e in self._blocks.items() if e.num < low]:
                 del self._blocks[h]
-            while len(self._blocks) > 4 * self.RETAIN:  # many side blocks up high: oldest first
+            while len(self._blocks) > 2 * self.RETAIN:  # many side blocks up high: oldest first
                 del self._blocks[next(iter(self._blocks))]
 
     def _note(self, num: int, hash: str, weight: int | None, emit: Emit | None) -> None:
