@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from pipeline.chain import jsonrpc
+from pipeline.chain.cardinal import SEED, encoding_for
 from pipeline.chain.resumption import TieredResumption
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 from pipeline.dialogue.connection import Connection
@@ -44,8 +45,9 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
     except (ValueError, BadParams) as exc:
         await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, str(exc)).encode())
         return
+    keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
     try:
-        plan = await resumption.resolve(parsed.num, parsed.hash, parsed.keep)
+        plan = await resumption.resolve(parsed.num, parsed.hash, keep)
     except (ResumptionError, aioredis.RedisError, OSError) as exc:
         await duplex.end(error=jsonrpc.error(None, jsonrpc.SERVER_ERROR, str(exc)).encode())
         return
@@ -67,7 +69,7 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
         async with asyncio.TaskGroup() as group:
             group.create_task(write())
             group.create_task(watch())
-            group.create_task(resumption.stream(plan, parsed.keep, sub))
+            group.create_task(resumption.stream(plan, keep, sub))
     except* _PeerLeft:
         pass
     except* SlowConsumer:
