@@ -17,10 +17,10 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.producer import LiveBlock, WebsocketHub
-from pipeline.chain.resumption import Entries, checkpoint
+from pipeline.chain.resumption import Entries, checkpoint, decode_servable
 from pipeline.errors import BadBatch, RedisUnavailable
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class RedisTailer:
                 for entry_id, fields in entries:
                     self.last_id = entry_id
                     try:
-                        block = decode_block(fields[ENTRY_FIELD])
+                        block = decode_servable(fields[ENTRY_FIELD])
                     except (BadBatch, KeyError):
                         log.warning("live tailer: skipping invalid entry %r", entry_id)
                         continue

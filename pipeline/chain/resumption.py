@@ -49,6 +49,7 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.chain.batch import (
     ENTRY_FIELD,
+    Block,
     KeyTest,
     decode_block,
     decode_raw,
@@ -324,6 +325,18 @@ def _indexable(num: object, hash: object, parent: object) -> bool:
         and isinstance(parent, bytes)
         and len(hash) == len(parent) == 32
     )
+
+
+def decode_servable(data: bytes) -> Block:
+    """:func:`decode_block`, refusing (``BadBatch``) a number past :data:`MAX_BLOCK_NUM`.
+
+    Such a block cannot be archived, and its implied weight would beat every
+    real block after it: one such entry would stop live data for everyone.
+    """
+    block = decode_block(data)
+    if block.num > MAX_BLOCK_NUM:
+        raise BadBatch(f"block number {block.num} is past {MAX_BLOCK_NUM}")
+    return block
 
 
 class SharedTail:
@@ -828,7 +841,7 @@ class TieredResumption:
             for entry_id, fields in entries:
                 last_id = entry_id
                 try:
-                    block = decode_block(fields[ENTRY_FIELD])
+                    block = decode_servable(fields[ENTRY_FIELD])
                 except (BadBatch, KeyError):
                     log.warning("skipping invalid chain entry %r", entry_id)
                     continue
@@ -1021,6 +1034,7 @@ def _live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:
 __all__ = [
     "BlockSink",
     "checkpoint",
+    "decode_servable",
     "Emit",
     "History",
     "Plan",

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from pipeline import keys
+from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, SERVER_ERROR
 from pipeline.chain.server import MAX_IN_FLIGHT
@@ -300,3 +301,20 @@ async def test_soak_abuse_mix_next_to_a_witness(settings, redis_url, lake_uri) -
     assert result.fds_after <= result.fds_base + abuse_serve.FD_MARGIN, result
     assert result.notes == [], result
     assert result.abuse_calls > 0 and result.churn_connections > 500 and result.server_alive
+
+
+async def test_an_entry_past_the_largest_block_number_does_not_stop_live_data(
+    settings, serve, connect, redis_client
+) -> None:
+    gen = SyntheticChain(seed=48)
+    write_blocks(redis_client, STREAM, gen.take(3))
+    async with serve(settings) as (base, _app), connect(base) as live:
+        await subscribed(live, gen)
+        head = gen.canonical[-1]
+        poison = Block(num=2**64 - 1, hash=b"\x01" * 32, parent=head.hash)
+        write_blocks(redis_client, STREAM, [poison])
+        await goes_on(live, gen, redis_client)  # live subscribers skip it
+        async with connect(base) as late:  # and so does a catch-up through it
+            await late.subscribe(head.num, head.hash)
+            got = await late.blocks(4)
+            assert [b.num for b in got] == list(range(head.num, head.num + 4))
