@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 import redis
+from aiohttp.test_utils import TestServer
 
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, effective_weight
@@ -29,6 +30,7 @@ from pipeline.chain.consumer import subscribe
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import Added, Removed
 from pipeline.chain.resumption import TailIndex
+from pipeline.chain.server import create_app
 from pipeline.lake.reader import LakeReader
 from pipeline.localredis import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
@@ -329,3 +331,28 @@ async def test_sluice_consumer_follows_sluice_serve_in_the_cardinal_dialect(
         finally:
             for follower in followers:
                 await follower.close()
+
+
+async def test_go_consumer_resumes_after_a_server_restart(settings, go_run, redis_client) -> None:
+    gen = SyntheticChain(seed=64)
+    write_blocks(redis_client, STREAM, gen.take(10))
+    server = TestServer(create_app(settings), host="127.0.0.1", shutdown_timeout=5)
+    await server.start_server()
+    port = server.port
+    restarted: TestServer | None = None
+    try:
+        async with go_run("consumer", "-url", f"ws://127.0.0.1:{port}/cardinal") as proc:
+            await proc.wait_for(lambda: at_head(proc, gen.canonical[-1]), 30, "catch-up")
+            await server.close()  # the library redials by itself, from its last block
+            write_blocks(redis_client, STREAM, gen.take(3) + gen.reorg(2))
+            restarted = TestServer(
+                create_app(settings), host="127.0.0.1", port=port, shutdown_timeout=5
+            )
+            await restarted.start_server()
+            await proc.wait_for(lambda: at_head(proc, gen.canonical[-1]), 30, "after restart")
+            stored = {b.num: "0x" + b.hash.hex() for b in gen.canonical}
+            check_chain(proc, gen, 0, stored)
+    finally:
+        await server.close()
+        if restarted is not None:
+            await restarted.close()
