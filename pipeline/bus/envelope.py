@@ -294,15 +294,16 @@ def load_trusted(raw: bytes | str) -> Envelope:
         raise EnvelopeError(f"corrupt stored envelope: {exc!r}") from exc
 
 
-def salvage(raw: bytes) -> tuple[str, str]:
+def salvage(raw: bytes, *, max_size: int = 1 << 20) -> tuple[str, str]:
     """``(ret, cmd)`` read from an envelope that failed validation, ``""`` where unreadable.
 
     Lets the bus answer a malformed request on its ``ret`` queue when that
-    much can still be read, even from JSON that does not parse.
+    much can still be read, even from JSON that does not parse (or is too
+    large to parse: then its first and last 64 KiB are searched).
     """
     ret = cmd = ""
     try:
-        doc = loads(raw, max_size=len(raw))
+        doc = loads(raw, max_size=max_size)
     except EnvelopeError:
         doc = None
     if isinstance(doc, dict):
@@ -311,7 +312,11 @@ def salvage(raw: bytes) -> tuple[str, str]:
         if isinstance(doc.get("cmd"), str) and len(doc["cmd"]) <= MAX_NAME:
             cmd = doc["cmd"]
     else:
-        found = [pattern.search(raw[: 1 << 16]) for pattern in (_RET_SALVAGE, _CMD_SALVAGE)]
+        ends = (raw[: 1 << 16], raw[-(1 << 16) :])  # the seed puts ret near the end
+        found = [
+            next((m for m in map(pattern.search, ends) if m), None)
+            for pattern in (_RET_SALVAGE, _CMD_SALVAGE)
+        ]
         ret, cmd = (m.group(1).decode("utf-8", "replace") if m else "" for m in found)
     if ret.startswith(RESERVED_RET_PREFIX):
         ret = ""  # answering there would loop (msgbus.system.local) or feed a handler

@@ -86,7 +86,7 @@ class BusProcess:
         # transactions are not idempotent (a claim run twice would strand a batch in
         # flight); the loops recover from the inflight list instead.
         self.redis.set_retry(Retry(NoBackoff(), 0))
-        self.store = BusStore(self.redis, max_seen=config.max_seen)
+        self.store = BusStore(self.redis, max_seen=config.max_seen, max_item=config.max_size)
         self.directory = directory
         self.forwarder = Forwarder(
             twin=config.twin,

@@ -63,7 +63,7 @@ class QueueHandlers:
             try:
                 env = envelope.decode(raw, client=True, max_size=self.config.max_size)
             except EnvelopeError as exc:
-                ret, cmd = envelope.salvage(raw)
+                ret, cmd = envelope.salvage(raw, max_size=self.config.max_size)
                 if not ret:
                     log.warning("bus: unanswerable request (no ret) set aside: %s", exc)
                     unanswerable.append((f"{exc.public_message} (no usable ret)", raw))

@@ -45,11 +45,32 @@ local function push_or_bury(target, value, why)
 end
 """
 
-# KEYS: queue, inflight. ARGV: count. Moves up to count items, returns them.
+# KEYS: queue, inflight. ARGV: count, longest item returned. Moves up to count items and
+# returns them; an item longer than the limit comes back as its first `limit` and last
+# 4096 bytes: too large to handle, it is judged (and answered, `ret` being near either
+# end) from those, and never crosses to the bus whole.
 _CLAIM = """
 local items = redis.call('LPOP', KEYS[1], ARGV[1])
 if not items then return {} end
 redis.call('RPUSH', KEYS[2], unpack(items))
+local limit = tonumber(ARGV[2])
+for i = 1, #items do
+  if #items[i] > limit then
+    items[i] = string.sub(items[i], 1, limit) .. string.sub(items[i], -4096)
+  end
+end
+return items
+"""
+
+# KEYS: inflight. ARGV: count, longest item returned. The first items, cut like _CLAIM's.
+_PEEK = """
+local items = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+local limit = tonumber(ARGV[2])
+for i = 1, #items do
+  if #items[i] > limit then
+    items[i] = string.sub(items[i], 1, limit) .. string.sub(items[i], -4096)
+  end
+end
 return items
 """
 
@@ -127,12 +148,17 @@ ATTEMPTS_TTL_S = 86400
 class BusStore:
     """Typed wrappers around the bus's Redis commands and scripts."""
 
-    def __init__(self, client: aioredis.Redis, *, max_seen: int = 2_000_000) -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, max_seen: int = 2_000_000, max_item: int = 1 << 20
+    ) -> None:
         self.redis = client
         self.max_seen = max_seen
+        #: Items longer than this reach the bus cut to ``max_item + 1 + 4096`` bytes (_CLAIM).
+        self.max_item = max_item
         #: Single commands from concurrent callers go through here; run it as a task.
         self.coalescer = Coalescer(client, reload=self._load_scripts)
         self._claim = client.register_script(_CLAIM)
+        self._peek = client.register_script(_PEEK)
         self._accept_request = client.register_script(_ACCEPT_REQUEST)
         self._finish = client.register_script(_FINISH)
         self._deliver_reply = client.register_script(_DELIVER_REPLY)
@@ -145,18 +171,23 @@ class BusStore:
             await self.redis.script_load(script.script)
 
     async def wait_one(self, queue: str, block_s: int) -> bytes | None:
-        """Block up to ``block_s`` seconds for one item, moved atomically to the inflight list."""
+        """Block up to ``block_s`` seconds for one item, moved atomically to the inflight list.
+
+        The item arrives whole (BLMOVE cannot cut it): at most one oversized item
+        is in the bus's memory at a time, bounded by Redis's ``proto-max-bulk-len``.
+        """
         item = await self.redis.blmove(queue, keys.bus_inflight(queue), block_s, "LEFT", "RIGHT")
         return cast(bytes | None, item)
 
     async def claim(self, queue: str, count: int) -> list[bytes]:
         """Move up to ``count`` more items from ``queue`` to its inflight list."""
-        items = await self._claim(keys=[queue, keys.bus_inflight(queue)], args=[count])
+        args = [count, self.max_item + 1]
+        items = await self._claim(keys=[queue, keys.bus_inflight(queue)], args=args)
         return cast(list[bytes], items)
 
     async def inflight(self, queue: str, count: int) -> list[bytes]:
-        """Items left in the inflight list (by a crash or a failed transaction)."""
-        items = await self.redis.lrange(keys.bus_inflight(queue), 0, count - 1)
+        """Items left in the inflight list (by a crash or a failed transaction), cut like claims."""
+        items = await self._peek(keys=[keys.bus_inflight(queue)], args=[count, self.max_item + 1])
         return cast(list[bytes], items)
 
     def release(self, pipe: Any, queue: str, count: int) -> None:

@@ -391,3 +391,23 @@ async def test_handler_server_sets_aside_bombs_and_times_out_hung_handlers(twins
     finally:
         await stop(task)
         await ra.aclose()
+
+
+async def test_oversized_requests_are_answered_from_their_head(twins):
+    (a,) = twins(1)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        big = seed_request("echo", [a.id], b"x" * 300_000)  # ret comes after dat here
+        no_ret = b'{"ver":1,"dat":"' + b"A" * 300_000 + b'"}'
+        small = seed_request("nobody", [9999], b"")
+        await ra.rpush(keys.BUS_LOCAL, json.dumps(big), no_ret, json.dumps(small))
+        await a.start_bus(max_size=4096)  # the three are claimed as one batch
+        popped = await ra.blpop([big["ret"]], timeout=10)
+        assert popped is not None and "larger than 4096" in json.loads(popped[1])["err"]
+        popped = await ra.blpop([small["ret"]], timeout=10)
+        assert popped is not None and json.loads(popped[1])["err"] == "destination not found"
+        [letter] = await dead_letters(ra)
+        assert letter.body == no_ret[:4097] + no_ret[-4096:] and "larger than" in letter.reason
+        assert await ra.llen(keys.bus_inflight(keys.BUS_LOCAL)) == 0
+    finally:
+        await ra.aclose()
