@@ -210,7 +210,8 @@ def go_programs() -> dict[str, str]:
     out = root / _go_sources_digest()
     names = ("consumer", "producer")
     if not all((out / name).is_file() for name in names):
-        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=root if root.exists() else None))
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=root))  # same filesystem: rename is atomic
         try:
             for name in names:
                 done = subprocess.run(
@@ -222,11 +223,13 @@ def go_programs() -> dict[str, str]:
                 )
                 if done.returncode != 0:
                     pytest.fail(f"go build ./{name} failed:\n{done.stderr[-4000:]}")
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError, OSError):
-                tmp.rename(out)  # atomic: a concurrent build of the same sources may win
+            with contextlib.suppress(OSError):
+                tmp.rename(out)  # a concurrent build of the same sources may have won
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    missing = [name for name in names if not (out / name).is_file()]
+    if missing:
+        pytest.fail(f"go build left no {missing} in {out}")
     return {name: str(out / name) for name in names}
 
 
