@@ -67,7 +67,12 @@ class RedisTailer:
                 checkpoint()
                 self._set_up(True)
                 down_since, delay = None, 0.05
-            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError) as exc:
+            except (
+                aioredis.ConnectionError,
+                aioredis.TimeoutError,
+                aioredis.ResponseError,  # e.g. WRONGTYPE: someone wrote the key; retried until fixed
+                OSError,
+            ) as exc:
                 self._set_up(False)
                 self._metrics.inc("sluice_serve_redis_errors_total")
                 now = time.monotonic()

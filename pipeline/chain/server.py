@@ -428,6 +428,15 @@ _METHODS: dict[str, Callable[[Connection, Any], Any]] = {
 }
 
 
+def _tailer_ended(app: web.Application, tailer: RedisTailer, task: asyncio.Task[None]) -> None:
+    """The live tailer ended before shutdown: say so in the log and on ``/healthz`` (503)."""
+    if task.cancelled():
+        return
+    log.error("live tailer ended: %r; no live data until restart", task.exception())
+    tailer.up = False
+    app[METRICS].set("sluice_serve_redis_up", 0.0)
+
+
 async def _warm(resumption: TieredResumption) -> None:
     """Index the tail at start; if Redis is not there yet, the first call will."""
     try:
@@ -565,6 +574,7 @@ def create_app(
             )
             app[TAILER] = tailer
             task = asyncio.create_task(tailer.run(), name="redis-tailer")
+            task.add_done_callback(lambda t: _tailer_ended(app, tailer, t))
         try:
             yield
         finally:

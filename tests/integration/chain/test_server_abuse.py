@@ -318,3 +318,31 @@ async def test_an_entry_past_the_largest_block_number_does_not_stop_live_data(
             await late.subscribe(head.num, head.hash)
             got = await late.blocks(4)
             assert [b.num for b in got] == list(range(head.num, head.num + 4))
+
+
+async def test_a_stream_key_of_the_wrong_type_is_reported_and_survived(
+    settings, serve, connect, redis_client
+) -> None:
+    redis_client.set(keys.stream(STREAM), "not a stream")
+
+    async def health(session: aiohttp.ClientSession, base: str, want: int) -> None:
+        async with asyncio.timeout(10):
+            while True:
+                async with session.get(base + "/healthz") as resp:
+                    if resp.status == want:
+                        return
+                await asyncio.sleep(0.05)
+
+    async with serve(settings) as (base, _app), aiohttp.ClientSession() as session:
+        await health(session, base, 503)  # the tailer cannot read it: degraded, not "ok"
+        async with connect(base) as client:
+            reply = await rpc(client, "cardinal_getBlock", ["0x0"])
+            assert reply["error"]["code"] == SERVER_ERROR
+        redis_client.delete(keys.stream(STREAM))  # an operator fixes it
+        gen = SyntheticChain(seed=49)
+        write_blocks(redis_client, STREAM, gen.take(2))
+        await health(session, base, 200)
+        async with connect(base) as client:
+            await client.subscribe(0, gen.canonical[0].hash)
+            await client.blocks(2)
+            await goes_on(client, gen, redis_client)
