@@ -304,7 +304,11 @@ def _index_entry(
         num, hash = raw["num"], raw["hash"].hex()
         if not _indexable(num, raw["hash"], raw["parent"]):
             raise BadBatch("block number or hashes out of range")
-        tail.add(num, hash, raw["parent"].hex(), entry_id, raw_weight(raw))
+        parent = raw["parent"].hex()
+        below = tail.chain.get(num - 1)
+        if below is not None and below[0] == parent:
+            parent = below[0]  # one string for the parent and its hash: about 110 bytes an entry
+        tail.add(num, hash, parent, entry_id, raw_weight(raw))
     except (BadBatch, KeyError, AttributeError, TypeError):
         log.warning("skipping invalid chain entry %r", entry_id)
         tail.last_id = entry_id
