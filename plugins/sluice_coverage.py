@@ -49,11 +49,10 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlparse
 
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPBearer
 
 from pipeline import __version__, keys
 from pipeline.chain.coverage import Archived, Interval, coverage, summarize
@@ -583,6 +582,28 @@ def redis_url(settings: Any) -> tuple[str, str]:
 
 # --- the FastAPI app ---------------------------------------------------------------
 
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def authorized(request: Request) -> None:
+    """What ``GET /api/v2/dags/sluice_archive/dagRuns`` requires, checked by Airflow's own code.
+
+    The caller is the one Airflow's core API would see (a bearer JWT, else the
+    UI's ``_token`` cookie), and the auth manager must let it read the DAG's
+    runs; otherwise 401/403 as the core API answers. Airflow's API modules are
+    imported here, not at the top: every Airflow process (scheduler, DAG
+    processor, task runner) imports this plugin, and only the API server
+    needs them (importing them costs seconds and tens of MB).
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
+
+    credentials = await _bearer(request)
+    user = await get_user(request, None, credentials)
+    check = requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID)
+    # Blocking (the DAG's team comes from the metadata DB): as the core API, in a thread.
+    await asyncio.to_thread(check, request, user)
+
 
 def create_app(board: CoverageBoard | None = None) -> FastAPI:
     """The app mounted at :data:`URL_PREFIX`; every route needs read access to the DAG's runs."""
@@ -595,9 +616,7 @@ def create_app(board: CoverageBoard | None = None) -> FastAPI:
 
     app = FastAPI(
         title="Sluice coverage",
-        dependencies=[
-            Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID))
-        ],
+        dependencies=[Depends(authorized)],
         docs_url=None,
         redoc_url=None,
         openapi_url=None,

@@ -4,7 +4,7 @@ One server per module (starting one costs about 10-20 s): a temporary
 ``AIRFLOW_HOME`` with a migrated SQLite database, ``dags/`` serialized into it,
 ``plugins/`` of this checkout as the plugin folder, the simple auth manager
 (its generated admin password gives a JWT through ``POST /auth/token``), a
-temporary lake and database 11 of the session's redis-server. The server runs
+temporary lake and database 11 of a private redis-server (the last test stops it). The server runs
 in its own process group and is ended as a whole.
 """
 
@@ -46,6 +46,7 @@ class ApiServer:
     token: str
     home: Path
     lake: str
+    redis: LocalRedis
     redis_url: str
     log: Path
 
@@ -121,19 +122,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def view_redis_url(redis_server: LocalRedis | None) -> str:
-    base = os.environ.get("SLUICE_TEST_REDIS_URL") or (redis_server.url if redis_server else "")
-    return urlunparse(urlparse(base)._replace(path=f"/{VIEW_REDIS_DB}"))
+def view_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]:
+    """A private redis-server for the module: the faults test stops it."""
+    server = LocalRedis(tmp_path_factory.mktemp("view-redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
 def api_server(
-    tmp_path_factory: pytest.TempPathFactory, view_redis_url: str
+    tmp_path_factory: pytest.TempPathFactory, view_redis: LocalRedis
 ) -> Iterator[ApiServer]:
     home = tmp_path_factory.mktemp("airflow-view")
     lake = str(home / "lake")
     port = free_port()
-    env = airflow_env(home, port, lake, view_redis_url)
+    redis_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{VIEW_REDIS_DB}"))
+    env = airflow_env(home, port, lake, redis_url)
     airflow = [sys.executable, "-m", "airflow"]
     for step in (["db", "migrate"], ["dags", "reserialize"]):
         done = subprocess.run(
@@ -155,7 +161,13 @@ def api_server(
         _wait_healthy(url, proc, log_path)
         token = _token(url, home)
         yield ApiServer(
-            url=url, token=token, home=home, lake=lake, redis_url=view_redis_url, log=log_path
+            url=url,
+            token=token,
+            home=home,
+            lake=lake,
+            redis=view_redis,
+            redis_url=redis_url,
+            log=log_path,
         )
     finally:
         _stop(proc)

@@ -10,8 +10,10 @@ window and the next safe trim all have known values.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -233,3 +235,34 @@ def test_no_traceback_when_unauthorized_paths_are_probed(api_server: ApiServer) 
         reply = http.get("/sluice/nothing-here")
     assert reply.status_code == 404
     assert "Traceback" not in reply.text
+
+
+def _poll(api_server: ApiServer, done: Any, deadline_s: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + deadline_s
+    while True:
+        data = _coverage(api_server)
+        if done(data) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.25)
+
+
+def test_zz_lake_and_redis_faults_are_reported_not_raised(
+    api_server: ApiServer, system: dict[str, Any]
+) -> None:
+    """Last in the module (it breaks the lake and stops Redis): both show up in the JSON, 200."""
+    log_dir = Path(api_server.lake) / "archive_log" / "_delta_log"
+    newest = max(int(p.stem) for p in log_dir.glob("*.json"))
+    (log_dir / f"{newest + 1:020d}.json").write_text("not json\n")
+    api_server.redis.stop()
+    data = _poll(api_server, lambda d: d["lake"]["error"] and not d["redis"]["up"])
+    assert "archive_log" in data["lake"]["error"], data["lake"]
+    assert data["redis"]["error"].startswith("redis unavailable"), data["redis"]
+    assert "Traceback" not in json.dumps(data)
+    # The last good read of the lake is still shown (stale, with its error), Airflow's part too.
+    chain = next(s for s in data["streams"] if s["name"] == CHAIN)
+    assert chain["coverage"]["run_count"] == 2
+    assert chain["redis"] is None
+    assert chain["archive_runs"][0]["state"] == "queued"
+    with api_server.client() as http:
+        assert http.get("/sluice/").status_code == 200
+        assert http.get("/api/v2/dags").status_code == 200
