@@ -29,7 +29,8 @@ async def test_refresh_reads_only_new_entries_and_follows_trims(redis_url, redis
         await tail.refresh()
         assert len(tail) == 60 and tail.index.lo == 0 and tail.index.hi == 59
         write_blocks(redis_client, STREAM, blocks[60:], ids=ids(40, 61))
-        redis_client.xtrim(KEY, minid="41-0", approximate=False)  # blocks 0..39 archived and trimmed
+        # blocks 0..39 archived and trimmed
+        redis_client.xtrim(KEY, minid="41-0", approximate=False)
         await tail.refresh()
         assert len(tail) == 60 and tail.index.lo == 40 and tail.index.hi == 99
         assert blocks[10].hash.hex() not in tail.index.seen
