@@ -145,7 +145,27 @@ class QueueHandlers:
             for raw in unreadable:
                 self.store.bury_in(pipe, keys.BUS_REMOTE, "no valid cmd", raw)
             self.store.release(pipe, keys.BUS_REMOTE, len(batch))
-            await pipe.execute()
+            results = await pipe.execute()
+        aside = [pushes[int(i)] for i in results[0]] if pushes else []
+        if aside:
+            # The handler's queue is not a list: its callers hear it now, not at expiry.
+            await self._refuse(aside)
+
+    async def _refuse(self, aside: list[tuple[str, bytes]]) -> None:
+        replies: list[bytes] = []
+        for queue, raw in aside:
+            try:
+                request = envelope.decode(raw, max_size=self.config.max_size)
+            except EnvelopeError:
+                continue  # already in the dead-letter list
+            log.error("bus: %s is not a list; request %s refused", queue, request.uid)
+            refusal = request.copy(
+                src=self.twin, dst=[request.src], dat="", now=int(time.time()),
+                err=f"command queue of {request.cmd} unavailable",
+            )  # fmt: skip
+            replies.append(refusal.encode())
+        if replies:
+            await self.redis.rpush(keys.BUS_REPLY, *replies)
 
     def _command_of(self, raw: bytes) -> str:
         try:

@@ -120,13 +120,15 @@ return 1
 )
 
 # KEYS: none (the targets are client-named). ARGV: why, then (target, value) pairs.
-# Returns how many were pushed; the others are in the dead-letter list.
+# Returns the 0-based indexes of the pairs set aside (in the dead-letter list).
 _PUSH = (
     _PUSH_OR_BURY
     + """
-local pushed = 0
-for i = 2, #ARGV, 2 do pushed = pushed + push_or_bury(ARGV[i], ARGV[i + 1], ARGV[1]) end
-return pushed
+local aside = {}
+for i = 2, #ARGV, 2 do
+  if push_or_bury(ARGV[i], ARGV[i + 1], ARGV[1]) == 0 then aside[#aside + 1] = (i - 2) / 2 end
+end
+return aside
 """
 )
 
@@ -207,7 +209,10 @@ class BusStore:
         return int(result)
 
     async def push_in(self, pipe: Any, why: str, pushes: Sequence[tuple[str, bytes]]) -> None:
-        """Queue RPUSHes to client-named keys into ``pipe``; a non-list target is set aside."""
+        """Queue RPUSHes to client-named keys into ``pipe``; a non-list target is set aside.
+
+        The command's result is the list of indexes (into ``pushes``) set aside.
+        """
         args: list[str | bytes] = [why]
         for target, value in pushes:
             args += [target, value]

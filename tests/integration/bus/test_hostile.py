@@ -411,3 +411,27 @@ async def test_oversized_requests_are_answered_from_their_head(twins):
         assert await ra.llen(keys.bus_inflight(keys.BUS_LOCAL)) == 0
     finally:
         await ra.aclose()
+
+
+async def test_a_handler_queue_of_the_wrong_type_is_answered_at_once(twins):
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    rb = aioredis.Redis.from_url(b.url)
+    try:
+        await rb.set("msgbus.broken.queue", "a string, not a list")
+        _, task = serve(b, echo=echo)
+        try:
+            calls = [
+                raw_call(a.url, seed_request("broken.queue", [b.id], b"", exp=60), 1, wait=5),
+                raw_call(a.url, seed_request("echo", [b.id], b"fine"), 1, wait=5),
+            ]
+            [[refused], [ok]] = await asyncio.gather(*calls)
+        finally:
+            await stop(task)
+        assert refused["err"] == "command queue of broken.queue unavailable"
+        assert refused["src"] == b.id and ok["err"] == ""
+        [letter] = await dead_letters(rb)
+        assert letter.queue == "msgbus.broken.queue" and "holds a string" in letter.reason
+    finally:
+        await rb.aclose()
