@@ -22,7 +22,7 @@ from pipeline.settings import Settings
 
 #: subcommand -> (module with ``main(argv)``, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("pipeline.demo", "run the whole flow once on this machine with embedded defaults"),
+    "demo": ("pipeline.demo", "run the whole system live on this machine (--check: as a test)"),
     "node": ("pipeline.streams.cli", "run a node: stream service, stream transport, workers"),
     "bus": ("pipeline.bus.cli", "run the reliable message bus for one twin (and 'bus keygen')"),
     "serve": ("pipeline.chain.cli", "run the websocket resumption server"),

@@ -250,3 +250,9 @@ class HandlerError(BusError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, public=message)
+
+
+class DemoError(SluiceError):
+    """A demo component did not start, or kept dying past its restart budget."""
+
+    public_message = "demo failed"

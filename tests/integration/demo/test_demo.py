@@ -1,41 +1,135 @@
-"""The demo's data and arguments (the full ``sluice demo`` run is ``make demo``)."""
+"""``sluice demo`` start-up, restart and stop with a quick subset of its components.
+
+The full system (Spark Connect, Airflow) is ``make demo-check``, a CI step:
+here the supervisor's paths run with Redis, the server, the producer, the two
+nodes and the two bus twins (a few seconds), and the test walks ``/proc`` for
+the demo's marker afterwards: no process may outlive the demo.
+"""
 
 from __future__ import annotations
 
-import pytest
-import redis
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
-from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
-from pipeline.demo import INTERVAL_MS, UNARCHIVED, Interval, main, write_chain
+from pipeline.demo.procs import MARKER, marked_pids
+from pipeline.localredis import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+SUBSET = "serve,produce,nodes,buses"
 
 
-def test_interval_is_a_closed_five_minute_window_in_the_past() -> None:
-    now = 1_795_650_123_456
-    interval = Interval.past(now)
-    assert interval.end_ms - interval.start_ms == INTERVAL_MS
-    assert interval.end_ms % INTERVAL_MS == 0
-    assert now - interval.end_ms >= 2 * 3600 * 1000
+def _demo(tmp_path: Path, demo_id: str, *args: str) -> subprocess.Popen[bytes]:
+    """The demo with its output in ``tmp_path/out`` (a file: a pipe nobody reads could block it)."""
+    env = {
+        **os.environ,
+        "SLUICE_VAR_DIR": str(tmp_path / "var"),
+        MARKER: demo_id,
+        "COLUMNS": "120",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "demo", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=(tmp_path / "out").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
 
 
-def test_chain_lands_inside_the_interval_with_a_reorg_and_a_tail_after_it(
-    redis_client: redis.Redis,
+def _out(tmp_path: Path) -> str:
+    return (tmp_path / "out").read_text(errors="replace")
+
+
+def _wait_for(what: str, cond: Callable[[], bool], tmp_path: Path, within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{_out(tmp_path)}"
+        time.sleep(0.1)
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+def _pid_of(demo_id: str, needle: str) -> int | None:
+    for pid in marked_pids(demo_id):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if needle in cmd:
+            return pid
+    return None
+
+
+def test_live_demo_restarts_a_dead_component_and_ctrl_c_leaves_no_process(
+    tmp_path: Path,
 ) -> None:
-    interval = Interval(1_000_000_000_000, 1_000_000_300_000)
-    written = write_chain(redis_client, "chain:demo", interval, 40)
-    entries = redis_client.xrange(keys.stream("chain:demo"))
-    assert len(entries) == written.total
-    ms = [int(entry_id.split(b"-")[0]) for entry_id, _ in entries]
-    inside = [m for m in ms if interval.start_ms <= m < interval.end_ms]
-    assert len(inside) == len(written.inside) >= 40
-    assert len(ms) - len(inside) >= UNARCHIVED and min(ms) >= interval.start_ms
-    blocks = [decode_block(fields[ENTRY_FIELD]) for _, fields in entries[: len(inside)]]
-    assert blocks == written.inside
-    canonical = {b.hash for b in written.canonical}
-    assert written.reorgs >= 1 and any(b.hash not in canonical for b in written.inside)
+    demo_id = f"test-{uuid.uuid4().hex[:8]}"
+    demo_dir = tmp_path / "var" / "demo"
+    proc = _demo(tmp_path, demo_id, "--only", SUBSET, "--serve-port", str(free_port()))
+    try:
+        # traffic flows both ways between the nodes: the components are up and talking
+        _wait_for("all up", lambda: "all up in" in _out(tmp_path), tmp_path)
+        _wait_for(
+            "round trips",
+            lambda: (
+                _lines(demo_dir / "node-a.replies") > 0 and _lines(demo_dir / "node-b.replies") > 0
+            ),
+            tmp_path,
+        )
+        victim = _pid_of(demo_id, "node --name node-b")
+        assert victim is not None
+        os.killpg(victim, signal.SIGKILL)
+        _wait_for(
+            "node-b restarted",
+            lambda: (_pid_of(demo_id, "node --name node-b") or victim) != victim,
+            tmp_path,
+        )
+        before = _lines(demo_dir / "node-b.replies")
+        _wait_for(
+            "node-b talking again", lambda: _lines(demo_dir / "node-b.replies") > before, tmp_path
+        )
+        # the walk sees every component, redis-server too (it overwrites its environment)
+        assert _pid_of(demo_id, "redis-server") is not None
+        assert _pid_of(demo_id, "produce --stream") is not None
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = _out(tmp_path)
+    assert proc.returncode == 0, out
+    assert "node-b exited with code" in out and "restarting (1/" in out, out
+    assert "the sweep had to stop" not in out, out  # every process group stopped by itself
+    assert marked_pids(demo_id) == []
 
 
-def test_bad_block_count_is_refused() -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["--blocks", "0"])
-    assert info.value.code == 2
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _demo(tmp_path, "unused", "--only", SUBSET, "--serve-port", str(port))
+        proc.wait(timeout=60)
+    out = _out(tmp_path)
+    assert proc.returncode == 2, out
+    lines = out.strip().splitlines()
+    assert lines == [f"sluice demo: port {port} (status page, --serve-port) is in use"], out
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    proc = _demo(tmp_path, "unused", "--only", "serve,nope")
+    proc.wait(timeout=60)
+    out = _out(tmp_path)
+    assert proc.returncode == 2 and "unknown component(s) nope" in out, out

@@ -1,0 +1,17 @@
+"""``sluice demo``: the whole system live on this machine; ``--check`` runs it as a test.
+
+Modules: :mod:`~pipeline.demo.app` (the command), :mod:`~pipeline.demo.supervisor`
+(child processes), :mod:`~pipeline.demo.components` (what runs, on which
+ports), :mod:`~pipeline.demo.activity` (the demo's traffic and observers),
+:mod:`~pipeline.demo.view` (the live terminal view), :mod:`~pipeline.demo.check`
+and :mod:`~pipeline.demo.verify` (the scripted scenario), :mod:`~pipeline.demo.procs`
+(the marker walk), :mod:`~pipeline.demo.prereq` (what the machine must have).
+"""
+
+from __future__ import annotations
+
+
+def main(argv: list[str]) -> int:
+    from pipeline.demo.app import main as run
+
+    return run(argv)

@@ -1,0 +1,379 @@
+"""``sluice demo``: the whole system on this machine, live until Ctrl-C; ``--check`` scripts it.
+
+Start-up: the prerequisites (Java, redis-server, Airflow, free ports, disk,
+var/ git-ignored) are checked first, each missing one said in one line (exit
+2). Then, under ``<var>/demo``: a private Redis; then at once ``sluice
+spark`` (Connect), ``sluice serve``, ``sluice produce`` with reorgs, two
+nodes, two bus twins and ``airflow standalone``; a subscriber from block 0
+joins once the archive has trimmed Redis below block 0.
+
+Stop: Ctrl-C or SIGTERM stops every process group and sweeps any process
+still carrying the demo's marker (see :mod:`pipeline.demo.supervisor`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from pipeline.demo import components as comp
+from pipeline.demo import prereq
+from pipeline.demo.activity import Activity
+from pipeline.demo.procs import MARKER
+from pipeline.demo.supervisor import Component, Supervisor
+from pipeline.demo.view import render
+from pipeline.errors import ConfigError, DemoError
+from pipeline.settings import Settings
+
+#: Events kept for the view.
+EVENTS = 8
+#: Seconds between two frames of the live view.
+FRAME_S = 0.5
+#: Components ``--only`` may name, in start order (redis always starts first).
+ALL = ("spark", "serve", "produce", "nodes", "buses", "airflow")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    check: bool
+    only: tuple[str, ...]
+    serve_port: int
+    airflow_port: int
+    spark_port: int
+    deadline_s: float
+    var_dir: Path
+    #: for tests: stop as soon as everything is up
+    up_then_stop: bool = False
+
+
+def repo_root() -> Path:
+    """The checkout holding ``dags/`` and ``plugins/`` (an editable install)."""
+    root = Path(__file__).resolve().parent.parent.parent
+    if not (root / "dags").is_dir():
+        raise ConfigError(f"no dags/ next to the package at {root}: run the demo from a checkout")
+    return root
+
+
+def _parser(settings: Settings) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sluice demo", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--check", action="store_true", help="run the scripted scenario and exit 0/1")
+    p.add_argument("--serve-port", type=int, default=settings.serve_port, help="status page port")
+    p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port")
+    p.add_argument("--spark-port", type=int, default=settings.spark_connect_port)
+    p.add_argument(
+        "--only",
+        default=",".join(ALL),
+        help=f"comma-separated subset of {','.join(ALL)} (Redis always runs)",
+    )
+    p.add_argument(
+        "--deadline", type=float, default=900.0, help="--check: seconds before it gives up"
+    )
+    p.add_argument("--up-then-stop", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def parse(argv: list[str]) -> Options:
+    settings = Settings.load()
+    parser = _parser(settings)
+    args = parser.parse_args(argv)
+    only = tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [s for s in only if s not in ALL]
+    if unknown:
+        parser.error(f"--only: unknown component(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
+    for name in ("serve_port", "airflow_port", "spark_port"):
+        if not 1 <= getattr(args, name) <= 65535:
+            parser.error(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
+    if not 30 <= args.deadline <= 7200:
+        parser.error("--deadline must be between 30 and 7200 seconds")
+    if args.check and only != ALL:
+        parser.error("--check runs every component; drop --only")
+    return Options(
+        check=args.check,
+        only=only,
+        serve_port=args.serve_port,
+        airflow_port=args.airflow_port,
+        spark_port=args.spark_port,
+        deadline_s=args.deadline,
+        var_dir=Path(settings.var_dir).expanduser().absolute(),
+        up_then_stop=args.up_then_stop,
+    )
+
+
+def plan_for(opts: Options, root: Path, demo_id: str = "") -> comp.Plan:
+    timing: dict[str, float | int | str] = {"demo_id": demo_id}
+    if opts.check:  # faster blocks and a shorter hot window: the check waits for a trim
+        timing |= {"rate": 4.0, "reorg_every": 8, "hot_retention_s": 15}
+    return comp.Plan.make(
+        root,
+        opts.var_dir / "demo",
+        serve_port=opts.serve_port,
+        airflow_port=opts.airflow_port,
+        spark_port=opts.spark_port,
+        **timing,
+    )
+
+
+def user_ports(opts: Options) -> list[tuple[int, str]]:
+    wanted = [(opts.serve_port, "status page, --serve-port")]
+    if "airflow" in opts.only:
+        wanted.append((opts.airflow_port, "Airflow UI, --airflow-port"))
+    if "spark" in opts.only:
+        wanted.append((opts.spark_port, "Spark Connect, --spark-port"))
+    return wanted
+
+
+def prepare(plan: comp.Plan) -> None:
+    """A clean demo directory; Airflow's home survives (its migrated database saves a minute)."""
+    plan.dir.mkdir(parents=True, exist_ok=True)
+    for entry in plan.dir.iterdir():
+        if entry.name in ("airflow",):
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def components_for(plan: comp.Plan, only: tuple[str, ...]) -> list[Component]:
+    made: list[Component] = []
+    if "spark" in only:
+        made.append(comp.spark_component(plan))
+    if "serve" in only:
+        made.append(comp.serve_component(plan))
+    if "produce" in only:
+        made.append(comp.produce_component(plan))
+    if "nodes" in only:
+        made += comp.node_components(plan)
+    if "buses" in only:
+        comp.write_bus_keys(plan)
+        made += comp.bus_components(plan)
+    if "airflow" in only:
+        made.append(comp.airflow_component(plan))
+    return made
+
+
+def main(argv: list[str]) -> int:
+    opts = parse(argv)
+    root = repo_root()
+    # a caller (a test) may name the marker to look for leftovers itself
+    demo_id = os.environ.get(MARKER) or uuid.uuid4().hex[:12]
+    plan = plan_for(opts, root, demo_id)
+    problems = prereq.missing(root, plan.dir, user_ports(opts))
+    if "airflow" not in opts.only:
+        problems = [p for p in problems if "airflow" not in p]
+    if problems:
+        for line in problems:
+            sys.stderr.write(f"sluice demo: {line}\n")
+        return 2
+    prepare(plan)
+    return asyncio.run(_main(opts, plan))
+
+
+async def _main(opts: Options, plan: comp.Plan) -> int:
+    console = Console(stderr=False)
+    events: deque[str] = deque(maxlen=EVENTS)
+    demo_id = plan.demo_id
+
+    def event(text: str) -> None:
+        stamped = f"{time.strftime('%H:%M:%S')} {text}"
+        events.append(stamped)
+        if opts.check or not console.is_terminal:
+            console.print(stamped, highlight=False, markup=False)
+
+    supervisor = Supervisor(demo_id, plan.dir, on_event=event)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started = time.monotonic()
+    code = 1
+    try:
+        supervisor.add(comp.redis_component(plan))
+        for component in components_for(plan, opts.only):
+            supervisor.add(component)
+        if opts.check:
+            from pipeline.demo.check import run_check
+
+            code = await run_check(plan, supervisor, console, stop, started, opts.deadline_s, event)
+        else:
+            code = await _live(opts, plan, supervisor, console, stop, started, events, event)
+    except DemoError as exc:
+        console.print(f"[bold red]sluice demo:[/] {exc}", highlight=False)
+        code = 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        console.print("stopping every component...", highlight=False)
+        t0 = time.monotonic()
+        left = await supervisor.stop_all()
+        console.print(f"stopped in {time.monotonic() - t0:.1f}s", highlight=False)
+        for line in left:
+            console.print(f"  the sweep had to stop: {line}", highlight=False, markup=False)
+    return code
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=20),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+
+
+async def start_all(
+    supervisor: Supervisor, progress: Progress, stop: asyncio.Event, event: Callable[[str], None]
+) -> float:
+    """Redis first, then every other component at once; seconds until all are up.
+
+    Raises :class:`DemoError` (the first component that failed) or returns
+    early with ``stop`` set on Ctrl-C.
+    """
+    t0 = time.monotonic()
+    tasks = {name: progress.add_task(f"{name}: starting", total=1) for name in supervisor.children}
+
+    async def one(name: str) -> None:
+        child = await supervisor.start(name)
+        progress.update(
+            tasks[name], completed=1, description=f"{name}: up in {child.up_after_s:.1f}s"
+        )
+        event(f"{name} up in {child.up_after_s:.1f}s")
+
+    await one("redis")
+    rest = [n for n in supervisor.children if n != "redis"]
+    starting: asyncio.Future[Any] = asyncio.gather(*(one(n) for n in rest))
+    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([starting, stopper], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, DemoError):
+            await starting
+        return time.monotonic() - t0
+    starting.result()  # raises the first DemoError
+    return time.monotonic() - t0
+
+
+@contextlib.asynccontextmanager
+async def running(activity: Activity, supervisor: Supervisor) -> AsyncIterator[None]:
+    """The demo's traffic and the supervisor's watch, cancelled and awaited on exit."""
+    tasks = [
+        asyncio.create_task(activity.run(), name="activity"),
+        asyncio.create_task(supervisor.watch(), name="watch"),
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, Exception):
+                raise result
+
+
+async def _live(
+    opts: Options,
+    plan: comp.Plan,
+    supervisor: Supervisor,
+    console: Console,
+    stop: asyncio.Event,
+    started: float,
+    events: deque[str],
+    event: Callable[[str], None],
+) -> int:
+    activity = Activity(plan)
+    progress = progress_bar()
+    subscriber = comp.subscriber_component(plan)
+    sub_lines = 0
+    sub_offset = 0
+
+    def frame(footer: str, with_progress: bool) -> object:
+        return render(
+            plan,
+            supervisor,
+            activity.counts,
+            events,
+            progress=progress if with_progress else None,
+            subscriber_lines=sub_lines,
+            footer=footer,
+        )
+
+    with Live(
+        frame("starting...", True),  # type: ignore[arg-type]
+        console=console,
+        refresh_per_second=4,
+        transient=False,
+        redirect_stdout=False,
+    ) as live:
+
+        async def paint() -> None:
+            while True:
+                live.update(frame("starting... (Ctrl-C stops everything)", True))  # type: ignore[arg-type]
+                await asyncio.sleep(FRAME_S)
+
+        painter = asyncio.create_task(paint())
+        try:
+            up_s = await start_all(supervisor, progress, stop, event)
+        finally:
+            painter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await painter
+        if stop.is_set():
+            return 130
+        rss = supervisor.rss_bytes()
+        event(f"all up in {up_s:.1f}s; the demo's processes use {rss / 2**20:.0f} MiB RSS")
+        if opts.up_then_stop:
+            return 0
+        async with running(activity, supervisor):
+            while not stop.is_set():
+                if (
+                    activity.counts.trimmed
+                    and subscriber.name not in supervisor.children
+                    and "serve" in opts.only
+                ):
+                    supervisor.add(subscriber)
+                    await supervisor.start(subscriber.name)
+                    event("Redis was trimmed below block 0: a subscriber from block 0 joined")
+                if subscriber.name in supervisor.children:
+                    sub_offset, more = _count_added(supervisor.log_path("subscriber"), sub_offset)
+                    sub_lines += more
+                footer = (
+                    f"up {time.monotonic() - started:.0f}s, RSS {supervisor.rss_bytes() / 2**20:.0f} MiB"
+                    " - Ctrl-C stops every component"
+                )
+                live.update(frame(footer, False))  # type: ignore[arg-type]
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FRAME_S * 2):
+                        await stop.wait()
+    return 0
+
+
+def _count_added(path: Path, offset: int) -> tuple[int, int]:
+    """Subscriber log lines with an update since ``offset``: (new offset, count)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read(8 << 20)
+    except OSError:
+        return offset, 0
+    end = data.rfind(b"\n") + 1
+    return offset + end, data[:end].count(b'{"added"')

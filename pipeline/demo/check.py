@@ -1,0 +1,261 @@
+"""``sluice demo --check``: the live system as a scripted scenario with a deadline.
+
+1. Start everything (as ``sluice demo`` does, with a faster producer and a
+   15 s hot window) and let ``sluice_archive`` run through Airflow and the
+   Connect server on its one-minute schedule.
+2. Wait until Redis no longer holds block 0 (the archive trimmed it) and a
+   bus call and both node round trips succeeded.
+3. Stop the producer, so the head stops moving.
+4. Compute the expected canonical chain from the lake (the JVM-free reader)
+   and Redis together; subscribe to ``sluice serve`` from block 0 and apply
+   every update; the subscriber's chain must be exactly that chain, each
+   block once, in order (reorgs show as removals of the tip).
+5. The server's head and Redis's head must be the expected head, and every
+   canonical block of the lake must be on the expected chain (the newest
+   ``reorg depth`` lake blocks may wait for the next canonical run).
+
+Prints a summary table; exit 0 when every row passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from pipeline import keys, redisconn
+from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.chain.consumer import subscribe
+from pipeline.demo import components as comp
+from pipeline.demo.activity import Activity
+from pipeline.demo.supervisor import Supervisor
+from pipeline.demo.verify import BrokenChain, Follower, Known, canonical_chain
+from pipeline.errors import SluiceError
+
+#: Seconds the subscriber keeps listening after it reached the expected head.
+QUIET_S = 3.0
+#: Seconds the subscriber may take to catch up with the expected head.
+CATCH_UP_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    ok: bool
+    detail: str
+
+
+class Timeout(SluiceError):
+    """The scenario's deadline passed."""
+
+
+async def _until(what: str, cond: Callable[[], bool], deadline: float, stop: asyncio.Event) -> None:
+    while not cond():
+        if stop.is_set():
+            raise Timeout(f"interrupted while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise Timeout(f"deadline passed while waiting for {what}")
+        await asyncio.sleep(0.5)
+
+
+async def run_check(
+    plan: comp.Plan,
+    supervisor: Supervisor,
+    console: Console,
+    stop: asyncio.Event,
+    started: float,
+    deadline_s: float,
+    event: Callable[[str], None],
+) -> int:
+    from pipeline.demo.app import progress_bar, running, start_all
+
+    deadline = started + deadline_s
+    rows: list[Row] = []
+    figures: dict[str, str] = {}
+    activity = Activity(plan)
+    counts = activity.counts
+    progress = progress_bar()
+    up_s = await start_all(supervisor, progress, stop, event)
+    if stop.is_set():
+        return 130
+    figures["time to all up"] = f"{up_s:.1f}s"
+    event(f"all up in {up_s:.1f}s; RSS {supervisor.rss_bytes() / 2**20:.0f} MiB")
+    try:
+        async with running(activity, supervisor):
+            await _until("the first bus call and node round trips", lambda: (
+                counts.rpc_ok > 0 and min(counts.round_trips.get(n, 0) for n in ("node-a", "node-b")) > 0
+            ), deadline, stop)  # fmt: skip
+            event("bus call and node round trips ok; waiting for an archive run to trim block 0")
+            rss_peak = supervisor.rss_bytes()
+            await _until(
+                "sluice_archive to archive and trim block 0",
+                lambda: counts.trimmed and counts.runs_ok > 0,
+                deadline,
+                stop,
+            )
+            rss_peak = max(rss_peak, supervisor.rss_bytes())
+            event(
+                f"Redis trimmed below block {counts.redis_first_num} after {counts.runs_ok} "
+                "archive run(s); stopping the producer"
+            )
+            await supervisor.stop("produce")
+            await asyncio.sleep(1.0)  # the server's tail catches the last entries
+            rows += await _compare(plan, counts, deadline, event)
+            rpc_failed = counts.rpc_failed
+            rows.append(
+                Row("bus RPC twin 1 -> twin 2", counts.rpc_ok > 0 and rpc_failed == 0,
+                    f"{counts.rpc_ok} calls ok, {rpc_failed} failed "
+                    f"{counts.rpc_error if rpc_failed else ''}".strip())
+            )  # fmt: skip
+            trips = counts.round_trips
+            rows.append(
+                Row("node round trips", min(trips.values(), default=0) > 0,
+                    f"a -> b over streams {trips.get('node-a', 0)}, "
+                    f"b -> a over Dialogue/TCP {trips.get('node-b', 0)}")
+            )  # fmt: skip
+            restarts = {n: c.restarts for n, c in supervisor.children.items() if c.restarts}
+            rows.append(Row("no component died", not restarts, f"restarts: {restarts or 'none'}"))
+            figures["RSS of the demo"] = f"{rss_peak / 2**20:.0f} MiB"
+            figures["archive runs ok"] = str(counts.runs_ok)
+    except Timeout as exc:
+        rows.append(Row("scenario", False, str(exc)))
+    figures["check took"] = f"{time.monotonic() - started:.1f}s"
+    _print(console, rows, figures)
+    return 0 if rows and all(r.ok for r in rows) else 1
+
+
+async def _compare(
+    plan: comp.Plan, counts: Any, deadline: float, event: Callable[[str], None]
+) -> list[Row]:
+    rows: list[Row] = []
+    redis_blocks, redis_head = await _redis_blocks(plan)
+    lake_rows = await asyncio.to_thread(_lake_canonical, plan.lake_uri)
+    known = [Known(num=r.num, hash=r.hash, parent=r.parent, weight=r.weight) for r in lake_rows]
+    try:
+        expected = canonical_chain([*known, *redis_blocks])
+    except BrokenChain as exc:
+        return [Row("lake + Redis hold one chain from block 0", False, str(exc))]
+    head = expected[-1]
+    rows.append(
+        Row("lake + Redis hold one chain from block 0", True,
+            f"{len(expected)} canonical blocks, head #{head.num}; "
+            f"{len(lake_rows)} from the lake, Redis from #{counts.redis_first_num}")
+    )  # fmt: skip
+    event(f"expected chain: blocks 0..{head.num}; subscribing from block 0")
+    follower = Follower()
+    limit = min(deadline, time.monotonic() + CATCH_UP_S)
+    error = ""
+    try:
+        await _follow(plan.ws_url, follower, (head.num, head.hash), limit)
+    except (TimeoutError, SluiceError, aiohttp.ClientError, OSError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    diffs = follower.compare(expected)
+    if error:
+        diffs.insert(0, error)
+    rows.append(
+        Row("subscriber from 0: every canonical block once, in order", not diffs,
+            f"{follower.added} added, {follower.removed} removed, "
+            f"{len(follower.chain)} kept" + (f"; {'; '.join(diffs[:3])}" if diffs else ""))
+    )  # fmt: skip
+    server_head = await _server_head(plan)
+    want = (head.num, head.hash)
+    rows.append(
+        Row("server head = Redis head = expected head",
+            server_head == want and redis_head == want,
+            f"server #{_fmt(server_head)}, Redis #{_fmt(redis_head)}, expected #{_fmt(want)}")
+    )  # fmt: skip
+    on_chain = {(b.num, b.hash) for b in expected}
+    lake_top = max((r.num for r in lake_rows), default=-1)
+    settle = plan.reorg_depth
+    off = [r for r in lake_rows if (r.num, r.hash) not in on_chain and r.num <= lake_top - settle]
+    rows.append(
+        Row("lake canonical blocks are on the head's chain", bool(lake_rows) and not off,
+            f"lake head #{lake_top}, {len(lake_rows)} canonical rows, {len(off)} off the chain")
+    )  # fmt: skip
+    return rows
+
+
+def _fmt(head: tuple[int, bytes] | None) -> str:
+    return "-" if head is None else f"{head[0]} 0x{head[1].hex()[:10]}"
+
+
+async def _follow(url: str, follower: Follower, target: tuple[int, bytes], limit: float) -> None:
+    updates = subscribe(url, 0, None)
+    reached: float | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if reached is not None and now >= reached + QUIET_S:
+                return
+            if now >= limit:
+                raise TimeoutError(
+                    f"the subscriber reached #{follower.head[0] if follower.head else '-'}, "
+                    f"not #{target[0]}, in time"
+                )
+            wait = (reached + QUIET_S if reached is not None else limit) - now
+            try:
+                async with asyncio.timeout(wait):
+                    update = await anext(updates)
+            except TimeoutError:
+                continue
+            follower.apply(update)
+            if reached is None and follower.head == target:
+                reached = time.monotonic()
+    finally:
+        await updates.aclose()  # type: ignore[attr-defined]
+
+
+async def _redis_blocks(plan: comp.Plan) -> tuple[list[Known], tuple[int, bytes] | None]:
+    client = redisconn.connect(plan.redis_url(), redisconn.Role.CLI)
+    try:
+        entries = cast(
+            list[tuple[bytes, dict[bytes, bytes]]], await client.xrange(keys.stream(comp.STREAM))
+        )
+    finally:
+        await client.aclose()
+    blocks = []
+    for _, fields in entries:
+        b = decode_block(fields[ENTRY_FIELD])
+        blocks.append(Known(num=b.num, hash=b.hash, parent=b.parent, weight=b.weight))
+    last = blocks[-1] if blocks else None
+    return blocks, (None if last is None else (last.num, last.hash))
+
+
+def _lake_canonical(lake_uri: str) -> list[Any]:
+    from pipeline.lake.reader import LakeReader
+
+    reader = LakeReader(lake_uri)
+    rows: list[Any] = []
+    for batch in reader.iter_canonical(comp.STREAM, 0, None):
+        rows += batch
+    return rows
+
+
+async def _server_head(plan: comp.Plan) -> tuple[int, bytes] | None:
+    url = f"http://127.0.0.1:{plan.serve_port}/status.json"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with session.get(url) as resp:
+            doc = await resp.json()
+    for stream in doc.get("streams", ()):
+        if stream.get("name") == comp.STREAM and stream.get("head"):
+            head = stream["head"]
+            return int(head["num"]), bytes.fromhex(str(head["hash"])[2:])
+    return None
+
+
+def _print(console: Console, rows: list[Row], figures: dict[str, str]) -> None:
+    table = Table(title="sluice demo --check", header_style="bold")
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail", overflow="fold")
+    for row in rows:
+        table.add_row(row.name, "[green]pass[/]" if row.ok else "[bold red]FAIL[/]", row.detail)
+    for name, value in figures.items():
+        table.add_row(f"[dim]{name}[/]", "", value)
+    console.print(table)

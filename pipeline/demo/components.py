@@ -1,0 +1,452 @@
+"""What the demo runs: one :class:`Plan` (ports, paths, timings) and the components it yields.
+
+Everything lives under ``<var>/demo`` (``var/`` is git-ignored: the bus keys
+generated there never reach ``git add .``). User-facing ports (the status
+page, the Airflow UI, Spark Connect) come from flags and settings; internal
+ports (Redis, the nodes, the buses, Airflow's log servers) are picked free.
+
+Redis databases: db 0 holds the chain stream and the nodes' streams; the two
+bus twins each get their own database (1 and 2), as two twins on two hosts
+would each have their own Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from pipeline.demo.procs import MARKER
+from pipeline.demo.supervisor import Component, Probe
+from pipeline.localredis import free_port
+
+STREAM = "chain:demo"
+RPC_CMD = "demo.ping"
+TWINS = (1, 2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """Where and how fast the demo runs (one per ``sluice demo`` invocation)."""
+
+    root: Path  # the checkout with dags/ and plugins/
+    dir: Path  # <var>/demo
+    redis_port: int
+    serve_port: int
+    airflow_port: int
+    spark_port: int
+    node_a_port: int
+    node_b_port: int
+    node_a_health: int
+    node_b_health: int
+    bus_ports: tuple[int, int]
+    bus_health: tuple[int, int]
+    log_ports: tuple[int, int]
+    #: the marker value every process of this demo carries (see :mod:`pipeline.demo.procs`)
+    demo_id: str = ""
+    #: blocks per second of the producer; a reorg every ``reorg_every`` steps
+    rate: float = 2.0
+    reorg_every: int = 12
+    reorg_depth: int = 3
+    archive_cron: str = "* * * * *"
+    #: Entries younger than this stay in Redis after they are archived.
+    hot_retention_s: int = 30
+    airflow_parallelism: int = 3
+
+    @classmethod
+    def make(
+        cls, root: Path, demo_dir: Path, *, serve_port: int, airflow_port: int, spark_port: int,
+        **timing: float | int | str,
+    ) -> Plan:  # fmt: skip
+        return cls(
+            root=root,
+            dir=demo_dir,
+            redis_port=free_port(),
+            serve_port=serve_port,
+            airflow_port=airflow_port,
+            spark_port=spark_port,
+            node_a_port=free_port(),
+            node_b_port=free_port(),
+            node_a_health=free_port(),
+            node_b_health=free_port(),
+            bus_ports=(free_port(), free_port()),
+            bus_health=(free_port(), free_port()),
+            log_ports=(free_port(), free_port()),
+            **timing,  # type: ignore[arg-type]
+        )
+
+    # --- addresses ------------------------------------------------------------
+
+    def redis_url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/{db}"
+
+    @property
+    def lake_uri(self) -> str:
+        return str(self.dir / "lake")
+
+    @property
+    def status_url(self) -> str:
+        return f"http://127.0.0.1:{self.serve_port}/"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.serve_port}/ws"
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.airflow_port}"
+
+    @property
+    def spark_url(self) -> str:
+        return f"sc://127.0.0.1:{self.spark_port}"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.dir / "airflow"
+
+    @property
+    def bus_dir(self) -> Path:
+        return self.dir / "bus"
+
+    def record(self, node: str) -> Path:
+        """The file a node's requester appends one line per reply to."""
+        return self.dir / f"{node}.replies"
+
+    def bus_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.bus_ports[i]}"
+
+    # --- environment ------------------------------------------------------------
+
+    def sluice_env(self) -> dict[str, str]:
+        """``SLUICE_*`` every Sluice child shares."""
+        return {
+            "SLUICE_REDIS_URL": self.redis_url(),
+            "SLUICE_LAKE_URI": self.lake_uri,
+            "SLUICE_VAR_DIR": str(self.dir),
+            "SLUICE_STREAMS": STREAM,
+            "SLUICE_CHAIN_STREAMS": STREAM,
+            "SLUICE_SERVE_STREAM": STREAM,
+            "SLUICE_SERVE_HOST": "127.0.0.1",
+            "SLUICE_SERVE_PORT": str(self.serve_port),
+            "SLUICE_ARCHIVE_CRON": self.archive_cron,
+            "SLUICE_HOT_RETENTION_S": str(self.hot_retention_s),
+            "SLUICE_SPARK_REMOTE": self.spark_url,
+            "SLUICE_SPARK_CONNECT_PORT": str(self.spark_port),
+            "SLUICE_SPARK_MASTER": "local[2]",
+            "SLUICE_LAKE_TASK_RETRIES": "1",
+            "SLUICE_LOG_LEVEL": "INFO",
+        }
+
+    def airflow_env(self) -> dict[str, str]:
+        """Airflow 3 as ``airflow standalone`` needs it on a small machine.
+
+        Parallelism 32 (the default) starts 32 idle workers; a non-default API
+        port needs the base URL too; the worker and trigger log servers bind
+        8793/8794 unless told otherwise; ``standalone`` runs its parts as
+        ``airflow ...`` from PATH, so the venv's bin/ goes first.
+        """
+        home = self.airflow_home
+        bin_dir = str(Path(sys.executable).parent)
+        import os
+
+        return {
+            **self.sluice_env(),
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.root / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.root / "plugins"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__CORE__PARALLELISM": str(self.airflow_parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.airflow_port),
+            "AIRFLOW__API__BASE_URL": self.airflow_url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_ports[0]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_ports[1]),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        }
+
+    def admin_password(self) -> str | None:
+        """The password ``airflow standalone`` generated for ``admin`` (None until it did)."""
+        path = self.airflow_home / "simple_auth_manager_passwords.json.generated"
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        value = doc.get("admin") if isinstance(doc, dict) else None
+        return value if isinstance(value, str) else None
+
+
+# --- probes ------------------------------------------------------------------
+
+
+def tcp_probe(port: int) -> Probe:
+    async def check() -> bool:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+        await writer.wait_closed()
+        return True
+
+    return check
+
+
+def http_probe(url: str) -> Probe:
+    async def check() -> bool:
+        timeout = aiohttp.ClientTimeout(total=3)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.get(url) as resp:
+                    return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    return check
+
+
+def airflow_probe(plan: Plan) -> Probe:
+    """Up when the API server says the scheduler and the DAG processor are healthy."""
+    url = f"{plan.airflow_url}/api/v2/monitor/health"
+
+    async def check() -> bool:
+        timeout = aiohttp.ClientTimeout(total=3)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        return False
+                    doc = await resp.json()
+        except (aiohttp.ClientError, ValueError):
+            return False
+        parts = ("scheduler", "dag_processor")
+        return all((doc.get(p) or {}).get("status") == "healthy" for p in parts)
+
+    return check
+
+
+def redis_probe(port: int) -> Probe:
+    async def check() -> bool:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"PING\r\n")
+            await writer.drain()
+            return (await reader.readline()).startswith(b"+PONG")
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    return check
+
+
+# --- components -------------------------------------------------------------------
+
+
+def sluice(*args: str) -> tuple[str, ...]:
+    """``sluice ARGS`` run by this interpreter (no PATH lookup, the same venv)."""
+    return (sys.executable, "-m", "pipeline.cli", *args)
+
+
+def redis_component(plan: Plan) -> Component:
+    exe = shutil.which("redis-server") or "redis-server"
+    data = plan.dir / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    return Component(
+        name="redis",
+        role="Redis (streams, bus queues)",
+        argv=(
+            exe,
+            "--port",
+            str(plan.redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--daemonize",
+            "no",
+            "--proc-title-template",
+            f"{{title}} {{listen-addr}} {MARKER}={plan.demo_id}",
+        ),
+        ready=redis_probe(plan.redis_port),
+        ready_timeout_s=15,
+        stop_grace_s=5,
+    )
+
+
+def spark_component(plan: Plan) -> Component:
+    return Component(
+        name="spark",
+        role="Spark Connect with Delta (lake jobs)",
+        argv=sluice(
+            "spark",
+            "--port",
+            str(plan.spark_port),
+            "--master",
+            "local[2]",
+            "--log-file",
+            str(plan.dir / "spark-jvm.log"),
+        ),  # fmt: skip
+        env=plan.sluice_env(),
+        ready=tcp_probe(plan.spark_port),
+        ready_timeout_s=240,
+        stop_grace_s=20,
+    )
+
+
+def serve_component(plan: Plan) -> Component:
+    return Component(
+        name="serve",
+        role="resumption server + status page",
+        argv=sluice("serve", "--port", str(plan.serve_port)),
+        env=plan.sluice_env(),
+        ready=http_probe(f"http://127.0.0.1:{plan.serve_port}/healthz"),
+        ready_timeout_s=60,
+    )
+
+
+def produce_component(plan: Plan) -> Component:
+    return Component(
+        name="produce",
+        role="chain producer with reorgs",
+        argv=sluice(
+            "produce",
+            "--stream",
+            STREAM,
+            "--rate",
+            f"{plan.rate:g}",
+            "--count",
+            "0",
+            "--reorg-every",
+            str(plan.reorg_every),
+            "--reorg-depth",
+            str(plan.reorg_depth),
+            "--seed",
+            "12",
+        ),  # fmt: skip
+        env=plan.sluice_env(),
+        stop_grace_s=5,
+    )
+
+
+def node_components(plan: Plan) -> list[Component]:
+    """Node a asks b's echo over the Redis stream transport; b asks a's echo over Dialogue/TCP."""
+    made = []
+    for name, listen, health, consume, route in (
+        ("a", plan.node_a_port, plan.node_a_health, "node-a", "stream:node-b/node-a,echo"),
+        ("b", plan.node_b_port, plan.node_b_health, "node-b", f"tcp:127.0.0.1:{plan.node_a_port},echo"),
+    ):  # fmt: skip
+        env = {**plan.sluice_env(), "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{health}"}
+        made.append(
+            Component(
+                name=f"node-{name}",
+                role=f"node {name}: echo + requester "
+                + ("over streams" if name == "a" else "over Dialogue/TCP"),
+                argv=sluice(
+                    "node",
+                    "--name",
+                    f"node-{name}",
+                    "--workers",
+                    "echo,requester",
+                    "--consume",
+                    consume,
+                    "--listen",
+                    f"127.0.0.1:{listen}",
+                    "--request-route",
+                    route,
+                    "--request-count",
+                    "1000000",
+                    "--request-interval",
+                    "1",
+                    "--record",
+                    str(plan.record(f"node-{name}")),
+                ),  # fmt: skip
+                env=env,
+                ready=http_probe(f"http://127.0.0.1:{health}/healthz"),
+                ready_timeout_s=60,
+            )
+        )
+    return made
+
+
+def write_bus_keys(plan: Plan) -> Path:
+    """Ed25519 keys of both twins and their directory under ``<demo>/bus`` (keys 0600)."""
+    from pipeline.bus.signing import Signer
+
+    plan.bus_dir.mkdir(parents=True, exist_ok=True)
+    plan.bus_dir.chmod(0o700)
+    doc = {}
+    for i, twin in enumerate(TWINS):
+        key = plan.bus_dir / f"twin{twin}.key"
+        if not key.exists():
+            Signer.generate().write(str(key))
+        doc[str(twin)] = {"url": plan.bus_url(i), "key": Signer.from_file(str(key)).public_key}
+    directory = plan.bus_dir / "twins.json"
+    directory.write_text(json.dumps(doc, indent=2))
+    return directory
+
+
+def bus_components(plan: Plan) -> list[Component]:
+    directory = plan.bus_dir / "twins.json"
+    made = []
+    for i, twin in enumerate(TWINS):
+        env = {
+            **plan.sluice_env(),
+            "SLUICE_BUS_HEALTH_LISTEN": f"127.0.0.1:{plan.bus_health[i]}",
+        }
+        made.append(
+            Component(
+                name=f"bus-{twin}",
+                role=f"bus twin {twin} (signed bus-to-bus HTTP)",
+                argv=sluice(
+                    "bus",
+                    "--twin",
+                    str(twin),
+                    "--listen",
+                    f"127.0.0.1:{plan.bus_ports[i]}",
+                    "--directory",
+                    str(directory),
+                    "--key",
+                    str(plan.bus_dir / f"twin{twin}.key"),
+                    "--redis",
+                    plan.redis_url(1 + i),
+                ),  # fmt: skip
+                env=env,
+                ready=http_probe(f"http://127.0.0.1:{plan.bus_health[i]}/healthz"),
+                ready_timeout_s=60,
+            )
+        )
+    return made
+
+
+def airflow_component(plan: Plan) -> Component:
+    return Component(
+        name="airflow",
+        role="Airflow: sluice_archive every minute",
+        argv=(str(Path(sys.executable).parent / "airflow"), "standalone"),
+        env=plan.airflow_env(),
+        ready=airflow_probe(plan),
+        ready_timeout_s=300,
+        stop_grace_s=20,
+    )
+
+
+def subscriber_component(plan: Plan) -> Component:
+    return Component(
+        name="subscriber",
+        role="sluice subscribe --from 0 (after the trim)",
+        argv=sluice("subscribe", "--url", plan.ws_url, "--from", "0"),
+        env=plan.sluice_env(),
+        stop_grace_s=5,
+    )

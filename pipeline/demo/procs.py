@@ -1,0 +1,97 @@
+"""The demo's processes as the kernel sees them: found by a marker, measured, signalled.
+
+Every process the demo starts carries ``SLUICE_DEMO_ID=<id>`` in its
+environment, and so does everything those processes start (Airflow's
+scheduler and task runners, Spark's JVM and Python workers), because a child
+inherits its parent's environment. Walking ``/proc`` for that marker finds
+them all, whatever process group or session they moved to: that is how the
+demo measures its memory and how it makes sure nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+#: The environment variable set on every demo child.
+MARKER = "SLUICE_DEMO_ID"
+
+_PROC = Path("/proc")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def marked_pids(demo_id: str, proc: Path = _PROC) -> list[int]:
+    """Pids of live processes whose environment has ``SLUICE_DEMO_ID=demo_id`` (not this one).
+
+    Zombies are left out (their environment reads as empty): they hold no
+    memory and are reaped by their parent.
+    """
+    needle = f"{MARKER}={demo_id}".encode()
+    found: list[int] = []
+    mine = ancestors(proc)
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            # redis-server writes its title over argv and environ: the demo puts the
+            # marker in the title instead (proc-title-template)
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in env.split(b"\0") or needle in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def ancestors(proc: Path = _PROC) -> set[int]:
+    """This process and its ancestors: never swept, even when they carry the marker."""
+    seen: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            break
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        pid = int(stat.rpartition(")")[2].split()[1])
+    return seen
+
+
+def rss_bytes(pids: list[int], proc: Path = _PROC) -> int:
+    """Resident memory of ``pids`` summed (pages shared between them are counted in each)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = (proc / str(pid) / "statm").read_text().split()
+        except OSError:
+            continue
+        total += int(fields[1]) * _PAGE
+    return total
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """``killpg`` that treats a group already gone as done; True if it was signalled."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def signal_pids(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def command_line(pid: int, proc: Path = _PROC) -> str:
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]

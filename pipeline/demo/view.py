@@ -1,0 +1,158 @@
+"""The live terminal view of ``sluice demo`` (rich), built from the supervisor and the counts.
+
+:func:`render` is called about twice a second and returns one renderable:
+the URLs and the admin password, the flow (blocks produced, reorgs, the lake's
+coverage, the Redis hot window, subscribers, Airflow runs, bus calls, round
+trips), the components with their state, and the latest events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.demo.activity import Counts
+from pipeline.demo.components import Plan
+from pipeline.demo.supervisor import State, Supervisor
+
+_STYLE = {
+    State.UP: "green",
+    State.STARTING: "yellow",
+    State.RESTARTING: "yellow",
+    State.WAITING: "dim",
+    State.FAILED: "bold red",
+    State.STOPPED: "dim",
+}
+
+
+def _ago(ms: int | None, now_ms: int) -> str:
+    if ms is None:
+        return "-"
+    return f"{max(0, now_ms - ms) / 1000:.0f}s ago"
+
+
+def _clock(ms: int | None) -> str:
+    return "-" if ms is None else time.strftime("%H:%M:%S", time.localtime(ms / 1000))
+
+
+def links(plan: Plan) -> RenderableType:
+    password = plan.admin_password() or "(being generated)"
+    grid = Table.grid(padding=(0, 2))
+    grid.add_row("status page", f"[link={plan.status_url}]{plan.status_url}[/link]")
+    grid.add_row("Airflow UI", f"{plan.airflow_url}  (admin / {password})")
+    grid.add_row("websocket", f"{plan.ws_url}   (sluice subscribe --url {plan.ws_url} --from 0)")
+    grid.add_row("logs", f"{plan.dir}/<component>.log")
+    return grid
+
+
+def flow(plan: Plan, counts: Counts, subscriber_lines: int) -> RenderableType:
+    stream = counts.stream()
+    head = stream.get("head") or {}
+    cov = stream.get("coverage") or {}
+    hot = stream.get("redis") or {}
+    now_ms = int(time.time() * 1000)
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "blocks produced",
+        f"head #{head.get('num', '-')}, {stream.get('blocks_seen', 0)} seen by the server, "
+        f"{stream.get('reorg_count', 0)} reorgs",
+    )
+    runs = cov.get("runs") or []
+    archived = (
+        f"{cov.get('blocks', 0)} blocks in {cov.get('intervals', 0)} intervals, "
+        f"{_clock(cov.get('archived_from_ms'))} .. {_clock(cov.get('archived_to_ms'))}"
+        f" ({len(runs)} run{'s' if len(runs) != 1 else ''}, {cov.get('gap_count', 0)} gaps)"
+        if cov.get("intervals")
+        else "nothing yet: sluice_archive runs every minute"
+    )
+    table.add_row("archived (lake)", archived)
+    trimmed = (
+        f"trimmed below block #{counts.redis_first_num}"
+        if counts.trimmed
+        else f"not trimmed yet (hot retention {plan.hot_retention_s}s)"
+    )
+    table.add_row(
+        "hot window (Redis)",
+        f"{hot.get('length', 0)} entries from {_ago(cov.get('trim_point_ms'), now_ms)}; {trimmed}",
+    )
+    table.add_row(
+        "subscribers",
+        f"{stream.get('subscribers') or 0} on the server"
+        + (
+            f"; the from-0 subscriber got {subscriber_lines} updates"
+            if subscriber_lines
+            else "; a from-0 subscriber starts once Redis is trimmed"
+        ),
+    )
+    last = counts.runs[0] if counts.runs else None
+    table.add_row(
+        "Airflow sluice_archive",
+        f"{counts.runs_ok} runs succeeded"
+        + (f"; latest {last['state']} for {str(last['start'])[11:16]}-{str(last['end'])[11:16]}"
+           if last else "")
+        + (f"  [dim]{counts.airflow_error}[/dim]" if counts.airflow_error else ""),
+    )  # fmt: skip
+    latency = f", last {counts.rpc_last_ms:.0f} ms" if counts.rpc_last_ms is not None else ""
+    table.add_row(
+        "bus RPC twin 1 -> 2",
+        f"{counts.rpc_ok} ok, {counts.rpc_failed} failed{latency}"
+        + (f"  [dim]{counts.rpc_error}[/dim]" if counts.rpc_failed else ""),
+    )
+    trips = counts.round_trips
+    table.add_row(
+        "node round trips",
+        f"a -> b over streams: {trips.get('node-a', 0)}, "
+        f"b -> a over Dialogue/TCP: {trips.get('node-b', 0)}",
+    )
+    if counts.status_error:
+        table.add_row("", f"[dim]{counts.status_error}[/dim]")
+    return table
+
+
+def components(supervisor: Supervisor) -> RenderableType:
+    table = Table(box=None, padding=(0, 2), header_style="bold")
+    for column in ("component", "state", "pid", "up after", "restarts"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("what", overflow="ellipsis", no_wrap=True)
+    for child in supervisor.children.values():
+        state = child.state
+        table.add_row(
+            child.component.name,
+            Text(state.value + (f" ({child.error})" if child.error and state is State.FAILED else ""),
+                 style=_STYLE[state]),
+            str(child.pid or "-"),
+            f"{child.up_after_s:.1f}s" if child.up_after_s is not None else "-",
+            str(child.restarts),
+            child.component.role,
+        )  # fmt: skip
+    return table
+
+
+def render(
+    plan: Plan,
+    supervisor: Supervisor,
+    counts: Counts,
+    events: deque[str],
+    *,
+    progress: RenderableType | None = None,
+    subscriber_lines: int = 0,
+    footer: str = "",
+) -> RenderableType:
+    parts: list[Any] = [Panel(links(plan), title="Sluice demo", border_style="cyan")]
+    if progress is not None:
+        parts.append(Panel(progress, title="starting", border_style="yellow"))
+    parts.append(Panel(flow(plan, counts, subscriber_lines), title="the flow"))
+    parts.append(Panel(components(supervisor), title="components"))
+    if events:
+        parts.append(Panel("\n".join(events), title="events", border_style="dim"))
+    if footer:
+        parts.append(Text(footer, style="dim"))
+    return Group(*parts)
