@@ -1,4 +1,4 @@
-# Sluice: make demo | make test | make bench [B=name] | make lint
+# Sluice: make demo | make demo-check | make test | make bench [B=name] | make lint
 # Every target creates .venv and installs what it needs on first use; the
 # second time the stamp files make it a quick no-op.
 
@@ -13,7 +13,7 @@ COMPOSE := $(VENV)/.sluice-compose
 B      ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo demo-check test bench lint install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE)
 
 demo: install
 	$(VENV)/bin/sluice demo
+
+# the whole system as a scripted scenario (exit 0 only if every check passed); CI runs it
+demo-check: install
+	$(VENV)/bin/sluice demo --check
 
 test: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
