@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from typing import Any
@@ -115,8 +116,6 @@ async def test_attempts_count_across_restarts(twins):
     try:
         killer = json.dumps(seed_request("echo", [a.id], b"kills")).encode()
         await ra.rpush(keys.bus_inflight(keys.BUS_LOCAL), killer)
-        import hashlib
-
         field = f"{keys.BUS_LOCAL}:{hashlib.blake2b(killer, digest_size=12).hexdigest()}"
         await ra.hset(keys.bus_attempts(), field, 3)
         await a.start_bus(max_attempts=3)
