@@ -574,8 +574,18 @@ def redis_url(settings: Any) -> tuple[str, str]:
     """
     from sluice_redis_hook import SluiceRedisHook
 
+    from pipeline.errors import ConfigError
+
     hook = SluiceRedisHook(settings=settings)
-    url = hook.get_url()
+    try:
+        url = hook.get_url()
+    except ConfigError:
+        raise  # a connection that names a bad URL: shown on the page, not replaced
+    except Exception as exc:
+        # The connection could not be looked up (secrets backend, metadata DB):
+        # fall back to the settings, and say so on the page and in the log.
+        log.warning("sluice coverage: connection %s: %r", hook.redis_conn_id, exc)
+        return settings.redis_url, f"settings (connection lookup failed: {type(exc).__name__})"
     source = "settings" if url == settings.redis_url else f"connection {hook.redis_conn_id}"
     return url, source
 

@@ -21,10 +21,12 @@ import pytest
 import redis
 
 from pipeline import keys
+from tests.integration.status.cdp import chromium
 
 from .conftest import CHAIN, PLAIN, ApiServer, write_archive_log
 
 DAG = "sluice_archive"
+SHOT = Path(__file__).resolve().parents[3] / "bench-results" / "airflow-coverage.png"
 MINUTE = 60_000
 
 
@@ -235,6 +237,43 @@ def test_no_traceback_when_unauthorized_paths_are_probed(api_server: ApiServer) 
         reply = http.get("/sluice/nothing-here")
     assert reply.status_code == 404
     assert "Traceback" not in reply.text
+
+
+async def test_view_inside_airflows_ui_in_chromium(
+    api_server: ApiServer, system: dict[str, Any], tmp_path: Path
+) -> None:
+    """Logged in (the UI's ``_token`` cookie), the nav entry shows the page with live data."""
+    frame = "document.querySelector('iframe')"
+    doc = f"{frame}?.contentDocument"
+    async with chromium(tmp_path / "profile", width=1400, height=1300) as page:
+        await page.send(
+            "Network.setCookie",
+            {"name": "_token", "value": api_server.token, "url": api_server.url},
+        )
+        # Airflow's own DAG list still renders with the plugin loaded.
+        await page.goto(f"{api_server.url}/dags")
+        await page.wait_for("document.body?.innerText?.includes('sluice_archive')", wait_s=60)
+        await page.goto(f"{api_server.url}/plugin/sluice_coverage")
+        src = await page.wait_for(f"{frame}?.getAttribute('src')", wait_s=60)
+        assert src.rstrip("/").endswith("sluice"), src
+        await page.wait_for(f"{doc}?.body?.dataset.loaded === '1'", wait_s=30)
+        names = await page.evaluate(
+            f"[...{doc}.querySelectorAll('section.stream')].map(s => s.dataset.stream)"
+        )
+        assert names == [CHAIN, PLAIN]
+        chain = f"{doc}.querySelector('section[data-stream=\"{CHAIN}\"]')"
+        assert await page.evaluate(f"{chain}.querySelectorAll('.timeline .run').length") == 2
+        assert await page.evaluate(f"{chain}.querySelectorAll('.timeline .gap').length") == 1
+        assert await page.evaluate(f"{chain}.querySelectorAll('.timeline .hot').length") == 1
+        links = await page.evaluate(
+            f"[...{chain}.querySelectorAll('table.runs a')].map(a => [a.getAttribute('href'), a.target])"
+        )
+        quoted = quote(system["run_id"], safe="")
+        assert [f"/dags/{DAG}/runs/{quoted}", "_top"] in links
+        assert [f"/dags/{DAG}/runs/{quoted}/tasks/archive/mapped/0", "_top"] in links
+        assert await page.evaluate(f"{doc}.getElementById('error').textContent") == ""
+        await page.screenshot(SHOT)
+    assert SHOT.stat().st_size > 10_000
 
 
 def _poll(api_server: ApiServer, done: Any, deadline_s: float = 20.0) -> dict[str, Any]:
