@@ -258,3 +258,38 @@ async def test_idle_and_trickling_connections_are_bounded(twins):
         await trickling
     body = request_body(a.id, b.id, f"{b.id}.70")
     assert (await post(b.port, "/zbus-remote", body, a.signer, a.id))[0] == 200
+
+
+async def test_fuzzed_bodies_get_a_4xx_never_a_5xx(twins):
+    import random
+
+    a, b = twins(2)
+    await b.start_bus(max_size=8192)
+    rng = random.Random(11)
+    base = request_body(a.id, b.id, f"{b.id}.80")
+    bombs = [
+        b"[" * 100_000,
+        b"{" * 1024,
+        base.replace(b'"now":', b'"now":' + b"9" * 5000 + b","),
+        base.replace(b'"exp":60', b'"exp":' + str(2**256).encode()),
+        base.replace(b'"exp":60', b'"exp":' + str(2**63).encode()),
+        base.replace(b'"src":1001', b'"src":"1001"'),
+        base.replace(b'"dst":[1002]', b'"dst":[' + str(2**64).encode() + b"]"),
+        b'{"ver":1,"cmd":"a","dst":[1002],"ret":"r","uid":"' + b"u" * 300 + b'"}',
+        b"\xff\xfe\x00",
+        b"",
+    ]
+    bodies = list(bombs)
+    for _ in range(60):
+        at = rng.randrange(len(base))
+        chunk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16)))
+        bodies.append(base[:at] + chunk + base[at + rng.randrange(4) :])
+    async with aiohttp.ClientSession() as session:
+        for i, body in enumerate(bodies):
+            path = ("/zbus-remote", "/zbus-reply")[i % 2]
+            for headers in (signed_headers(a.signer, a.id, path, body, to=b.id), {}):
+                async with session.post(
+                    f"http://127.0.0.1:{b.port}{path}", data=body, headers=headers
+                ) as resp:
+                    assert 400 <= resp.status < 500 or resp.status == 200, (body, resp.status)
+    assert (await post(b.port, "/zbus-remote", base, a.signer, a.id))[0] == 200
