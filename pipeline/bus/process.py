@@ -122,6 +122,8 @@ class BusProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._stopped = False
+        #: Digests of messages whose last attempt ended in a Redis error (see _recover_one).
+        self._blips: set[str] = set()
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -222,7 +224,10 @@ class BusProcess:
             return False
         item = items[0]
         digest = hashlib.blake2b(item, digest_size=12).hexdigest()
-        attempts, why = await self.store.attempt(queue, digest)
+        # An attempt that ended in a Redis error was not the message's fault: not counted.
+        blip = digest in self._blips
+        self._blips.discard(digest)
+        attempts, why = await self.store.attempt(queue, digest, count=not blip)
         if attempts > self.config.max_attempts:
             reason = (
                 f"handling failed {attempts - 1} times: "
@@ -234,6 +239,8 @@ class BusProcess:
         try:
             await handle([item])
         except REDIS_ERRORS:
+            if len(self._blips) < 64:
+                self._blips.add(digest)
             raise
         except Exception as exc:  # the boundary: remember why, try again up to the limit
             log.exception("bus: %s: handling one message failed (attempt %d)", queue, attempts)

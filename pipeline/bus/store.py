@@ -218,11 +218,14 @@ class BusStore:
             args += [target, value]
         await self._push(keys=[], args=args, client=pipe)
 
-    async def attempt(self, queue: str, digest: str) -> tuple[int, str]:
-        """Count one more handling attempt of a message; (attempts so far, last failure)."""
+    async def attempt(self, queue: str, digest: str, *, count: bool = True) -> tuple[int, str]:
+        """Count one more handling attempt of a message (unless not ``count``).
+
+        Returns (attempts so far, last failure).
+        """
         field = f"{queue}:{digest}"
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(keys.bus_attempts(), field, 1)
+            pipe.hincrby(keys.bus_attempts(), field, int(count))
             pipe.hget(keys.bus_attempts(), field + ":why")
             pipe.expire(keys.bus_attempts(), ATTEMPTS_TTL_S)
             count, why, _ = await pipe.execute()

@@ -434,3 +434,29 @@ async def test_a_handler_queue_of_the_wrong_type_is_answered_at_once(twins):
         assert letter.queue == "msgbus.broken.queue" and "holds a string" in letter.reason
     finally:
         await rb.aclose()
+
+
+async def test_redis_errors_while_handling_do_not_count_as_poison(twins, monkeypatch):
+    import redis.exceptions
+
+    (a,) = twins(1)
+    real = QueueHandlers.local
+    blips = [0]
+
+    async def flaky(self: QueueHandlers, batch: list[bytes]) -> None:
+        if any(b"blip-ret" in raw for raw in batch) and blips[0] < 4:
+            blips[0] += 1
+            raise redis.exceptions.ConnectionError("connection dropped")
+        await real(self, batch)
+
+    monkeypatch.setattr(QueueHandlers, "local", flaky)
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        doc = seed_request("nobody", [9999], b"", ret="blip-ret")
+        await ra.rpush(keys.BUS_LOCAL, json.dumps(doc))
+        await a.start_bus(max_attempts=2)
+        popped = await ra.blpop(["blip-ret"], timeout=15)
+        assert popped is not None and json.loads(popped[1])["err"] == "destination not found"
+        assert blips[0] == 4 and await ra.llen(keys.bus_dead()) == 0
+    finally:
+        await ra.aclose()
