@@ -17,7 +17,8 @@ and turns each whole block into updates:
   branch (held side blocks first) is :class:`Added`; this follows a reorg to
   a shorter but heavier chain too;
 - a block whose parent is known but that is not heavier than the head is
-  held as a side block (it may become part of a heavier branch later);
+  held as a side block (it may become part of a heavier branch later), and
+  so are the blocks a reorg removes (the last :data:`RETAIN` heights);
 - right after :meth:`OrderedChain.expect_rewind` the server's first block
   that is not a duplicate is taken as it comes when its parent is in the
   chain or below what the chain remembers (the server chose where to resume);
@@ -59,6 +60,10 @@ class Removed:
 ChainUpdate = Added | Removed
 
 
+#: Heights below the head whose blocks are kept so a reorg can hold them again.
+RETAIN = 128
+
+
 def _weight(block: Block) -> int:
     return effective_weight(block.num, block.weight)
 
@@ -81,6 +86,9 @@ class OrderedChain:
         self._head_weight = 0
         #: blocks held: parent unknown yet, or side blocks not heavier than the head
         self._pending: dict[bytes, Block] = {}
+        #: blocks added in the last RETAIN heights: a reorg holds those it removes again,
+        #: so a later, heavier block on their branch brings them back
+        self._recent: dict[bytes, Block] = {}
         self._rewind_ok = False
         if head is not None:
             self._head = head[0]
@@ -112,7 +120,17 @@ class OrderedChain:
 
     @property
     def pending(self) -> int:
+        """Blocks held: side blocks (replaced or lighter) and blocks waiting for a parent."""
         return len(self._pending)
+
+    @property
+    def unlinked(self) -> int:
+        """Held blocks whose parent is neither in the chain nor held (a gap before them)."""
+        return sum(
+            1
+            for b in self._pending.values()
+            if self._hashes.get(b.num - 1) != b.parent and b.parent not in self._pending
+        )
 
     def reorg_to(self, num: int, hash: bytes) -> list[ChainUpdate]:
         """The producer named a common ancestor (the cardinal dialect's ``reorg``).
@@ -126,7 +144,7 @@ class OrderedChain:
         head = self._head
         if head is None or num > head or (num == head and self._hashes.get(num) == hash):
             return out
-        self._reorg_to(num, [], out)
+        self._reorg_to(num, [], out, hold=False)
         old = self._hashes.get(num)
         if old is not None and old != hash:
             out.append(Removed(num=num, hash=old))
@@ -201,8 +219,15 @@ class OrderedChain:
         branch.reverse()
         return branch
 
-    def _reorg_to(self, ancestor: int, branch: list[Block], out: list[ChainUpdate]) -> None:
-        """Remove the heights above ``ancestor`` (head first), then add ``branch``."""
+    def _reorg_to(
+        self, ancestor: int, branch: list[Block], out: list[ChainUpdate], *, hold: bool = True
+    ) -> None:
+        """Remove the heights above ``ancestor`` (head first), then add ``branch``.
+
+        ``hold``: the removed blocks are held as side blocks (a heavier block
+        on their branch may bring them back); a producer's named ancestor
+        drops them instead.
+        """
         hashes = self._hashes
         head = self._head
         if head is not None:
@@ -210,6 +235,9 @@ class OrderedChain:
                 old = hashes.pop(num, None)
                 if old is not None:
                     out.append(Removed(num=num, hash=old))
+                    removed = self._recent.pop(old, None)
+                    if hold and removed is not None and len(self._pending) < self._max_pending:
+                        self._pending[old] = removed
         self._head = ancestor if ancestor in hashes else None
         for block in branch:
             self._add(block, out)
@@ -222,6 +250,13 @@ class OrderedChain:
         self._head = block.num
         self._head_weight = _weight(block)
         out.append(Added(block=block))
+        self._recent[block.hash] = block
+        if len(self._recent) > 2 * RETAIN:
+            low = block.num - RETAIN
+            for key in [k for k, b in self._recent.items() if b.num < low]:
+                del self._recent[key]
+            while len(self._recent) > 2 * RETAIN:
+                del self._recent[next(iter(self._recent))]
         stale = block.num - self._window
         if stale in self._hashes:
             del self._hashes[stale]

@@ -89,7 +89,7 @@ async def test_no_gap_no_duplicate_while_producing_archiving_and_trimming(
         assert got[0].num == start
         oc = OrderedChain()
         state = final_state(oc, got)
-        assert oc.pending == 0, f"subscriber from {start}: blocks that do not link"
+        assert oc.unlinked == 0, f"subscriber from {start}: blocks that do not link"
         assert state == {n: h for n, h in canonical.items() if n >= start}, start
 
 
