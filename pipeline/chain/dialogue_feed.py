@@ -91,12 +91,17 @@ async def subscribe_dialogue(
     host: str,
     port: int,
     from_num: int,
-    from_hash: bytes,
+    from_hash: bytes | None = None,
     prefixes: Sequence[str] = (),
     options: dict[str, bool] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """Result objects (``batch``, ``subbatch``...) of one subscription over Dialogue."""
-    params: list[Any] = ["streams", hex(from_num), "0x" + from_hash.hex(), list(prefixes)]
+    """Result objects (``batch``, ``subbatch``...) of one subscription over Dialogue.
+
+    ``from_hash`` None (no block known yet) sends the zero hash, as the
+    websocket consumer does: the server resumes from ``from_num``'s canonical block.
+    """
+    block_hash = from_hash if from_hash is not None else bytes(32)
+    params: list[Any] = ["streams", hex(from_num), "0x" + block_hash.hex(), list(prefixes)]
     if options:
         params.append(options)
     conn = await Connection.connect(host, port)

@@ -50,3 +50,20 @@ async def test_dialogue_duplex_gets_the_same_blocks(settings, serve, connect, re
         await bad.aclose()
         error = json.loads(err.value.data)["error"]
         assert error["code"] == -32602 and "does not compile" in error["message"]
+
+
+async def test_dialogue_from_block_zero_without_a_hash(settings, serve, redis_client) -> None:
+    """The README's call: no hash known yet (None) starts from the canonical block."""
+    gen = SyntheticChain(seed=62, prefixes=("s/",))
+    write_blocks(redis_client, STREAM, gen.take(5))
+    port = free_port()
+    async with serve(settings.replace(serve_dialogue_port=port)):
+        feed = subscribe_dialogue("127.0.0.1", port, 0, None)
+        nums = []
+        async for result in feed:
+            if result["type"] == "batch":
+                nums.append(int(result["num"], 16))
+                if len(nums) == 5:
+                    break
+        await feed.aclose()
+        assert nums == [0, 1, 2, 3, 4]
