@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ from pipeline.settings import Settings
 EVENTS = 8
 #: Seconds between two frames of the live view.
 FRAME_S = 0.5
+#: Seconds the Spark warm-up may take before it is abandoned.
+WARM_TIMEOUT_S = 300.0
 #: Components ``--only`` may name, in start order (redis always starts first).
 ALL = ("spark", "serve", "produce", "nodes", "buses", "airflow")
 
@@ -239,7 +241,11 @@ def progress_bar() -> Progress:
 
 
 async def start_all(
-    supervisor: Supervisor, progress: Progress, stop: asyncio.Event, event: Callable[[str], None]
+    supervisor: Supervisor,
+    progress: Progress,
+    stop: asyncio.Event,
+    event: Callable[[str], None],
+    warm: Callable[[], Awaitable[float]] | None = None,
 ) -> float:
     """Redis first, then every other component at once; seconds until all are up.
 
@@ -255,6 +261,10 @@ async def start_all(
             tasks[name], completed=1, description=f"{name}: up in {child.up_after_s:.1f}s"
         )
         event(f"{name} up in {child.up_after_s:.1f}s")
+        if name == "spark" and warm is not None:
+            step = progress.add_task("spark: warming Delta (first write)", total=1)
+            took = await warm()
+            progress.update(step, completed=1, description=f"spark: warm in {took:.1f}s")
 
     await one("redis")
     rest = [n for n in supervisor.children if n != "redis"]
@@ -271,6 +281,36 @@ async def start_all(
         return time.monotonic() - t0
     starting.result()  # raises the first DemoError
     return time.monotonic() - t0
+
+
+def warmer(plan: comp.Plan, event: Callable[[str], None]) -> Callable[[], Awaitable[float]]:
+    """Run :mod:`pipeline.demo.warm` against the demo's Connect server; seconds it took.
+
+    A failure is reported, not fatal: the first archive run is then only slower.
+    """
+
+    async def warm() -> float:
+        started = time.monotonic()
+        log = plan.dir / "spark-warm.log"
+        with log.open("ab") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pipeline.demo.warm", plan.spark_url,
+                str(plan.dir / "warm" / "delta"),
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                env={**os.environ, **plan.sluice_env(), MARKER: plan.demo_id},
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                async with asyncio.timeout(WARM_TIMEOUT_S):
+                    code = await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                code = await proc.wait()
+        if code != 0:
+            event(f"warming Spark failed (code {code}, log {log}); the first archive is slower")
+        return time.monotonic() - started
+
+    return warm
 
 
 @contextlib.asynccontextmanager
@@ -332,7 +372,7 @@ async def _live(
 
         painter = asyncio.create_task(paint())
         try:
-            up_s = await start_all(supervisor, progress, stop, event)
+            up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
         finally:
             painter.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -3,16 +3,18 @@
 1. Start everything (as ``sluice demo`` does, with a faster producer and a
    15 s hot window) and let ``sluice_archive`` run through Airflow and the
    Connect server on its one-minute schedule.
-2. Wait until Redis no longer holds block 0 (the archive trimmed it) and a
-   bus call and both node round trips succeeded.
-3. Stop the producer, so the head stops moving.
-4. Compute the expected canonical chain from the lake (the JVM-free reader)
-   and Redis together; subscribe to ``sluice serve`` from block 0 and apply
-   every update; the subscriber's chain must be exactly that chain, each
-   block once, in order (reorgs show as removals of the tip).
-5. The server's head and Redis's head must be the expected head, and every
-   canonical block of the lake must be on the expected chain (the newest
-   ``reorg depth`` lake blocks may wait for the next canonical run).
+2. Wait until a bus call and both node round trips succeeded, and Redis no
+   longer holds block 0 (an archive run trimmed it).
+3. Subscribe to ``sluice serve`` from block 0 while blocks and reorgs keep
+   coming; once it caught up, follow the live chain for :data:`LIVE_S`.
+4. Stop the producer (the head stops moving) and compute the expected
+   canonical chain from the lake (the JVM-free reader) and Redis together.
+5. The subscriber's chain must become exactly that chain, each block once,
+   in order (reorgs show as removals of the tip) and nothing more may arrive
+   for :data:`QUIET_S`; the server's head and Redis's head must be the
+   expected head; every canonical block of the lake must be on the expected
+   chain (the newest ``reorg depth`` lake blocks may wait for the next
+   canonical run).
 
 Prints a summary table; exit 0 when every row passed, 1 otherwise.
 """
@@ -20,6 +22,7 @@ Prints a summary table; exit 0 when every row passed, 1 otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +36,7 @@ from pipeline import keys, redisconn
 from pipeline.chain.batch import ENTRY_FIELD, decode_block
 from pipeline.chain.consumer import subscribe
 from pipeline.demo import components as comp
-from pipeline.demo.activity import Activity
+from pipeline.demo.activity import Activity, Counts
 from pipeline.demo.supervisor import Supervisor
 from pipeline.demo.verify import BrokenChain, Follower, Known, canonical_chain
 from pipeline.errors import SluiceError
@@ -42,6 +45,8 @@ from pipeline.errors import SluiceError
 QUIET_S = 3.0
 #: Seconds the subscriber may take to catch up with the expected head.
 CATCH_UP_S = 120.0
+#: Seconds the subscriber follows the live chain (blocks and reorgs) before the producer stops.
+LIVE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +78,7 @@ async def run_check(
     deadline_s: float,
     event: Callable[[str], None],
 ) -> int:
-    from pipeline.demo.app import progress_bar, running, start_all
+    from pipeline.demo.app import progress_bar, running, start_all, warmer
 
     deadline = started + deadline_s
     rows: list[Row] = []
@@ -81,7 +86,7 @@ async def run_check(
     activity = Activity(plan)
     counts = activity.counts
     progress = progress_bar()
-    up_s = await start_all(supervisor, progress, stop, event)
+    up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
     if stop.is_set():
         return 130
     figures["time to all up"] = f"{up_s:.1f}s"
@@ -102,11 +107,9 @@ async def run_check(
             rss_peak = max(rss_peak, supervisor.rss_bytes())
             event(
                 f"Redis trimmed below block {counts.redis_first_num} after {counts.runs_ok} "
-                "archive run(s); stopping the producer"
+                "archive run(s); a subscriber joins from block 0 while blocks and reorgs go on"
             )
-            await supervisor.stop("produce")
-            await asyncio.sleep(1.0)  # the server's tail catches the last entries
-            rows += await _compare(plan, counts, deadline, event)
+            rows += await _subscribe_and_compare(plan, supervisor, counts, deadline, stop, event)
             rpc_failed = counts.rpc_failed
             rows.append(
                 Row("bus RPC twin 1 -> twin 2", counts.rpc_ok > 0 and rpc_failed == 0,
@@ -130,83 +133,115 @@ async def run_check(
     return 0 if rows and all(r.ok for r in rows) else 1
 
 
-async def _compare(
-    plan: comp.Plan, counts: Any, deadline: float, event: Callable[[str], None]
+async def _subscribe_and_compare(
+    plan: comp.Plan,
+    supervisor: Supervisor,
+    counts: Counts,
+    deadline: float,
+    stop: asyncio.Event,
+    event: Callable[[str], None],
 ) -> list[Row]:
-    rows: list[Row] = []
-    redis_blocks, redis_head = await _redis_blocks(plan)
-    lake_rows = await asyncio.to_thread(_lake_canonical, plan.lake_uri)
-    known = [Known(num=r.num, hash=r.hash, parent=r.parent, weight=r.weight) for r in lake_rows]
-    try:
-        expected = canonical_chain([*known, *redis_blocks])
-    except BrokenChain as exc:
-        return [Row("lake + Redis hold one chain from block 0", False, str(exc))]
-    head = expected[-1]
-    rows.append(
-        Row("lake + Redis hold one chain from block 0", True,
-            f"{len(expected)} canonical blocks, head #{head.num}; "
-            f"{len(lake_rows)} from the lake, Redis from #{counts.redis_first_num}")
-    )  # fmt: skip
-    event(f"expected chain: blocks 0..{head.num}; subscribing from block 0")
+    """Subscribe from 0, follow live through reorgs, stop the producer, compare everything."""
     follower = Follower()
-    limit = min(deadline, time.monotonic() + CATCH_UP_S)
+    reader = asyncio.create_task(_read(plan.ws_url, follower), name="subscriber")
     error = ""
     try:
-        await _follow(plan.ws_url, follower, (head.num, head.hash), limit)
-    except (TimeoutError, SluiceError, aiohttp.ClientError, OSError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        joined = int((counts.stream().get("head") or {}).get("num", 0))
+        await _until(
+            f"the subscriber to catch up with block {joined}",
+            lambda: reader.done() or (follower.head is not None and follower.head[0] >= joined),
+            min(deadline, time.monotonic() + CATCH_UP_S),
+            stop,
+        )
+        removed = follower.removed
+        event(f"the subscriber caught up with block {joined}; following live for {LIVE_S:g}s")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LIVE_S):
+                await stop.wait()
+        live_reorgs = follower.removed - removed
+        event("stopping the producer")
+        await supervisor.stop("produce")
+        await asyncio.sleep(1.0)  # the server's tail reads the last entries
+        rows, expected, redis_head = await _expected(plan, counts)
+        if not expected:
+            return rows
+        head = expected[-1]
+        want = (head.num, head.hash)
+        event(f"expected chain: blocks 0..{head.num}; waiting for the subscriber to reach it")
+        await _until(
+            f"the subscriber to reach block {head.num}",
+            lambda: reader.done() or follower.head == want,
+            min(deadline, time.monotonic() + CATCH_UP_S),
+            stop,
+        )
+        await asyncio.sleep(QUIET_S)  # anything more would be a duplicate
+    except Timeout as exc:
+        error = str(exc)
+        return [Row("subscriber from 0: every canonical block once, in order", False, error)]
+    finally:
+        reader.cancel()
+        (outcome,) = await asyncio.gather(reader, return_exceptions=True)
+        if isinstance(outcome, Exception):
+            error = f"{type(outcome).__name__}: {outcome}"
     diffs = follower.compare(expected)
     if error:
         diffs.insert(0, error)
     rows.append(
         Row("subscriber from 0: every canonical block once, in order", not diffs,
-            f"{follower.added} added, {follower.removed} removed, "
-            f"{len(follower.chain)} kept" + (f"; {'; '.join(diffs[:3])}" if diffs else ""))
+            f"{follower.added} added, {follower.removed} removed "
+            f"({live_reorgs} while following live), {len(follower.chain)} kept"
+            + (f"; {'; '.join(diffs[:3])}" if diffs else ""))
     )  # fmt: skip
     server_head = await _server_head(plan)
-    want = (head.num, head.hash)
     rows.append(
         Row("server head = Redis head = expected head",
             server_head == want and redis_head == want,
             f"server #{_fmt(server_head)}, Redis #{_fmt(redis_head)}, expected #{_fmt(want)}")
     )  # fmt: skip
+    return rows
+
+
+async def _expected(
+    plan: comp.Plan, counts: Counts
+) -> tuple[list[Row], list[Known], tuple[int, bytes] | None]:
+    """Rows about the lake and Redis, the expected canonical chain, and Redis's head."""
+    redis_blocks, redis_head = await _redis_blocks(plan)
+    lake_rows = await asyncio.to_thread(_lake_canonical, plan.lake_uri)
+    known = [Known(num=r.num, hash=r.hash, parent=r.parent, weight=r.weight) for r in lake_rows]
+    name = "lake + Redis hold one chain from block 0"
+    try:
+        expected = canonical_chain([*known, *redis_blocks])
+    except BrokenChain as exc:
+        return [Row(name, False, str(exc))], [], redis_head
+    head = expected[-1]
+    reorgs = int(counts.stream().get("reorg_count") or 0)
+    rows = [
+        Row(name, True,
+            f"{len(expected)} canonical blocks, head #{head.num}, {reorgs} reorgs; "
+            f"{len(lake_rows)} from the lake, Redis from #{counts.redis_first_num}")
+    ]  # fmt: skip
     on_chain = {(b.num, b.hash) for b in expected}
     lake_top = max((r.num for r in lake_rows), default=-1)
+    # the newest lake blocks may be re-marked by the next canonical run
     settle = plan.reorg_depth
     off = [r for r in lake_rows if (r.num, r.hash) not in on_chain and r.num <= lake_top - settle]
     rows.append(
         Row("lake canonical blocks are on the head's chain", bool(lake_rows) and not off,
             f"lake head #{lake_top}, {len(lake_rows)} canonical rows, {len(off)} off the chain")
     )  # fmt: skip
-    return rows
+    return rows, expected, redis_head
 
 
 def _fmt(head: tuple[int, bytes] | None) -> str:
     return "-" if head is None else f"{head[0]} 0x{head[1].hex()[:10]}"
 
 
-async def _follow(url: str, follower: Follower, target: tuple[int, bytes], limit: float) -> None:
+async def _read(url: str, follower: Follower) -> None:
+    """Apply every update of a subscription from block 0 to ``follower``, until cancelled."""
     updates = subscribe(url, 0, None)
-    reached: float | None = None
     try:
-        while True:
-            now = time.monotonic()
-            if reached is not None and now >= reached + QUIET_S:
-                return
-            if now >= limit:
-                raise TimeoutError(
-                    f"the subscriber reached #{follower.head[0] if follower.head else '-'}, "
-                    f"not #{target[0]}, in time"
-                )
-            wait = (reached + QUIET_S if reached is not None else limit) - now
-            try:
-                async with asyncio.timeout(wait):
-                    update = await anext(updates)
-            except TimeoutError:
-                continue
+        async for update in updates:
             follower.apply(update)
-            if reached is None and follower.head == target:
-                reached = time.monotonic()
     finally:
         await updates.aclose()  # type: ignore[attr-defined]
 
