@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from sluice_dag_common import interval_ms, job_env, load_settings
-from sluice_lake_job import run_lake_job, stop_running_jobs
+from sluice_lake_job import CLI_MODULE, run_lake_job, stop_running_jobs
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class LakeJobOperator(BaseOperator):
         interval: bool = False,
         extra_args: Sequence[str] = (),
         report_codes: Sequence[int] = (),
+        module: str = CLI_MODULE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -52,6 +53,8 @@ class LakeJobOperator(BaseOperator):
         self.interval = interval
         self.extra_args = list(extra_args)
         self.report_codes = tuple(report_codes)
+        #: the module the child runs (tests substitute a stand-in job)
+        self.module = module
 
     def job_args(self, context: Any) -> list[str]:
         args: list[str] = []
@@ -73,6 +76,7 @@ class LakeJobOperator(BaseOperator):
             env=job_env(settings),
             timeout_s=float(settings.lake_job_timeout_s),
             report_codes=frozenset(self.report_codes),
+            module=self.module,
         )
         warnings = int(result.get("warnings") or 0) if isinstance(result, dict) else 0
         if warnings:
