@@ -43,7 +43,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -266,6 +267,12 @@ def log_path(run_id: str, stream: str, run: RunInfo | None) -> str:
 # --- one slow source, kept fresh in a worker thread --------------------------------
 
 
+def one_line(exc: BaseException) -> str:
+    """An error for the page: its first line only (deltalake appends a Rust backtrace), bounded."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:ERROR_CHARS]
+
+
 class Source(Generic[T]):
     """A blocking read refreshed in a worker thread: stale-while-refresh, never two at once.
 
@@ -311,7 +318,7 @@ class Source(Generic[T]):
             self.error = None
         except self._errors as exc:
             log.warning("sluice coverage: %s: %r", self.name, exc)
-            self.error = f"{self.name}: {exc}"[:ERROR_CHARS]
+            self.error = f"{self.name}: {one_line(exc)}"
         except Exception as exc:
             # The reporting boundary: a bug in a read is logged with its traceback
             # and shown as one line, and the other sources are still served.
@@ -426,6 +433,11 @@ class CoverageBoard:
         from pipeline.errors import ConfigError
         from pipeline.redisconn import UNAVAILABLE, checkpoint
 
+        redis_errors: tuple[type[BaseException], ...] = (
+            TimeoutError,
+            aioredis.RedisError,
+            *UNAVAILABLE,
+        )
         try:
             client = await self._redis_client(settings)
             async with asyncio.timeout(REDIS_TIMEOUT_S):
@@ -435,12 +447,12 @@ class CoverageBoard:
                 replies = await pipe.execute(raise_on_error=False)
             checkpoint()
         except ConfigError as exc:
-            return {"up": False, "error": f"redis: {exc}"[:ERROR_CHARS]}
-        except (TimeoutError, aioredis.RedisError, *UNAVAILABLE) as exc:
+            return {"up": False, "error": f"redis: {one_line(exc)}"}
+        except redis_errors as exc:
             checkpoint(exc)
             # The next snapshot resolves the URL and connects again.
             await self._drop_redis()
-            return {"up": False, "error": f"redis unavailable: {exc!r}"[:ERROR_CHARS]}
+            return {"up": False, "error": f"redis unavailable: {one_line(exc)}"}
         streams: dict[str, Any] = {}
         for name, info in zip(names, replies, strict=True):
             if isinstance(info, Exception):  # no such key: the stream is empty or absent
@@ -617,15 +629,26 @@ async def authorized(request: Request) -> None:
 
 def create_app(board: CoverageBoard | None = None) -> FastAPI:
     """The app mounted at :data:`URL_PREFIX`; every route needs read access to the DAG's runs."""
-    state = {"board": board}
+    state: dict[str, CoverageBoard] = {"board": board} if board is not None else {}
 
     def get_board() -> CoverageBoard:
-        if state["board"] is None:
+        # Built on first use, on the API server's event loop (the Redis client belongs to it).
+        if "board" not in state:
             state["board"] = CoverageBoard()
         return state["board"]
 
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Airflow's API server enters the lifespan of every mounted FastAPI app.
+        try:
+            yield
+        finally:
+            if "board" in state:
+                await state.pop("board").close()
+
     app = FastAPI(
         title="Sluice coverage",
+        lifespan=lifespan,
         dependencies=[Depends(authorized)],
         docs_url=None,
         redoc_url=None,
