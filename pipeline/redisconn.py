@@ -65,7 +65,8 @@ BOUNDS: dict[Role, Bounds] = {
     Role.CLI: Bounds(max_connections=4, socket_timeout_s=30.0),
     Role.PRODUCER: Bounds(max_connections=8, socket_timeout_s=30.0),
     Role.STREAM_SERVICE: Bounds(max_connections=96, socket_timeout_s=30.0),
-    Role.BUS: Bounds(max_connections=64, socket_timeout_s=30.0),
+    # A claim or release that ran twice would strand a batch in flight: no retries.
+    Role.BUS: Bounds(max_connections=64, socket_timeout_s=30.0, retries=0),
     Role.BUS_CLIENT: Bounds(max_connections=64, socket_timeout_s=30.0),
     Role.SERVE: Bounds(max_connections=64, socket_timeout_s=30.0),
     Role.TAIL: Bounds(max_connections=4, socket_timeout_s=30.0),

@@ -138,6 +138,15 @@ class Settings:
     bus_max_try: int = 16
     bus_retry_base_s: float = 0.1
     bus_retry_max_s: float = 2.0
+    #: Signed bus-to-bus POSTs are accepted this far from the receiver's clock (replay window).
+    bus_replay_window_s: float = 300.0
+    #: Request uids remembered against replays (then 503 until the window moves on).
+    bus_max_seen: int = 2_000_000
+    #: Handling attempts of one message before it goes to ``msgbus.system.dead``.
+    bus_max_attempts: int = 3
+    #: Inbound HTTP: a connection with no completed request for this long is closed.
+    bus_http_idle_s: float = 30.0
+    bus_http_max_connections: int = 1024
     # resumption server
     serve_host: str = "127.0.0.1"
     serve_port: int = 8765

@@ -57,18 +57,12 @@ class BusConfig:
             "retry_base_s": settings.bus_retry_base_s,
             "retry_max_s": settings.bus_retry_max_s,
             "max_size": settings.max_payload,
+            "replay_window_s": settings.bus_replay_window_s,
+            "max_seen": settings.bus_max_seen,
+            "max_attempts": settings.bus_max_attempts,
+            "http_idle_s": settings.bus_http_idle_s,
+            "http_max_connections": settings.bus_http_max_connections,
         }
-        # Bounds added by issue 11; read when Settings has them, else the defaults above.
-        for name in (
-            "replay_window_s",
-            "max_seen",
-            "max_attempts",
-            "http_idle_s",
-            "http_max_connections",
-        ):
-            value = getattr(settings, f"bus_{name}", None)
-            if value is not None:
-                values[name] = value
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
