@@ -407,16 +407,13 @@ class CoverageBoard:
             from pipeline.errors import ConfigError
 
             try:
-                self._settings = self._load_settings()
+                settings = self._load_settings()
+                reader = ArchiveLogReader(settings.lake_uri)
             except ConfigError as exc:
-                self._settings_error = str(exc)[:ERROR_CHARS]
+                self._settings_error = one_line(exc)
             else:
-                self._lake = Source(
-                    "archive_log",
-                    ArchiveLogReader(self._settings.lake_uri).read,
-                    LAKE_TTL_S,
-                    _lake_errors(),
-                )
+                self._settings = settings
+                self._lake = Source("archive_log", reader.read, LAKE_TTL_S, _lake_errors())
         return self._settings
 
     async def _redis_client(self, settings: Any) -> Any:
