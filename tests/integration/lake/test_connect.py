@@ -183,3 +183,50 @@ def test_a_locked_stream_waits_then_fails_naming_the_holder(
     assert log_rows(lake_uri) == 0
     code, doc, err = run_job(env, *args)
     assert code == 0 and doc["entries"] == 5, err
+
+
+@pytest.mark.slow
+def test_server_killed_mid_job_fails_clearly_and_the_rerun_completes(
+    redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+) -> None:
+    from pipeline.lake.sparkserver import ConnectServer
+    from tests.integration.lake.connect import server_settings
+
+    n = 20_000
+    blocks = chain(0, n, size=64)
+    for start in range(0, n, 5000):
+        publish(redis_client, "c", blocks[start : start + 5000], first_ms=1000 + start)
+    port = free_port()
+    server = ConnectServer(server_settings(), port=port, log_path=tmp_path / "connect.log")
+    server.start()
+    env = job_env(redis_url, lake_uri, tmp_path, server.url)
+    args = ("archive", "--stream", "c", "--start-ms", "1000", "--end-ms", str(1000 + n))
+    try:
+        proc = start_job(env, *args)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "session ready" in line:
+                break
+        assert server.proc is not None
+        os.killpg(server.proc.pid, signal.SIGKILL)  # the whole server: JVM and its workers
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        server.stop()
+    assert proc.returncode == 1, (out, err)
+    errors = [line for line in err.splitlines() if line.startswith("sluice lake:")]
+    assert len(errors) == 1, err
+    assert "went away" in errors[0] or "not reachable" in errors[0], err
+    assert took < 60, f"the client took {took:.0f}s to give up"
+    # Nothing half-written is visible; a rerun against a new server completes exactly.
+    assert log_rows(lake_uri) == 0
+    for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
+        uri = LakeSettings.from_url(lake_uri).table(name)
+        if DeltaTable.is_deltatable(uri):
+            assert DeltaTable(uri).to_pyarrow_table(columns=["stream"]).num_rows in (0, n)
+    with ConnectServer(server_settings(), port=free_port(), log_path=tmp_path / "c2.log") as again:
+        code, doc, err = run_job(job_env(redis_url, lake_uri, tmp_path, again.url), *args)
+    assert code == 0, err
+    assert (doc["entries"], doc["blocks"]) == (n, n)
+    assert log_rows(lake_uri) == 1
