@@ -1,25 +1,37 @@
-"""Benchmark of the lake: archive throughput, Spark session start, JVM-free read throughput.
+"""Benchmark of the lake: archive throughput per Spark mode, job overhead, session start, reads.
 
-Metrics (JSON lines via Report):
-- ``archive_entries_per_s``: N entries (~300 B block payloads) of one stream archived
-  by ``archive_interval`` on local Spark, session start excluded; baseline = raw
-  paged ``XRANGE`` of the same entries in Python, same run.
-- ``spark_session_start_s``: building the SparkSession with Delta.
-- ``deltars_read_blocks_per_s``: ``LakeReader.iter_canonical`` returning N canonical
-  blocks as ``BlockRow`` objects (``deltars_read_arrow_blocks_per_s``: the arrow path).
+Metrics (JSON lines via Report), all in one run with their baselines:
+- ``archive_entries_per_s`` (local one-JVM mode), ``archive_entries_per_s_connect``
+  (a thin client of a ``sluice spark`` server) and ``archive_entries_per_s_standalone``
+  (the Connect server in front of a standalone master with two workers on this
+  machine): N entries (~300 B block payloads) of one stream archived by
+  ``archive_interval``, measured after the session is up; baseline = raw paged
+  ``XRANGE`` of the same entries in Python, same run. ``stages`` holds the
+  per-stage split (check, entries = read + decode + write of stream_entries,
+  stats, blocks, log).
+- ``archive_job_overhead_s``: a whole ``sluice lake archive`` child process (what an
+  Airflow task runs) against an interval with nothing in Redis, through Connect.
+- ``spark_session_start_s``: the local one-JVM session with Delta (cached jars),
+  baseline = a bare pyspark local session, each in a fresh process, same run.
+- ``deltars_read_blocks_per_s`` / ``deltars_read_arrow_blocks_per_s``: the JVM-free reader.
 
-N = 1,000,000 x ``SLUICE_BENCH_SCALE`` (default 1). Spark master from
-``SLUICE_SPARK_MASTER`` (default ``local[*]``).
+N = 1,000,000 x ``SLUICE_BENCH_SCALE`` (default 1). ``SLUICE_BENCH_MODES`` picks
+the modes (default ``local,connect,standalone``). Each archive runs in its own
+child process (a Python process is a Spark Connect client or a local driver,
+never both).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -32,12 +44,14 @@ from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 
 STREAM = "bench"
+WARM = "warm"
 PAGE = 5000
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fill(client: redis.Redis, n: int) -> tuple[int, int]:
+def _fill(client: redis.Redis, stream: str, n: int) -> tuple[int, int]:
     """XADD n chained blocks (~300 B each); returns the [start_ms, end_ms) interval holding them."""
-    key = keys.stream(STREAM)
+    key = keys.stream(stream)
     parent = b"\x00" * 32
     pipe = client.pipeline(transaction=False)
     filler = os.urandom(200)
@@ -67,75 +81,218 @@ def _raw_xrange(client: redis.Redis) -> tuple[int, float]:
     return count, time.perf_counter() - began
 
 
+# --- child processes --------------------------------------------------------------
+
+
+def _child(args: list[str], env: dict[str, str], timeout: float = 3600) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, *args],
+        env={**os.environ, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"bench child {args} failed: {out.stderr[-3000:]}")
+    doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return doc
+
+
+def _child_session(kind: str) -> None:
+    """Print the seconds a local session takes to answer its first query."""
+    from pyspark.sql import SparkSession
+
+    began = time.perf_counter()
+    if kind == "bare":
+        spark = (
+            SparkSession.builder.master("local[*]")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
+        )
+    else:
+        from pipeline.lake.session import build_session
+        from pipeline.settings import Settings
+
+        spark = build_session(Settings.load(spark_master="local[*]", spark_remote=""))
+    spark.range(1).count()
+    seconds = time.perf_counter() - began
+    spark.stop()
+    print(json.dumps({"seconds": seconds}))
+
+
+def _child_archive(stream: str, start_ms: int, end_ms: int, warm: str) -> None:
+    """Archive one interval with the session up first (untimed warm-up on ``warm``)."""
+    from pipeline.lake.archive import archive_interval
+    from pipeline.lake.session import build_session, close_session
+    from pipeline.settings import Settings
+
+    settings = Settings.load()
+    spark = build_session(settings, app_name="sluice-bench-archive")
+    try:
+        if warm:  # the first job of a session pays Python worker and Delta warm-up
+            w_start, w_end = (int(x) for x in warm.split(":"))
+            archive_interval(spark, settings, WARM, w_start, w_end)
+        began = time.perf_counter()
+        result = archive_interval(spark, settings, stream, start_ms, end_ms)
+        seconds = time.perf_counter() - began
+    finally:
+        close_session(spark)
+    print(json.dumps({"seconds": seconds, "entries": result.entries, "stages": result.stages}))
+
+
+# --- the standalone cluster ---------------------------------------------------------
+
+
+def _standalone(tmp: Path, workers: int = 2) -> tuple[str, list[subprocess.Popen[bytes]]]:
+    from pipeline.localredis import free_port
+    from tests.e2e.test_standalone_cluster import _cluster_env, _start, _wait_for, spark_home
+
+    env = _cluster_env(tmp)
+    for sub in ("local", "work"):
+        (tmp / sub).mkdir(exist_ok=True)
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    port, ui_port = free_port(), free_port()
+    procs = [
+        _start(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(port), "--webui-port", str(ui_port)],
+            env, tmp / "master.log",
+        )
+    ]  # fmt: skip
+    _wait_for(ui_port, lambda s: s.get("status") == "ALIVE", "master ALIVE", procs)
+    url = f"spark://127.0.0.1:{port}"
+    for i in range(workers):
+        procs.append(
+            _start(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                 "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                 "--work-dir", str(tmp / "work")],
+                env, tmp / f"worker{i}.log",
+            )
+        )  # fmt: skip
+    _wait_for(ui_port, lambda s: s.get("aliveworkers", 0) >= workers, "workers alive", procs)
+    return url, procs
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--child-session"]:
+        _child_session(sys.argv[2])
+        return 0
+    if sys.argv[1:2] == ["--child-archive"]:
+        _child_archive(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        return 0
+    from pipeline.lake.sparkserver import ConnectServer, free_port
+    from pipeline.settings import Settings
+
     scale = float(os.environ.get("SLUICE_BENCH_SCALE", "1"))
     n = max(1000, int(1_000_000 * scale))
+    modes = os.environ.get("SLUICE_BENCH_MODES", "local,connect,standalone").split(",")
+    cores = os.cpu_count() or 2
     report = Report("archive")
-    with tempfile.TemporaryDirectory() as tmp:
-        server = LocalRedis(Path(tmp) / "redis").start()
-        spark = None
+    with tempfile.TemporaryDirectory() as tmp_text:
+        tmp = Path(tmp_text)
+        server = LocalRedis(tmp / "redis").start()
         try:
             client = redis.Redis.from_url(server.url)
-            start_ms, end_ms = _fill(client, n)
+            w_start, w_end = _fill(client, WARM, 2000)
+            start_ms, end_ms = _fill(client, STREAM, n)
             while int(client.time()[0]) * 1000 <= end_ms:  # the interval must be closed
                 time.sleep(0.05)
-
-            from pipeline.lake.session import build_session
-            from pipeline.settings import Settings
-
-            settings = Settings.load(
-                redis_url=server.url,
-                lake_uri=str(Path(tmp) / "lake"),
-                streams=(STREAM,),
-                chain_streams=(STREAM,),
-                spark_master=os.environ.get("SLUICE_SPARK_MASTER", "local[*]"),
-            )
-            began = time.perf_counter()
-            spark = build_session(settings, app_name="sluice-bench-archive")
-            spark.range(1).count()
-            session_s = time.perf_counter() - began
-
             count, raw_s = _raw_xrange(client)
             assert count == n, (count, n)
+            raw_rate = n / raw_s
 
-            from pipeline.lake.archive import archive_interval
+            base_env = {
+                "SLUICE_CONFIG": os.devnull,
+                "SLUICE_REDIS_URL": server.url,
+                "SLUICE_STREAMS": f"{STREAM},{WARM}",
+                "SLUICE_CHAIN_STREAMS": f"{STREAM},{WARM}",
+                "SLUICE_SPARK_MASTER": "local[*]",
+                "SLUICE_ARCHIVE_PARTITIONS": str(cores),
+                "SLUICE_SPARK_SHUFFLE_PARTITIONS": str(cores),
+                "SLUICE_VAR_DIR": str(tmp / "var"),
+            }
+            bare = min(_child(["--child-session", "bare"], base_env)["seconds"] for _ in range(2))
+            ours = min(_child(["--child-session", "sluice"], base_env)["seconds"] for _ in range(2))
+            report.emit("spark_session_start_s", ours, bare)
 
-            began = time.perf_counter()
-            result = archive_interval(spark, settings, STREAM, start_ms, end_ms)
-            archive_s = time.perf_counter() - began
-            assert (result.entries, result.blocks) == (n, n), result
-            report.emit("archive_entries_per_s", n / archive_s, n / raw_s, entries=n,
-                        archive_s=round(archive_s, 2), xrange_s=round(raw_s, 2))  # fmt: skip
-            report.emit("spark_session_start_s", session_s)
+            warm = f"{w_start}:{w_end}"
+            archive_args = ["--child-archive", STREAM, str(start_ms), str(end_ms), warm]
 
-            # Setup for the read figure (not timed): mark the whole chain canonical.
-            from pipeline.lake.jobs import table_sql
+            def archive(mode: str, metric: str, remote: str = "") -> None:
+                env = {**base_env, "SLUICE_LAKE_URI": str(tmp / f"lake-{mode}"),
+                       "SLUICE_SPARK_REMOTE": remote}  # fmt: skip
+                doc = _child(archive_args, env)
+                assert doc["entries"] == n, doc
+                report.emit(metric, n / doc["seconds"], raw_rate, entries=n, mode=mode,
+                            archive_s=round(doc["seconds"], 2), xrange_s=round(raw_s, 2),
+                            stages=doc["stages"])  # fmt: skip
 
-            spark.sql(
-                f"UPDATE {table_sql(settings.lake, 'blocks')} SET canonical = true "
-                f"WHERE stream = '{STREAM}'"
-            )
-            from pipeline.lake.reader import LakeReader
+            if "local" in modes:
+                archive("local", "archive_entries_per_s")
+            settings = Settings.load(config_path=os.devnull, spark_master="local[*]")
+            if "connect" in modes:
+                with ConnectServer(
+                    settings, port=free_port(), log_path=tmp / "connect.log"
+                ) as connect:
+                    archive("connect", "archive_entries_per_s_connect", connect.url)
+                    # A whole job child (what a task runs) for an interval with nothing in Redis.
+                    env = {**os.environ, **base_env, "SLUICE_LAKE_URI": str(tmp / "lake-connect"),
+                           "SLUICE_SPARK_REMOTE": connect.url}  # fmt: skip
+                    empty = [str(end_ms + 1), str(end_ms + 2)]
+                    began = time.perf_counter()
+                    subprocess.run(
+                        [sys.executable, "-m", "pipeline.lake.cli", "archive", "--stream", STREAM,
+                         "--start-ms", empty[0], "--end-ms", empty[1]],
+                        env=env, cwd=ROOT, check=True, capture_output=True,
+                    )  # fmt: skip
+                    report.emit("archive_job_overhead_s", time.perf_counter() - began)
+            if "standalone" in modes:
+                from tests.e2e.test_standalone_cluster import _stop
 
-            reader = LakeReader(settings.lake.uri)
-            for _ in reader.iter_canonical_arrow(STREAM, 0):  # warm the file cache, untimed
-                pass
-            began = time.perf_counter()
-            rows = sum(len(batch) for batch in reader.iter_canonical(STREAM, 0))
-            read_s = time.perf_counter() - began
-            assert rows == n, (rows, n)
-            began = time.perf_counter()
-            arrow_rows = sum(t.num_rows for t in reader.iter_canonical_arrow(STREAM, 0))
-            arrow_s = time.perf_counter() - began
-            assert arrow_rows == n
-            report.emit("deltars_read_blocks_per_s", n / read_s, blocks=n, read_s=round(read_s, 2))
-            report.emit("deltars_read_arrow_blocks_per_s", n / arrow_s, blocks=n)
+                url, procs = _standalone(tmp / "cluster")
+                try:
+                    cluster = settings.replace(spark_master=url)
+                    with ConnectServer(
+                        cluster, port=free_port(), log_path=tmp / "connect-cluster.log"
+                    ) as connect:
+                        archive("standalone", "archive_entries_per_s_standalone", connect.url)
+                finally:
+                    for proc in reversed(procs):
+                        _stop(proc)
+
+            if "local" in modes:
+                _reads(report, str(tmp / "lake-local"), n)
         finally:
-            if spark is not None:
-                spark.stop()
             server.stop()
     report.save()
     return 0
+
+
+def _reads(report: Report, lake_uri: str, n: int) -> None:
+    """The JVM-free reader over the local mode's lake (whole chain marked canonical by delta-rs)."""
+    from deltalake import DeltaTable
+
+    from pipeline.lake.reader import LakeReader
+
+    DeltaTable(f"{lake_uri}/blocks").update(
+        updates={"canonical": "true"}, predicate=f"stream = '{STREAM}'"
+    )
+    reader = LakeReader(lake_uri)
+    for _ in reader.iter_canonical_arrow(STREAM, 0):  # warm the file cache, untimed
+        pass
+    began = time.perf_counter()
+    rows = sum(len(batch) for batch in reader.iter_canonical(STREAM, 0))
+    read_s = time.perf_counter() - began
+    assert rows == n, (rows, n)
+    began = time.perf_counter()
+    arrow_rows = sum(t.num_rows for t in reader.iter_canonical_arrow(STREAM, 0))
+    arrow_s = time.perf_counter() - began
+    assert arrow_rows == n
+    report.emit("deltars_read_blocks_per_s", n / read_s, blocks=n, read_s=round(read_s, 2))
+    report.emit("deltars_read_arrow_blocks_per_s", n / arrow_s, blocks=n)
 
 
 if __name__ == "__main__":
