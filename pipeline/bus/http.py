@@ -33,25 +33,23 @@ Connections are bounded: at most ``max_connections`` at once (more are
 closed on arrival), and one that completes no request for ``idle_s`` seconds,
 first or next, is closed (aiohttp's keep-alive timer, which it also starts on
 connect); a request head is bounded by aiohttp (8190-byte lines, 128 headers),
-a body by ``max_size``.
+a body by ``max_size`` (413). Both connection bounds rest on aiohttp behaviour
+it does not document: :mod:`pipeline.bus.aiohttp_adapter` holds that, pinned by
+a contract test; everything else here is aiohttp's public API.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import redis.exceptions
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
 
 from pipeline import keys
 from pipeline.bus import envelope
+from pipeline.bus.aiohttp_adapter import BoundedServer
 from pipeline.bus.directory import Directory
 from pipeline.bus.forward import REMOTE_PATH, REPLY_PATH
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
@@ -131,10 +129,29 @@ async def _authenticate(
     return sent_ms / 1000
 
 
+async def read_body(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The request body, or None when it is longer than ``limit`` bytes (public API only)."""
+    length = request.content_length
+    if length is not None:
+        if length > limit:
+            return None
+        return await request.content.readexactly(length) if length else b""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():  # chunked: count as it arrives
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _decode(
     ing: Ingress, request: web.BaseRequest, *, reply: bool
 ) -> tuple[bytes, envelope.Envelope] | web.Response:
-    body = await request.read()
+    body = await read_body(request, ing.max_size + 4096)
+    if body is None:
+        return _refuse(413, "request body too large")
     try:
         env = envelope.decode(body, reply=reply, max_size=ing.max_size)
     except EnvelopeError as exc:
@@ -214,43 +231,6 @@ def build_server(ing: Ingress) -> web.Server:
             return _refuse(405, "method not allowed")
         return await handler(request)
 
-    def make_request(
-        message: Any,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> web.BaseRequest:
-        return web.BaseRequest(
-            message,
-            payload,
-            protocol,
-            writer,
-            task,
-            asyncio.get_running_loop(),
-            client_max_size=ing.max_size + 4096,
-        )
-
-    return _BoundedServer(
-        dispatch,
-        max_connections=ing.max_connections,
-        request_factory=make_request,
-        keepalive_timeout=ing.idle_s,
+    return BoundedServer(
+        dispatch, max_connections=ing.max_connections, keepalive_timeout=ing.idle_s
     )
-
-
-class _BoundedServer(web.Server):
-    """aiohttp's low-level server that closes connections past ``max_connections``."""
-
-    def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._max_connections = max_connections
-
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        if len(self.connections) > self._max_connections:
-            log.warning(
-                "bus: more than %d HTTP connections; closing a new one", self._max_connections
-            )
-            handler.force_close()
-            transport.close()

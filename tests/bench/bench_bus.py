@@ -5,11 +5,14 @@ redis-server) and one handler process (the SDK ``BusServer``) on twin 1002's
 Redis. A client on twin 1001 makes CALLS calls at CONCURRENCY, the seed's way:
 RPUSH the envelope to ``msgbus.system.local``, BLPOP its ``ret``.
 
+Figures: calls/s, p50 and p99 at CONCURRENCY (default 100), then p50 and
+p99 of SERIAL_CALLS calls made one at a time (concurrency 1).
+
 Baseline, same run: the same handler answering through one Redis with no bus
 (the client RPUSHes to ``msgbus.$cmd``, the handler BLPOPs it and RPUSHes the
 answer to ``ret``).
 
-    .venv/bin/python tests/bench/bench_bus.py [--calls N] [--concurrency C]
+    .venv/bin/python tests/bench/bench_bus.py [--calls N] [--concurrency C] [--serial-calls N]
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--serial-calls", type=int, default=1000, help="calls at concurrency 1")
     parser.add_argument("--handler", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -199,6 +203,12 @@ def main() -> int:
             bus_s, bus_lat = run(
                 load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
             )
+            # one call at a time: the latency of a lone call (no batching to hide behind)
+            one_base_s, one_base = run(load(rraw.url, f"msgbus.{CMD}", B, args.serial_calls, 1))
+            one_bus_s, one_bus = run(load(ra.url, "msgbus.system.local", B, args.serial_calls, 1))
+            one = {"calls": args.serial_calls, "concurrency": 1}
+            report.emit("p50_ms", percentile(one_bus, 50), percentile(one_base, 50), **one)
+            report.emit("p99_ms", percentile(one_bus, 99), percentile(one_base, 99), **one)
             extra = {"calls": args.calls, "concurrency": args.concurrency}
             report.emit("calls_per_s", args.calls / bus_s, args.calls / base_s, **extra)
             report.emit("p50_ms", percentile(bus_lat, 50), percentile(base_lat, 50), **extra)
