@@ -36,6 +36,7 @@ import asyncio
 import collections
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
@@ -443,89 +444,117 @@ class StreamService(Worker):
     # --- control requests -----------------------------------------------------
 
     async def _control(self, ctx: Context, req: p.StreamMessage) -> None:
-        rid = getattr(req, "request_id", "")
-        reply: p.StreamMessage
-        if isinstance(req, p.CreateStream):
-            try:
-                key = keys.stream(req.name)
-            except ConfigError as exc:
-                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, "invalid stream name", exc)
-                return
-            address = self.address_of(req.name)
-            if address.encode() not in self._streams and len(self._streams) >= self.max_streams:
-                await self._error(ctx, rid, p.ErrorCode.UNAVAILABLE, "too many streams")
-                return
-            created = await self._create_script(
-                keys=[key, keys.streams_registry()], args=[req.name]
-            )
-            assert self._node is not None
-            self._node.add_alias(self.name, address)
-            self._streams[address.encode()] = req.name
-            self._count("created" if created else "opened")
-            reply = p.Init(request_id=rid, name=req.name, address=address)
-        elif isinstance(req, (p.GetIndex, p.SaveIndex)):
-            try:
-                hkey = keys.consumer_index(req.stream)
-            except ConfigError as exc:
-                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, "invalid stream name", exc)
-                return
-            if isinstance(req, p.GetIndex):
-                current = await self.redis.hget(hkey, req.client_id)
-            else:
-                if not INDEX_RE.match(req.index):
-                    await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, f"bad index {req.index!r}")
-                    return
-                current = await self._save_script(keys=[hkey], args=[req.client_id, req.index])
-            reply = p.Index(
-                request_id=rid, client_id=req.client_id, stream=req.stream, index=_text(current)
-            )
-        elif isinstance(req, p.Lease):
-            state = await self._leases.acquire(req.stream, req.holder, req.ttl_ms)
-            if not state.granted:
-                text = (
-                    f"stream {req.stream!r} is consumed by {state.holder!r} "
-                    f"(lease expires in {state.ttl_ms} ms); {req.holder!r} refused"
-                )
-                await self._error(ctx, rid, p.ErrorCode.LEASE_HELD, text)
-                return
-            reply = p.Ok(request_id=rid)
-        elif isinstance(req, p.Release):
-            await self._leases.release(req.stream, req.holder)
-            reply = p.Ok(request_id=rid)
-        elif isinstance(req, p.Attempts):
-            hkey = keys.failures(req.stream)
-            if req.op == p.INCR:
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    pipe.hincrby(hkey, req.key, 1)
-                    pipe.pexpire(hkey, ATTEMPTS_TTL_MS)  # leftovers of a vanished consumer go
-                    count, _ = await pipe.execute()
-            elif req.op == p.CLEAR:
-                await self.redis.hdel(hkey, req.key)
-                count = 0
-            else:
-                await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, f"unknown op {req.op!r}")
-                return
-            reply = p.Index(request_id=rid, client_id=req.key, stream=req.stream, index=str(count))
-        elif isinstance(req, p.DeadLetter):
-            fields: dict[Any, Any] = {
-                FIELD: req.data,
-                "index": req.index,
-                "reason": req.reason,
-            }
-            await self.redis.xadd(
-                keys.dead_letter(req.stream), fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True
-            )
-            self._count("dead_lettered")
-            reply = p.Ok(request_id=rid)
-        else:
+        """Answer one control request through :data:`_CONTROL`, keyed by its class.
+
+        A handler returns the reply, or None when it already answered with an
+        error. A stream name no key can be built from raises ``ConfigError``,
+        which :meth:`_one` answers (``invalid stream name``).
+        """
+        handler = _CONTROL.get(type(req))
+        if handler is None:
+            rid = getattr(req, "request_id", "")
             await self._error(
                 ctx, rid, p.ErrorCode.BAD_REQUEST, f"{type(req).__name__} is not a request"
             )
             return
-        await ctx.reply(p.encode(reply))
+        reply = await handler(self, ctx, req)
+        if reply is not None:
+            await ctx.reply(p.encode(reply))
+
+    async def _create(self, ctx: Context, req: p.CreateStream) -> p.StreamMessage | None:
+        key = keys.stream(req.name)
+        address = self.address_of(req.name)
+        if address.encode() not in self._streams and len(self._streams) >= self.max_streams:
+            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, "too many streams")
+            return None
+        created = await self._create_script(keys=[key, keys.streams_registry()], args=[req.name])
+        assert self._node is not None
+        self._node.add_alias(self.name, address)
+        self._streams[address.encode()] = req.name
+        self._count("created" if created else "opened")
+        return p.Init(request_id=req.request_id, name=req.name, address=address)
+
+    async def _get_index(self, ctx: Context, req: p.GetIndex) -> p.StreamMessage | None:
+        current = await self.redis.hget(keys.consumer_index(req.stream), req.client_id)
+        return p.Index(
+            request_id=req.request_id,
+            client_id=req.client_id,
+            stream=req.stream,
+            index=_text(current),
+        )
+
+    async def _save_index(self, ctx: Context, req: p.SaveIndex) -> p.StreamMessage | None:
+        hkey = keys.consumer_index(req.stream)
+        if not INDEX_RE.match(req.index):
+            text = f"bad index {req.index!r}"
+            await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, text)
+            return None
+        current = await self._save_script(keys=[hkey], args=[req.client_id, req.index])
+        return p.Index(
+            request_id=req.request_id,
+            client_id=req.client_id,
+            stream=req.stream,
+            index=_text(current),
+        )
+
+    async def _lease(self, ctx: Context, req: p.Lease) -> p.StreamMessage | None:
+        state = await self._leases.acquire(req.stream, req.holder, req.ttl_ms)
+        if not state.granted:
+            text = (
+                f"stream {req.stream!r} is consumed by {state.holder!r} "
+                f"(lease expires in {state.ttl_ms} ms); {req.holder!r} refused"
+            )
+            await self._error(ctx, req.request_id, p.ErrorCode.LEASE_HELD, text)
+            return None
+        return p.Ok(request_id=req.request_id)
+
+    async def _release(self, ctx: Context, req: p.Release) -> p.StreamMessage | None:
+        await self._leases.release(req.stream, req.holder)
+        return p.Ok(request_id=req.request_id)
+
+    async def _attempts(self, ctx: Context, req: p.Attempts) -> p.StreamMessage | None:
+        hkey = keys.failures(req.stream)
+        if req.op == p.INCR:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hincrby(hkey, req.key, 1)
+                pipe.pexpire(hkey, ATTEMPTS_TTL_MS)  # leftovers of a vanished consumer go
+                count, _ = await pipe.execute()
+        elif req.op == p.CLEAR:
+            await self.redis.hdel(hkey, req.key)
+            count = 0
+        else:
+            await self._error(
+                ctx, req.request_id, p.ErrorCode.BAD_REQUEST, f"unknown op {req.op!r}"
+            )
+            return None
+        return p.Index(
+            request_id=req.request_id, client_id=req.key, stream=req.stream, index=str(count)
+        )
+
+    async def _dead_letter(self, ctx: Context, req: p.DeadLetter) -> p.StreamMessage | None:
+        fields: dict[Any, Any] = {FIELD: req.data, "index": req.index, "reason": req.reason}
+        await self.redis.xadd(
+            keys.dead_letter(req.stream), fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True
+        )
+        self._count("dead_lettered")
+        return p.Ok(request_id=req.request_id)
 
     async def teardown(self) -> None:
         self._waiting.clear()
         for task in list(self._pulls):
             task.cancel()
         await asyncio.gather(*self._pulls, return_exceptions=True)
+
+
+_ControlHandler = Callable[[StreamService, Context, Any], Awaitable[p.StreamMessage | None]]
+
+#: The control requests (everything but Push and Pull) and their handlers.
+_CONTROL: dict[type[Any], _ControlHandler] = {
+    p.CreateStream: StreamService._create,
+    p.GetIndex: StreamService._get_index,
+    p.SaveIndex: StreamService._save_index,
+    p.Lease: StreamService._lease,
+    p.Release: StreamService._release,
+    p.Attempts: StreamService._attempts,
+    p.DeadLetter: StreamService._dead_letter,
+}
