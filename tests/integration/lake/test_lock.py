@@ -1,0 +1,57 @@
+"""The per-stream archive lock on a real Redis: exclusive, waits bounded, never frees another's lease."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pipeline import keys
+from pipeline.lake.lock import LockBusy, LockLost, StreamLock
+
+
+def test_second_holder_waits_then_gets_it(redis_url: str) -> None:
+    first = StreamLock(redis_url, "s", owner="first", wait_s=5)
+    first.__enter__()
+    got: list[float] = []
+
+    def second() -> None:
+        with StreamLock(redis_url, "s", owner="second", wait_s=10) as lock:
+            got.append(lock.waited_s)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.7)
+    assert not got  # still waiting
+    first.release()
+    thread.join(timeout=10)
+    assert got and got[0] >= 0.5
+
+
+def test_busy_lock_fails_naming_the_holder(redis_url: str) -> None:
+    with StreamLock(redis_url, "s", owner="archive-run-1"):
+        began = time.monotonic()
+        with pytest.raises(LockBusy, match="archive-run-1"):
+            with StreamLock(redis_url, "s", wait_s=0.6):
+                pass
+        assert time.monotonic() - began < 5
+    with StreamLock(redis_url, "s", wait_s=0):  # free again
+        pass
+
+
+def test_lease_is_renewed_and_a_lost_one_is_detected(redis_url: str, redis_client: Any) -> None:
+    key = keys.archive_lock("s")
+    with StreamLock(redis_url, "s", ttl_ms=1500) as lock:
+        time.sleep(2.0)  # longer than the TTL: renewal keeps it
+        assert redis_client.get(key) == lock.token.encode()
+        lock.check()
+        redis_client.set(key, b"someone-else")  # the lease was lost and taken
+        deadline = time.monotonic() + 5
+        while lock._lost is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(LockLost):
+            lock.check()
+    assert redis_client.get(key) == b"someone-else"  # release never frees another's lease
