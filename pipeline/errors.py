@@ -49,6 +49,15 @@ class PayloadTooLarge(RemoteProtocolError):
     public_message = "payload too large"
 
 
+class InternalProtocolError(LocalProtocolError):
+    """A bug on this side broke a protocol machine (closed at once, as websockets does).
+
+    The exception that did it is the ``__cause__``; only ``internal error`` crosses the wire.
+    """
+
+    public_message = "internal error"
+
+
 # --- routing and streams -------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from pipeline.dialogue.protocol import Dialogue, Role, State
 from pipeline.errors import (
     DialogueClosed,
     DialogueError,
+    InternalProtocolError,
     ProtocolError,
     RemoteProtocolError,
     RequestCancelled,
@@ -493,7 +494,7 @@ class Connection:
                 future.set_exception(TimeoutError("request timed out"))
             else:
                 future.set_exception(self._closed_error())
-        elif isinstance(event, ev.RequestCancelled):
+        elif isinstance(event, ev.PeerCancelledRequest):
             self._inbound.cancel_request(event.id)
         elif isinstance(event, ev.DuplexOpened):
             self._inbound.duplex(event.id, event.data)
@@ -524,7 +525,9 @@ class Connection:
     def _connection_closed(self, event: ev.ConnectionClosed) -> None:
         self.close_reason = event.reason
         self.error = event.error
-        if event.error is not None:
+        if isinstance(event.error, InternalProtocolError):
+            log.error("%s: internal error, closing", self.name, exc_info=event.error.__cause__)
+        elif event.error is not None:
             log.warning("%s: protocol error, closing: %s", self.name, event.error)
         error = self._closed_error()
         for future in self._pending.values():

@@ -8,15 +8,27 @@ heap drops dead entries when they surface or when they outnumber live ones
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
+class DeadlineKind(enum.Enum):
+    """What a deadline times out."""
+
+    #: Our request: cancel it and report it timed out.
+    REQUEST = "request"
+    #: A duplex we opened and ended: stop waiting for the peer's end.
+    DUPLEX = "duplex"
+    #: The close exchange: end the dialogue.
+    CLOSE = "close"
+
+
 @dataclass(order=True, slots=True)
 class Deadline:
     when: float
-    kind: str = field(compare=False)
+    kind: DeadlineKind = field(compare=False)
     id: int = field(compare=False)
 
 
@@ -30,7 +42,7 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, when: float, kind: str, pid: int, live: int) -> None:
+    def add(self, when: float, kind: DeadlineKind, pid: int, live: int) -> None:
         """Push one deadline; ``live`` is how many entries can be live at most."""
         heap = self._heap
         heapq.heappush(heap, Deadline(when, kind, pid))

@@ -31,8 +31,11 @@ class RequestReceived(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RequestCancelled(Event):
-    """The peer cancelled a request it sent us: answering is now optional."""
+class PeerCancelledRequest(Event):
+    """The peer cancelled a request it sent us: answering is now optional.
+
+    (Not :class:`pipeline.errors.RequestCancelled`, which our own caller gets.)
+    """
 
     id: int
 

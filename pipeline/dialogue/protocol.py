@@ -9,10 +9,19 @@ local intentions go in through commands (:meth:`send_message`,
 :meth:`events_received` (what the peer did), :meth:`data_to_send` (bytes to
 write, batched) and :meth:`close_expected` (the transport should be closed).
 
+Everything that changes the machine's state is in this module: the commands
+below, the receiving side (one method per packet type, indexed by type in
+:data:`_RECEIVE`) and the deadlines. The transitions that are pure data (what
+a close does, by role and state) are the tables of enums in
+:mod:`~pipeline.dialogue.states`.
+
 The parser never raises to the caller: a malformed frame, an unknown type, an
 oversize frame or a packet for an id in the wrong state closes the dialogue
-with a :class:`ConnectionClosed` event carrying the reason. Commands that the
-protocol forbids *locally* raise :class:`LocalProtocolError` (or
+with a :class:`ConnectionClosed` event carrying the reason, and so does any
+other exception while handling what arrived (a bug here: the dialogue closes
+with an :class:`InternalProtocolError` whose cause is the bug, as websockets
+closes with 1011, instead of staying open with a dead reader). Commands that
+the protocol forbids *locally* raise :class:`LocalProtocolError` (or
 :class:`DialogueClosed` once closing).
 
 Ids. Request and duplex ids are chosen by the side that opens them, so the
@@ -62,18 +71,28 @@ wire is exactly the seed's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pipeline.dialogue import control
-from pipeline.dialogue.deadlines import Deadline, Deadlines
+from pipeline.dialogue.deadlines import Deadline, DeadlineKind, Deadlines
 from pipeline.dialogue.events import (
+    CloseRequested,
     ConnectionClosed,
     DuplexClosed,
+    DuplexData,
     DuplexEnded,
+    DuplexOpened,
+    DuplexWritable,
     Event,
+    MessageReceived,
+    PeerCancelledRequest,
     PeerClosing,
     RequestAborted,
+    RequestDeclined,
+    RequestReceived,
     RequestTimedOut,
+    ResponseReceived,
 )
-from pipeline.dialogue.inbound import HANDLERS
 from pipeline.dialogue.packets import (
     DEFAULT_MAX_FRAME,
     HAS_DATA,
@@ -85,7 +104,9 @@ from pipeline.dialogue.packets import (
 from pipeline.dialogue.states import (
     CAN_CONTINUE,
     CAN_START,
+    ON_CLOSE_MESSAGE,
     ON_LOCAL_CLOSE,
+    CloseAction,
     DuplexHalves,
     Role,
     State,
@@ -93,6 +114,7 @@ from pipeline.dialogue.states import (
 )
 from pipeline.errors import (
     DialogueClosed,
+    InternalProtocolError,
     LocalProtocolError,
     PayloadTooLarge,
     ProtocolError,
@@ -221,14 +243,19 @@ class Dialogue:
             self._fail(exc)
             return
         self.stats.frames_in += len(packets)
-        handlers = HANDLERS
+        receive = _RECEIVE
         for ptype, pid, pdata in packets:
             if self.close_reason is not None:  # an earlier packet closed the dialogue
                 return
             try:
-                handlers[ptype](self, pid, pdata)
+                receive[ptype](self, pid, pdata)
             except ProtocolError as exc:
                 self._fail(exc)
+                return
+            except Exception as exc:  # a bug here must close the dialogue, not kill its reader
+                error = InternalProtocolError(f"internal error: {exc!r}")
+                error.__cause__ = exc
+                self._fail(error)
                 return
 
     def receive_eof(self) -> None:
@@ -255,7 +282,7 @@ class Dialogue:
         self._queue(REQUEST, pid, data)
         self._out_requests[pid] = deadline
         if deadline is not None:
-            self._add_deadline(deadline, "request", pid)
+            self._add_deadline(deadline, DeadlineKind.REQUEST, pid)
         return pid
 
     def cancel_request(self, pid: int) -> bool:
@@ -320,7 +347,7 @@ class Dialogue:
             self._forget(pid, local)
         elif local and deadline is not None:
             duplex.end_deadline = deadline
-            self._add_deadline(deadline, "duplex", pid)
+            self._add_deadline(deadline, DeadlineKind.DUPLEX, pid)
         self._maybe_finish_close()
 
     def consumed(self, pid: int, local: bool, nbytes: int) -> None:
@@ -344,7 +371,7 @@ class Dialogue:
             self._close_deadline is None or deadline < self._close_deadline
         ):
             self._close_deadline = deadline
-            self._add_deadline(deadline, "close", 0)
+            self._add_deadline(deadline, DeadlineKind.CLOSE, 0)
         if not send:
             return
         self._queue(MESSAGE, 0, None)
@@ -369,6 +396,119 @@ class Dialogue:
         if self.state is not State.CLOSED:
             self._fail(error)
 
+    # ---------------------------------------------------------------- receiving
+    # One method per packet type (see :data:`_RECEIVE`). Each records events or
+    # raises RemoteProtocolError, which receive_data turns into a close.
+
+    def _on_message(self, pid: int, data: bytes | None) -> None:
+        if data is None:
+            action = ON_CLOSE_MESSAGE[(self.role, self.state)]
+            if action is CloseAction.CLOSE_REQUESTED:
+                self.state = State.SIGNALLED
+                self._events.append(CloseRequested())
+            elif action is CloseAction.CLOSED:
+                self._finish("closed", clean=True)
+            elif action is CloseAction.PEER_CLOSING:
+                self._peer_closing()
+            elif action is CloseAction.ERROR:
+                raise RemoteProtocolError("second close message", public="unexpected close")
+            return
+        self._check_peer_may_send()
+        if self.window is not None and data[:4] == control.PREFIX:
+            self._on_control(data)
+            return
+        self._events.append(MessageReceived(data=data))
+
+    def _on_request(self, pid: int, data: bytes | None) -> None:
+        self._check_peer_may_send()
+        if data is None:
+            if pid in self._in_requests:
+                self._in_requests.discard(pid)
+                self._events.append(PeerCancelledRequest(id=pid))
+                self._maybe_finish_close()
+            return
+        if self.role is Role.CLIENT and self.state is State.CLOSING:
+            return  # we cannot answer any more
+        if pid in self._in_requests:
+            raise RemoteProtocolError(f"request id {pid} already pending", public="duplicate id")
+        if len(self._in_requests) >= self.max_incoming_requests:
+            raise RemoteProtocolError("too many pending requests", public="too many requests")
+        self._in_requests.add(pid)
+        self._events.append(RequestReceived(id=pid, data=data))
+
+    def _on_response(self, pid: int, data: bytes | None) -> None:
+        if pid not in self._out_requests:
+            self._stale(pid, "response")
+            return
+        del self._out_requests[pid]
+        if data is None:
+            self._events.append(RequestDeclined(id=pid))
+        else:
+            self._events.append(ResponseReceived(id=pid, data=data))
+
+    def _on_duplex_initial(self, pid: int, data: bytes | None) -> None:
+        self._check_peer_may_send()
+        if pid in self._in_duplexes:
+            raise RemoteProtocolError(f"duplex id {pid} already open", public="duplicate id")
+        if len(self._in_duplexes) >= self.max_duplexes:
+            raise RemoteProtocolError("too many open duplexes", public="too many duplexes")
+        duplex = DuplexHalves(credit=self.peer_window or 0)
+        if self.role is Role.CLIENT and self.state is State.CLOSING:
+            duplex.send_open = False
+        self._in_duplexes[pid] = duplex
+        self._events.append(DuplexOpened(id=pid, data=data))
+
+    def _on_duplex_request(self, pid: int, data: bytes | None) -> None:
+        self._on_duplex_data(pid, False, data)
+
+    def _on_duplex_response(self, pid: int, data: bytes | None) -> None:
+        self._on_duplex_data(pid, True, data)
+
+    def _on_duplex_data(self, pid: int, local: bool, data: bytes | None) -> None:
+        duplex = self._receiving_half(pid, local)
+        if duplex is None:
+            return
+        if data is None:
+            name = "DuplexResponse" if local else "DuplexRequest"
+            raise RemoteProtocolError(f"{name} without data", public="malformed packet")
+        self._events.append(DuplexData(id=pid, local=local, data=data))
+
+    def _on_duplex_request_end(self, pid: int, data: bytes | None) -> None:
+        self._on_duplex_end(pid, False, data)
+
+    def _on_duplex_response_end(self, pid: int, data: bytes | None) -> None:
+        self._on_duplex_end(pid, True, data)
+
+    def _on_duplex_end(self, pid: int, local: bool, data: bytes | None) -> None:
+        duplex = self._receiving_half(pid, local)
+        if duplex is None:
+            return
+        duplex.recv_open = False
+        self._events.append(DuplexEnded(id=pid, local=local, error=data))
+        if not duplex.send_open:
+            self._forget(pid, local)
+            self._maybe_finish_close()
+
+    def _on_control(self, data: bytes) -> None:
+        msg = control.decode(data)
+        if isinstance(msg, control.Hello):
+            if self.peer_window is not None:
+                raise RemoteProtocolError("second flow-control hello", public="bad control message")
+            self.peer_window = msg.window
+            # Duplexes opened before the HELLO arrived start with a full window now.
+            for table in (self._out_duplexes, self._in_duplexes):
+                for duplex in table.values():
+                    duplex.credit = msg.window
+        elif isinstance(msg, control.Grant):
+            for local, pid, credit in msg.entries:
+                target = self._duplex(pid, local)
+                if target is None or not target.send_open:
+                    continue  # the grant crossed our end: harmless
+                was_blocked = target.credit <= 0
+                target.credit += credit
+                if was_blocked and target.credit > 0:
+                    self._events.append(DuplexWritable(id=pid, local=local))
+
     # ---------------------------------------------------------------- deadlines
 
     def next_deadline(self) -> float | None:
@@ -378,13 +518,13 @@ class Dialogue:
     def expire(self, now: float) -> None:
         """Act on every deadline at or before ``now``."""
         while (item := self._deadlines.pop_due(now)) is not None:
-            if item.kind == "request":
+            if item.kind is DeadlineKind.REQUEST:
                 del self._out_requests[item.id]
                 self.stats.timeouts += 1
                 if self.state in CAN_CONTINUE[self.role]:
                     self._queue(REQUEST, item.id, None)
                 self._events.append(RequestTimedOut(id=item.id))
-            elif item.kind == "duplex":
+            elif item.kind is DeadlineKind.DUPLEX:
                 self._forget(item.id, True, abandoned=True)
             else:
                 self._finish("close timed out", clean=False)
@@ -393,14 +533,14 @@ class Dialogue:
     def _deadline_live(self, item: Deadline) -> bool:
         if self.state is State.CLOSED:
             return False
-        if item.kind == "request":
+        if item.kind is DeadlineKind.REQUEST:
             return self._out_requests.get(item.id, -1.0) == item.when
-        if item.kind == "duplex":
+        if item.kind is DeadlineKind.DUPLEX:
             duplex = self._out_duplexes.get(item.id)
             return duplex is not None and duplex.end_deadline == item.when
         return self._close_deadline == item.when
 
-    def _add_deadline(self, when: float, kind: str, pid: int) -> None:
+    def _add_deadline(self, when: float, kind: DeadlineKind, pid: int) -> None:
         self._deadlines.add(when, kind, pid, len(self._out_requests) + len(self._out_duplexes) + 1)
 
     # ------------------------------------------------------------------ helpers
@@ -522,5 +662,17 @@ class Dialogue:
         self._deadlines.clear()
         self._events.append(ConnectionClosed(reason=reason, clean=clean, error=self.error))
 
+
+#: The receiving side of the machine, by packet type.
+_RECEIVE: dict[int, Callable[[Dialogue, int, bytes | None], None]] = {
+    PacketType.MESSAGE: Dialogue._on_message,
+    PacketType.REQUEST: Dialogue._on_request,
+    PacketType.RESPONSE: Dialogue._on_response,
+    PacketType.DUPLEX_INITIAL: Dialogue._on_duplex_initial,
+    PacketType.DUPLEX_REQUEST: Dialogue._on_duplex_request,
+    PacketType.DUPLEX_RESPONSE: Dialogue._on_duplex_response,
+    PacketType.DUPLEX_REQUEST_END: Dialogue._on_duplex_request_end,
+    PacketType.DUPLEX_RESPONSE_END: Dialogue._on_duplex_response_end,
+}
 
 __all__ = ["Dialogue", "Role", "State"]

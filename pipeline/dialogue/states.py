@@ -1,6 +1,7 @@
 """The Dialogue machine's states and transition tables (data, not code: h11's style).
 
-See :mod:`pipeline.dialogue.protocol` for the theory of operation.
+Only :mod:`pipeline.dialogue.protocol` reads these tables and changes state;
+see it for the theory of operation.
 """
 
 from __future__ import annotations
@@ -25,14 +26,29 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+class CloseAction(enum.Enum):
+    """What the machine does with the peer's empty Message."""
+
+    #: (client) The server asks us to close: -> SIGNALLED, report CloseRequested.
+    CLOSE_REQUESTED = "close_requested"
+    #: (client) A repeated request to close: nothing to do.
+    IGNORE = "ignore"
+    #: (client) The server's answer to our close: the dialogue ended cleanly.
+    CLOSED = "closed"
+    #: (server) The client closed: -> CLOSING, finish what is outstanding.
+    PEER_CLOSING = "peer_closing"
+    #: (server) A second close from the client: a protocol error.
+    ERROR = "error"
+
+
 # What an empty Message from the peer does, by (our role, our state).
-ON_CLOSE_MESSAGE: dict[tuple[Role, State], str] = {
-    (Role.CLIENT, State.OPEN): "close_requested",
-    (Role.CLIENT, State.SIGNALLED): "ignore",
-    (Role.CLIENT, State.CLOSING): "closed",
-    (Role.SERVER, State.OPEN): "peer_closing",
-    (Role.SERVER, State.SIGNALLED): "peer_closing",
-    (Role.SERVER, State.CLOSING): "error",
+ON_CLOSE_MESSAGE: dict[tuple[Role, State], CloseAction] = {
+    (Role.CLIENT, State.OPEN): CloseAction.CLOSE_REQUESTED,
+    (Role.CLIENT, State.SIGNALLED): CloseAction.IGNORE,
+    (Role.CLIENT, State.CLOSING): CloseAction.CLOSED,
+    (Role.SERVER, State.OPEN): CloseAction.PEER_CLOSING,
+    (Role.SERVER, State.SIGNALLED): CloseAction.PEER_CLOSING,
+    (Role.SERVER, State.CLOSING): CloseAction.ERROR,
 }
 
 # What a local close() does, by (our role, our state): (send empty Message, new state).

@@ -9,7 +9,12 @@ import pytest
 from pipeline.dialogue import events as ev
 from pipeline.dialogue.packets import MAX_ID, PacketType, encode_packet
 from pipeline.dialogue.protocol import Dialogue, Role, State
-from pipeline.errors import DialogueClosed, LocalProtocolError, PayloadTooLarge
+from pipeline.errors import (
+    DialogueClosed,
+    InternalProtocolError,
+    LocalProtocolError,
+    PayloadTooLarge,
+)
 
 
 def raw(ptype: PacketType, pid: int, data: bytes | None = None) -> bytes:
@@ -70,7 +75,7 @@ def test_cancel_request_and_late_response_is_ignored(pair: Any) -> None:
     assert pair.client.cancel_request(pid)
     assert not pair.client.cancel_request(pid)
     _, server = pair.pump()
-    assert server == [ev.RequestCancelled(id=pid)]
+    assert server == [ev.PeerCancelledRequest(id=pid)]
     assert not pair.server.respond(pid, b"too late")  # nothing pending: nothing sent
     assert pair.server.data_to_send() == b""
 
@@ -389,3 +394,29 @@ def test_abort_and_close_are_idempotent(pair: Any) -> None:
         ev.ConnectionClosed(reason="local failure", clean=False)
     ]
     assert pair.client.data_to_send() == b""
+
+
+def test_a_bug_in_inbound_handling_closes_with_an_internal_error(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like websockets (1011): the dialogue closes at once; receive_data never raises."""
+    from pipeline.dialogue import protocol
+
+    pid = pair.server.send_request(b"waiting")
+    pair.pump()
+
+    def broken(d: Dialogue, pid: int, data: bytes | None) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(protocol._RECEIVE, PacketType.MESSAGE, broken)
+    pair.client.send_message(b"boom")
+    pair.server.receive_data(pair.client.data_to_send())  # must not raise
+    assert pair.server.close_expected()
+    events = pair.server.events_received()
+    assert ev.RequestAborted(id=pid) in events
+    closed = events[-1]
+    assert isinstance(closed, ev.ConnectionClosed) and not closed.clean
+    assert isinstance(closed.error, InternalProtocolError)
+    assert isinstance(closed.error.__cause__, RuntimeError)
+    assert closed.error.public_message == "internal error"
+    assert pair.server.state is State.CLOSED

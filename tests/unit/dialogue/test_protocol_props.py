@@ -41,7 +41,7 @@ def handle(side: Side) -> None:
         elif isinstance(event, ev.RequestReceived):
             assert event.id not in side.incoming
             side.incoming[event.id] = event.data
-        elif isinstance(event, ev.RequestCancelled):
+        elif isinstance(event, ev.PeerCancelledRequest):
             del side.incoming[event.id]
         elif isinstance(event, ev.ResponseReceived):
             side.outcomes.setdefault(event.id, []).append(event.data)
