@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
@@ -79,8 +80,10 @@ class Counts:
 
 
 class Activity:
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, is_up: Callable[[str], bool] = lambda name: True) -> None:
         self.plan = plan
+        #: whether a component is up: the bus caller waits for both twins (no false failures)
+        self.is_up = is_up
         self.counts = Counts()
         self._token: str | None = None
         #: runs of intervals that ended before this are an earlier demo's (Airflow's home is kept)
@@ -129,6 +132,10 @@ class Activity:
         self.counts.rpc_last_ms = (time.monotonic() - started) * 1000
 
     async def _rpc_caller(self) -> None:
+        while True:
+            if all(self.is_up(f"bus-{twin}") for twin in TWINS):
+                break
+            await asyncio.sleep(STATUS_EVERY_S)
         client = BusClient.from_url(self.plan.redis_url(1), max_connections=4)
         seq = 0
         try:

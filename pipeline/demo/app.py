@@ -340,7 +340,7 @@ async def _live(
     events: deque[str],
     event: Callable[[str], None],
 ) -> int:
-    activity = Activity(plan)
+    activity = Activity(plan, supervisor.is_up)
     progress = progress_bar()
     subscriber = comp.subscriber_component(plan)
     sub_lines = 0
@@ -370,20 +370,22 @@ async def _live(
                 live.update(frame("starting... (Ctrl-C stops everything)", True))  # type: ignore[arg-type]
                 await asyncio.sleep(FRAME_S)
 
-        painter = asyncio.create_task(paint())
-        try:
-            up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
-        finally:
-            painter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await painter
-        if stop.is_set():
-            return 130
-        rss = supervisor.rss_bytes()
-        event(f"all up in {up_s:.1f}s; the demo's processes use {rss / 2**20:.0f} MiB RSS")
-        if opts.up_then_stop:
-            return 0
+        # the traffic and the watch start with the components: the view fills in
+        # as they come up, and one that dies while others start is restarted
         async with running(activity, supervisor):
+            painter = asyncio.create_task(paint())
+            try:
+                up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
+            finally:
+                painter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await painter
+            if stop.is_set():
+                return 130
+            rss = supervisor.rss_bytes()
+            event(f"all up in {up_s:.1f}s; the demo's processes use {rss / 2**20:.0f} MiB RSS")
+            if opts.up_then_stop:
+                return 0
             while not stop.is_set():
                 if (
                     activity.counts.trimmed
@@ -397,8 +399,8 @@ async def _live(
                     sub_offset, more = _count_added(supervisor.log_path("subscriber"), sub_offset)
                     sub_lines += more
                 footer = (
-                    f"up {time.monotonic() - started:.0f}s, RSS {supervisor.rss_bytes() / 2**20:.0f} MiB"
-                    " - Ctrl-C stops every component"
+                    f"up {time.monotonic() - started:.0f}s, "
+                    f"RSS {supervisor.rss_bytes() / 2**20:.0f} MiB - Ctrl-C stops every component"
                 )
                 live.update(frame(footer, False))  # type: ignore[arg-type]
                 with contextlib.suppress(TimeoutError):

@@ -83,16 +83,16 @@ async def run_check(
     deadline = started + deadline_s
     rows: list[Row] = []
     figures: dict[str, str] = {}
-    activity = Activity(plan)
+    activity = Activity(plan, supervisor.is_up)
     counts = activity.counts
     progress = progress_bar()
-    up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
-    if stop.is_set():
-        return 130
-    figures["time to all up"] = f"{up_s:.1f}s"
-    event(f"all up in {up_s:.1f}s; RSS {supervisor.rss_bytes() / 2**20:.0f} MiB")
     try:
         async with running(activity, supervisor):
+            up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
+            if stop.is_set():
+                return 130
+            figures["time to all up"] = f"{up_s:.1f}s"
+            event(f"all up in {up_s:.1f}s; RSS {supervisor.rss_bytes() / 2**20:.0f} MiB")
             await _until("the first bus call and node round trips", lambda: (
                 counts.rpc_ok > 0 and min(counts.round_trips.get(n, 0) for n in ("node-a", "node-b")) > 0
             ), deadline, stop)  # fmt: skip

@@ -301,6 +301,10 @@ class Supervisor:
 
     # --- figures ------------------------------------------------------------
 
+    def is_up(self, name: str) -> bool:
+        child = self.children.get(name)
+        return child is not None and child.state is State.UP
+
     def rss_bytes(self) -> int:
         """Resident memory of every process of the demo (children and their children)."""
         return procs.rss_bytes(procs.marked_pids(self.demo_id))
