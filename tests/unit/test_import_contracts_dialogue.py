@@ -1,0 +1,54 @@
+"""Import contracts of Dialogue and the stream protocol: the pure modules do no I/O.
+
+Each module is imported in a fresh interpreter and must not pull in asyncio,
+redis or aiohttp, directly or through anything it imports. The state machine
+lives in one module: nothing but ``protocol.py`` reads the transition tables.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PURE = [
+    "pipeline.dialogue.packets",
+    "pipeline.dialogue.protocol",
+    "pipeline.dialogue.states",
+    "pipeline.dialogue.events",
+    "pipeline.dialogue.deadlines",
+    "pipeline.dialogue.control",
+    "pipeline.streams.protocol",
+]
+IO = ("asyncio", "redis", "aiohttp")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_imports_no_io_library(module: str) -> None:
+    code = f"import sys, {module}\nprint(','.join(n for n in {IO!r} if n in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+def _imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_only_the_machine_reads_the_transition_tables() -> None:
+    tables = {"ON_CLOSE_MESSAGE", "ON_LOCAL_CLOSE", "CAN_START", "CAN_CONTINUE"}
+    readers = {
+        path.name
+        for path in (ROOT / "pipeline" / "dialogue").glob("*.py")
+        if path.name != "states.py" and _imported_names(path) & tables
+    }
+    assert readers == {"protocol.py"}
