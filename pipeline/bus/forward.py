@@ -1,12 +1,40 @@
-"""Outbound HTTP: POST one envelope per request to a peer's ``/zbus-remote`` or ``/zbus-reply``.
+"""Outbound HTTP: POST envelopes to a peer's ``/zbus-remote`` or ``/zbus-reply``.
 
 Every outbound item is first written to the Redis outbox (by the loop that
 created it) and leaves it only when the POST succeeded or failed for good, so
-a restart resends whatever was pending. Sending is concurrent (a fixed set of
-workers over one pooled :class:`aiohttp.ClientSession`); a failed attempt is
-retried with doubling, capped backoff from a delay heap, without holding a
-worker, until its ``try`` budget or its deadline runs out. A bounded number of
-items is in memory at once: :meth:`Forwarder.submit` waits for room.
+a restart resends whatever was pending. One HTTP client stack: aiohttp's
+:class:`aiohttp.ClientSession` (pooled keep-alive connections), for ``http://``
+and ``https://`` peers alike.
+
+Coalescing: items wait in one lane per (peer, endpoint). A lane has at most
+``lane_posts`` POSTs in flight; whatever arrives meanwhile goes out together in
+the next POST, as one batch body (up to :data:`MAX_BATCH` envelopes and the
+peer's body limit), with ONE signature over the whole body and this bus's
+time (see :mod:`pipeline.bus.signing`). A failed item is retried with
+doubling, capped backoff from a delay heap, until its ``try`` budget or its
+deadline runs out. A bounded number of items is in memory at once:
+:meth:`Forwarder.submit` waits for room.
+
+Batch body negotiation (the seed's single-envelope POST stays the default)
+--------------------------------------------------------------------------
+* A bus that takes batches says so on every response of both endpoints:
+  ``X-Sluice-Batch: 1`` (:data:`BATCH_HEADER`).
+* A sender POSTs single envelopes (the seed's ``application/json`` body) to a
+  peer until a response from it carried that header; then, whenever two or
+  more envelopes are waiting for that peer, it POSTs them as one
+  ``Content-Type: application/x-sluice-batch`` (:data:`BATCH_TYPE`) body: the
+  envelopes' compact JSON, one per line, joined by ``\n`` (an envelope whose
+  encoding holds a raw newline goes alone). ``X-Sluice-Twin`` is required on
+  a batch.
+* The receiver checks the one signature, then judges each envelope as if it
+  had come alone, and answers ``200`` with ``{"results": [[status, "error"],
+  ...]}`` in body order (the statuses of the single-envelope table in
+  :mod:`pipeline.bus.http`). A status other than 200 for the whole POST is
+  about the whole POST (401 bad signature, 403 unknown twin, 413 too big, 503).
+* A peer that answers a batch with 400, 404, 405, 413 or 415 (a seed peer that
+  does not know the type, or a smaller body limit) is sent single envelopes
+  again for :data:`SINGLE_FOR_S` seconds; the batch's items are resent singly
+  without spending a try.
 """
 
 from __future__ import annotations
@@ -16,6 +44,7 @@ import heapq
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -23,13 +52,24 @@ from enum import Enum, StrEnum
 import aiohttp
 
 from pipeline.bus.directory import Directory
-from pipeline.bus.httpclient import HttpPool
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
 
 log = logging.getLogger(__name__)
 
 REMOTE_PATH = "/zbus-remote"
 REPLY_PATH = "/zbus-reply"
+#: Response header of a bus that takes batch bodies.
+BATCH_HEADER = "X-Sluice-Batch"
+#: Content type of a batch body: envelopes, one per line.
+BATCH_TYPE = "application/x-sluice-batch"
+#: Most envelopes in one batch body (a receiver refuses more with 413).
+MAX_BATCH = 512
+#: Seconds a peer that refused a batch is sent single envelopes before trying again.
+SINGLE_FOR_S = 300.0
+#: Most bytes of a peer's response read (a batch's results fit with room to spare).
+MAX_RESPONSE = 1 << 20
+#: Statuses of a refused batch that mean "send single envelopes".
+_NO_BATCH = frozenset({400, 404, 405, 413, 415})
 
 
 class Kind(StrEnum):
@@ -58,10 +98,6 @@ class Outbound:
     resent: bool = field(default=False, compare=False)
     attempt: int = field(default=0, compare=False)
     last_error: str = field(default="", compare=False)
-    #: Signature of the POST, made on the first attempt and reused by retries until stale.
-    signature: str = field(default="", compare=False)
-    #: The signed time (ms) of ``signature``.
-    signed_ms: int = field(default=0, compare=False)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -95,6 +131,17 @@ class Outbound:
 Done = Callable[[Outbound, Outcome, str], Awaitable[None]]
 
 
+class _Lane:
+    """Items waiting for one (peer, endpoint), and the POSTs in flight to it."""
+
+    __slots__ = ("inflight", "queue", "scheduled")
+
+    def __init__(self) -> None:
+        self.queue: deque[Outbound] = deque()
+        self.inflight = 0
+        self.scheduled = False
+
+
 class Forwarder:
     def __init__(
         self,
@@ -104,56 +151,163 @@ class Forwarder:
         signer: Signer | None,
         done: Done,
         workers: int = 128,
+        lane_posts: int = 4,
         max_pending: int = 10_000,
+        max_batch_bytes: int = 1 << 20,
         retry_base_s: float = 0.1,
         retry_max_s: float = 2.0,
         request_timeout_s: float = 10.0,
-        resign_after_s: float = 75.0,
     ) -> None:
         self.twin = twin
         self._directory = directory
         self._signer = signer
         self._done = done
         self._workers = workers
+        self._lane_posts = lane_posts
+        self._max_batch_bytes = max_batch_bytes
         self._room = asyncio.Semaphore(max_pending)
-        self._ready: asyncio.Queue[Outbound] = asyncio.Queue(maxsize=workers * 4)
+        self._lanes: dict[tuple[int, Kind], _Lane] = {}
         self._delayed: list[Outbound] = []
         self._wake = asyncio.Event()
         self._base = retry_base_s
         self._cap = retry_max_s
-        self._resign_ms = int(resign_after_s * 1000)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=2.0)
-        self._session: aiohttp.ClientSession | None = None  # https:// peers
-        self._pool = HttpPool(per_host=workers, deadline_s=request_timeout_s)  # http:// peers
-        self.sent = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._group: asyncio.TaskGroup | None = None
+        #: Peers that advertised batches; peers that refused one (until when).
+        self._batching: set[int] = set()
+        self._single_until: dict[int, float] = {}
+        self.sent = 0  # envelopes that got an answer
+        self.posts = 0  # POSTs that got an answer
         self.retried = 0
 
     async def run(self) -> None:
-        """Send until cancelled. Owns its session and worker tasks."""
+        """Send until cancelled. Owns its session and POST tasks."""
         connector = aiohttp.TCPConnector(limit=self._workers, limit_per_host=self._workers)
         async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session:
             self._session = session
-            try:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(self._scheduler())
-                    for _ in range(self._workers):
-                        group.create_task(self._worker())
-            finally:
-                self._pool.close()
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._scheduler())
+                for key in list(self._lanes):  # submitted before the group existed
+                    self._schedule(key)
 
     async def submit(self, item: Outbound) -> None:
         """Hand over one item (already in the outbox); waits while too many are pending."""
         await self._room.acquire()
-        await self._ready.put(item)
+        self._enqueue(item)
 
     def backoff(self, attempt: int) -> float:
         return float(min(self._cap, self._base * (2 ** min(attempt, 30))))
+
+    def batches_to(self, twin: int) -> bool:
+        """Whether POSTs to ``twin`` may carry several envelopes (see the module docstring)."""
+        if twin not in self._batching:
+            return False
+        until = self._single_until.get(twin)
+        if until is None:
+            return True
+        if time.time() < until:
+            return False
+        del self._single_until[twin]
+        return True
+
+    # --- lanes ---------------------------------------------------------------
+
+    def _enqueue(self, item: Outbound) -> None:
+        key = (item.to, item.kind)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane()
+        lane.queue.append(item)
+        self._schedule(key)
+
+    def _schedule(self, key: tuple[int, Kind]) -> None:
+        """Pump ``key``'s lane on the next loop turn: items submitted in this turn share a POST."""
+        lane = self._lanes.get(key)
+        if lane is not None and not lane.scheduled:
+            lane.scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump, key)
+
+    def _pump(self, key: tuple[int, Kind]) -> None:
+        lane = self._lanes.get(key)
+        if lane is None:
+            return
+        lane.scheduled = False
+        batch = self.batches_to(key[0])
+        limit = self._lane_posts if batch else self._workers
+        while lane.queue and lane.inflight < limit:
+            items = self._take(lane, batch)
+            lane.inflight += 1
+            if self._group is None:  # not running (yet): nothing can be sent
+                lane.queue.extendleft(reversed(items))
+                lane.inflight -= 1
+                return
+            self._group.create_task(self._post(key, lane, items))
+        if not lane.queue and not lane.inflight:
+            del self._lanes[key]
+
+    def _take(self, lane: _Lane, batch: bool) -> list[Outbound]:
+        first = lane.queue.popleft()
+        items = [first]
+        if not batch or b"\n" in first.body:
+            return items
+        size = len(first.body)
+        while lane.queue and len(items) < MAX_BATCH:
+            body = lane.queue[0].body
+            size += len(body) + 1
+            if b"\n" in body or size > self._max_batch_bytes:
+                break
+            items.append(lane.queue.popleft())
+        return items
+
+    async def _post(self, key: tuple[int, Kind], lane: _Lane, items: list[Outbound]) -> None:
+        try:
+            outcomes = await self._send(key[0], key[1], items)
+        except Exception:  # the boundary: one POST (or a directory outage) never ends sending
+            log.exception("bus: sending %d item(s) to twin %s failed", len(items), key[0])
+            failed = (Outcome.UNREACHABLE, "remote unreachable: internal error")
+            outcomes = [failed] * len(items)
+        finally:
+            lane.inflight -= 1
+        if outcomes is None:  # not as a batch: again, singly, no try spent
+            for item in items:
+                self._enqueue(item)
+        else:
+            finals = [
+                (item, self._settle(item, *out)) for item, out in zip(items, outcomes, strict=True)
+            ]
+            await asyncio.gather(
+                *(self._record(item, *final) for item, final in finals if final is not None)
+            )
+        self._schedule(key)
+
+    def _settle(self, item: Outbound, outcome: Outcome, text: str) -> tuple[Outcome, str] | None:
+        """The final outcome of ``item``, or None when it was scheduled for a retry."""
+        if outcome is Outcome.UNREACHABLE:
+            pause = self.backoff(item.attempt)
+            item.attempt += 1
+            item.last_error = text
+            if item.attempt <= item.tries and time.time() + pause < item.deadline:
+                self.retried += 1
+                item.due = time.time() + pause
+                heapq.heappush(self._delayed, item)
+                self._wake.set()
+                return None
+        return outcome, text
+
+    async def _record(self, item: Outbound, outcome: Outcome, text: str) -> None:
+        self._room.release()
+        try:
+            await self._done(item, outcome, text)
+        except Exception:  # the boundary: the item stays in the backlog / outbox
+            log.exception("bus: recording the outcome of %s failed", item.id)
 
     async def _scheduler(self) -> None:
         while True:
             now = time.time()
             while self._delayed and self._delayed[0].due <= now:
-                await self._ready.put(heapq.heappop(self._delayed))
+                self._enqueue(heapq.heappop(self._delayed))
             wait = self._delayed[0].due - now if self._delayed else 1.0
             self._wake.clear()
             try:
@@ -161,71 +315,114 @@ class Forwarder:
             except TimeoutError:
                 pass
 
-    async def _worker(self) -> None:
-        while True:
-            item = await self._ready.get()
-            try:
-                outcome, text = await self._attempt(item)
-            except Exception:  # the boundary: one item (or a directory outage) never ends a worker
-                log.exception("bus: sending %s failed", item.id)
-                outcome, text = Outcome.UNREACHABLE, "remote unreachable: internal error"
-            if outcome is Outcome.UNREACHABLE:
-                pause = self.backoff(item.attempt)
-                item.attempt += 1
-                item.last_error = text
-                if item.attempt <= item.tries and time.time() + pause < item.deadline:
-                    self.retried += 1
-                    item.due = time.time() + pause
-                    heapq.heappush(self._delayed, item)
-                    self._wake.set()
-                    continue
-            self._room.release()
-            try:
-                await self._done(item, outcome, text)
-            except Exception:  # the boundary: the item stays in the backlog / outbox
-                log.exception("bus: recording the outcome of %s failed", item.id)
+    # --- one POST ------------------------------------------------------------
 
-    async def _attempt(self, item: Outbound) -> tuple[Outcome, str]:
-        if time.time() >= item.deadline:
-            return Outcome.REFUSED, "request expired"
-        peer = await self._directory.lookup(item.to)
+    async def _send(
+        self, to: int, kind: Kind, items: list[Outbound]
+    ) -> list[tuple[Outcome, str]] | None:
+        """Outcomes of ``items`` (in order) after one POST; None: resend them singly."""
+        now = time.time()
+        results: list[tuple[Outcome, str] | None] = [
+            (Outcome.REFUSED, "request expired") if now >= item.deadline else None for item in items
+        ]
+        live = [item for item, result in zip(items, results, strict=True) if result is None]
+        if not live:
+            return [result for result in results if result is not None]
+        peer = await self._directory.lookup(to)
         if peer is None:
-            return Outcome.REFUSED, "destination not found"
-        path = REMOTE_PATH if item.kind is Kind.REQUEST else REPLY_PATH
-        headers = {TWIN_HEADER: str(self.twin), "Content-Type": "application/json"}
+            return [(Outcome.REFUSED, "destination not found")] * len(items)
+        path = REMOTE_PATH if kind is Kind.REQUEST else REPLY_PATH
+        batch = len(live) > 1
+        if batch:
+            body = b"\n".join(item.body for item in live)
+            content_type = BATCH_TYPE
+        else:
+            body, content_type = live[0].body, "application/json"
+        headers = {TWIN_HEADER: str(self.twin), "Content-Type": content_type}
         if self._signer is not None:
-            now_ms = int(time.time() * 1000)
-            if not item.signature or now_ms - item.signed_ms > self._resign_ms:
-                # Retries reuse a signature until it nears the receiver's clock window.
-                item.signed_ms = now_ms
-                item.signature = self._signer.sign_post(
-                    src=self.twin, dst=item.to, path=path, sent_ms=now_ms, body=item.body
-                )
-            headers[TIME_HEADER] = str(item.signed_ms)
-            headers[SIGNATURE_HEADER] = item.signature
+            sent_ms = int(time.time() * 1000)
+            headers[TIME_HEADER] = str(sent_ms)
+            headers[SIGNATURE_HEADER] = self._signer.sign_post(
+                src=self.twin, dst=to, path=path, sent_ms=sent_ms, body=body
+            )
+        assert self._session is not None
         try:
-            if peer.url.startswith("http://"):
-                status, raw = await self._pool.post(peer.url + path, item.body, headers)
-                text = raw[:200].decode("utf-8", "replace")
+            async with self._session.post(peer.url + path, data=body, headers=headers) as resp:
+                status = resp.status
+                advertised = resp.headers.get(BATCH_HEADER) == "1"
+                raw = await _read_bounded(resp.content, MAX_RESPONSE)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            failed = (Outcome.UNREACHABLE, f"remote unreachable: {type(exc).__name__}")
+            return [result or failed for result in results]
+        self.posts += 1
+        if advertised:
+            self._batching.add(to)
+        if batch and status in _NO_BATCH:
+            log.warning("bus: twin %s refused a batch (HTTP %s): single envelopes", to, status)
+            self._single_until[to] = time.time() + SINGLE_FOR_S
+            return None
+        if batch and status == 200:
+            judged = _batch_results(raw, len(live))
+            if judged is None:
+                bad = (Outcome.UNREACHABLE, "remote answered a batch without its results")
+                judged_out = [bad] * len(live)
             else:
-                assert self._session is not None
-                async with self._session.post(
-                    peer.url + path, data=item.body, headers=headers
-                ) as resp:
-                    text = (await resp.text())[:200]
-                    status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return Outcome.UNREACHABLE, f"remote unreachable: {type(exc).__name__}"
-        self.sent += 1
-        if status == 200:
-            return Outcome.DELIVERED, ""
-        if status == 409 and (item.resent or item.attempt > 0):
-            return Outcome.DELIVERED, ""  # an earlier attempt got through
-        if status >= 500:
-            return Outcome.UNREACHABLE, f"remote unavailable: HTTP {status}"
-        if status == 410:
-            return Outcome.REFUSED, "request expired"
-        return Outcome.REFUSED, f"remote refused: {_error_text(text) or status}"
+                judged_out = [
+                    _judge(item, code, text)
+                    for item, (code, text) in zip(live, judged, strict=True)
+                ]
+        else:
+            text = raw[:200].decode("utf-8", "replace")
+            judged_out = [_judge(item, status, text) for item in live]
+        self.sent += len(live)
+        answers = iter(judged_out)
+        return [result or next(answers) for result in results]
+
+
+def _judge(item: Outbound, status: int, text: str) -> tuple[Outcome, str]:
+    if status == 200:
+        return Outcome.DELIVERED, ""
+    if status == 409 and (item.resent or item.attempt > 0):
+        return Outcome.DELIVERED, ""  # an earlier attempt got through
+    if status >= 500:
+        return Outcome.UNREACHABLE, f"remote unavailable: HTTP {status}"
+    if status == 410:
+        return Outcome.REFUSED, "request expired"
+    return Outcome.REFUSED, f"remote refused: {_error_text(text) or status}"
+
+
+def _batch_results(raw: bytes, count: int) -> list[tuple[int, str]] | None:
+    """``[(status, error), ...]`` of a batch response, or None when it is not one for ``count``."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    results = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(results, list) or len(results) != count:
+        return None
+    out: list[tuple[int, str]] = []
+    for entry in results:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or type(entry[0]) is not int
+            or not isinstance(entry[1], str)
+        ):
+            return None
+        out.append((entry[0], entry[1][:200]))
+    return out
+
+
+async def _read_bounded(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a response body; raises ValueError past that."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await stream.readany():
+        size += len(chunk)
+        if size > limit:
+            raise ValueError("response body too large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _error_text(body: str) -> str:

@@ -1,6 +1,9 @@
 """Inbound HTTP: the seed's ``POST /zbus-remote`` and ``POST /zbus-reply`` endpoints.
 
-Both take one envelope as the JSON body, signed by the sending bus
+Both take one envelope as the JSON body (the seed's POST), or several as a
+batch body (``Content-Type: application/x-sluice-batch``, one envelope per
+line, negotiated and laid out as :mod:`pipeline.bus.forward` says; every
+response carries ``X-Sluice-Batch: 1``), signed by the sending bus
 (``X-Sluice-Twin`` names it, ``X-Sluice-Time`` is its clock in ms,
 ``X-Sluice-Signature`` is Ed25519 over both, this twin, the path and the exact
 body: see :mod:`pipeline.bus.signing`), and answer:
@@ -17,6 +20,12 @@ body: see :mod:`pipeline.bus.signing`), and answer:
 410    the request expired
 503    Redis is unavailable, or the seen-uid memory is full (the sender retries)
 =====  ==========================================================
+
+A batch gets 200 with ``{"results": [[status, "error"], ...]}``, one entry
+per envelope in body order with the statuses above; a status other than 200
+for a batch is about the whole POST (413 also for more than
+:data:`~pipeline.bus.forward.MAX_BATCH` envelopes, 400 without
+``X-Sluice-Twin``), and every envelope of a batch must have that ``src``.
 
 Replay protection: a signed request is refused unless its signed time is
 within ``replay_window_s`` of this bus's clock, and its ``src:uid`` is
@@ -40,8 +49,10 @@ a contract test; everything else here is aiohttp's public API.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import redis.exceptions
@@ -51,7 +62,7 @@ from pipeline import keys
 from pipeline.bus import envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
 from pipeline.bus.directory import Directory
-from pipeline.bus.forward import REMOTE_PATH, REPLY_PATH
+from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PATH, REPLY_PATH
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, SignatureError
@@ -78,38 +89,41 @@ class Ingress:
 _OK = b'{"ok":true}'
 
 
-def _accepted() -> web.Response:
-    return web.Response(body=_OK, content_type="application/json")
+#: ``(status, error text)`` of one envelope; ``(200, "")`` is accepted.
+Verdict = tuple[int, str]
+_ACCEPT: Verdict = (200, "")
 
 
-def _refuse(status: int, text: str) -> web.Response:
-    return web.json_response({"error": text}, status=status)
+def _respond(verdict: Verdict) -> web.Response:
+    if verdict[0] == 200:
+        return web.Response(body=_OK, content_type="application/json")
+    return web.json_response({"error": verdict[1]}, status=verdict[0])
 
 
 async def _authenticate(
     ing: Ingress, request: web.BaseRequest, body: bytes, src: int
-) -> float | web.Response:
+) -> float | Verdict:
     """The sender's signed time (epoch s) when the POST is signed by ``src``, else the refusal.
 
     A legacy peer's unsigned POST (when allowed) gets this bus's own clock.
     """
     header = request.headers.get(TWIN_HEADER)
     if header is not None and header.strip() != str(src):
-        return _refuse(401, "sender twin does not match src")
+        return 401, "sender twin does not match src"
     peer = await ing.directory.lookup(src)
     if peer is None:
-        return _refuse(403, "unknown twin")
+        return 403, "unknown twin"
     signature = request.headers.get(SIGNATURE_HEADER)
     now = time.time()
     if signature is None:
         if ing.legacy_peers:
             return now
-        return _refuse(401, SignatureError.public_message)
+        return 401, SignatureError.public_message
     if peer.verifier is None:
-        return _refuse(401, "no public key for this twin")
+        return 401, "no public key for this twin"
     sent = request.headers.get(TIME_HEADER, "")
     if not sent.isdigit() or len(sent) > 15:
-        return _refuse(401, "missing or invalid signed time")
+        return 401, "missing or invalid signed time"
     sent_ms = int(sent)
     try:
         peer.verifier.verify_post(
@@ -122,10 +136,10 @@ async def _authenticate(
         )
     except SignatureError:
         log.warning("bus: forged or corrupted signature from twin %s", src)
-        return _refuse(401, SignatureError.public_message)
+        return 401, SignatureError.public_message
     if abs(sent_ms / 1000 - now) > ing.replay_window_s:
         log.warning("bus: POST from twin %s signed %.0fs away from now", src, sent_ms / 1000 - now)
-        return _refuse(401, "signed time outside the clock window")
+        return 401, "signed time outside the clock window"
     return sent_ms / 1000
 
 
@@ -146,90 +160,130 @@ async def read_body(request: web.BaseRequest, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-async def _decode(
-    ing: Ingress, request: web.BaseRequest, *, reply: bool
-) -> tuple[bytes, envelope.Envelope] | web.Response:
+def _precheck(ing: Ingress, env: envelope.Envelope, *, reply: bool) -> Verdict | None:
+    """The refusal of an envelope that is not for this endpoint of this twin, else None."""
+    if env.dst != [ing.twin]:
+        return 404, "destination mismatch"
+    if not reply and not env.uid:
+        return 400, "invalid envelope: uid missing"
+    return None
+
+
+async def _queue_request(ing: Ingress, env: envelope.Envelope, sent: float) -> Verdict:
+    """Queue an authenticated request to ``msgbus.system.remote`` unless expired or replayed."""
+    now = time.time()
+    expires = envelope.deadline(env, received=now, default_exp=ing.default_exp, max_exp=ing.max_exp)
+    if expires <= now:
+        return 410, "request expired"
+    # Remembered until the clock window refuses a copy (1 s margin for rounding);
+    # legacy unsigned peers get this bus's clock as their signed time.
+    forget_at = sent + ing.replay_window_s + 1
+    queued = env.copy(ret=keys.BUS_REPLY).encode()
+    try:
+        result = await ing.store.accept_request(f"{env.src}:{env.uid}", forget_at, queued)
+    except (redis.exceptions.RedisError, OSError):
+        log.exception("bus: redis unavailable")
+        return 503, "redis unavailable"
+    if result == 0:
+        log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
+        return 409, "replayed request"
+    if result < 0:
+        log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
+        return 503, "busy"
+    return _ACCEPT
+
+
+async def _deliver_reply(ing: Ingress, env: envelope.Envelope, sent: float) -> Verdict:
+    """Answer the caller of an authenticated reply (one Lua step)."""
+    try:
+        head, tail = envelope.answer_parts(env)
+        result = await ing.store.deliver_reply(env.uid, env.src, head, tail)
+    except (redis.exceptions.RedisError, OSError):
+        log.exception("bus: redis unavailable")
+        return 503, "redis unavailable"
+    if result == 0:
+        log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
+        return 404, "unknown uid"
+    if result < 0:
+        log.warning("bus: reply %s from twin %s: request went elsewhere", env.uid, env.src)
+        return 403, "reply from the wrong twin"
+    return _ACCEPT
+
+
+_Take = Callable[[Ingress, envelope.Envelope, float], Awaitable[Verdict]]
+
+
+async def _single(ing: Ingress, request: web.BaseRequest, take: _Take, *, reply: bool) -> Verdict:
+    """The seed's POST: one envelope as the JSON body."""
     body = await read_body(request, ing.max_size + 4096)
     if body is None:
-        return _refuse(413, "request body too large")
+        return 413, "request body too large"
     try:
         env = envelope.decode(body, reply=reply, max_size=ing.max_size)
     except EnvelopeError as exc:
-        return _refuse(400, exc.public_message)
-    return body, env
+        return 400, exc.public_message
+    refused = _precheck(ing, env, reply=reply)
+    if refused is not None:
+        return refused
+    sent = await _authenticate(ing, request, body, env.src)
+    if not isinstance(sent, float):
+        return sent
+    return await take(ing, env, sent)
+
+
+async def _batch(
+    ing: Ingress, request: web.BaseRequest, take: _Take, *, reply: bool
+) -> web.Response:
+    """Several envelopes, one per line, under one signature (see :mod:`pipeline.bus.forward`)."""
+    body = await read_body(request, ing.max_size + 4096)
+    if body is None:
+        return _respond((413, "request body too large"))
+    src_text = request.headers.get(TWIN_HEADER, "").strip()
+    if not src_text.isdigit() or len(src_text) > 12:
+        return _respond((400, f"a batch needs {TWIN_HEADER}"))
+    lines = body.split(b"\n")
+    if len(lines) > MAX_BATCH:
+        return _respond((413, f"more than {MAX_BATCH} envelopes"))
+    src = int(src_text)
+    sent = await _authenticate(ing, request, body, src)
+    if not isinstance(sent, float):
+        return _respond(sent)
+
+    async def one(line: bytes) -> Verdict:
+        try:
+            env = envelope.decode(line, reply=reply, max_size=ing.max_size)
+        except EnvelopeError as exc:
+            return 400, exc.public_message
+        if env.src != src:
+            return 401, "sender twin does not match src"
+        refused = _precheck(ing, env, reply=reply)
+        if refused is not None:
+            return refused
+        return await take(ing, env, sent)
+
+    verdicts = await asyncio.gather(*(one(line) for line in lines))
+    return web.json_response({"results": [list(verdict) for verdict in verdicts]})
 
 
 def build_server(ing: Ingress) -> web.Server:
     """aiohttp's low-level server (no router, no middlewares: less work per request)."""
-
-    async def remote(request: web.BaseRequest) -> web.Response:
-        decoded = await _decode(ing, request, reply=False)
-        if isinstance(decoded, web.Response):
-            return decoded
-        body, env = decoded
-        if env.dst != [ing.twin]:
-            return _refuse(404, "destination mismatch")
-        if not env.uid:
-            return _refuse(400, "invalid envelope: uid missing")
-        sent = await _authenticate(ing, request, body, env.src)
-        if isinstance(sent, web.Response):
-            return sent
-        now = time.time()
-        expires = envelope.deadline(
-            env, received=now, default_exp=ing.default_exp, max_exp=ing.max_exp
-        )
-        if expires <= now:
-            return _refuse(410, "request expired")
-        # Remembered until the clock window refuses a copy (1 s margin for rounding);
-        # legacy unsigned peers get this bus's clock as their signed time.
-        forget_at = sent + ing.replay_window_s + 1
-        queued = env.copy(ret=keys.BUS_REPLY).encode()
-        try:
-            result = await ing.store.accept_request(f"{env.src}:{env.uid}", forget_at, queued)
-        except (redis.exceptions.RedisError, OSError):
-            log.exception("bus: redis unavailable")
-            return _refuse(503, "redis unavailable")
-        if result == 0:
-            log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
-            return _refuse(409, "replayed request")
-        if result < 0:
-            log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
-            return _refuse(503, "busy")
-        return _accepted()
-
-    async def reply(request: web.BaseRequest) -> web.Response:
-        decoded = await _decode(ing, request, reply=True)
-        if isinstance(decoded, web.Response):
-            return decoded
-        body, env = decoded
-        if env.dst != [ing.twin]:
-            return _refuse(404, "destination mismatch")
-        sent = await _authenticate(ing, request, body, env.src)
-        if isinstance(sent, web.Response):
-            return sent
-        try:
-            head, tail = envelope.answer_parts(env)
-            result = await ing.store.deliver_reply(env.uid, env.src, head, tail)
-        except (redis.exceptions.RedisError, OSError):
-            log.exception("bus: redis unavailable")
-            return _refuse(503, "redis unavailable")
-        if result == 0:
-            log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
-            return _refuse(404, "unknown uid")
-        if result < 0:
-            log.warning("bus: reply %s from twin %s: request went elsewhere", env.uid, env.src)
-            return _refuse(403, "reply from the wrong twin")
-        return _accepted()
-
-    routes = {REMOTE_PATH: remote, REPLY_PATH: reply}
+    routes: dict[str, tuple[_Take, bool]] = {
+        REMOTE_PATH: (_queue_request, False),
+        REPLY_PATH: (_deliver_reply, True),
+    }
 
     async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
-        handler = routes.get(request.path)
-        if handler is None:
-            return _refuse(404, "not found")
-        if request.method != "POST":
-            return _refuse(405, "method not allowed")
-        return await handler(request)
+        route = routes.get(request.path)
+        if route is None:
+            response = _respond((404, "not found"))
+        elif request.method != "POST":
+            response = _respond((405, "method not allowed"))
+        elif request.content_type == BATCH_TYPE:
+            response = await _batch(ing, request, route[0], reply=route[1])
+        else:
+            response = _respond(await _single(ing, request, route[0], reply=route[1]))
+        response.headers[BATCH_HEADER] = "1"  # this bus takes batch bodies
+        return response
 
     return BoundedServer(
         dispatch, max_connections=ing.max_connections, keepalive_timeout=ing.idle_s

@@ -7,7 +7,8 @@ Theory of operation
   and stores the copy in ``msgbus.system.backlog`` (plus its deadline in the
   expiry set). A request for this same twin goes straight to
   ``msgbus.system.remote``; one for another twin is POSTed to its
-  ``/zbus-remote`` (the backlog entry is what a restart resends). Any failure (invalid envelope, destination
+  ``/zbus-remote``, several per POST when the peer takes batches (see
+  :mod:`pipeline.bus.forward`; the backlog entry is what a restart resends). Any failure (invalid envelope, destination
   not found, expired) is answered at once on ``ret`` with ``err``.
 * **remote loop** (``msgbus.system.remote``): forwards each request as it is
   to ``msgbus.$cmd``, where an application handles it and pushes its reply to
@@ -95,9 +96,9 @@ class BusProcess:
             done=self._forwarded,
             workers=config.http_workers,
             max_pending=config.max_pending,
+            max_batch_bytes=config.max_size,
             retry_base_s=config.retry_base_s,
             retry_max_s=config.retry_max_s,
-            resign_after_s=config.replay_window_s / 4,
         )
         self._ingress = Ingress(
             twin=config.twin,
