@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -32,7 +33,7 @@ from pipeline.dialogue.handlers import (
     HANDLER_FAILED,
     NO_HANDLER,
     DuplexHandler,
-    Inbound,
+    HandlerRunner,
     MessageHandler,
     RequestHandler,
 )
@@ -92,7 +93,7 @@ class Connection:
         self._loop = asyncio.get_running_loop()
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._duplexes: dict[tuple[int, bool], Duplex] = {}
-        self._inbound = Inbound(
+        self._runner = HandlerRunner(
             self,
             on_message=on_message,
             on_request=on_request,
@@ -109,6 +110,25 @@ class Connection:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_when: float | None = None
         self._closed = asyncio.Event()
+        self._dispatching = False
+        #: Event dispatch (see :meth:`_after`), by event type.
+        self._on_event: dict[type[ev.Event], Callable[[Any], None]] = {
+            ev.ResponseReceived: self._on_response,
+            ev.MessageReceived: self._on_message,
+            ev.RequestReceived: self._on_request,
+            ev.DuplexData: self._on_duplex_data,
+            ev.RequestDeclined: self._on_request_failed,
+            ev.RequestTimedOut: self._on_request_failed,
+            ev.RequestAborted: self._on_request_failed,
+            ev.PeerCancelledRequest: self._on_peer_cancelled,
+            ev.DuplexOpened: self._on_duplex_opened,
+            ev.DuplexEnded: self._on_duplex_ended,
+            ev.DuplexClosed: self._on_duplex_closed,
+            ev.DuplexWritable: self._on_duplex_writable,
+            ev.CloseRequested: self._on_close_requested,
+            ev.PeerClosing: self._on_peer_closing,
+            ev.ConnectionClosed: self._connection_closed,
+        }
         self._writer_done = False
         self._tasks: list[asyncio.Task[None]] = []
         self._shutdown_task: asyncio.Future[None] | None = None
@@ -148,10 +168,10 @@ class Connection:
             return
         self._tasks.append(self._loop.create_task(self._reader(), name=f"{self.name}-reader"))
         self._tasks.append(self._loop.create_task(self._writer(), name=f"{self.name}-writer"))
-        if self._inbound.messages_async:
+        if self._runner.messages_async:
             self._tasks.append(
                 self._loop.create_task(
-                    self._inbound.dispatch_messages(), name=f"{self.name}-messages"
+                    self._runner.dispatch_messages(), name=f"{self.name}-messages"
                 )
             )
         self._after()  # a flow-control HELLO may be waiting
@@ -215,7 +235,7 @@ class Connection:
                     await asyncio.shield(writer)
             except TimeoutError:
                 self.channel.abort()
-        handlers = self._inbound.tasks()
+        handlers = self._runner.tasks()
         for task in [*self._tasks, *handlers]:
             task.cancel()
         results = await asyncio.gather(*self._tasks, *handlers, return_exceptions=True)
@@ -269,30 +289,21 @@ class Connection:
         self._after()
         return duplex
 
-    async def _duplex_send(self, duplex: Duplex, data: bytes) -> None:
-        proto = self._proto
-        while True:
-            if not duplex.sending:
-                raise (
-                    DialogueClosed("duplex is ended")
-                    if duplex._failure is None
-                    else duplex._failure
-                )
-            credit = proto.send_credit(duplex.id, duplex.local)
-            if credit is None or credit > 0:
-                break
-            duplex._writable = self._loop.create_future()
-            try:
-                await duplex._writable
-            finally:
-                duplex._writable = None
-        proto.duplex_send(duplex.id, duplex.local, data)
+    # ------------------------------------------- for Duplex and HandlerRunner
+    # The narrow interfaces those two use (DuplexHost, RunnerHost); nothing else
+    # of the connection is theirs to touch.
+
+    def send_credit(self, duplex: Duplex) -> int | None:
+        return self._proto.send_credit(duplex.id, duplex.local)
+
+    async def duplex_send(self, duplex: Duplex, data: bytes) -> None:
+        self._proto.duplex_send(duplex.id, duplex.local, data)
         self._after()
-        if proto.bytes_to_send > self._write_high:
+        if self._proto.bytes_to_send > self._write_high:
             await self._wait_flushed()
 
-    async def _duplex_end(self, duplex: Duplex, error: bytes | None) -> None:
-        if duplex._failure is not None or self._proto.state is State.CLOSED:
+    async def duplex_end(self, duplex: Duplex, error: bytes | None) -> None:
+        if duplex.failed or self._proto.state is State.CLOSED:
             return
         deadline = self._loop.time() + self.end_timeout
         self._proto.duplex_end(duplex.id, duplex.local, error, deadline=deadline)
@@ -300,22 +311,61 @@ class Connection:
         if self._proto.bytes_to_send > self._write_high:
             await self._wait_flushed()
 
-    def _consumed(self, duplex: Duplex, nbytes: int, low: bool) -> None:
+    def duplex_consumed(self, duplex: Duplex, nbytes: int, low: bool) -> None:
         if nbytes:
             self._proto.consumed(duplex.id, duplex.local, nbytes)
         if low:
-            self._relieve(duplex)
+            self.resume_reading(duplex)
         self._after()
+
+    def respond(self, pid: int, data: bytes | None) -> None:
+        if self._proto.respond(pid, data):
+            self._after()
+
+    def accept_duplex(self, pid: int, data: bytes | None) -> Duplex:
+        duplex = self._new_duplex(pid, False, data)
+        duplex.sending = self._proto.can_send(pid, False)
+        return duplex
+
+    def refuse_duplex(self, duplex: Duplex, error: bytes) -> None:
+        if duplex.sending:
+            duplex.sending = False
+            self._proto.duplex_end(duplex.id, duplex.local, error)
+            self._after()
+
+    def pause_reading(self, key: object) -> None:
+        self._pressure.add(key)
+        self._read_allowed.clear()
+
+    def resume_reading(self, key: object) -> None:
+        if key in self._pressure:
+            self._pressure.discard(key)
+            if not self._pressure:
+                self._read_allowed.set()
 
     # ------------------------------------------------------------------ engine
 
     def _after(self) -> None:
-        """Dispatch new events, wake the writer, keep the deadline timer right."""
+        """Dispatch new events, wake the writer, keep the deadline timer right.
+
+        Called after every input to the machine. A call made while events are
+        being dispatched (a handler answering inline) returns at once: the
+        outer call dispatches what it produced, in order.
+        """
+        if self._dispatching:
+            return
         proto = self._proto
         events = proto.events_received()
-        while events:
-            self._dispatch(events)
-            events = proto.events_received()
+        if events:
+            self._dispatching = True
+            try:
+                on_event = self._on_event
+                while events:
+                    for event in events:
+                        on_event[type(event)](event)
+                    events = proto.events_received()
+            finally:
+                self._dispatching = False
         wake = self._writer_wake
         if wake is not None and (proto.bytes_to_send or proto.state is State.CLOSED):
             if not wake.done():
@@ -460,67 +510,66 @@ class Connection:
 
     # ---------------------------------------------------------- event dispatch
 
-    def _dispatch(self, events: list[ev.Event]) -> None:
-        pending = self._pending
-        for event in events:
-            kind = type(event)
-            if kind is ev.ResponseReceived:
-                assert isinstance(event, ev.ResponseReceived)
-                future = pending.get(event.id)
-                if future is not None and not future.done():
-                    future.set_result(event.data)
-            elif kind is ev.MessageReceived:
-                assert isinstance(event, ev.MessageReceived)
-                self._inbound.message(event.data)
-            elif kind is ev.RequestReceived:
-                assert isinstance(event, ev.RequestReceived)
-                self._inbound.request(event.id, event.data)
-            elif kind is ev.DuplexData:
-                assert isinstance(event, ev.DuplexData)
-                duplex = self._duplexes.get((event.id, event.local))
-                if duplex is not None and duplex._feed(event.data):
-                    self._press(duplex)
-            else:
-                self._dispatch_rare(event)
+    def _on_response(self, event: ev.ResponseReceived) -> None:
+        future = self._pending.get(event.id)
+        if future is not None and not future.done():
+            future.set_result(event.data)
 
-    def _dispatch_rare(self, event: ev.Event) -> None:
-        if isinstance(event, ev.RequestDeclined | ev.RequestTimedOut | ev.RequestAborted):
-            future = self._pending.get(event.id)
-            if future is None or future.done():
-                return
-            if isinstance(event, ev.RequestDeclined):
-                future.set_exception(RequestCancelled("the peer declined the request"))
-            elif isinstance(event, ev.RequestTimedOut):
-                future.set_exception(TimeoutError("request timed out"))
-            else:
-                future.set_exception(self._closed_error())
-        elif isinstance(event, ev.PeerCancelledRequest):
-            self._inbound.cancel_request(event.id)
-        elif isinstance(event, ev.DuplexOpened):
-            self._inbound.duplex(event.id, event.data)
-        elif isinstance(event, ev.DuplexEnded):
-            duplex = self._duplexes.get((event.id, event.local))
-            if duplex is not None:
-                duplex._ended(event.error)
-        elif isinstance(event, ev.DuplexClosed):
-            duplex = self._duplexes.pop((event.id, event.local), None)
-            if duplex is not None:
-                self._relieve(duplex)
-                if event.abandoned and not duplex.peer_ended:
-                    closing = self._proto.state is State.CLOSED
-                    duplex._fail(
-                        self._closed_error() if closing else TimeoutError("peer never ended")
-                    )
-                duplex.sending = False
-        elif isinstance(event, ev.DuplexWritable):
-            duplex = self._duplexes.get((event.id, event.local))
-            if duplex is not None:
-                duplex._wake_writer()
-        elif isinstance(event, ev.CloseRequested):
-            # The server wants to close: as the client we start the close ourselves.
-            self._proto.close(deadline=self._loop.time() + self.close_timeout)
-        elif isinstance(event, ev.ConnectionClosed):
-            self._connection_closed(event)
+    def _on_message(self, event: ev.MessageReceived) -> None:
+        self._runner.message(event.data)
+
+    def _on_request(self, event: ev.RequestReceived) -> None:
+        self._runner.request(event.id, event.data)
+
+    def _on_duplex_data(self, event: ev.DuplexData) -> None:
+        duplex = self._duplexes.get((event.id, event.local))
+        if duplex is not None and duplex.feed(event.data):
+            self.pause_reading(duplex)
+
+    def _on_request_failed(
+        self, event: ev.RequestDeclined | ev.RequestTimedOut | ev.RequestAborted
+    ) -> None:
+        future = self._pending.get(event.id)
+        if future is None or future.done():
+            return
+        if isinstance(event, ev.RequestDeclined):
+            future.set_exception(RequestCancelled("the peer declined the request"))
+        elif isinstance(event, ev.RequestTimedOut):
+            future.set_exception(TimeoutError("request timed out"))
+        else:
+            future.set_exception(self._closed_error())
+
+    def _on_peer_cancelled(self, event: ev.PeerCancelledRequest) -> None:
+        self._runner.cancel_request(event.id)
+
+    def _on_duplex_opened(self, event: ev.DuplexOpened) -> None:
+        self._runner.duplex(event.id, event.data)
+
+    def _on_duplex_ended(self, event: ev.DuplexEnded) -> None:
+        duplex = self._duplexes.get((event.id, event.local))
+        if duplex is not None:
+            duplex.peer_end(event.error)
+
+    def _on_duplex_closed(self, event: ev.DuplexClosed) -> None:
+        duplex = self._duplexes.pop((event.id, event.local), None)
+        if duplex is not None:
+            self.resume_reading(duplex)
+            if event.abandoned and not duplex.peer_ended:
+                closing = self._proto.state is State.CLOSED
+                duplex.fail(self._closed_error() if closing else TimeoutError("peer never ended"))
+            duplex.sending = False
+
+    def _on_duplex_writable(self, event: ev.DuplexWritable) -> None:
+        duplex = self._duplexes.get((event.id, event.local))
+        if duplex is not None:
+            duplex.wake_writer()
+
+    def _on_close_requested(self, event: ev.CloseRequested) -> None:
+        # The server wants to close: as the client we start the close ourselves.
+        self._proto.close(deadline=self._loop.time() + self.close_timeout)
+
+    def _on_peer_closing(self, event: ev.PeerClosing) -> None:
+        """(server) Nothing to do: the machine answers once outstanding work is done."""
 
     def _connection_closed(self, event: ev.ConnectionClosed) -> None:
         self.close_reason = event.reason
@@ -534,9 +583,9 @@ class Connection:
             if not future.done():
                 future.set_exception(error)
         for duplex in self._duplexes.values():
-            duplex._fail(error)
+            duplex.fail(error)
         self._duplexes.clear()
-        self._inbound.connection_closed()
+        self._runner.connection_closed()
         self._pressure.clear()
         self._read_allowed.set()
         self._closed.set()
@@ -553,16 +602,6 @@ class Connection:
         duplex = Duplex(self, pid, local, data, self._duplex_high)
         self._duplexes[(pid, local)] = duplex
         return duplex
-
-    def _press(self, key: object) -> None:
-        self._pressure.add(key)
-        self._read_allowed.clear()
-
-    def _relieve(self, key: object) -> None:
-        if key in self._pressure:
-            self._pressure.discard(key)
-            if not self._pressure:
-                self._read_allowed.set()
 
 
 __all__ = ["HANDLER_FAILED", "NO_HANDLER", "Connection", "Duplex", "Role"]

@@ -10,6 +10,8 @@ and each incoming duplex gets an owned task, at most ``max_handlers`` of each.
 Over a bound, the connection stops reading its transport until the backlog
 halves. A request handler returning None or raising declines the request (an
 empty Response); exceptions are logged here, never sent to the peer.
+
+The runner talks to its connection only through :class:`RunnerHost`.
 """
 
 from __future__ import annotations
@@ -20,14 +22,10 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pipeline.dialogue.duplex import Duplex
-from pipeline.dialogue.states import State
 from pipeline.errors import DialogueError
-
-if TYPE_CHECKING:
-    from pipeline.dialogue.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +38,40 @@ HANDLER_FAILED = b"handler failed"
 NO_HANDLER = b"no duplex handler"
 
 
-class Inbound:
+class RunnerHost(Protocol):
+    """What the :class:`HandlerRunner` needs from its connection."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def respond(self, pid: int, data: bytes | None) -> None:
+        """Answer the peer's request (``None`` declines); a no-op once it is not pending."""
+        ...
+
+    def accept_duplex(self, pid: int, data: bytes | None) -> Duplex:
+        """Track a duplex the peer opened; its ``sending`` says whether we may still send."""
+        ...
+
+    def refuse_duplex(self, duplex: Duplex, error: bytes) -> None:
+        """End our half of an incoming duplex at once with ``error`` (no handler)."""
+        ...
+
+    def pause_reading(self, key: object) -> None:
+        """A backlog is over its bound: stop reading the transport until ``key`` resumes."""
+        ...
+
+    def resume_reading(self, key: object) -> None: ...
+
+
+class HandlerRunner:
+    """Calls the connection's handlers and owns the tasks that run them."""
+
     def __init__(
         self,
-        conn: Connection,
+        conn: RunnerHost,
         *,
         on_message: MessageHandler | None,
         on_request: RequestHandler | None,
@@ -65,6 +93,11 @@ class Inbound:
         self._message_waiter: asyncio.Future[None] | None = None
         self._request_tasks: dict[int, asyncio.Task[None]] = {}
         self._duplex_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def queued_bytes(self) -> int:
+        """Data of messages waiting for the async message handler."""
+        return self._queued_bytes
 
     def tasks(self) -> list[asyncio.Task[None]]:
         return [*self._request_tasks.values(), *self._duplex_tasks]
@@ -93,7 +126,7 @@ class Inbound:
             len(self._messages) >= self.max_queued_messages
             or self._queued_bytes >= self.max_queued_bytes
         ):
-            self.conn._press("messages")
+            self.conn.pause_reading("messages")
         self._wake_messages()
 
     def _wake_messages(self) -> None:
@@ -113,7 +146,7 @@ class Inbound:
                 data = queue.popleft()
                 self._queued_bytes -= len(data)
                 if len(queue) < low and self._queued_bytes < low_bytes:
-                    self.conn._relieve("messages")
+                    self.conn.resume_reading("messages")
                 try:
                     await handler(data)
                 except Exception:
@@ -129,19 +162,19 @@ class Inbound:
     # ---------------------------------------------------------------- requests
 
     def request(self, pid: int, data: bytes) -> None:
-        proto = self.conn.protocol
+        conn = self.conn
         handler = self.on_request
         if handler is None:
-            proto.respond(pid, None)
+            conn.respond(pid, None)
             return
         try:
             result = handler(data)
         except Exception:
-            log.exception("%s: request handler failed", self.conn.name)
-            proto.respond(pid, None)
+            log.exception("%s: request handler failed", conn.name)
+            conn.respond(pid, None)
             return
         if not inspect.isawaitable(result):
-            proto.respond(pid, result)
+            conn.respond(pid, result)
             return
         task = asyncio.get_running_loop().create_task(
             self._answer(pid, result), name=f"{self.conn.name}-request-{pid}"
@@ -149,7 +182,7 @@ class Inbound:
         self._request_tasks[pid] = task
         task.add_done_callback(functools.partial(self._request_done, pid))
         if len(self._request_tasks) >= self.max_handlers:
-            self.conn._press("requests")
+            self.conn.pause_reading("requests")
 
     def cancel_request(self, pid: int) -> None:
         """The peer cancelled: stop working on it (answering is optional now)."""
@@ -158,38 +191,31 @@ class Inbound:
             task.cancel()
 
     async def _answer(self, pid: int, awaitable: Awaitable[bytes | None]) -> None:
-        proto = self.conn.protocol
         try:
             result = await awaitable
         except asyncio.CancelledError:
-            if proto.state is not State.CLOSED:
-                proto.respond(pid, None)  # a no-op when the peer cancelled
-                self.conn._after()
+            self.conn.respond(pid, None)  # a no-op when the peer cancelled or we closed
             raise
         except Exception:
             log.exception("%s: request handler failed", self.conn.name)
             result = None
-        proto.respond(pid, result)
-        self.conn._after()
+        self.conn.respond(pid, result)
 
     def _request_done(self, pid: int, task: asyncio.Task[None]) -> None:
         if self._request_tasks.get(pid) is task:
             del self._request_tasks[pid]
         if len(self._request_tasks) <= self.max_handlers // 2:
-            self.conn._relieve("requests")
+            self.conn.resume_reading("requests")
 
     # ---------------------------------------------------------------- duplexes
 
     def duplex(self, pid: int, data: bytes | None) -> None:
         """The peer opened a duplex: hand it to ``on_duplex`` in an owned task."""
         conn = self.conn
-        duplex = conn._new_duplex(pid, False, data)
-        duplex.sending = conn.protocol.can_send(pid, False)
+        duplex = conn.accept_duplex(pid, data)
         if self.on_duplex is None:
             duplex.detached = True
-            if duplex.sending:
-                duplex.sending = False
-                conn.protocol.duplex_end(pid, False, NO_HANDLER)
+            conn.refuse_duplex(duplex, NO_HANDLER)
             return
         task = asyncio.get_running_loop().create_task(
             self._run_duplex(self.on_duplex, duplex), name=f"{conn.name}-duplex-{pid}"
@@ -197,7 +223,7 @@ class Inbound:
         self._duplex_tasks.add(task)
         task.add_done_callback(self._duplex_done)
         if len(self._duplex_tasks) >= self.max_handlers:
-            conn._press("duplexes")
+            conn.pause_reading("duplexes")
 
     async def _run_duplex(self, handler: DuplexHandler, duplex: Duplex) -> None:
         error: bytes | None = None
@@ -209,11 +235,11 @@ class Inbound:
         except Exception:
             log.exception("%s: duplex handler failed", self.conn.name)
             error = HANDLER_FAILED
-        duplex._detach()
+        duplex.detach()
         if duplex.sending and not self.conn.closed:
             await duplex.end(error)
 
     def _duplex_done(self, task: asyncio.Task[None]) -> None:
         self._duplex_tasks.discard(task)
         if len(self._duplex_tasks) <= self.max_handlers // 2:
-            self.conn._relieve("duplexes")
+            self.conn.resume_reading("duplexes")

@@ -387,7 +387,7 @@ async def test_too_many_handlers_pause_reading_until_they_finish(connect: Any, u
 
     client, server = await connect(server={"on_request": slow, "max_handlers": 4})
     calls = [asyncio.create_task(client.request(b"%d" % i, timeout=10)) for i in range(20)]
-    await until(lambda: len(server._inbound.tasks()) >= 4)
+    await until(lambda: len(server._runner.tasks()) >= 4)
     assert not server._read_allowed.is_set()  # the reader stopped: no unbounded task growth
     release.set()
     assert await asyncio.gather(*calls) == [b"%d" % i for i in range(20)]

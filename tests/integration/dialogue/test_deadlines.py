@@ -65,10 +65,10 @@ async def test_queued_messages_are_bounded_in_bytes(connect: Connect) -> None:
     chunk = 256 << 10
     sender = asyncio.gather(*(client.send_message(bytes([i]) * chunk) for i in range(40)))
     async with asyncio.timeout(10):
-        while server._inbound._queued_bytes < limit:  # noqa: ASYNC110 - no event for this
+        while server._runner.queued_bytes < limit:  # noqa: ASYNC110 - no event for this
             await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)  # then give the reader every chance to over-read
-    queued = server._inbound._queued_bytes
+    queued = server._runner.queued_bytes
     assert queued <= limit + (256 << 10) + (1 << 20) + chunk, queued
     release.set()
     await asyncio.wait_for(sender, 10)
