@@ -228,7 +228,9 @@ async def soak(
             "SLUICE_REDIS_URL": redis_url,
             "SLUICE_LAKE_URI": lake_uri,
             "SLUICE_SERVE_STREAM": STREAM,
-            "SLUICE_SERVE_HEARTBEAT_S": "2",
+            # pings every 6 s, a pong due within 3 s: short enough to run many
+            # times, long enough for a starved 2-core test machine
+            "SLUICE_SERVE_HEARTBEAT_S": "6",
             "SLUICE_LOG_LEVEL": "WARNING",
         }
         server = await asyncio.create_subprocess_exec(
@@ -303,6 +305,7 @@ async def _soak(
             async def witness() -> None:
                 async for msg in ws:
                     if msg.type != aiohttp.WSMsgType.TEXT:
+                        result.notes.append(f"witness: {msg.type.name} {msg.data!r} {msg.extra!r}")
                         break
                     obj = json.loads(msg.data)
                     res = obj.get("params", {}).get("result")
@@ -315,7 +318,7 @@ async def _soak(
             result.rss_high_kb = result.rss_base_kb
             tasks = [asyncio.create_task(produce()), asyncio.create_task(sample())]
             first = chain.canonical[-1].num + 1
-            await _Abuse(base, chain, result).run(duration_s)
+            await _abuse_in_child(base, duration_s, result)
             stop.set()
             await asyncio.gather(*tasks)
             last = chain.canonical[-1].num
@@ -394,6 +397,41 @@ def run(duration_s: float) -> list[dict[str, Any]]:
     return out
 
 
+_COUNTERS = ("abuse_calls", "abuse_errors_answered", "abuse_closed", "churn_connections", "notes")
+
+
+async def _abuse_in_child(base: str, duration_s: float, result: SoakResult) -> None:
+    """Run the abusers in a child process, so the witness's event loop measures only the server."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "abuse",
+        base,
+        str(duration_s),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    try:
+        counters = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result.notes.append(f"abuse child failed with exit code {child.returncode}")
+        return
+    for name in _COUNTERS:
+        setattr(result, name, counters[name])
+
+
+async def _abuse_child(base: str, duration_s: float) -> dict[str, Any]:
+    chain = SyntheticChain(seed=11)  # the same blocks as the parent wrote (same seed)
+    chain.take(SEED_BLOCKS)
+    result = SoakResult(duration_s=duration_s)
+    await _Abuse(base, chain, result).run(duration_s)
+    return {name: getattr(result, name) for name in _COUNTERS}
+
+
 if __name__ == "__main__":
-    result = asyncio.run(soak(float(sys.argv[1]) if len(sys.argv) > 1 else 10.0))
-    print(json.dumps(asdict(result), indent=2))
+    if sys.argv[1:2] == ["abuse"]:
+        print(json.dumps(asyncio.run(_abuse_child(sys.argv[2], float(sys.argv[3])))))
+    else:
+        result = asyncio.run(soak(float(sys.argv[1]) if len(sys.argv) > 1 else 10.0))
+        print(json.dumps(asdict(result), indent=2))
