@@ -74,6 +74,9 @@ MAX_SUBSCRIPTIONS = 16
 #: Requests of one connection being worked on at once; more are refused with an
 #: error reply while the reader goes on reading (so pings and pongs still flow).
 MAX_IN_FLIGHT = 64
+#: Requests being worked on in the whole server; more are refused the same way, so
+#: thousands of connections cannot queue unbounded work in front of live data.
+MAX_IN_FLIGHT_SERVER = 1024
 CLOSE_TIMEOUT_S = 2.0
 #: Refused requests logged per connection (later ones are only counted).
 _REFUSALS_LOGGED = 16
@@ -119,6 +122,8 @@ RESUMPTION = web.AppKey("resumption", TieredResumption)
 REDIS = web.AppKey("redis", aioredis.Redis)
 TAILER = web.AppKey("tailer", RedisTailer)
 CONNECTIONS: web.AppKey[set[Connection]] = web.AppKey("connections")
+#: Every request task in flight in the server (bounded by MAX_IN_FLIGHT_SERVER).
+CALLS: web.AppKey[set[asyncio.Task[None]]] = web.AppKey("calls")
 
 
 class Connection:
@@ -287,17 +292,23 @@ class Connection:
         if handler is None:
             self._error(req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}")
             return
-        if len(self._calls) >= MAX_IN_FLIGHT:
+        everyone = self.request.app[CALLS]
+        if len(self._calls) >= MAX_IN_FLIGHT or len(everyone) >= MAX_IN_FLIGHT_SERVER:
             self.metrics.inc("sluice_serve_requests_refused_total")
+            busy = len(self._calls) < MAX_IN_FLIGHT
             self._error(
                 req.id,
                 jsonrpc.SERVER_ERROR,
-                f"too many requests in flight (at most {MAX_IN_FLIGHT}): wait for replies",
+                "server busy: retry later"
+                if busy
+                else f"too many requests in flight (at most {MAX_IN_FLIGHT}): wait for replies",
             )
             return
         task = asyncio.create_task(self._handle(req, handler), name=f"rpc-{req.method[:32]}")
         self._calls.add(task)
+        everyone.add(task)
         task.add_done_callback(self._calls.discard)
+        task.add_done_callback(everyone.discard)
 
     async def _handle(
         self, req: jsonrpc.Request, handler: Callable[[Connection, Any], Any]
@@ -519,6 +530,7 @@ def create_app(
     app[HUB] = hub if hub is not None else WebsocketHub()
     app[METRICS] = Metrics()
     app[CONNECTIONS] = set()
+    app[CALLS] = set()
     if history_factory is None:
         lake_uri = settings.lake_uri
         cache_bytes = settings.serve_history_cache_mb << 20

@@ -348,3 +348,32 @@ async def test_a_stream_key_of_the_wrong_type_is_reported_and_survived(
             await client.subscribe(0, gen.canonical[0].hash)
             await client.blocks(2)
             await goes_on(client, gen, redis_client)
+
+
+async def test_requests_in_flight_are_bounded_for_the_whole_server(
+    settings, serve, connect, redis_client, monkeypatch
+) -> None:
+    from pipeline.chain import server
+
+    monkeypatch.setattr(server, "MAX_IN_FLIGHT_SERVER", 8)  # small enough to reach here
+    gen = SyntheticChain(seed=50)
+    write_blocks(redis_client, STREAM, gen.take(200))
+    async with serve(settings) as (base, app), connect(base) as witness:
+        await subscribed(witness, gen)
+        replies: list[dict[str, Any]] = []
+
+        async def flood(i: int) -> None:
+            async with connect(base) as c:
+                for n in range(20):
+                    frame = {"jsonrpc": "2.0", "id": n, "method": "cardinal_getBlock",
+                             "params": [hex((i * 20 + n) % 200)]}  # fmt: skip
+                    await c.ws.send_str(json.dumps(frame))
+                for _ in range(20):
+                    replies.append(await c.recv())
+
+        await asyncio.gather(*(flood(i) for i in range(6)))
+        busy = [r for r in replies if "error" in r]
+        assert len(replies) == 120 and busy  # 120 calls at once, at most 8 at a time
+        assert all(r["error"]["message"] == "server busy: retry later" for r in busy)
+        assert len(app[server.CALLS]) == 0
+        await goes_on(witness, gen, redis_client)
