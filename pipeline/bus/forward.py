@@ -186,11 +186,14 @@ class Forwarder:
         connector = aiohttp.TCPConnector(limit=self._workers, limit_per_host=self._workers)
         async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session:
             self._session = session
-            async with asyncio.TaskGroup() as group:
-                self._group = group
-                group.create_task(self._scheduler())
-                for key in list(self._lanes):  # submitted before the group existed
-                    self._schedule(key)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    self._group = group
+                    group.create_task(self._scheduler())
+                    for key in list(self._lanes):  # submitted before the group existed
+                        self._schedule(key)
+            finally:
+                self._group = None  # stopped: what is queued stays in the outbox / backlog
 
     async def submit(self, item: Outbound) -> None:
         """Hand over one item (already in the outbox); waits while too many are pending."""
