@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pipeline.bus.directory import FileDirectory
-from pipeline.bus.forward import Forwarder, Kind, Outbound
+from pipeline.bus.forward import MAX_BATCH, Forwarder, Kind, Outbound, _batch_results, _Lane
 
 
 async def _done(*_: object) -> None:
@@ -36,3 +36,60 @@ def test_outbox_entry_round_trip():
         4,
         "1002.5",
     )
+
+
+def _item(n: int, body: bytes) -> Outbound:
+    return Outbound(
+        due=0.0, id=f"req:{n}", kind=Kind.REQUEST, to=1002, body=body,
+        deadline=1e12, tries=4, uid=f"1002.{n}",
+    )  # fmt: skip
+
+
+def test_take_frames_a_batch_by_count_bytes_and_newlines():
+    fwd = Forwarder(
+        twin=1, directory=FileDirectory({}), signer=None, done=_done, max_batch_bytes=100
+    )
+    lane = _Lane()
+    lane.queue.extend(_item(n, b"x" * 30) for n in range(5))
+    lane.queue.insert(4, _item(9, b'{"a":\n1}'))
+    # 30 + 31 + 31 = 92 bytes with the separators; a fourth would pass 100
+    assert [i.id for i in fwd._take(lane, batch=True)] == ["req:0", "req:1", "req:2"]
+    # an envelope holding a raw newline cannot be framed: it ends the batch, then goes alone
+    assert [i.id for i in fwd._take(lane, batch=True)] == ["req:3"]
+    assert [i.id for i in fwd._take(lane, batch=True)] == ["req:9"]
+    # a peer that takes single envelopes gets one per POST
+    assert [i.id for i in fwd._take(lane, batch=False)] == ["req:4"]
+    assert not lane.queue
+    big = _Lane()
+    big.queue.extend(_item(n, b"{}") for n in range(MAX_BATCH + 5))
+    fwd = Forwarder(twin=1, directory=FileDirectory({}), signer=None, done=_done)
+    assert len(fwd._take(big, batch=True)) == MAX_BATCH
+
+
+def test_batch_results_must_match_the_batch():
+    assert _batch_results(b'{"results": [[200, ""], [409, "replayed request"]]}', 2) == [
+        (200, ""),
+        (409, "replayed request"),
+    ]
+    for raw in (
+        b'{"results": [[200, ""]]}',  # one short
+        b'{"results": [[200, ""], [true, ""]]}',  # not a status
+        b'{"results": [[200, ""], ["200", ""]]}',
+        b'{"results": [[200], [200, ""]]}',
+        b'{"ok": true}',  # a single-envelope answer
+        b'[[200, ""], [200, ""]]',
+        b"not json",
+        b"[" * 100_000,
+    ):
+        assert _batch_results(raw, 2) is None, raw
+
+
+def test_no_peer_takes_batches_until_it_says_so():
+    fwd = Forwarder(twin=1, directory=FileDirectory({}), signer=None, done=_done)
+    assert not fwd.batches_to(1002)
+    fwd._batching.add(1002)
+    assert fwd.batches_to(1002)
+    fwd._single_until[1002] = 1e12  # refused one: single envelopes for a while
+    assert not fwd.batches_to(1002)
+    fwd._single_until[1002] = 0.0  # the while is over: batches again
+    assert fwd.batches_to(1002) and 1002 not in fwd._single_until
