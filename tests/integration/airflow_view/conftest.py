@@ -141,11 +141,7 @@ def api_server(
     redis_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{VIEW_REDIS_DB}"))
     env = airflow_env(home, port, lake, redis_url)
     airflow = [sys.executable, "-m", "airflow"]
-    for step in (["db", "migrate"], ["dags", "reserialize"]):
-        done = subprocess.run(
-            [*airflow, *step], env=env, cwd=home, capture_output=True, timeout=180, check=False
-        )
-        assert done.returncode == 0, f"airflow {' '.join(step)}: {done.stderr.decode()[-3000:]}"
+    _airflow(env, home, "db", "migrate")
     log_path = home / "api-server.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
@@ -157,6 +153,8 @@ def api_server(
             start_new_session=True,
         )
     try:
+        # The server needs no DAG to start: serialize dags/ while it starts.
+        _airflow(env, home, "dags", "reserialize")
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, proc, log_path)
         token = _token(url, home)
@@ -171,6 +169,18 @@ def api_server(
         )
     finally:
         _stop(proc)
+
+
+def _airflow(env: dict[str, str], home: Path, *args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow", *args],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stderr.decode()[-3000:]}"
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:

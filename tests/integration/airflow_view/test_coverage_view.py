@@ -184,7 +184,7 @@ def test_snapshots_and_lake_reads_are_shared(api_server: ApiServer, system: dict
     before = _coverage(api_server)["stats"]
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        replies = list(pool.map(lambda _: _coverage(api_server), range(64)))
+        replies = list(pool.map(lambda _: _coverage(api_server), range(32)))
     elapsed = time.monotonic() - started
     after = max((r["stats"] for r in replies), key=lambda s: s["builds"])
     # At most one snapshot per SNAPSHOT_TTL_S (2 s) and one lake read per LAKE_TTL_S (5 s).
@@ -223,7 +223,7 @@ def test_airflow_ui_and_api_still_work(api_server: ApiServer) -> None:
         )
         assert not http.get("/api/v2/importErrors").json()["import_errors"]
         # The UI: its root, the plugin's page in the navigation, the DAG's grid data.
-        for path in ("/", "/plugin/sluice_coverage", f"/dags/{DAG}/grid"):
+        for path in ("/", "/plugin/sluice_coverage", f"/dags/{DAG}"):
             page = http.get(path)
             assert page.status_code == 200, path
             assert "text/html" in page.headers["content-type"]
@@ -253,6 +253,9 @@ async def test_view_inside_airflows_ui_in_chromium(
         # Airflow's own DAG list still renders with the plugin loaded.
         await page.goto(f"{api_server.url}/dags")
         await page.wait_for("document.body?.innerText?.includes('sluice_archive')", wait_s=60)
+        # ... and the DAG's grid, with its tasks and the run the test triggered.
+        await page.goto(f"{api_server.url}/dags/{DAG}")
+        await _wait_text(page, "streams", "archive", "trim", "publish")
         await page.goto(f"{api_server.url}/plugin/sluice_coverage")
         src = await page.wait_for(f"{frame}?.getAttribute('src')", wait_s=60)
         assert src.rstrip("/").endswith("sluice"), src
@@ -273,7 +276,26 @@ async def test_view_inside_airflows_ui_in_chromium(
         assert [f"/dags/{DAG}/runs/{quoted}/tasks/archive/mapped/0", "_top"] in links
         assert await page.evaluate(f"{doc}.getElementById('error').textContent") == ""
         await page.screenshot(SHOT)
+        # The links lead to pages of Airflow's UI (its router knows them: no 404 page).
+        for path in (
+            f"/dags/{DAG}/runs/{quoted}",
+            f"/dags/{DAG}/runs/{quoted}/tasks/archive/mapped/0",
+        ):
+            await page.goto(api_server.url + path)
+            await _wait_text(page, "manual__view-test", "archive")
+            assert "Page Not Found" not in await page.evaluate("document.body.innerText"), path
     assert SHOT.stat().st_size > 10_000
+
+
+async def _wait_text(page: Any, *texts: str, wait_s: float = 30.0) -> None:
+    """Wait until the page shows every text; fail with what it shows instead."""
+    try:
+        await page.wait_for(
+            f"{list(texts)!r}.every(t => document.body?.innerText?.includes(t))", wait_s=wait_s
+        )
+    except TimeoutError:
+        shown = await page.evaluate("document.body?.innerText")
+        raise AssertionError(f"page lacks {texts}; it shows:\n{shown}") from None
 
 
 def _poll(api_server: ApiServer, done: Any, deadline_s: float = 20.0) -> dict[str, Any]:
