@@ -39,6 +39,7 @@ from pipeline.dialogue.handlers import (
 )
 from pipeline.dialogue.packets import DEFAULT_MAX_FRAME
 from pipeline.dialogue.protocol import Dialogue, Role, State
+from pipeline.dialogue.readclock import Overdue, ReadClock
 from pipeline.errors import (
     DialogueClosed,
     DialogueError,
@@ -78,9 +79,6 @@ class Connection:
     ) -> None:
         self.channel = channel
         self.name = name
-        self.first_frame_timeout = first_frame_timeout
-        self.frame_timeout = frame_timeout
-        self.idle_timeout = idle_timeout
         self._proto = Dialogue(role, max_frame=max_frame, window=window)
         # Flow control grants back half a window at a time, so the receive queue
         # must hold a whole window (plus one frame) before the fallback pauses reading.
@@ -135,11 +133,12 @@ class Connection:
         #: Set when the dialogue ended: why, and the protocol error if it was one.
         self.close_reason: str | None = None
         self.error: ProtocolError | None = None
-        #: Loop time of the start, and of the last byte read or written.
-        self.started_at = self._loop.time()
-        self.last_activity = self.started_at
-        self._frame_started: float | None = None
-        self._idle_closing = False
+        self._clock = ReadClock(
+            first_frame_timeout=first_frame_timeout,
+            frame_timeout=frame_timeout,
+            idle_timeout=idle_timeout,
+            started_at=self._loop.time(),
+        )
 
     # ---------------------------------------------------------------- factories
 
@@ -394,68 +393,63 @@ class Connection:
         self._proto.abort(reason)
         self._after()
 
-    def _read_deadline(self) -> tuple[float | None, str]:
-        """When the next read must have returned, and what it is called if it did not.
+    @property
+    def started_at(self) -> float:
+        """Loop time of the start."""
+        return self._clock.started_at
 
-        A peer gets ``first_frame_timeout`` to complete its first frame,
-        ``frame_timeout`` for any frame once its first byte arrived (a header
-        announcing 1 MiB and then a trickle is cut here), and the connection is
-        closed politely after ``idle_timeout`` without a byte either way while
-        nothing is outstanding.
-        """
-        proto = self._proto
-        if self.first_frame_timeout is not None and not proto.stats.frames_in:
-            return self.started_at + self.first_frame_timeout, "no first frame"
-        if self.frame_timeout is not None and self._frame_started is not None:
-            return self._frame_started + self.frame_timeout, "frame too slow"
-        if self.idle_timeout is not None and not self._idle_closing:
-            # Checked again when it passes: writes move it, and outstanding work defers it.
-            return self.last_activity + self.idle_timeout, "idle"
-        return None, ""
+    @property
+    def last_activity(self) -> float:
+        """Loop time of the last byte read or written."""
+        return self._clock.last_activity
 
     async def _read(self) -> bytes | None:
         """The next chunk from the channel; None when a read deadline passed (already acted on)."""
-        deadline, what = self._read_deadline()
-        if deadline is None:
+        clock = self._clock
+        due = clock.deadline(self._proto.stats.frames_in)
+        if due is None:
             return await self.channel.read()
+        deadline, what = due
         try:
             async with asyncio.timeout_at(deadline):
                 return await self.channel.read()
         except TimeoutError:
             if self._loop.time() < deadline:
                 raise  # the channel's own timeout, not ours
-        if what == "idle":
-            if self._read_deadline()[0] == deadline and not any(self._proto.outstanding()):
-                self._idle_closing = True
-                log.info("%s: idle for %.0fs, closing", self.name, self.idle_timeout)
+        if what is Overdue.IDLE:
+            # Writes may have moved it, and outstanding work defers it.
+            if clock.deadline(self._proto.stats.frames_in) == due and not any(
+                self._proto.outstanding()
+            ):
+                clock.idle_closing = True
+                log.info("%s: idle for %.0fs, closing", self.name, clock.idle_timeout)
                 self._proto.close(deadline=self._loop.time() + self.close_timeout)
         else:
-            log.warning("%s: %s in time, dropping the connection", self.name, what)
-            self._proto.peer_failed(RemoteProtocolError(f"{what} in time", public="timeout"))
+            log.warning("%s: %s in time, dropping the connection", self.name, what.value)
+            error = RemoteProtocolError(f"{what.value} in time", public="timeout")
+            self._proto.peer_failed(error)
         return None
 
     async def _reader(self) -> None:
         proto = self._proto
+        clock = self._clock
         try:
             while proto.state is not State.CLOSED:
                 if not self._read_allowed.is_set():
                     await self._read_allowed.wait()
-                    # Time spent paused by our own backpressure is not the peer's.
-                    self.last_activity = self._loop.time()
-                    if self._frame_started is not None:
-                        self._frame_started = self.last_activity
+                    clock.resumed(self._loop.time())
                 data = await self._read()
                 if data is None:
                     self._after()
                     continue
                 if data:
-                    self.last_activity = now = self._loop.time()
                     before = proto.stats.frames_in
                     proto.receive_data(data)
-                    if not proto.buffered:
-                        self._frame_started = None
-                    elif self._frame_started is None or proto.stats.frames_in != before:
-                        self._frame_started = now
+                    clock.received(
+                        self._loop.time(),
+                        completed=proto.stats.frames_in != before,
+                        buffered=proto.buffered,
+                    )
                 else:
                     proto.receive_eof()
                 self._after()
@@ -475,7 +469,7 @@ class Connection:
                 data = proto.data_to_send()
                 if data:
                     await channel.send(data)
-                    self.last_activity = self._loop.time()
+                    self._clock.sent(self._loop.time())
                     self._wake_flush_waiters()
                     continue
                 self._wake_flush_waiters()

@@ -22,6 +22,7 @@ PURE = [
     "pipeline.dialogue.events",
     "pipeline.dialogue.deadlines",
     "pipeline.dialogue.control",
+    "pipeline.dialogue.readclock",
     "pipeline.streams.protocol",
 ]
 IO = ("asyncio", "redis", "aiohttp")
@@ -52,3 +53,11 @@ def test_only_the_machine_reads_the_transition_tables() -> None:
         if path.name != "states.py" and _imported_names(path) & tables
     }
     assert readers == {"protocol.py"}
+
+
+def test_duplex_and_handler_runner_do_not_import_the_connection() -> None:
+    """They use the narrow DuplexHost / RunnerHost interfaces, not Connection's internals."""
+    for name in ("duplex.py", "handlers.py"):
+        tree = ast.parse((ROOT / "pipeline" / "dialogue" / name).read_text())
+        modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "pipeline.dialogue.connection" not in modules, name
