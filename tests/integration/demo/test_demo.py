@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.localredis import free_port
 
@@ -99,6 +100,11 @@ def test_live_demo_restarts_a_dead_component_and_ctrl_c_leaves_no_process(
         _wait_for(
             "node-b talking again", lambda: _lines(demo_dir / "node-b.replies") > before, tmp_path
         )
+        # the bus keys are private, and where `git add .` never picks them up
+        for key in (demo_dir / "bus").glob("twin*.key"):
+            assert key.stat().st_mode & 0o077 == 0, oct(key.stat().st_mode)
+            assert git_ignored(key, ROOT) in (True, None)  # None: not a git checkout
+        assert len(list((demo_dir / "bus").glob("twin*.key"))) == 2
         # the walk sees every component, redis-server too (it overwrites its environment)
         assert _pid_of(demo_id, "redis-server") is not None
         assert _pid_of(demo_id, "produce --stream") is not None
@@ -126,6 +132,30 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, out
     lines = out.strip().splitlines()
     assert lines == [f"sluice demo: port {port} (status page, --serve-port) is in use"], out
+
+
+def test_missing_java_and_redis_are_one_line_each_and_exit_2(tmp_path: Path) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    env = {**os.environ, "PATH": str(bare), "SLUICE_VAR_DIR": str(tmp_path / "var")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "demo", "--serve-port", str(free_port())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert any(line.startswith("sluice demo: Java is missing") for line in lines), lines
+    assert any(line.startswith("sluice demo: redis-server is missing") for line in lines), lines
+    assert all(line.startswith("sluice demo: ") for line in lines), lines  # no traceback
+
+
+def test_var_is_git_ignored_in_this_checkout() -> None:
+    assert git_ignored(ROOT / "var" / "demo" / "bus" / "twin1.key", ROOT) in (True, None)
 
 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
