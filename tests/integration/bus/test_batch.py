@@ -249,3 +249,30 @@ async def test_a_peer_that_refuses_a_batch_gets_singles_and_loses_nothing(twins)
             await ra.aclose()
     finally:
         await runner.cleanup()
+
+
+async def test_hostile_batches_get_a_4xx_or_per_envelope_refusals_never_a_5xx(twins):
+    a, b = twins(2)
+    await b.start_bus(max_size=8192)
+    good = request_body(a.id, b.id, f"{b.id}.1")
+    bodies = {
+        "too many envelopes": b"\n".join([b"{}"] * 600),
+        "too big": good + b"\n" + b" " * 9000,
+        "empty": b"",
+        "deep": b"[" * 5000 + b"\n" + good,
+        "nul and junk": b"\x00\xff\n{}\n[]\n\n",
+        "huge int": good.replace(b'"exp":60', b'"exp":' + b"9" * 5000),
+    }
+    for name, body in bodies.items():
+        status, doc, _ = await post_batch(
+            b.port, "/zbus-remote", body, signed(a.signer, a.id, b.id, "/zbus-remote", body)
+        )
+        assert 400 <= status < 500 or status == 200, (name, status)
+        if status == 200:
+            assert all(400 <= code < 500 or code == 200 for code, _ in doc["results"]), name
+    # the bus still takes a good one
+    fresh = request_body(a.id, b.id, f"{b.id}.2")
+    status, doc, _ = await post_batch(
+        b.port, "/zbus-remote", fresh, signed(a.signer, a.id, b.id, "/zbus-remote", fresh)
+    )
+    assert status == 200 and doc["results"] == [[200, ""]]
