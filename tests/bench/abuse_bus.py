@@ -11,7 +11,8 @@ latency. First it runs alone (the baseline), then next to the abusers:
   a ``ret`` over 256 characters, ``now`` in milliseconds);
 * the same garbage on B's ``msgbus.system.reply`` (a buggy handler);
 * hostile POSTs to B's HTTP port: unsigned, forged, signed with a stale time,
-  signed for another twin, garbage, oversized, replays of a captured POST;
+  signed for another twin, garbage, oversized, replays of a captured POST, a
+  signed batch body of bombs;
 * idle TCP connections held open on B's port, and a flood of requests to an
   unknown twin.
 
@@ -47,6 +48,7 @@ import aiohttp  # noqa: E402
 from common import Report, percentile  # noqa: E402
 
 from pipeline import keys, redisconn  # noqa: E402
+from pipeline.bus.forward import BATCH_TYPE  # noqa: E402
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer  # noqa: E402
 from pipeline.localredis import LocalRedis, free_port  # noqa: E402
 
@@ -237,6 +239,7 @@ async def http_abuse(port: int, signer: Signer, until: float) -> None:
 
         async def move(n: int) -> None:
             body = json.dumps(_doc(B, uid=f"{B}.{n + 10**9}", src=A, cmd="abuse.none")).encode()
+            bombs = b"\n".join([b"[" * 1000] * 300 + [body])
             attempts: list[tuple[bytes, dict[str, str]]] = [
                 (captured_body, captured),  # replay of a captured POST
                 (body, {TWIN_HEADER: str(A)}),  # unsigned
@@ -245,6 +248,7 @@ async def http_abuse(port: int, signer: Signer, until: float) -> None:
                 (body, signed(body, to=A)),  # signed for another twin
                 (b"[" * 100_000, signed(b"[" * 100_000)),  # a bomb, signed
                 (b"{nope", signed(b"{nope")),
+                (bombs, {**signed(bombs), "Content-Type": BATCH_TYPE}),  # a signed batch of bombs
             ]
             if n % 25 == 0:
                 big = b"x" * (MAX_SIZE + 8192)
