@@ -127,8 +127,10 @@ class Outbound:
         )
 
 
-#: Called once per item with its final outcome (and error text when not delivered).
-Done = Callable[[Outbound, Outcome, str], Awaitable[None]]
+#: One item's final outcome (and error text when not delivered).
+Final = tuple[Outbound, Outcome, str]
+#: Called once per POST with the final outcomes of its items (those not retried).
+Done = Callable[[list[Final]], Awaitable[None]]
 
 
 class _Lane:
@@ -277,12 +279,13 @@ class Forwarder:
             for item in items:
                 self._enqueue(item)
         else:
-            finals = [
-                (item, self._settle(item, *out)) for item, out in zip(items, outcomes, strict=True)
-            ]
-            await asyncio.gather(
-                *(self._record(item, *final) for item, final in finals if final is not None)
-            )
+            finals: list[Final] = []
+            for item, out in zip(items, outcomes, strict=True):
+                final = self._settle(item, *out)
+                if final is not None:
+                    finals.append((item, *final))
+            if finals:
+                await self._record(finals)
         self._schedule(key)
 
     def _settle(self, item: Outbound, outcome: Outcome, text: str) -> tuple[Outcome, str] | None:
@@ -299,12 +302,13 @@ class Forwarder:
                 return None
         return outcome, text
 
-    async def _record(self, item: Outbound, outcome: Outcome, text: str) -> None:
-        self._room.release()
+    async def _record(self, finals: list[Final]) -> None:
+        for _ in finals:
+            self._room.release()
         try:
-            await self._done(item, outcome, text)
-        except Exception:  # the boundary: the item stays in the backlog / outbox
-            log.exception("bus: recording the outcome of %s failed", item.id)
+            await self._done(finals)
+        except Exception:  # the boundary: the items stay in the backlog / outbox
+            log.exception("bus: recording the outcome of %d item(s) failed", len(finals))
 
     async def _scheduler(self) -> None:
         while True:

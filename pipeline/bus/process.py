@@ -51,7 +51,7 @@ from pipeline import keys, redisconn
 from pipeline.bus import envelope
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, reraise_if_cancelling
 from pipeline.bus.directory import Directory
-from pipeline.bus.forward import Forwarder, Kind, Outbound, Outcome
+from pipeline.bus.forward import Final, Forwarder, Kind, Outbound, Outcome
 from pipeline.bus.http import Ingress, build_server
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
@@ -252,21 +252,35 @@ class BusProcess:
 
     # --- outbound outcomes, recovery, expiry --------------------------------
 
-    async def _forwarded(self, item: Outbound, outcome: Outcome, text: str) -> None:
-        """Final outcome of one POST: answer ``ret`` if a request failed; forget a sent reply."""
+    async def _forwarded(self, finals: list[Final]) -> None:
+        """Final outcomes of one POST: answer ``ret`` of failed requests; forget sent replies."""
+        replies = [item.id for item, _, _ in finals if item.kind is Kind.REPLY]
+        for item, outcome, text in finals:
+            if item.kind is Kind.REPLY and outcome is not Outcome.DELIVERED:
+                log.error("bus: reply %s to twin %s lost: %s", item.uid, item.to, text)
+        failed = [
+            self._answer_failed(item, text)
+            for item, outcome, text in finals
+            if item.kind is Kind.REQUEST and outcome is not Outcome.DELIVERED
+        ]
         try:
-            if item.kind is Kind.REPLY:
-                if outcome is not Outcome.DELIVERED:
-                    log.error("bus: reply %s to twin %s lost: %s", item.uid, item.to, text)
-                await self.store.drop_outbox(item.id)
-            elif outcome is not Outcome.DELIVERED:
-                request = envelope.load_trusted(item.body)
-                fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
-                await self.store.finish(item.uid, request.ret, fail.encode())
+            if replies:
+                await self.store.drop_outbox(*replies)
+        except REDIS_ERRORS:
+            # Still in the outbox: resent on restart (the peer answers 409 or takes it again).
+            log.exception("bus: could not forget %d sent replies", len(replies))
+        await asyncio.gather(*failed)
+
+    async def _answer_failed(self, item: Outbound, text: str) -> None:
+        """Answer the caller of a request that could not be delivered."""
+        try:
+            request = envelope.load_trusted(item.body)
+            fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
+            await self.store.finish(item.uid, request.ret, fail.encode())
         except EnvelopeError:
             log.error("bus: corrupt pending request %s; the scrubber sets it aside", item.id)
         except REDIS_ERRORS:
-            # Still in the outbox / backlog: resent on restart, or expired by the scrubber.
+            # Still in the backlog: resent on restart, or expired by the scrubber.
             log.exception("bus: could not record outcome of %s", item.id)
 
     async def _resend_pending(self) -> None:

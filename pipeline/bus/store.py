@@ -321,5 +321,6 @@ class BusStore:
                 break
         return items
 
-    async def drop_outbox(self, outbox_id: str) -> None:
-        await self.coalescer.call(lambda pipe: pipe.hdel(keys.bus_outbox(), outbox_id))
+    async def drop_outbox(self, *outbox_ids: str) -> None:
+        """Forget sent replies (one HDEL for all of them)."""
+        await self.coalescer.call(lambda pipe: pipe.hdel(keys.bus_outbox(), *outbox_ids))
