@@ -48,8 +48,18 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
     keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
     try:
         plan = await resumption.resolve(parsed.num, parsed.hash, keep)
-    except (ResumptionError, aioredis.RedisError, OSError) as exc:
-        await duplex.end(error=jsonrpc.error(None, jsonrpc.SERVER_ERROR, str(exc)).encode())
+    except BadParams as exc:
+        await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, str(exc)).encode())
+        return
+    except ResumptionError as exc:  # only the public text crosses the wire
+        log.info("dialogue subscription refused: %r", exc)
+        error = jsonrpc.error(None, jsonrpc.SERVER_ERROR, exc.public_message)
+        await duplex.end(error=error.encode())
+        return
+    except (aioredis.RedisError, OSError) as exc:
+        log.warning("dialogue subscription: redis error %r", exc)
+        error = jsonrpc.error(None, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
+        await duplex.end(error=error.encode())
         return
     outbox = Outbox(send_buffer)
     sub = Subscription("0x1", parsed, outbox, envelope=False)
@@ -75,7 +85,10 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
     except* SlowConsumer:
         await duplex.end(error=b"subscriber too slow: send buffer full")
     except* ResumptionError as group_exc:
-        await duplex.end(error=str(group_exc.exceptions[0]).encode()[:200])
+        first = group_exc.exceptions[0]
+        log.warning("dialogue subscription ended: %r", first)
+        text = first.public_message if isinstance(first, ResumptionError) else "cannot resume"
+        await duplex.end(error=text.encode()[:200])
 
 
 def dialogue_server(

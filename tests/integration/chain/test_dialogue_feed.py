@@ -67,3 +67,25 @@ async def test_dialogue_from_block_zero_without_a_hash(settings, serve, redis_cl
                     break
         await feed.aclose()
         assert nums == [0, 1, 2, 3, 4]
+
+
+async def test_dialogue_refusals_carry_public_texts_only(settings, serve, redis_client) -> None:
+    gen = SyntheticChain(seed=63)
+    blocks = gen.take(30)
+    write_lake(settings.lake_uri, blocks[:10])
+    write_blocks(redis_client, STREAM, blocks[20:])  # 10..19 are nowhere: a history gap
+    port = free_port()
+    async with serve(settings.replace(serve_dialogue_port=port)):
+        big = subscribe_dialogue("127.0.0.1", port, 2**63, b"\x00" * 32, [])
+        with pytest.raises(DuplexError) as err:
+            await anext(big)
+        await big.aclose()
+        error = json.loads(err.value.data)["error"]
+        assert error["code"] == -32602 and "block number" in error["message"]
+
+        gap = subscribe_dialogue("127.0.0.1", port, 0, blocks[0].hash, [])
+        with pytest.raises(DuplexError) as err:
+            async for _ in gap:
+                pass
+        await gap.aclose()
+        assert b"history gap" in err.value.data and b"redis starts at" not in err.value.data
