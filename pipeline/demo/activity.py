@@ -64,6 +64,8 @@ class Counts:
     runs: list[dict[str, Any]] = field(default_factory=list)
     runs_ok: int = 0
     airflow_error: str = ""
+    #: times the demo found sluice_archive paused and unpaused it
+    unpaused: int = 0
     #: number of the oldest block still in Redis (None: stream empty or unread)
     redis_first_num: int | None = None
     trimmed_at: float | None = None
@@ -186,6 +188,10 @@ class Activity:
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
+                if not self.is_up("airflow"):
+                    self.counts.airflow_error = "Airflow is starting"
+                    await asyncio.sleep(STATUS_EVERY_S)
+                    continue
                 try:
                     await self._airflow_once(session)
                     self.counts.airflow_error = ""
@@ -215,9 +221,10 @@ class Activity:
                 raise KeyError("sluice_archive not parsed yet")
             resp.raise_for_status()
             dag = await resp.json()
-        if dag.get("is_paused"):
+        if dag.get("is_paused"):  # a paused DAG's runs only sit queued, with no hint
             async with session.patch(base, headers=headers, json={"is_paused": False}) as resp:
                 resp.raise_for_status()
+            self.counts.unpaused += 1
         params = {"order_by": "-run_after", "limit": "100"}
         async with session.get(f"{base}/dagRuns", headers=headers, params=params) as resp:
             resp.raise_for_status()
