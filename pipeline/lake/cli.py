@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,6 +59,8 @@ DEBUG_LOG_MAX = 64 << 20
 #: Loggers whose INFO chatter belongs in the debug file, not the story.
 NOISY = ("py4j", "pyspark", "grpc", "urllib3", "deltalake", "asyncio")
 EXIT_CANCELLED = 143
+#: Longest a stopped job takes to exit (interrupt, lock release), in seconds.
+STOP_GRACE_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -349,7 +352,14 @@ def main(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     settings = Settings.load()
     with job_logging(settings, args.job) as (counter, debug_path):
-        return _main(args, settings, counter, debug_path)
+        code = _main(args, settings, counter, debug_path)
+    if code == EXIT_CANCELLED:
+        # Stopped: leave now. The Connect client's exit hooks would otherwise
+        # wait on release calls of the interrupted operations (seconds).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _main(
@@ -366,7 +376,8 @@ def _main(
         where,
         f" (Spark log: {debug_path})" if debug_path else "",
     )
-    restore = _on_sigterm(spark)
+    stopper = Stopper(spark)
+    restore = stopper.install()
     lock = None
     try:
         if args.job in LOCKED_JOBS:
@@ -379,17 +390,17 @@ def _main(
                 wait_s=settings.lake_lock_wait_s,
             )
             lock.__enter__()
+            stopper.lock = lock
             if lock.waited_s > 0.5:
                 log.info("waited %.1fs for the archive lock of %s", lock.waited_s, args.stream)
-        result, ok = run(args, settings, spark, lock.check if lock is not None else None)
-        if lock is not None:
-            lock.check()
+        result, ok = run(args, settings, spark, stopper.check)
+        stopper.check()
     except JobCancelled as exc:
-        if spark is not None:
-            spark.interrupt()
         log.error("%s", exc)
         return EXIT_CANCELLED
     except SluiceError as exc:
+        if stopper.stopping.is_set():
+            return EXIT_CANCELLED  # the interrupt made the Spark work fail: that is the stop
         print(f"sluice lake: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
@@ -410,23 +421,62 @@ def _main(
     return 0 if ok else 1
 
 
-def _on_sigterm(spark: LazySpark | None) -> Callable[[], None]:
-    """SIGTERM raises :class:`JobCancelled` in the main thread (a blocked gRPC or py4j call
-    returns to Python within ~0.1 s for it); returns the function restoring the old handler."""
+class Stopper:
+    """SIGTERM handling of one job: stop at once, commit nothing further.
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one cancellation is enough
-        raise JobCancelled(f"stopped by signal {signum} before it committed")
+    The handler itself only sets :attr:`stopping` and starts a thread (it
+    never raises into whatever library call the main thread is in: some
+    swallow exceptions). That thread interrupts this job's Spark operations
+    (on Connect by tag, so the blocked call in the main thread fails at once),
+    releases the archive lock and ends the process with exit code 143 after
+    at most :data:`STOP_GRACE_S`. :meth:`check` (called before every final
+    commit, with the lock's own check) raises :class:`JobCancelled` once
+    stopping, so nothing is logged as archived after the signal.
+    """
 
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (in-process callers): no signal handling
-        return lambda: None
+    def __init__(self, spark: LazySpark | None) -> None:
+        self.spark = spark
+        self.lock: Any = None
+        self.stopping = threading.Event()
 
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, previous)
+    def install(self) -> Callable[[], None]:
+        try:
+            previous = signal.signal(signal.SIGTERM, self._handler)
+        except ValueError:  # not the main thread (in-process callers): no signal handling
+            return lambda: None
 
-    return restore
+        def restore() -> None:
+            signal.signal(signal.SIGTERM, previous)
+
+        return restore
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        threading.Thread(target=self._stop, args=(signum,), name="sluice-stop", daemon=True).start()
+
+    def _stop(self, signum: int) -> None:
+        log.error("stopped by signal %d: interrupting the job; nothing more is committed", signum)
+        deadline = threading.Timer(STOP_GRACE_S, lambda: os._exit(EXIT_CANCELLED))
+        deadline.daemon = True
+        deadline.start()
+        if self.spark is not None:
+            self.spark.interrupt()
+        if self.lock is not None:
+            self.lock.release()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(EXIT_CANCELLED)
+
+    def check(self) -> None:
+        if self.stopping.is_set():
+            raise JobCancelled("stopped by SIGTERM before it committed")
+        if self.lock is not None:
+            self.lock.check()
 
 
 if __name__ == "__main__":
