@@ -12,6 +12,14 @@ from __future__ import annotations
 
 
 def main(argv: list[str]) -> int:
+    import importlib.util
+
+    from pipeline.errors import ConfigError
+
+    if importlib.util.find_spec("rich") is None:  # comes with Airflow; the view needs it
+        raise ConfigError(
+            "rich is not installed: pip install -e '.[lake,airflow]' (or make install)"
+        )
     from pipeline.demo.app import main as run
 
     return run(argv)
