@@ -13,7 +13,7 @@ COMPOSE := $(VENV)/.sluice-compose
 B      ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-check test bench lint install clean
+.PHONY: demo demo-check test bench lint install clean spark
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[lake,airflow,dev]'
 	@touch $@
 
-# Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under ~/.ivy2*).
+# Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under
+# ~/.ivy2*) and record their paths: local sessions then pass them as spark.jars, no Ivy.
 $(JARS): $(STAMP)
 	$(PY) -m pipeline.lake.session --warm
 	@touch $@
@@ -51,6 +52,10 @@ demo-check: install
 
 test: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# A local Spark Connect server for the lake jobs (export SLUICE_SPARK_REMOTE=<printed URL>).
+spark: install
+	$(VENV)/bin/sluice spark
 
 bench: install
 	$(PY) tests/bench/run.py $(B)
