@@ -73,11 +73,17 @@ def repo_root() -> Path:
 
 
 def _parser(settings: Settings) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice demo", description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="sluice demo",
+        description="Run the whole system on this machine, live until Ctrl-C "
+        "(--check: as a scripted scenario that exits 0 only if every check passed).",
+    )
     p.add_argument("--check", action="store_true", help="run the scripted scenario and exit 0/1")
     p.add_argument("--serve-port", type=int, default=settings.serve_port, help="status page port")
     p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port")
-    p.add_argument("--spark-port", type=int, default=settings.spark_connect_port)
+    p.add_argument(
+        "--spark-port", type=int, default=settings.spark_connect_port, help="Spark Connect port"
+    )
     p.add_argument(
         "--only",
         default=",".join(ALL),
