@@ -112,14 +112,14 @@ class Connection:
         #: Event dispatch (see :meth:`_after`), by event type.
         self._on_event: dict[type[ev.Event], Callable[[Any], None]] = {
             ev.ResponseReceived: self._on_response,
-            ev.MessageReceived: self._on_message,
-            ev.RequestReceived: self._on_request,
+            ev.MessageReceived: self._runner.message_received,
+            ev.RequestReceived: self._runner.request_received,
             ev.DuplexData: self._on_duplex_data,
             ev.RequestDeclined: self._on_request_failed,
             ev.RequestTimedOut: self._on_request_failed,
             ev.RequestAborted: self._on_request_failed,
-            ev.PeerCancelledRequest: self._on_peer_cancelled,
-            ev.DuplexOpened: self._on_duplex_opened,
+            ev.PeerCancelledRequest: self._runner.request_cancelled,
+            ev.DuplexOpened: self._runner.duplex_opened,
             ev.DuplexEnded: self._on_duplex_ended,
             ev.DuplexClosed: self._on_duplex_closed,
             ev.DuplexWritable: self._on_duplex_writable,
@@ -509,12 +509,6 @@ class Connection:
         if future is not None and not future.done():
             future.set_result(event.data)
 
-    def _on_message(self, event: ev.MessageReceived) -> None:
-        self._runner.message(event.data)
-
-    def _on_request(self, event: ev.RequestReceived) -> None:
-        self._runner.request(event.id, event.data)
-
     def _on_duplex_data(self, event: ev.DuplexData) -> None:
         duplex = self._duplexes.get((event.id, event.local))
         if duplex is not None and duplex.feed(event.data):
@@ -532,12 +526,6 @@ class Connection:
             future.set_exception(TimeoutError("request timed out"))
         else:
             future.set_exception(self._closed_error())
-
-    def _on_peer_cancelled(self, event: ev.PeerCancelledRequest) -> None:
-        self._runner.cancel_request(event.id)
-
-    def _on_duplex_opened(self, event: ev.DuplexOpened) -> None:
-        self._runner.duplex(event.id, event.data)
 
     def _on_duplex_ended(self, event: ev.DuplexEnded) -> None:
         duplex = self._duplexes.get((event.id, event.local))

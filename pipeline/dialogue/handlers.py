@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from pipeline.dialogue import events as ev
 from pipeline.dialogue.duplex import Duplex
 from pipeline.errors import DialogueError
 
@@ -109,7 +110,8 @@ class HandlerRunner:
 
     # ---------------------------------------------------------------- messages
 
-    def message(self, data: bytes) -> None:
+    def message_received(self, event: ev.MessageReceived) -> None:
+        data = event.data
         handler = self.on_message
         if handler is None:
             log.debug("%s: message dropped, no handler", self.conn.name)
@@ -161,7 +163,8 @@ class HandlerRunner:
 
     # ---------------------------------------------------------------- requests
 
-    def request(self, pid: int, data: bytes) -> None:
+    def request_received(self, event: ev.RequestReceived) -> None:
+        pid, data = event.id, event.data
         conn = self.conn
         handler = self.on_request
         if handler is None:
@@ -184,9 +187,9 @@ class HandlerRunner:
         if len(self._request_tasks) >= self.max_handlers:
             self.conn.pause_reading("requests")
 
-    def cancel_request(self, pid: int) -> None:
+    def request_cancelled(self, event: ev.PeerCancelledRequest) -> None:
         """The peer cancelled: stop working on it (answering is optional now)."""
-        task = self._request_tasks.get(pid)
+        task = self._request_tasks.get(event.id)
         if task is not None:
             task.cancel()
 
@@ -209,10 +212,11 @@ class HandlerRunner:
 
     # ---------------------------------------------------------------- duplexes
 
-    def duplex(self, pid: int, data: bytes | None) -> None:
+    def duplex_opened(self, event: ev.DuplexOpened) -> None:
         """The peer opened a duplex: hand it to ``on_duplex`` in an owned task."""
         conn = self.conn
-        duplex = conn.accept_duplex(pid, data)
+        pid = event.id
+        duplex = conn.accept_duplex(pid, event.data)
         if self.on_duplex is None:
             duplex.detached = True
             conn.refuse_duplex(duplex, NO_HANDLER)
