@@ -408,10 +408,11 @@ class SharedTail:
             if self._fresh_as_of >= me:
                 return
             mark = self._arrivals
-            await self._refresh()
-            self._fresh_as_of = mark
+            if await self._refresh():
+                self._fresh_as_of = mark  # (a skipped refresh leaves the next caller to retry)
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> bool:
+        """Bring the index up to date; False when readers held it too long (nothing applied)."""
         while True:
             last = self.index.last_id
             pipe = self._redis.pipeline(transaction=False)
@@ -421,14 +422,14 @@ class SharedTail:
             first, newest, entries = cast(tuple[Entries, Entries, Entries], await pipe.execute())
             checkpoint()
             if not await self._exclusive():
-                return
+                return False
             try:
                 if not newest or _id_key(newest[0][0]) < _id_key(last):
                     if self._order or last != b"0-0":
                         self._reset()  # emptied or recreated (ids went back): start over
                         if newest:
                             continue
-                    return
+                    return True
                 self._drop_before(_id_key(first[0][0]))
                 for entry_id, fields in entries:
                     added = _index_entry(self.index, entry_id, fields)
@@ -442,7 +443,7 @@ class SharedTail:
             finally:
                 self._gate.set()
             if len(entries) < PAGE:
-                return
+                return True
 
     async def _exclusive(self) -> bool:
         """Close the gate and wait until no reader holds the index; False (gate open) on timeout."""
