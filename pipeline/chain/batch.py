@@ -27,6 +27,8 @@ from pipeline.errors import BadBatch
 #: The one field of a chain-stream entry.
 ENTRY_FIELD = b"block"
 HASH_LEN = 32
+#: The largest block number: the lake stores ``num`` as int64.
+MAX_BLOCK_NUM = 2**63 - 1
 #: A weight is a non-negative integer of at most this many bits.
 MAX_WEIGHT_BITS = 256
 WEIGHT_BYTES = MAX_WEIGHT_BITS // 8
@@ -97,6 +99,8 @@ class Block:
     def __post_init__(self) -> None:
         if not isinstance(self.num, int) or isinstance(self.num, bool) or self.num < 0:
             raise BadBatch(f"block num must be a non-negative int, got {self.num!r}")
+        if self.num > MAX_BLOCK_NUM:
+            raise BadBatch(f"block num {self.num} is past {MAX_BLOCK_NUM} (the lake stores int64)")
         if self.weight is not None:
             check_weight(self.weight)
         for name in ("hash", "parent"):

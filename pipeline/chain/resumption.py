@@ -49,6 +49,7 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.chain.batch import (
     ENTRY_FIELD,
+    MAX_BLOCK_NUM,
     Block,
     KeyTest,
     decode_block,
@@ -67,7 +68,6 @@ Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 PAGE = 1000
 #: The largest block number served: the lake stores ``num`` as int64.
-MAX_BLOCK_NUM = 2**63 - 1
 #: What a subscriber is told when history has a hole (details go to the log).
 HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
 #: Rows of the first lake page of a subscription (later pages are ``batch_rows``).

@@ -48,7 +48,7 @@ import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.chain import jsonrpc
-from pipeline.chain.batch import parse_quantity
+from pipeline.chain.batch import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain.cardinal import (
     CARDINAL,
     DIALECTS,
@@ -61,7 +61,7 @@ from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
-from pipeline.chain.resumption import MAX_BLOCK_NUM, History, TieredResumption
+from pipeline.chain.resumption import History, TieredResumption
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer, SluiceError
 from pipeline.redisconn import Role, connect

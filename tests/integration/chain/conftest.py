@@ -36,6 +36,18 @@ from pipeline.settings import Settings
 STREAM = "chain:test"
 
 
+def write_foreign_block(client: Any, stream: str, num: int, hash: bytes, parent: bytes) -> bytes:
+    """XADD a block map that Sluice's own codec would refuse (a foreign producer's entry)."""
+    import msgpack
+
+    from pipeline import keys
+    from pipeline.chain.batch import ENTRY_FIELD
+
+    packed = msgpack.packb({"num": num, "hash": hash, "parent": parent}, use_bin_type=True)
+    client.xadd(keys.stream(stream), {ENTRY_FIELD: packed})
+    return hash
+
+
 def write_lake(
     lake_uri: str,
     blocks: Iterable[Block],

@@ -19,13 +19,12 @@ import aiohttp
 import pytest
 
 from pipeline import keys
-from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, SERVER_ERROR
 from pipeline.chain.server import MAX_IN_FLIGHT
 from pipeline.lake.reader import LakeReader
 
-from .conftest import STREAM, Client, write_lake
+from .conftest import STREAM, Client, write_foreign_block, write_lake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "bench"))
 
@@ -342,8 +341,7 @@ async def test_an_entry_past_the_largest_block_number_does_not_stop_live_data(
     async with serve(settings) as (base, _app), connect(base) as live:
         await subscribed(live, gen)
         head = gen.canonical[-1]
-        poison = Block(num=2**64 - 1, hash=b"\x01" * 32, parent=head.hash)
-        write_blocks(redis_client, STREAM, [poison])
+        write_foreign_block(redis_client, STREAM, 2**64 - 1, b"\x01" * 32, head.hash)
         await goes_on(live, gen, redis_client)  # live subscribers skip it
         async with connect(base) as late:  # and so does a catch-up through it
             await late.subscribe(head.num, head.hash)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from pipeline import keys
-from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.resumption import SharedTail
 from pipeline.redisconn import Role, connect
 
-from .conftest import STREAM
+from .conftest import STREAM, write_foreign_block
 
 KEY = keys.stream(STREAM)
 
@@ -125,14 +124,13 @@ async def test_an_entry_past_the_largest_block_number_stays_out(redis_url, redis
     gen = SyntheticChain(seed=55)
     blocks = gen.take(5)
     write_blocks(redis_client, STREAM, blocks[:3])
-    poison = Block(num=2**64 - 1, hash=b"\x01" * 32, parent=blocks[2].hash)
-    write_blocks(redis_client, STREAM, [poison])
+    poison_hash = write_foreign_block(redis_client, STREAM, 2**64 - 1, b"\x01" * 32, blocks[2].hash)
     write_blocks(redis_client, STREAM, blocks[3:])
     client = connect(redis_url, Role.SERVE)
     try:
         tail = SharedTail(client, KEY)
         await tail.refresh()
         assert tail.index.hi == 4 and sorted(tail.index.chain) == [0, 1, 2, 3, 4]
-        assert poison.hash.hex() not in tail.index.seen
+        assert poison_hash.hex() not in tail.index.seen
     finally:
         await client.aclose()

@@ -146,3 +146,12 @@ def test_malformed_json_blocks_are_refused() -> None:
         block_from_json([json.dumps(broken)])
     with pytest.raises(BadBatch):
         block_from_json([good[1]])
+
+
+def test_block_numbers_past_int64_are_refused() -> None:
+    """The lake stores num as int64: a larger number is a bad batch, never a crash later."""
+    from pipeline.chain.batch import MAX_BLOCK_NUM
+
+    Block(num=MAX_BLOCK_NUM, hash=b"\x01" * 32, parent=b"\x00" * 32)
+    with pytest.raises(BadBatch, match="past"):
+        Block(num=MAX_BLOCK_NUM + 1, hash=b"\x01" * 32, parent=b"\x00" * 32)
