@@ -12,6 +12,14 @@ Handlers for incoming messages, requests and duplexes are called as
 :mod:`pipeline.dialogue.handlers` describes (plain functions inline, coroutine
 functions in owned, bounded tasks).
 
+Who does what: the machine alone changes the dialogue's state; this class
+feeds it, turns its events into futures and handler calls (one table, keyed by
+event type) and owns the tasks. :class:`~pipeline.dialogue.duplex.Duplex` and
+:class:`~pipeline.dialogue.handlers.HandlerRunner` reach the connection only
+through the narrow ``DuplexHost`` / ``RunnerHost`` interfaces (the methods
+under "for Duplex and HandlerRunner") and import nothing from here; the read
+deadlines are the pure :class:`~pipeline.dialogue.readclock.ReadClock`.
+
 Everything is bounded: the machine's output buffer (senders wait above
 ``write_high``), the message queue, the number of handler tasks and each
 duplex's receive queue (above their bounds the reader stops reading the

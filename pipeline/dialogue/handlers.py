@@ -17,6 +17,7 @@ The runner talks to its connection only through :class:`RunnerHost`.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import inspect
 import logging
@@ -37,6 +38,14 @@ DuplexHandler = Callable[[Duplex], Awaitable[None]]
 #: Error data sent when a duplex handler fails or none is installed (details stay in our logs).
 HANDLER_FAILED = b"handler failed"
 NO_HANDLER = b"no duplex handler"
+
+
+class Backlog(enum.Enum):
+    """A backlog of the runner that pauses the connection's reading while over its bound."""
+
+    MESSAGES = "messages"
+    REQUESTS = "requests"
+    DUPLEXES = "duplexes"
 
 
 class RunnerHost(Protocol):
@@ -128,7 +137,7 @@ class HandlerRunner:
             len(self._messages) >= self.max_queued_messages
             or self._queued_bytes >= self.max_queued_bytes
         ):
-            self.conn.pause_reading("messages")
+            self.conn.pause_reading(Backlog.MESSAGES)
         self._wake_messages()
 
     def _wake_messages(self) -> None:
@@ -148,7 +157,7 @@ class HandlerRunner:
                 data = queue.popleft()
                 self._queued_bytes -= len(data)
                 if len(queue) < low and self._queued_bytes < low_bytes:
-                    self.conn.resume_reading("messages")
+                    self.conn.resume_reading(Backlog.MESSAGES)
                 try:
                     await handler(data)
                 except Exception:
@@ -185,7 +194,7 @@ class HandlerRunner:
         self._request_tasks[pid] = task
         task.add_done_callback(functools.partial(self._request_done, pid))
         if len(self._request_tasks) >= self.max_handlers:
-            self.conn.pause_reading("requests")
+            self.conn.pause_reading(Backlog.REQUESTS)
 
     def request_cancelled(self, event: ev.PeerCancelledRequest) -> None:
         """The peer cancelled: stop working on it (answering is optional now)."""
@@ -208,7 +217,7 @@ class HandlerRunner:
         if self._request_tasks.get(pid) is task:
             del self._request_tasks[pid]
         if len(self._request_tasks) <= self.max_handlers // 2:
-            self.conn.resume_reading("requests")
+            self.conn.resume_reading(Backlog.REQUESTS)
 
     # ---------------------------------------------------------------- duplexes
 
@@ -227,7 +236,7 @@ class HandlerRunner:
         self._duplex_tasks.add(task)
         task.add_done_callback(self._duplex_done)
         if len(self._duplex_tasks) >= self.max_handlers:
-            conn.pause_reading("duplexes")
+            conn.pause_reading(Backlog.DUPLEXES)
 
     async def _run_duplex(self, handler: DuplexHandler, duplex: Duplex) -> None:
         error: bytes | None = None
@@ -246,4 +255,4 @@ class HandlerRunner:
     def _duplex_done(self, task: asyncio.Task[None]) -> None:
         self._duplex_tasks.discard(task)
         if len(self._duplex_tasks) <= self.max_handlers // 2:
-            self.conn.resume_reading("duplexes")
+            self.conn.resume_reading(Backlog.DUPLEXES)
