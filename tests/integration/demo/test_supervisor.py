@@ -1,0 +1,101 @@
+"""The supervisor with plain processes: group stop, the marker sweep, bounded restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pipeline.demo.procs import marked_pids
+from pipeline.demo.supervisor import Component, State, Supervisor
+
+#: A process that ignores SIGTERM and starts a grandchild in its own session (like a JVM
+#: that moved out of its parent's group): only the marker sweep can find that one.
+STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def _py(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code)
+
+
+async def _wait(cond: object, within_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not cond():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_stop_all_takes_down_groups_and_escaped_grandchildren(tmp_path: Path) -> None:
+    demo_id = f"t-{uuid.uuid4().hex[:8]}"
+    events: list[str] = []
+    sup = Supervisor(demo_id, tmp_path, on_event=events.append)
+    log = tmp_path / "stubborn.log"
+
+    async def printed_ready() -> bool:
+        return log.exists() and b"ready" in log.read_bytes()
+
+    sup.add(Component(name="stubborn", argv=_py(STUBBORN), ready=printed_ready, stop_grace_s=1))
+    sup.add(Component(name="sleeper", argv=_py("import time; time.sleep(600)")))
+    await sup.start("stubborn")
+    await sup.start("sleeper")
+    await _wait(lambda: len(marked_pids(demo_id)) >= 3)  # both, and the grandchild
+    assert sup.rss_bytes() > 0
+    left = await sup.stop_all()
+    assert any("time.sleep(600)" in line for line in left), left  # the escaped grandchild
+    await _wait(lambda: marked_pids(demo_id) == [], within_s=10)
+    assert all(c.state is State.STOPPED for c in sup.children.values())
+    await sup.stop_all()  # twice is fine
+
+
+async def test_a_dead_component_is_restarted_then_given_up(tmp_path: Path) -> None:
+    demo_id = f"t-{uuid.uuid4().hex[:8]}"
+    events: list[str] = []
+    sup = Supervisor(demo_id, tmp_path, on_event=events.append, max_restarts=2)
+    # lives half a second each time
+    sup.add(Component(name="short", argv=_py("import time; time.sleep(0.5)")))
+    await sup.start("short")
+    watch = asyncio.create_task(sup.watch())
+    try:
+        await _wait(lambda: sup.children["short"].state is State.FAILED)
+    finally:
+        watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watch
+        await sup.stop_all()
+    assert sup.children["short"].restarts == 2
+    assert sum("restarting" in e for e in events) == 2, events
+    assert "gave up after 2 restarts" in events[-1], events
+    assert marked_pids(demo_id) == []
+
+
+async def test_a_component_that_never_gets_ready_fails_with_its_log(tmp_path: Path) -> None:
+    from pipeline.errors import DemoError
+
+    async def never() -> bool:
+        return False
+
+    sup = Supervisor(f"t-{uuid.uuid4().hex[:8]}", tmp_path)
+    sup.add(
+        Component(
+            name="mute",
+            argv=_py("print('starting up'); import time; time.sleep(600)"),
+            ready=never,
+            ready_timeout_s=1.0,
+        )
+    )
+    try:
+        with pytest.raises(DemoError, match="not ready within 1s") as info:
+            await sup.start("mute")
+        assert "starting up" in str(info.value)
+    finally:
+        await sup.stop_all()
+    assert marked_pids(sup.demo_id) == []
