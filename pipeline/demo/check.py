@@ -105,6 +105,8 @@ async def run_check(
                 stop,
             )
             rss_peak = max(rss_peak, supervisor.rss_bytes())
+            by = sorted(supervisor.rss_by_component().items(), key=lambda kv: -kv[1])
+            figures["RSS by component"] = ", ".join(f"{n} {b / 2**20:.0f}" for n, b in by) + " MiB"
             event(
                 f"Redis trimmed below block {counts.redis_first_num} after {counts.runs_ok} "
                 "archive run(s); a subscriber joins from block 0 while blocks and reorgs go on"

@@ -48,15 +48,10 @@ def marked_pids(demo_id: str, proc: Path = _PROC) -> list[int]:
 def ancestors(proc: Path = _PROC) -> set[int]:
     """This process and its ancestors: never swept, even when they carry the marker."""
     seen: set[int] = set()
-    pid = os.getpid()
-    while pid > 1 and pid not in seen:
+    pid: int | None = os.getpid()
+    while pid is not None and pid > 1 and pid not in seen:
         seen.add(pid)
-        try:
-            stat = (proc / str(pid) / "stat").read_text()
-        except OSError:
-            break
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        pid = int(stat.rpartition(")")[2].split()[1])
+        pid = parent_of(pid, proc)
     return seen
 
 
@@ -70,6 +65,29 @@ def rss_bytes(pids: list[int], proc: Path = _PROC) -> int:
             continue
         total += int(fields[1]) * _PAGE
     return total
+
+
+def parent_of(pid: int, proc: Path = _PROC) -> int | None:
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def rss_by_root(pids: list[int], roots: dict[int, str], proc: Path = _PROC) -> dict[str, int]:
+    """RSS of ``pids`` summed per root: each pid counts for the nearest ancestor in ``roots``
+    (pid -> name); pids with no such ancestor count for ``"other"``."""
+    totals: dict[str, int] = {}
+    for pid in pids:
+        at: int | None = pid
+        seen = 0
+        while at is not None and at > 1 and at not in roots and seen < 64:
+            at, seen = parent_of(at, proc), seen + 1
+        name = roots.get(at, "other") if at is not None else "other"
+        totals[name] = totals.get(name, 0) + rss_bytes([pid], proc)
+    return totals
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> bool:

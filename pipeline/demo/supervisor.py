@@ -305,6 +305,11 @@ class Supervisor:
         child = self.children.get(name)
         return child is not None and child.state is State.UP
 
+    def rss_by_component(self) -> dict[str, int]:
+        """RSS per component: each process counts for the component that started it."""
+        roots = {c.pid: name for name, c in self.children.items() if c.pid is not None}
+        return procs.rss_by_root(procs.marked_pids(self.demo_id), roots)
+
     def rss_bytes(self) -> int:
         """Resident memory of every process of the demo (children and their children)."""
         return procs.rss_bytes(procs.marked_pids(self.demo_id))
