@@ -45,14 +45,16 @@ async def test_stop_all_takes_down_groups_and_escaped_grandchildren(tmp_path: Pa
 
     sup.add(Component(name="stubborn", argv=_py(STUBBORN), ready=printed_ready, stop_grace_s=1))
     sup.add(Component(name="sleeper", argv=_py("import time; time.sleep(600)")))
-    await sup.start("stubborn")
-    await sup.start("sleeper")
-    await _wait(lambda: len(marked_pids(demo_id)) >= 3)  # both, and the grandchild
-    assert sup.rss_bytes() > 0
-    # the grandchild left the group but is still counted for the component that started it
-    by = sup.rss_by_component()
-    assert set(by) == {"stubborn", "sleeper"} and all(v > 0 for v in by.values()), by
-    left = await sup.stop_all()
+    try:
+        await sup.start("stubborn")
+        await sup.start("sleeper")
+        await _wait(lambda: len(marked_pids(demo_id)) >= 3)  # both, and the grandchild
+        assert sup.rss_bytes() > 0
+        # the grandchild left the group but is still counted for the component that started it
+        by = sup.rss_by_component()
+        assert set(by) == {"stubborn", "sleeper"} and all(v > 0 for v in by.values()), by
+    finally:
+        left = await sup.stop_all()
     assert any("time.sleep(600)" in line for line in left), left  # the escaped grandchild
     await _wait(lambda: marked_pids(demo_id) == [], within_s=10)
     assert all(c.state is State.STOPPED for c in sup.children.values())
