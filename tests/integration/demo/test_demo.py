@@ -8,6 +8,7 @@ the demo's marker afterwards: no process may outlive the demo.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
+from pipeline.demo.supervisor import sweep
 from pipeline.localredis import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -114,6 +116,7 @@ def test_live_demo_restarts_a_dead_component_and_ctrl_c_leaves_no_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            asyncio.run(sweep(demo_id))  # whatever a failed test left behind
     out = _out(tmp_path)
     assert proc.returncode == 0, out
     assert "node-b exited with code" in out and "restarting (1/" in out, out
