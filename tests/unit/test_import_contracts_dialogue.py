@@ -61,3 +61,22 @@ def test_duplex_and_handler_runner_do_not_import_the_connection() -> None:
         tree = ast.parse((ROOT / "pipeline" / "dialogue" / name).read_text())
         modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert "pipeline.dialogue.connection" not in modules, name
+
+
+def test_no_exception_class_outside_errors_py() -> None:
+    """Exceptions of Dialogue and the stream service live in pipeline/errors.py."""
+    import pipeline.errors as errors
+
+    names = {name for name, obj in vars(errors).items() if isinstance(obj, type)}
+    files = [
+        *(ROOT / "pipeline" / "dialogue").glob("*.py"),
+        ROOT / "pipeline" / "streams" / "service.py",
+        ROOT / "pipeline" / "streams" / "transport.py",
+    ]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases}
+                assert not bases & (names | {"Exception", "BaseException"}), (
+                    f"{path.name}: {node.name} is an exception class outside errors.py"
+                )
