@@ -19,9 +19,10 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.metrics import Metrics
+from pipeline.chain.planning import Entries, decode_servable
 from pipeline.chain.producer import LiveBlock, WebsocketHub
-from pipeline.chain.resumption import Entries, checkpoint, decode_servable
 from pipeline.errors import BadBatch, RedisUnavailable
+from pipeline.redisconn import checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,14 @@ Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
    hub *before* a last replay, and live blocks already replayed are skipped
    (by entry id, and by the :class:`Sender` window of sent hashes).
 
+Where each concern lives: the pure parts (:class:`Sender`, :class:`TailIndex`,
+:class:`Plan` and its :class:`Reason`, the ports :class:`History`,
+:class:`TailReads` and :class:`BlockSink`) in :mod:`pipeline.chain.planning`;
+the Redis tail (:class:`SharedTail` and the :class:`RedisTail` adapter) in
+:mod:`pipeline.chain.tail`; lake pages in :mod:`pipeline.chain.lakepages`;
+the live listener in :mod:`pipeline.chain.live` (the hub is
+:class:`~pipeline.chain.producer.WebsocketHub`). This module wires them.
+
 Every emitted block goes through one :class:`Sender`, which drops a block
 whose hash was already sent at that height, holds blocks of production order
 (replay, live) that are not heavier than what was sent, and sends a heavier
@@ -36,12 +44,9 @@ above the common ancestor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import pyarrow as pa
 import redis.asyncio as aioredis
@@ -50,56 +55,38 @@ from pipeline import keys
 from pipeline.chain.batch import (
     ENTRY_FIELD,
     MAX_BLOCK_NUM,
-    Block,
     KeyTest,
-    decode_block,
     decode_raw,
     effective_weight,
     raw_weight,
 )
 from pipeline.chain.cardinal import encode_results
+from pipeline.chain.lakepages import close_pages, next_page, short_first
+from pipeline.chain.live import LIVE_ATTEMPTS, LiveListener, live_emit
+from pipeline.chain.planning import (
+    BlockSink,
+    Emit,
+    Entries,
+    History,
+    Plan,
+    Reason,
+    Sender,
+    TailIndex,
+    TailReads,
+    decode_servable,
+    rewind_start,
+)
 from pipeline.chain.producer import LiveBlock, WebsocketHub
+from pipeline.chain.tail import PAGE, RedisTail, SharedTail
 from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer
+from pipeline.redisconn import checkpoint, parse_entry_id
 
 log = logging.getLogger(__name__)
 
-#: What redis-py returns for XRANGE on a client without decode_responses.
-Entries = list[tuple[bytes, dict[bytes, bytes]]]
-
-PAGE = 1000
-#: The largest block number served: the lake stores ``num`` as int64.
 #: What a subscriber is told when history has a hole (details go to the log).
 HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
 #: Rows of the first lake page of a subscription (later pages are ``batch_rows``).
 FIRST_PAGE = 32
-_LIVE_ATTEMPTS = 5
-
-
-@dataclass(slots=True)
-class Emit:
-    """One block ready to send: its JSON results (batch first), hex hashes, reorg depth."""
-
-    num: int
-    hash: str
-    parent: str
-    results: list[str]
-    #: 0 when the block extends the subscriber's head, else how many heights it replaces.
-    reorg: int = 0
-    #: the effective weight (``num + 1`` for a block without one): what fork choice compares
-    weight: int = 0
-
-
-class BlockSink(Protocol):
-    """Where resumption delivers blocks (a websocket subscription, a Dialogue duplex...)."""
-
-    async def put(self, emits: list[Emit]) -> None:
-        """Catch-up: wait for room (the subscriber sets the pace)."""
-
-    def put_nowait(self, emits: list[Emit]) -> None:
-        """Live: take them now or raise :class:`SlowConsumer`."""
-
-    def ready(self, num: int, hash: str) -> None:
-        """The subscriber reached the live head (``num`` = -1 when there is no block yet)."""
 
 
 class Resumption(Protocol):
@@ -107,427 +94,6 @@ class Resumption(Protocol):
         self, num: int, hash: bytes, keep: KeyTest | None, sink: BlockSink
     ) -> None:
         """Deliver blocks from ``num`` (see the module doc) until cancelled or failed."""
-
-
-class History(Protocol):
-    """What resumption needs from the lake (``pipeline.lake.reader.LakeReader``)."""
-
-    def canonical_at(self, stream: str, num: int) -> Any: ...
-
-    def find_hash(self, stream: str, hash: bytes) -> Any: ...
-
-    def iter_canonical_arrow(
-        self, stream: str, start: int, stop: int | None = None, batch_rows: int = 8192
-    ) -> Iterator[pa.Table]: ...
-
-
-class Sender:
-    """Dedup, reorg detection and fork choice over what was sent in the last ``window`` heights.
-
-    :meth:`accept` takes blocks of a canonical source (the lake, the tail's
-    chain) in height order: a block at or below the head with another hash
-    replaces everything from its height up. :meth:`take` takes blocks in
-    production order (replay, live) and follows the heaviest chain: a block
-    that is not heavier than the head is held as a side block (the last
-    :data:`RETAIN` heights), and a heavier block on another branch is sent
-    with the held blocks that link it to the sent chain, the first of them
-    marked as a reorg above the common ancestor (a shorter, heavier chain too).
-    """
-
-    __slots__ = ("_blocks", "_hashes", "_window", "floor", "head", "head_weight", "sent")
-
-    #: Heights below the head whose blocks are kept to rebuild a branch (at most
-    #: 2 * RETAIN blocks per subscriber: deeper branches fall back to production order).
-    RETAIN = 128
-
-    def __init__(self, start: int, window: int = 4096) -> None:
-        self.floor = start
-        self.head = start - 1
-        self.head_weight = -1
-        self.sent = 0
-        self._hashes: dict[int, str] = {}
-        self._window = window
-        #: hash -> block, sent or held, in the last RETAIN heights
-        self._blocks: dict[str, Emit] = {}
-
-    def accept(
-        self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
-    ) -> int | None:
-        """None to skip the block, else the reorg depth (0: it extends the head)."""
-        if num > self.head:
-            self.head = num
-            self._note(num, hash, weight, emit)
-            return 0
-        if self.sent == 0 and num < self.floor:
-            return None  # below the resume point, before anything was sent
-        if self._hashes.get(num) == hash:
-            return None
-        depth = self.head - num + 1
-        for height in range(num, self.head + 1):
-            self._hashes.pop(height, None)
-        self.head = num
-        self._note(num, hash, weight, emit)
-        return depth
-
-    def take(self, emit: Emit) -> list[Emit]:
-        """Fork choice for one block in production order: the blocks to send now (maybe none)."""
-        num, hash = emit.num, emit.hash
-        if self.sent == 0 or self._hashes.get(num) == hash:
-            return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []
-        if hash in self._blocks:
-            return []  # held already (or sent, then reorged away: only a heavier block brings it back)
-        linked = self._hashes.get(num - 1) == emit.parent or emit.parent in self._blocks
-        if linked and emit.weight <= self.head_weight:
-            self._keep(emit)  # not heavier than the head (a tie goes to the first seen): held
-            return []
-        if not linked:
-            if num <= self.head + 1 and emit.weight <= self.head_weight:
-                return []  # an unlinked block, not heavier: nothing to follow
-            # A gap above the head, or a heavier block whose parent was never seen
-            # here: replace from its height, as a canonical source would.
-            depth = self.accept(num, hash, emit.weight, emit)
-            return [] if depth is None else [_with_reorg(emit, depth)]
-        branch = [emit]
-        while self._hashes.get(branch[-1].num - 1) != branch[-1].parent:
-            held = self._blocks.get(branch[-1].parent)
-            if held is None or held.num != branch[-1].num - 1:
-                break
-            branch.append(held)
-        branch.reverse()
-        ancestor = branch[0].num - 1
-        depth = max(0, self.head - ancestor)
-        for height in range(ancestor + 1, self.head + 1):
-            self._hashes.pop(height, None)
-        self.head = ancestor
-        out = []
-        for i, block in enumerate(branch):
-            self.head = block.num
-            self._note(block.num, block.hash, block.weight, block)
-            out.append(_with_reorg(block, depth if i == 0 else 0))
-        return out
-
-    def knows(self, num: int, hash: str) -> bool:
-        """Whether the block ``hash`` at ``num`` was sent or is held (so a child of it links)."""
-        return self._hashes.get(num) == hash or hash in self._blocks
-
-    def _keep(self, emit: Emit) -> None:
-        self._blocks[emit.hash] = emit
-        if len(self._blocks) > 2 * self.RETAIN:
-            low = self.head - self.RETAIN
-            for h in [h for h, e in self._blocks.items() if e.num < low]:
-                del self._blocks[h]
-            while len(self._blocks) > 2 * self.RETAIN:  # many side blocks up high: oldest first
-                del self._blocks[next(iter(self._blocks))]
-
-    def _note(self, num: int, hash: str, weight: int | None, emit: Emit | None) -> None:
-        self.sent += 1
-        self._hashes[num] = hash
-        self.head_weight = num + 1 if weight is None else weight
-        if emit is not None:
-            self._keep(emit)
-            if num > 0 and num - 1 not in self._hashes:
-                self._hashes[num - 1] = emit.parent  # the parent of the first block is on the chain
-        stale = num - self._window
-        if stale in self._hashes:
-            del self._hashes[stale]
-
-    def hash_at(self, num: int) -> str | None:
-        return self._hashes.get(num)
-
-
-def _with_reorg(emit: Emit, depth: int) -> Emit:
-    if emit.reorg == depth:
-        return emit
-    return Emit(emit.num, emit.hash, emit.parent, emit.results, depth, emit.weight)
-
-
-@dataclass(slots=True)
-class TailIndex:
-    """The Redis tail, metadata only: the heaviest chain and every hash seen.
-
-    ``chain`` maps heights to (hash, parent, entry id) of the chain ending at
-    the heaviest block (fork choice: the greatest effective weight, ties to
-    the block seen first); ``seen`` maps every hash to (num, parent, entry id,
-    effective weight). A block heavier than the head on another branch moves
-    the chain to that branch (walking its parents through ``seen``), also
-    when the branch is shorter; a lighter one only joins ``seen``.
-    """
-
-    chain: dict[int, tuple[str, str, bytes]] = field(default_factory=dict)
-    seen: dict[str, tuple[int, str, bytes, int]] = field(default_factory=dict)
-    last_id: bytes = b"0-0"
-    hi: int = -1
-    head_weight: int = -1
-
-    @property
-    def lo(self) -> int | None:
-        return min(self.chain) if self.chain else None
-
-    def add(
-        self, num: int, hash: str, parent: str, entry_id: bytes, weight: int | None = None
-    ) -> None:
-        self.last_id = entry_id
-        if hash in self.seen:
-            return  # published again: the first entry stands
-        w = effective_weight(num, weight)
-        self.seen[hash] = (num, parent, entry_id, w)
-        if self.chain and w <= self.head_weight:
-            return  # not heavier than the head: a side block
-        branch = [(num, hash, parent, entry_id)]
-        chain, seen = self.chain, self.seen
-        while chain:
-            at = chain.get(branch[-1][0] - 1)
-            if at is not None and at[0] == branch[-1][2]:
-                break  # linked to the chain
-            up = seen.get(branch[-1][2])
-            if up is None or up[0] != branch[-1][0] - 1 or len(branch) > len(seen):
-                break  # parent unknown here: replace from this height, as production order did
-            branch.append((up[0], branch[-1][2], up[1], up[2]))
-        start = branch[-1][0]
-        for height in range(start, self.hi + 1):
-            chain.pop(height, None)
-        for n, h, p, e in reversed(branch):
-            chain[n] = (h, p, e)
-        self.hi = num
-        self.head_weight = w
-
-
-def _index_entry(
-    tail: TailIndex, entry_id: bytes, fields: dict[bytes, bytes]
-) -> tuple[int, str] | None:
-    """Add one Redis entry's metadata to ``tail``: its (num, hash), or None when invalid.
-
-    An invalid entry only moves ``last_id``.
-    """
-    try:
-        raw = decode_raw(fields[ENTRY_FIELD])
-        num, hash = raw["num"], raw["hash"].hex()
-        if not _indexable(num, raw["hash"], raw["parent"]):
-            raise BadBatch("block number or hashes out of range")
-        parent = raw["parent"].hex()
-        below = tail.chain.get(num - 1)
-        if below is not None and below[0] == parent:
-            parent = below[0]  # one string for the parent and its hash: about 110 bytes an entry
-        tail.add(num, hash, parent, entry_id, raw_weight(raw))
-    except (BadBatch, KeyError, AttributeError, TypeError):
-        log.warning("skipping invalid chain entry %r", entry_id)
-        tail.last_id = entry_id
-        return None
-    return num, hash
-
-
-def _indexable(num: object, hash: object, parent: object) -> bool:
-    """Whether an entry's metadata can join the index: a number the lake can hold, 32-byte hashes.
-
-    A number past :data:`MAX_BLOCK_NUM` would otherwise become the head of the
-    tail for good (its implied weight beats every real block).
-    """
-    return (
-        type(num) is int
-        and 0 <= num <= MAX_BLOCK_NUM
-        and isinstance(hash, bytes)
-        and isinstance(parent, bytes)
-        and len(hash) == len(parent) == 32
-    )
-
-
-def decode_servable(data: bytes) -> Block:
-    """:func:`decode_block`, refusing (``BadBatch``) a number past :data:`MAX_BLOCK_NUM`.
-
-    Such a block cannot be archived, and its implied weight would beat every
-    real block after it: one such entry would stop live data for everyone.
-    """
-    block = decode_block(data)
-    if block.num > MAX_BLOCK_NUM:
-        raise BadBatch(f"block number {block.num} is past {MAX_BLOCK_NUM}")
-    return block
-
-
-class SharedTail:
-    """One :class:`TailIndex` of a Redis chain stream, shared by every call of a server.
-
-    :meth:`refresh` reads only the entries after the last one indexed (pages
-    of :data:`PAGE`), drops entries trimmed from Redis, and starts over when the
-    stream was recreated. Readers (:meth:`reading`) see an index that does not
-    change under them: a refresh waits for them (at most ``writer_wait_s``,
-    else it leaves the index as it is for the next call) and new readers wait
-    for a pending refresh. Memory is bounded by ``max_entries`` (oldest
-    entries leave the index first; they are then served from the lake).
-    """
-
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        key: str,
-        *,
-        max_entries: int = 1_000_000,
-        writer_wait_s: float = 2.0,
-    ) -> None:
-        self._redis = redis
-        self._key = key
-        self._max = max_entries
-        self._writer_wait_s = writer_wait_s
-        self.index = TailIndex()
-        #: (entry id, num, hash) in production order, to drop what Redis trimmed.
-        self._order: deque[tuple[tuple[int, int], int, str]] = deque()
-        self._lock = asyncio.Lock()
-        self._arrivals = 0
-        self._fresh_as_of = 0
-        self._readers = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._gate = asyncio.Event()
-        self._gate.set()
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[TailIndex]:
-        """The index, unchanged until the block exits."""
-        while not self._gate.is_set():
-            await self._gate.wait()
-        self._readers += 1
-        self._idle.clear()
-        try:
-            yield self.index
-        finally:
-            self._readers -= 1
-            if not self._readers:
-                self._idle.set()
-
-    async def refresh(self) -> None:
-        """Index what was added since the last refresh (one round trip when nothing was).
-
-        Calls that arrive while a refresh runs share the next one: a refresh
-        covers every call that arrived before it started.
-        """
-        self._arrivals += 1
-        me = self._arrivals
-        async with self._lock:
-            if self._fresh_as_of >= me:
-                return
-            mark = self._arrivals
-            if await self._refresh():
-                self._fresh_as_of = mark  # (a skipped refresh leaves the next caller to retry)
-
-    async def _refresh(self) -> bool:
-        """Bring the index up to date; False when readers held it too long (nothing applied)."""
-        while True:
-            last = self.index.last_id
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.xrange(self._key, min="-", max="+", count=1)
-            pipe.xrevrange(self._key, max="+", min="-", count=1)
-            pipe.xrange(self._key, min="(" + last.decode(), max="+", count=PAGE)
-            first, newest, entries = cast(tuple[Entries, Entries, Entries], await pipe.execute())
-            checkpoint()
-            if not await self._exclusive():
-                return False
-            try:
-                if not newest or _id_key(newest[0][0]) < _id_key(last):
-                    if self._order or last != b"0-0":
-                        self._reset()  # emptied or recreated (ids went back): start over
-                        if newest:
-                            continue
-                    return True
-                self._drop_before(_id_key(first[0][0]))
-                for entry_id, fields in entries:
-                    added = _index_entry(self.index, entry_id, fields)
-                    num, hash = added if added is not None else (-1, "")
-                    self._order.append((_id_key(entry_id), num, hash))
-                if len(self._order) > self._max:
-                    log.warning(
-                        "tail index over %d entries: the oldest are served from the lake", self._max
-                    )
-                    self._drop_before(self._order[len(self._order) - self._max][0])
-            finally:
-                self._gate.set()
-            if len(entries) < PAGE:
-                return True
-
-    async def _exclusive(self) -> bool:
-        """Close the gate and wait until no reader holds the index; False (gate open) on timeout."""
-        self._gate.clear()
-        try:
-            async with asyncio.timeout(self._writer_wait_s):
-                while self._readers:
-                    await self._idle.wait()
-        except TimeoutError:
-            self._gate.set()
-            log.warning("tail index refresh skipped: readers held it for %ss", self._writer_wait_s)
-            return False
-        except BaseException:
-            self._gate.set()  # cancelled while waiting: never leave readers locked out
-            raise
-        return True
-
-    def _reset(self) -> None:
-        self.index = TailIndex()
-        self._order.clear()
-
-    def _drop_before(self, first: tuple[int, int]) -> None:
-        chain, seen = self.index.chain, self.index.seen
-        order = self._order
-        while order and order[0][0] < first:
-            entry_key, num, hash = order.popleft()
-            hit = chain.get(num)
-            if hit is not None and _id_key(hit[2]) == entry_key:
-                del chain[num]
-                seen.pop(hash, None)
-            elif hash and (hit is None or hit[0] != hash):
-                seen.pop(hash, None)  # a block reorged away (a later entry may repeat a hash)
-
-    def snapshot(self, start: int) -> TailIndex:
-        """What a plan streaming from ``start`` needs: the chain from there up (plus ``lo``)."""
-        index = self.index
-        lo = index.lo
-        if lo is None or start <= lo:
-            chain = dict(index.chain)
-        else:
-            chain = {n: index.chain[n] for n in range(start, index.hi + 1) if n in index.chain}
-            chain[lo] = index.chain[lo]
-        return TailIndex(chain=chain, last_id=index.last_id, hi=index.hi)
-
-
-async def _xrange(
-    client: aioredis.Redis,
-    key: str,
-    *,
-    min: str | bytes,
-    max: str | bytes,
-    count: int | None = None,
-) -> Entries:
-    entries = cast(Entries, await client.xrange(key, min=min, max=max, count=count))
-    checkpoint()
-    return entries
-
-
-def checkpoint() -> None:
-    """Re-raise a cancellation that a library swallowed.
-
-    redis-py 8.1's asyncio client sometimes eats the ``CancelledError`` of a
-    command cancelled mid-flight and returns normally; a task that then
-    awaits something long would never end. Call this after such awaits.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError("cancelled during a redis command")
-
-
-def _id_key(entry_id: bytes) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
-@dataclass(slots=True)
-class Plan:
-    start: int
-    tail: TailIndex
-    history: History | None
-    #: why this start: "match", "fork", "rewind", "hash" (hash found at another height)
-    reason: str
-    #: the lake pages already opened at ``start`` while checking the hash, and the first one
-    prefetched: tuple[Iterator[pa.Table], list[Emit]] | None = None
 
 
 class TieredResumption:
@@ -539,12 +105,11 @@ class TieredResumption:
         redis: aioredis.Redis,
         stream: str,
         hub: WebsocketHub,
-        history_factory: Any = None,
+        history_factory: Callable[[], History | None] | None = None,
         reorg_threshold: int = 64,
         max_tail: int = 1_000_000,
         batch_rows: int = 8192,
     ) -> None:
-        self._redis = redis
         self._stream = stream
         self._key = keys.stream(stream)
         self._hub = hub
@@ -553,6 +118,7 @@ class TieredResumption:
         self._max_tail = max_tail
         self._batch_rows = batch_rows
         self._tail = SharedTail(redis, self._key, max_entries=max_tail)
+        self._entries: TailReads = RedisTail(redis, self._key)
 
     # --- resolve --------------------------------------------------------------
 
@@ -594,34 +160,42 @@ class TieredResumption:
         if num not in tail.chain and history is not None and (lo is None or num < lo):
             # Check the hash on the first page the stream will send anyway: one lake read, not two.
             pages = self._history_pages(history, num, lo)
-            first = await asyncio.to_thread(_next_page, pages, keep)
-            if not (first and first[0].num == num) and await _refresh(history):
+            first = await asyncio.to_thread(next_page, pages, keep)
+            if not (first and first[0].num == num):
                 # A shared reader may be a little behind the lake: look again at the latest version.
-                _close(pages)
+                await _refresh(history)
+                close_pages(pages)
                 pages = self._history_pages(history, num, lo)
-                first = await asyncio.to_thread(_next_page, pages, keep)
+                first = await asyncio.to_thread(next_page, pages, keep)
             if first and first[0].num == num and first[0].hash == want:
                 return Plan(
-                    start=num, tail=tail, history=history, reason="match", prefetched=(pages, first)
+                    start=num,
+                    tail=tail,
+                    history=history,
+                    reason=Reason.MATCH,
+                    prefetched=(pages, first),
                 )
-            _close(pages)
+            close_pages(pages)
             canonical = first[0].hash if first and first[0].num == num else None
         else:
             canonical = await self._canonical_hash(tail, history, num)
         if canonical == want:
-            return Plan(start=num, tail=tail, history=history, reason="match")
+            return Plan(start=num, tail=tail, history=history, reason=Reason.MATCH)
         fork = await self._fork_point(tail, history, want)
         if fork is not None:
             start, reason = fork
             return Plan(start=start, tail=tail, history=history, reason=reason)
         return Plan(
-            start=max(0, num - self._threshold), tail=tail, history=history, reason="rewind"
+            start=rewind_start(num, self._threshold),
+            tail=tail,
+            history=history,
+            reason=Reason.REWIND,
         )
 
     def _history_pages(self, history: History, start: int, stop: int | None) -> Iterator[pa.Table]:
         """Lake pages from ``start``; the first one short, so the first block goes out soon."""
         pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=self._batch_rows)
-        return _short_first(pages, FIRST_PAGE)
+        return short_first(pages, FIRST_PAGE)
 
     async def _canonical_hash(
         self, tail: TailIndex, history: History | None, num: int
@@ -656,20 +230,20 @@ class TieredResumption:
 
     async def _fork_point(
         self, tail: TailIndex, history: History | None, want: str
-    ) -> tuple[int, str] | None:
+    ) -> tuple[int, Reason] | None:
         found = await self._lookup(tail, history, want)
         if found is None:
             return None
         num, parent, canonical = found
         if canonical:
-            return num, "hash"
+            return num, Reason.HASH
         for _ in range(max(1, self._threshold)):
             found = await self._lookup(tail, history, parent)
             if found is None:
                 return None
             anc_num, anc_parent, anc_canonical = found
             if anc_canonical:
-                return anc_num + 1, "fork"
+                return anc_num + 1, Reason.FORK
             parent = anc_parent
         return None
 
@@ -691,7 +265,7 @@ class TieredResumption:
         hit = tail.chain.get(num)
         if hit is not None:
             h, parent, entry_id = hit
-            entries = await _xrange(self._redis, self._key, min=entry_id, max=entry_id)
+            entries = await self._entries.between(entry_id, entry_id)
             if entries:
                 raw = decode_raw(entries[0][1][ENTRY_FIELD])
                 return raw, num, h, parent
@@ -723,8 +297,9 @@ class TieredResumption:
             pos = await self._from_history(
                 plan.history, pos, lo, keep, sink, sender, prefetched=plan.prefetched
             )
-            if lo is not None and pos < lo and await _refresh(plan.history):
+            if lo is not None and pos < lo:
                 # The lake looked shorter than Redis says it must be: read on at the latest version.
+                await _refresh(plan.history)
                 pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
             log.debug("history sent up to %d", pos - 1)
         if lo is not None:
@@ -759,7 +334,7 @@ class TieredResumption:
                     emits: list[Emit] | None = first
                     first = None
                 else:
-                    emits = await asyncio.to_thread(_next_page, pages, keep)
+                    emits = await asyncio.to_thread(next_page, pages, keep)
                 if emits is None:
                     return pos
                 expected = pos if sender.sent else emits[0].num
@@ -781,7 +356,7 @@ class TieredResumption:
                     await sink.put(emits)
                     pos = emits[-1].num + 1
         finally:
-            _close(pages)
+            close_pages(pages)
 
     async def _from_tail(
         self, plan: Plan, pos: int, keep: KeyTest | None, sink: BlockSink, sender: Sender
@@ -796,8 +371,8 @@ class TieredResumption:
             if not nums:
                 continue
             wanted = {tail.chain[n][2]: n for n in nums}
-            ids = sorted(wanted, key=_id_key)
-            entries = await _xrange(self._redis, self._key, min=ids[0], max=ids[-1])
+            ids = sorted(wanted, key=parse_entry_id)
+            entries = await self._entries.between(ids[0], ids[-1])
             payloads = {eid: f[ENTRY_FIELD] for eid, f in entries if eid in wanted}
             emits = []
             for n in nums:
@@ -839,9 +414,7 @@ class TieredResumption:
         in block numbers: that range is read from the lake first.
         """
         while True:
-            entries = await _xrange(
-                self._redis, self._key, min="(" + last_id.decode(), max="+", count=PAGE
-            )
+            entries = await self._entries.after(last_id, PAGE)
             emits: list[Emit] = []
             for entry_id, fields in entries:
                 last_id = entry_id
@@ -860,7 +433,7 @@ class TieredResumption:
                         emits = []
                     await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
                 item = LiveBlock.from_block(block, entry_id)
-                emits.extend(sender.take(_live_emit(item, keep)))
+                emits.extend(sender.take(live_emit(item, keep)))
             if emits:
                 await sink.put(emits)
             if len(entries) < PAGE:
@@ -886,7 +459,7 @@ class TieredResumption:
             await _refresh(history)
             start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
             pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
-            while (page := await asyncio.to_thread(_next_page, pages, keep)) is not None:
+            while (page := await asyncio.to_thread(next_page, pages, keep)) is not None:
                 emits = []
                 for emit in page:
                     depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
@@ -910,10 +483,10 @@ class TieredResumption:
         sender: Sender,
     ) -> None:
         last_id = await self._replay(history, last_id, keep, sink, sender)
-        listener = _LiveListener(sender, keep, sink)
+        listener = LiveListener(sender, keep, sink)
         self._hub.add(listener)
         try:
-            for _ in range(_LIVE_ATTEMPTS):
+            for _ in range(LIVE_ATTEMPTS):
                 last_id = await self._replay(history, last_id, keep, sink, sender)
                 if listener.go_live(last_id):
                     break
@@ -928,123 +501,23 @@ class TieredResumption:
             self._hub.discard(listener)
 
 
-class _LiveListener:
-    """Buffers live blocks (bounded) until the replay caught up, then feeds the sink directly."""
-
-    def __init__(
-        self, sender: Sender, keep: KeyTest | None, sink: BlockSink, *, limit: int = 4096
-    ) -> None:
-        self._sender = sender
-        self._keep = keep
-        self._sink = sink
-        self._limit = limit
-        self._buffer: list[LiveBlock] = []
-        self._overflow = False
-        self._live = False
-        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def reset(self) -> None:
-        self._buffer.clear()
-        self._overflow = False
-
-    def go_live(self, last_id: bytes) -> bool:
-        if self._overflow:
-            return False
-        last = _id_key(last_id)
-        buffered, self._buffer = self._buffer, []
-        self._live = True
-        self._deliver([b for b in buffered if b.entry_id is None or _id_key(b.entry_id) > last])
-        return True
-
-    def offer(self, item: LiveBlock) -> None:
-        if self.failed.done():
-            return
-        if not self._live:
-            if len(self._buffer) >= self._limit:
-                self._overflow = True
-                self._buffer.clear()
-            elif not self._overflow:
-                self._buffer.append(item)
-            return
-        self._deliver([item])
-
-    def _deliver(self, items: list[LiveBlock]) -> None:
-        emits = []
-        for item in items:
-            emits.extend(self._sender.take(_live_emit(item, self._keep)))
-        if not emits:
-            return
-        try:
-            self._sink.put_nowait(emits)
-        except SlowConsumer as exc:
-            if not self.failed.done():
-                self.failed.set_exception(exc)
-
-
-async def _refresh(history: History) -> bool:
-    """Move ``history`` to the latest lake version if it can; False when it cannot."""
-    refresh = getattr(history, "refresh", None)
-    if refresh is None:
-        return False
-    await asyncio.to_thread(refresh)
-    return True
-
-
-def _short_first(pages: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
-    """``pages`` with the first one split after ``rows`` rows; closing it closes ``pages``."""
-    try:
-        first = True
-        for table in pages:
-            if first and table.num_rows > rows:
-                yield table.slice(0, rows)
-                table = table.slice(rows)
-            first = False
-            yield table
-    finally:
-        _close(pages)
-
-
-def _close(pages: Iterator[pa.Table]) -> None:
-    close = getattr(pages, "close", None)
-    if close is not None:
-        try:
-            close()
-        except ValueError:
-            pass  # still running in its thread after a cancel; it ends there
-
-
-def _next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:
-    table = next(pages, None)
-    if table is None:
-        return None
-    nums = table.column("num").to_pylist()
-    hashes = table.column("hash").to_pylist()
-    parents = table.column("parent").to_pylist()
-    payloads = table.column("payload").to_pylist()
-    out = []
-    for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True):
-        raw = decode_raw(b)
-        out.append(
-            Emit(
-                n, h, p, encode_results(raw, n, h, p, keep), 0, effective_weight(n, raw_weight(raw))
-            )
-        )
-    return out
-
-
-def _live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:
-    return Emit(item.num, item.hash, item.parent, item.results(keep), 0, item.weight)
+async def _refresh(history: History) -> None:
+    """Move ``history`` to the latest lake version (a thread: it lists files)."""
+    await asyncio.to_thread(history.refresh)
 
 
 __all__ = [
     "BlockSink",
-    "checkpoint",
-    "decode_servable",
     "Emit",
+    "Entries",
     "History",
     "Plan",
+    "Reason",
     "Resumption",
     "Sender",
+    "SharedTail",
     "TailIndex",
     "TieredResumption",
+    "checkpoint",
+    "decode_servable",
 ]

@@ -59,9 +59,10 @@ from pipeline.chain.cardinal import (
 )
 from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
+from pipeline.chain.planning import History, Reason
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
-from pipeline.chain.resumption import History, TieredResumption
+from pipeline.chain.resumption import TieredResumption
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer, SluiceError
 from pipeline.redisconn import Role, connect
@@ -355,7 +356,10 @@ class Connection:
         self._next_sub += 1
         sub_id = hex(self._next_sub)
         # Not started where the subscriber said it was: the cardinal dialect names the block below.
-        moved = plan.reason in ("rewind", "fork") and (parsed.num, parsed.hash) != (0, bytes(32))
+        moved = plan.reason in (Reason.REWIND, Reason.FORK) and (parsed.num, parsed.hash) != (
+            0,
+            bytes(32),
+        )
         sub = Subscription(sub_id, parsed, self.outbox, dialect=self.dialect, announce=moved)
         self._pending_start = (sub, plan)
         return sub_id

@@ -18,7 +18,7 @@ from pipeline.chain import jsonrpc
 from pipeline.chain.batch import hex_quantity, parse_hash, parse_quantity
 from pipeline.chain.cardinal import CARDINAL, READY, SEED, encoding_for, reorg_text
 from pipeline.chain.patterns import KeyFilter, compile_patterns
-from pipeline.chain.resumption import Emit
+from pipeline.chain.planning import Emit
 from pipeline.errors import BadBatch, BadParams, SlowConsumer
 
 METHOD = "cardinal_subscribe"
@@ -162,7 +162,7 @@ def _live_text(prefix: str, result: str, suffix: str) -> str:
 
 
 class Subscription:
-    """The :class:`~pipeline.chain.resumption.BlockSink` of one websocket subscription.
+    """The :class:`~pipeline.chain.planning.BlockSink` of one websocket subscription.
 
     ``dialect`` is ``"seed"`` or ``"cardinal"`` (:mod:`pipeline.chain.cardinal`).
     In the cardinal dialect ``ready`` is always sent, every reorg is announced

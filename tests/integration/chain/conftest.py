@@ -158,15 +158,25 @@ class Client:
         return str(reply["result"])
 
     async def blocks(
-        self, count: int, wait_s: float = 20.0, results: list[dict[str, Any]] | None = None
+        self,
+        count: int,
+        wait_s: float = 20.0,
+        results: list[dict[str, Any]] | None = None,
+        *,
+        subscription: str | None = None,
     ) -> list[Block]:
-        """The next ``count`` whole blocks, in arrival order (other notifications kept in ``results``)."""
+        """The next ``count`` whole blocks, in arrival order (other notifications kept in ``results``).
+
+        With ``subscription``, notifications of other subscriptions are dropped.
+        """
         out: list[Block] = []
         pending = list(self.other)
         self.other.clear()
         async with asyncio.timeout(wait_s):
             while len(out) < count:
                 obj = pending.pop(0) if pending else await self.recv(wait_s)
+                if subscription is not None and obj["params"]["subscription"] != subscription:
+                    continue
                 result = obj["params"]["result"]
                 if results is not None:
                     results.append(result)

@@ -29,7 +29,7 @@ from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, effective_wei
 from pipeline.chain.consumer import subscribe
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import Added, Removed
-from pipeline.chain.resumption import TailIndex
+from pipeline.chain.planning import TailIndex
 from pipeline.chain.server import create_app
 from pipeline.lake.reader import LakeReader
 from pipeline.localredis import free_port

@@ -33,11 +33,21 @@ async def rpc(client: Client, method: str, params: Any) -> dict[str, Any]:
     return await client.call(method, params)
 
 
-async def goes_on(client: Client, gen: SyntheticChain, redis_client: Any, count: int = 3) -> None:
-    """The connection's subscription still receives the next ``count`` blocks."""
+async def goes_on(
+    client: Client,
+    gen: SyntheticChain,
+    redis_client: Any,
+    count: int = 3,
+    *,
+    subscription: str | None = None,
+) -> None:
+    """The connection's subscription still receives the next ``count`` blocks.
+
+    ``subscription`` names it when the connection has others (their blocks are skipped).
+    """
     head = gen.canonical[-1].num
     write_blocks(redis_client, STREAM, gen.take(count))
-    got = await client.blocks(count)
+    got = await client.blocks(count, subscription=subscription)
     assert [b.num for b in got][-count:] == list(range(head + 1, head + 1 + count))
 
 
@@ -58,11 +68,12 @@ async def reading(client: Client) -> Any:
             await task
 
 
-async def subscribed(client: Client, gen: SyntheticChain) -> None:
-    """Subscribe at the head and read up to it."""
+async def subscribed(client: Client, gen: SyntheticChain) -> str:
+    """Subscribe at the head and read up to it; the subscription id."""
     head = gen.canonical[-1]
-    await client.subscribe(head.num, head.hash)
+    sub = await client.subscribe(head.num, head.hash)
     await client.blocks(1)
+    return sub
 
 
 @pytest.mark.parametrize(
@@ -77,7 +88,7 @@ async def test_block_numbers_past_int64_are_refused_and_the_connection_goes_on(
     write_blocks(redis_client, STREAM, gen.take(5))
     caplog.set_level(logging.INFO, logger="pipeline.chain.server")
     async with serve(settings) as (base, _app), connect(base) as client:
-        await subscribed(client, gen)
+        sub = await subscribed(client, gen)
         reply = await rpc(client, "cardinal_getBlock", [number])
         if number == "0x7fffffffffffffff":
             assert reply["result"] is None  # the largest number the lake can hold: not there
@@ -89,7 +100,8 @@ async def test_block_numbers_past_int64_are_refused_and_the_connection_goes_on(
         if number != "0x7fffffffffffffff":
             assert reply["error"]["code"] == INVALID_PARAMS, reply
             assert any("block number" in r.getMessage() for r in caplog.records)
-        await goes_on(client, gen, redis_client)
+        # (the largest number is accepted: that second subscription streams from block 0)
+        await goes_on(client, gen, redis_client, subscription=sub)
 
 
 @pytest.mark.parametrize("depth", [1_000, 10_000])
@@ -130,6 +142,9 @@ class _BrokenHistory:
 
     def iter_canonical_arrow(self, *args: Any, **kwargs: Any) -> Any:
         return self._reader.iter_canonical_arrow(*args, **kwargs)
+
+    def refresh(self) -> None:
+        self._reader.refresh()
 
 
 async def test_an_unexpected_error_is_logged_and_only_a_public_text_is_sent(

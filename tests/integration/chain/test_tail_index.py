@@ -6,7 +6,7 @@ import asyncio
 
 from pipeline import keys
 from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.resumption import SharedTail
+from pipeline.chain.tail import SharedTail
 from pipeline.redisconn import Role, connect
 
 from .conftest import STREAM, write_foreign_block

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.chain import server, subscription
-from pipeline.chain.resumption import Emit
+from pipeline.chain.planning import Emit
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 
 HASH = "0x" + "00" * 32

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pipeline.chain.resumption import Emit, Sender, TailIndex
+from pipeline.chain.planning import Emit, Sender, TailIndex
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 from pipeline.errors import BadParams, SlowConsumer
 

@@ -1,0 +1,61 @@
+"""Lake reads for resumption: Arrow pages of the ``blocks`` table turned into :class:`Emit` lists.
+
+The pages come from a :class:`~pipeline.chain.planning.History` (the
+JVM-free :class:`~pipeline.lake.reader.LakeReader`); :func:`next_page` is
+blocking work (decode and encode a page), run in a thread by resumption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from pipeline.chain.batch import KeyTest, decode_raw, effective_weight, raw_weight
+from pipeline.chain.cardinal import encode_results
+from pipeline.chain.planning import Emit
+
+
+def short_first(pages: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """``pages`` with the first one split after ``rows`` rows; closing it closes ``pages``."""
+    try:
+        first = True
+        for table in pages:
+            if first and table.num_rows > rows:
+                yield table.slice(0, rows)
+                table = table.slice(rows)
+            first = False
+            yield table
+    finally:
+        close_pages(pages)
+
+
+def close_pages(pages: Iterator[pa.Table]) -> None:
+    close = getattr(pages, "close", None)
+    if close is not None:
+        try:
+            close()
+        except ValueError:
+            pass  # still running in its thread after a cancel; it ends there
+
+
+def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:
+    table = next(pages, None)
+    if table is None:
+        return None
+    nums = table.column("num").to_pylist()
+    hashes = table.column("hash").to_pylist()
+    parents = table.column("parent").to_pylist()
+    payloads = table.column("payload").to_pylist()
+    out = []
+    for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True):
+        raw = decode_raw(b)
+        out.append(
+            Emit(
+                n, h, p, encode_results(raw, n, h, p, keep), 0, effective_weight(n, raw_weight(raw))
+            )
+        )
+    return out
+
+
+__all__ = ["close_pages", "next_page", "short_first"]

@@ -1,0 +1,85 @@
+"""A subscriber's live feed: blocks from the hub, buffered until the replay caught up.
+
+The hub (:class:`~pipeline.chain.producer.WebsocketHub`) calls
+:meth:`LiveListener.offer` for every block produced; the listener buffers
+them (bounded) while resumption replays Redis, then feeds the subscriber's
+:class:`~pipeline.chain.planning.Sender` and sink directly. A sink that
+cannot keep up fails the listener's ``failed`` future with
+:class:`~pipeline.errors.SlowConsumer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.chain.batch import KeyTest
+from pipeline.chain.planning import BlockSink, Emit, Sender
+from pipeline.chain.producer import LiveBlock
+from pipeline.errors import SlowConsumer
+from pipeline.redisconn import parse_entry_id
+
+#: Replays tried before a subscriber that cannot catch up with the live head is dropped.
+LIVE_ATTEMPTS = 5
+
+
+class LiveListener:
+    """Buffers live blocks (bounded) until the replay caught up, then feeds the sink directly."""
+
+    def __init__(
+        self, sender: Sender, keep: KeyTest | None, sink: BlockSink, *, limit: int = 4096
+    ) -> None:
+        self._sender = sender
+        self._keep = keep
+        self._sink = sink
+        self._limit = limit
+        self._buffer: list[LiveBlock] = []
+        self._overflow = False
+        self._live = False
+        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def reset(self) -> None:
+        self._buffer.clear()
+        self._overflow = False
+
+    def go_live(self, last_id: bytes) -> bool:
+        if self._overflow:
+            return False
+        last = parse_entry_id(last_id)
+        buffered, self._buffer = self._buffer, []
+        self._live = True
+        self._deliver(
+            [b for b in buffered if b.entry_id is None or parse_entry_id(b.entry_id) > last]
+        )
+        return True
+
+    def offer(self, item: LiveBlock) -> None:
+        if self.failed.done():
+            return
+        if not self._live:
+            if len(self._buffer) >= self._limit:
+                self._overflow = True
+                self._buffer.clear()
+            elif not self._overflow:
+                self._buffer.append(item)
+            return
+        self._deliver([item])
+
+    def _deliver(self, items: list[LiveBlock]) -> None:
+        emits = []
+        for item in items:
+            emits.extend(self._sender.take(live_emit(item, self._keep)))
+        if not emits:
+            return
+        try:
+            self._sink.put_nowait(emits)
+        except SlowConsumer as exc:
+            if not self.failed.done():
+                self.failed.set_exception(exc)
+
+
+def live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:
+    """A live block as an :class:`Emit` (results encoded for ``keep``, shared per filter)."""
+    return Emit(item.num, item.hash, item.parent, item.results(keep), 0, item.weight)
+
+
+__all__ = ["LIVE_ATTEMPTS", "LiveListener", "live_emit"]

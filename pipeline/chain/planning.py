@@ -1,0 +1,367 @@
+"""Resumption planning, pure: what to send, in which order, and where to start.
+
+No I/O here (no asyncio, Redis, aiohttp or pyarrow; an import-contract test
+keeps it so): :mod:`pipeline.chain.resumption` runs these against Redis
+(:mod:`pipeline.chain.tail`) and the lake (:mod:`pipeline.chain.lakepages`).
+
+- :class:`Sender`: dedup, reorg depth and fork choice over what one
+  subscriber was sent; every emitted block goes through one.
+- :class:`TailIndex`: the Redis tail's metadata, the heaviest chain and
+  every hash seen; :func:`index_entry` adds one stream entry to it.
+- :class:`Plan`: where a subscription starts and why (:class:`Reason`).
+- The ports resumption is wired to: :class:`BlockSink` (where blocks go),
+  :class:`History` (lake reads) and :class:`TailReads` (Redis tail reads).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pipeline.chain.batch import (
+    ENTRY_FIELD,
+    MAX_BLOCK_NUM,
+    Block,
+    decode_block,
+    decode_raw,
+    effective_weight,
+    raw_weight,
+)
+from pipeline.errors import BadBatch
+
+if TYPE_CHECKING:  # annotations only: this module never loads pyarrow
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+#: What redis-py returns for XRANGE on a client without decode_responses.
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+@dataclass(slots=True)
+class Emit:
+    """One block ready to send: its JSON results (batch first), hex hashes, reorg depth."""
+
+    num: int
+    hash: str
+    parent: str
+    results: list[str]
+    #: 0 when the block extends the subscriber's head, else how many heights it replaces.
+    reorg: int = 0
+    #: the effective weight (``num + 1`` for a block without one): what fork choice compares
+    weight: int = 0
+
+
+class BlockSink(Protocol):
+    """Where resumption delivers blocks (a websocket subscription, a Dialogue duplex...)."""
+
+    async def put(self, emits: list[Emit]) -> None:
+        """Catch-up: wait for room (the subscriber sets the pace)."""
+
+    def put_nowait(self, emits: list[Emit]) -> None:
+        """Live: take them now or raise :class:`SlowConsumer`."""
+
+    def ready(self, num: int, hash: str) -> None:
+        """The subscriber reached the live head (``num`` = -1 when there is no block yet)."""
+
+
+class History(Protocol):
+    """What resumption reads from the lake; ``pipeline.lake.reader.LakeReader`` is the adapter.
+
+    Rows are ``BlockRow``-like (``num``, ``hash``, ``parent``, ``payload``);
+    pages are Arrow tables with the columns ``num``, ``hash`` and ``parent``
+    (hex strings) and ``payload``.
+    """
+
+    def canonical_at(self, stream: str, num: int) -> Any: ...
+
+    def find_hash(self, stream: str, hash: bytes) -> Any: ...
+
+    def iter_canonical_arrow(
+        self, stream: str, start: int, stop: int | None = None, batch_rows: int = 8192
+    ) -> Iterator[pa.Table]: ...
+
+    def refresh(self) -> None:
+        """Move to the latest lake version (resumption calls it when the lake looks short)."""
+
+
+class TailReads(Protocol):
+    """What resumption reads from the Redis stream; ``pipeline.chain.tail.RedisTail`` is the adapter."""
+
+    async def between(self, first: bytes, last: bytes) -> Entries:
+        """Entries with ids in ``[first, last]``, in order."""
+
+    async def after(self, last_id: bytes, count: int) -> Entries:
+        """At most ``count`` entries with ids above ``last_id``, in order."""
+
+
+class Sender:
+    """Dedup, reorg detection and fork choice over what was sent in the last ``window`` heights.
+
+    :meth:`accept` takes blocks of a canonical source (the lake, the tail's
+    chain) in height order: a block at or below the head with another hash
+    replaces everything from its height up. :meth:`take` takes blocks in
+    production order (replay, live) and follows the heaviest chain: a block
+    that is not heavier than the head is held as a side block (the last
+    :data:`RETAIN` heights), and a heavier block on another branch is sent
+    with the held blocks that link it to the sent chain, the first of them
+    marked as a reorg above the common ancestor (a shorter, heavier chain too).
+    """
+
+    __slots__ = ("_blocks", "_hashes", "_window", "floor", "head", "head_weight", "sent")
+
+    #: Heights below the head whose blocks are kept to rebuild a branch (at most
+    #: 2 * RETAIN blocks per subscriber: deeper branches fall back to production order).
+    RETAIN = 128
+
+    def __init__(self, start: int, window: int = 4096) -> None:
+        self.floor = start
+        self.head = start - 1
+        self.head_weight = -1
+        self.sent = 0
+        self._hashes: dict[int, str] = {}
+        self._window = window
+        #: hash -> block, sent or held, in the last RETAIN heights
+        self._blocks: dict[str, Emit] = {}
+
+    def accept(
+        self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
+    ) -> int | None:
+        """None to skip the block, else the reorg depth (0: it extends the head)."""
+        if num > self.head:
+            self.head = num
+            self._note(num, hash, weight, emit)
+            return 0
+        if self.sent == 0 and num < self.floor:
+            return None  # below the resume point, before anything was sent
+        if self._hashes.get(num) == hash:
+            return None
+        depth = self.head - num + 1
+        for height in range(num, self.head + 1):
+            self._hashes.pop(height, None)
+        self.head = num
+        self._note(num, hash, weight, emit)
+        return depth
+
+    def take(self, emit: Emit) -> list[Emit]:
+        """Fork choice for one block in production order: the blocks to send now (maybe none)."""
+        num, hash = emit.num, emit.hash
+        if self.sent == 0 or self._hashes.get(num) == hash:
+            return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []
+        if hash in self._blocks:
+            return []  # held already (or sent, then reorged away: only a heavier block brings it back)
+        linked = self._hashes.get(num - 1) == emit.parent or emit.parent in self._blocks
+        if linked and emit.weight <= self.head_weight:
+            self._keep(emit)  # not heavier than the head (a tie goes to the first seen): held
+            return []
+        if not linked:
+            if num <= self.head + 1 and emit.weight <= self.head_weight:
+                return []  # an unlinked block, not heavier: nothing to follow
+            # A gap above the head, or a heavier block whose parent was never seen
+            # here: replace from its height, as a canonical source would.
+            depth = self.accept(num, hash, emit.weight, emit)
+            return [] if depth is None else [_with_reorg(emit, depth)]
+        branch = [emit]
+        while self._hashes.get(branch[-1].num - 1) != branch[-1].parent:
+            held = self._blocks.get(branch[-1].parent)
+            if held is None or held.num != branch[-1].num - 1:
+                break
+            branch.append(held)
+        branch.reverse()
+        ancestor = branch[0].num - 1
+        depth = max(0, self.head - ancestor)
+        for height in range(ancestor + 1, self.head + 1):
+            self._hashes.pop(height, None)
+        self.head = ancestor
+        out = []
+        for i, block in enumerate(branch):
+            self.head = block.num
+            self._note(block.num, block.hash, block.weight, block)
+            out.append(_with_reorg(block, depth if i == 0 else 0))
+        return out
+
+    def knows(self, num: int, hash: str) -> bool:
+        """Whether the block ``hash`` at ``num`` was sent or is held (so a child of it links)."""
+        return self._hashes.get(num) == hash or hash in self._blocks
+
+    def _keep(self, emit: Emit) -> None:
+        self._blocks[emit.hash] = emit
+        if len(self._blocks) > 2 * self.RETAIN:
+            low = self.head - self.RETAIN
+            for h in [h for h, e in self._blocks.items() if e.num < low]:
+                del self._blocks[h]
+            while len(self._blocks) > 2 * self.RETAIN:  # many side blocks up high: oldest first
+                del self._blocks[next(iter(self._blocks))]
+
+    def _note(self, num: int, hash: str, weight: int | None, emit: Emit | None) -> None:
+        self.sent += 1
+        self._hashes[num] = hash
+        self.head_weight = num + 1 if weight is None else weight
+        if emit is not None:
+            self._keep(emit)
+            if num > 0 and num - 1 not in self._hashes:
+                self._hashes[num - 1] = emit.parent  # the parent of the first block is on the chain
+        stale = num - self._window
+        if stale in self._hashes:
+            del self._hashes[stale]
+
+    def hash_at(self, num: int) -> str | None:
+        return self._hashes.get(num)
+
+
+def _with_reorg(emit: Emit, depth: int) -> Emit:
+    if emit.reorg == depth:
+        return emit
+    return Emit(emit.num, emit.hash, emit.parent, emit.results, depth, emit.weight)
+
+
+@dataclass(slots=True)
+class TailIndex:
+    """The Redis tail, metadata only: the heaviest chain and every hash seen.
+
+    ``chain`` maps heights to (hash, parent, entry id) of the chain ending at
+    the heaviest block (fork choice: the greatest effective weight, ties to
+    the block seen first); ``seen`` maps every hash to (num, parent, entry id,
+    effective weight). A block heavier than the head on another branch moves
+    the chain to that branch (walking its parents through ``seen``), also
+    when the branch is shorter; a lighter one only joins ``seen``.
+    """
+
+    chain: dict[int, tuple[str, str, bytes]] = field(default_factory=dict)
+    seen: dict[str, tuple[int, str, bytes, int]] = field(default_factory=dict)
+    last_id: bytes = b"0-0"
+    hi: int = -1
+    head_weight: int = -1
+
+    @property
+    def lo(self) -> int | None:
+        return min(self.chain) if self.chain else None
+
+    def add(
+        self, num: int, hash: str, parent: str, entry_id: bytes, weight: int | None = None
+    ) -> None:
+        self.last_id = entry_id
+        if hash in self.seen:
+            return  # published again: the first entry stands
+        w = effective_weight(num, weight)
+        self.seen[hash] = (num, parent, entry_id, w)
+        if self.chain and w <= self.head_weight:
+            return  # not heavier than the head: a side block
+        branch = [(num, hash, parent, entry_id)]
+        chain, seen = self.chain, self.seen
+        while chain:
+            at = chain.get(branch[-1][0] - 1)
+            if at is not None and at[0] == branch[-1][2]:
+                break  # linked to the chain
+            up = seen.get(branch[-1][2])
+            if up is None or up[0] != branch[-1][0] - 1 or len(branch) > len(seen):
+                break  # parent unknown here: replace from this height, as production order did
+            branch.append((up[0], branch[-1][2], up[1], up[2]))
+        start = branch[-1][0]
+        for height in range(start, self.hi + 1):
+            chain.pop(height, None)
+        for n, h, p, e in reversed(branch):
+            chain[n] = (h, p, e)
+        self.hi = num
+        self.head_weight = w
+
+
+def index_entry(
+    tail: TailIndex, entry_id: bytes, fields: dict[bytes, bytes]
+) -> tuple[int, str] | None:
+    """Add one Redis entry's metadata to ``tail``: its (num, hash), or None when invalid.
+
+    An invalid entry only moves ``last_id``.
+    """
+    try:
+        raw = decode_raw(fields[ENTRY_FIELD])
+        num, hash = raw["num"], raw["hash"].hex()
+        if not indexable(num, raw["hash"], raw["parent"]):
+            raise BadBatch("block number or hashes out of range")
+        parent = raw["parent"].hex()
+        below = tail.chain.get(num - 1)
+        if below is not None and below[0] == parent:
+            parent = below[0]  # one string for the parent and its hash: about 110 bytes an entry
+        tail.add(num, hash, parent, entry_id, raw_weight(raw))
+    except (BadBatch, KeyError, AttributeError, TypeError):
+        log.warning("skipping invalid chain entry %r", entry_id)
+        tail.last_id = entry_id
+        return None
+    return num, hash
+
+
+def indexable(num: object, hash: object, parent: object) -> bool:
+    """Whether an entry's metadata can join the index: a number the lake can hold, 32-byte hashes.
+
+    A number past :data:`MAX_BLOCK_NUM` would otherwise become the head of the
+    tail for good (its implied weight beats every real block).
+    """
+    return (
+        type(num) is int
+        and 0 <= num <= MAX_BLOCK_NUM
+        and isinstance(hash, bytes)
+        and isinstance(parent, bytes)
+        and len(hash) == len(parent) == 32
+    )
+
+
+def decode_servable(data: bytes) -> Block:
+    """:func:`decode_block`, refusing (``BadBatch``) a number past :data:`MAX_BLOCK_NUM`.
+
+    Such a block cannot be archived, and its implied weight would beat every
+    real block after it: one such entry would stop live data for everyone.
+    """
+    block = decode_block(data)
+    if block.num > MAX_BLOCK_NUM:
+        raise BadBatch(f"block number {block.num} is past {MAX_BLOCK_NUM}")
+    return block
+
+
+class Reason(enum.Enum):
+    """Why a plan starts where it does."""
+
+    #: the client's hash is the canonical block at its number: start there
+    MATCH = "match"
+    #: the hash is canonical, at another height than the client said: start there
+    HASH = "hash"
+    #: the hash is on a reorged branch: start just above its canonical fork point
+    FORK = "fork"
+    #: the hash is unknown: start ``reorg_threshold`` below the client's number
+    REWIND = "rewind"
+
+
+@dataclass(slots=True)
+class Plan:
+    """Where a subscription starts, why, and the snapshot of the tail it will stream."""
+
+    start: int
+    tail: TailIndex
+    history: History | None
+    reason: Reason
+    #: the lake pages already opened at ``start`` while checking the hash, and the first one
+    prefetched: tuple[Iterator[pa.Table], list[Emit]] | None = None
+
+
+def rewind_start(num: int, threshold: int) -> int:
+    """Where a client at an unknown hash starts: ``threshold`` below ``num``, at least 0."""
+    return max(0, num - threshold)
+
+
+__all__ = [
+    "BlockSink",
+    "Emit",
+    "Entries",
+    "History",
+    "Plan",
+    "Reason",
+    "Sender",
+    "TailIndex",
+    "TailReads",
+    "decode_servable",
+    "index_entry",
+    "indexable",
+    "rewind_start",
+]

@@ -1,0 +1,105 @@
+"""pipeline.chain.planning, pure: indexing entries, plans and their reasons, the Sender's window."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from pipeline.chain.batch import ENTRY_FIELD, MAX_BLOCK_NUM, Block, encode_block
+from pipeline.chain.planning import (
+    Emit,
+    Plan,
+    Reason,
+    Sender,
+    TailIndex,
+    decode_servable,
+    index_entry,
+    indexable,
+    rewind_start,
+)
+from pipeline.errors import BadBatch
+
+
+def _h(n: int, branch: int = 0) -> bytes:
+    return bytes([branch]) + (n % 2**248).to_bytes(31, "big")  # -1: the parent of block 0
+
+
+def _entry(n: int, *, branch: int = 0, parent_branch: int | None = None) -> dict[bytes, bytes]:
+    parent = _h(n - 1, branch if parent_branch is None else parent_branch)
+    return {ENTRY_FIELD: encode_block(Block(num=n, hash=_h(n, branch), parent=parent))}
+
+
+def _fields(body: dict[str, object]) -> dict[bytes, bytes]:
+    return {ENTRY_FIELD: msgpack.packb(body, use_bin_type=True)}
+
+
+def test_index_entry_builds_the_chain_and_shares_parent_strings() -> None:
+    tail = TailIndex()
+    for n in range(4):
+        assert index_entry(tail, f"{n + 1}-0".encode(), _entry(n)) == (n, _h(n).hex())
+    assert tail.lo == 0 and tail.hi == 3 and tail.last_id == b"4-0"
+    # the parent string of block 3 is the very hash string of block 2 (memory per entry)
+    assert tail.chain[3][1] is tail.chain[2][0]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},  # no entry field
+        {ENTRY_FIELD: b"\xc1"},  # not msgpack
+        _fields({"num": MAX_BLOCK_NUM + 1, "hash": _h(1), "parent": _h(0)}),
+        _fields({"num": -1, "hash": _h(1), "parent": _h(0)}),
+        _fields({"num": True, "hash": _h(1), "parent": _h(0)}),
+        _fields({"num": 1, "hash": b"short", "parent": _h(0)}),
+        _fields({"num": 1, "hash": _h(1), "parent": "not bytes"}),
+    ],
+)
+def test_an_invalid_entry_only_moves_last_id(fields: dict[bytes, bytes]) -> None:
+    tail = TailIndex()
+    index_entry(tail, b"1-0", _entry(0))
+    assert index_entry(tail, b"2-0", fields) is None
+    assert tail.last_id == b"2-0" and tail.hi == 0 and len(tail.seen) == 1
+
+
+def test_indexable_bounds() -> None:
+    assert indexable(MAX_BLOCK_NUM, _h(1), _h(0))
+    assert not indexable(MAX_BLOCK_NUM + 1, _h(1), _h(0))
+    assert not indexable(1.0, _h(1), _h(0))
+    assert not indexable(1, _h(1)[:31], _h(0))
+
+
+def test_decode_servable_refuses_numbers_the_lake_cannot_hold() -> None:
+    assert decode_servable(encode_block(Block(num=7, hash=_h(7), parent=_h(6)))).num == 7
+    body = {"num": MAX_BLOCK_NUM + 1, "hash": _h(1), "parent": _h(0), "updates": {}}
+    with pytest.raises(BadBatch):
+        decode_servable(msgpack.packb(body, use_bin_type=True))
+
+
+def test_rewind_start_clamps_at_zero() -> None:
+    assert rewind_start(100, 64) == 36
+    assert rewind_start(10, 64) == 0
+    assert rewind_start(0, 0) == 0
+
+
+def test_plan_reasons_are_an_enum_with_the_logged_names() -> None:
+    assert {r.value for r in Reason} == {"match", "hash", "fork", "rewind"}
+    plan = Plan(start=3, tail=TailIndex(), history=None, reason=Reason.FORK)
+    assert plan.reason is Reason.FORK and plan.prefetched is None
+
+
+def test_sender_forgets_hashes_below_its_window() -> None:
+    s = Sender(start=0, window=4)
+    for n in range(6):
+        assert s.accept(n, f"h{n}") == 0
+    assert s.hash_at(1) is None and s.hash_at(2) == "h2" and s.hash_at(5) == "h5"
+    # a repeat inside the window is dropped; one below it is a (deep) reorg again
+    assert s.accept(3, "h3") is None
+    assert s.accept(1, "h1") == 5
+
+
+def test_sender_links_the_first_block_to_its_parent() -> None:
+    s = Sender(start=10)
+    first = Emit(10, "a10", "a9", ["x"], 0, 11)
+    assert s.take(first) == [first]
+    child = Emit(11, "b11", "a10", ["y"], 0, 12)
+    assert s.knows(9, "a9") and s.take(child) == [child]
