@@ -7,13 +7,22 @@ blocking work (decode and encode a page), run in a thread by resumption.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from pipeline.chain.batch import KeyTest, decode_raw, effective_weight, raw_weight
 from pipeline.chain.cardinal import encode_results
-from pipeline.chain.planning import Emit
+from pipeline.chain.planning import Emit, History
+
+#: Rows of the first lake page of a subscription (later pages are ``batch_rows``).
+FIRST_PAGE = 32
+
+
+async def refresh_history(history: History) -> None:
+    """Move ``history`` to the latest lake version (in a thread: it lists files)."""
+    await asyncio.to_thread(history.refresh)
 
 
 def short_first(pages: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
@@ -58,4 +67,4 @@ def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | N
     return out
 
 
-__all__ = ["close_pages", "next_page", "short_first"]
+__all__ = ["FIRST_PAGE", "close_pages", "next_page", "refresh_history", "short_first"]

@@ -54,14 +54,13 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.chain.batch import (
     ENTRY_FIELD,
-    MAX_BLOCK_NUM,
     KeyTest,
     decode_raw,
     effective_weight,
     raw_weight,
 )
 from pipeline.chain.cardinal import encode_results
-from pipeline.chain.lakepages import close_pages, next_page, short_first
+from pipeline.chain.lakepages import close_pages, next_page, refresh_history
 from pipeline.chain.live import LIVE_ATTEMPTS, LiveListener, live_emit
 from pipeline.chain.planning import (
     BlockSink,
@@ -74,19 +73,17 @@ from pipeline.chain.planning import (
     TailIndex,
     TailReads,
     decode_servable,
-    rewind_start,
 )
 from pipeline.chain.producer import LiveBlock, WebsocketHub
+from pipeline.chain.resolve import Locator
 from pipeline.chain.tail import PAGE, RedisTail, SharedTail
-from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer
+from pipeline.errors import BadBatch, ResumptionError, SlowConsumer
 from pipeline.redisconn import checkpoint, parse_entry_id
 
 log = logging.getLogger(__name__)
 
 #: What a subscriber is told when history has a hole (details go to the log).
 HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
-#: Rows of the first lake page of a subscription (later pages are ``batch_rows``).
-FIRST_PAGE = 32
 
 
 class Resumption(Protocol):
@@ -119,163 +116,36 @@ class TieredResumption:
         self._batch_rows = batch_rows
         self._tail = SharedTail(redis, self._key, max_entries=max_tail)
         self._entries: TailReads = RedisTail(redis, self._key)
+        self._locator = Locator(
+            stream=stream,
+            tail=self._tail,
+            entries=self._entries,
+            history_factory=history_factory,
+            reorg_threshold=reorg_threshold,
+            batch_rows=batch_rows,
+        )
 
-    # --- resolve --------------------------------------------------------------
+    # --- resolve (pipeline.chain.resolve) ----------------------------------------
 
     async def scan_tail(self) -> TailIndex:
         """The shared tail index, brought up to date; it may change at the caller's next await."""
-        await self._tail.refresh()
-        return self._tail.index
+        return await self._locator.scan_tail()
 
     async def warm(self) -> None:
         """Index the Redis tail now (a server calls it at start so no client pays for it)."""
-        await self._tail.refresh()
-
-    def _open_history(self) -> History | None:
-        if self._history_factory is None:
-            return None
-        history: History | None = self._history_factory()
-        return history
+        await self._locator.warm()
 
     async def resolve(self, num: int, hash: bytes, keep: KeyTest | None = None) -> Plan:
-        """Where to start for a client at (``num``, ``hash``); ``keep`` as for :meth:`stream`.
-
-        Reads the shared tail index (refreshed first), never the whole tail;
-        the plan holds a snapshot of the tail's chain from its start up.
-        """
-        if num < 0:
-            raise ResumptionError("block number must be non-negative")
-        if num > MAX_BLOCK_NUM:
-            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
-        await self._tail.refresh()
-        async with self._tail.reading() as tail:
-            plan = await self._resolve(tail, num, hash, keep)
-            plan.tail = self._tail.snapshot(plan.start)
-        return plan
-
-    async def _resolve(self, tail: TailIndex, num: int, hash: bytes, keep: KeyTest | None) -> Plan:
-        history = await asyncio.to_thread(self._open_history)
-        want = hash.hex()
-        lo = tail.lo
-        if num not in tail.chain and history is not None and (lo is None or num < lo):
-            # Check the hash on the first page the stream will send anyway: one lake read, not two.
-            pages = self._history_pages(history, num, lo)
-            first = await asyncio.to_thread(next_page, pages, keep)
-            if not (first and first[0].num == num):
-                # A shared reader may be a little behind the lake: look again at the latest version.
-                await _refresh(history)
-                close_pages(pages)
-                pages = self._history_pages(history, num, lo)
-                first = await asyncio.to_thread(next_page, pages, keep)
-            if first and first[0].num == num and first[0].hash == want:
-                return Plan(
-                    start=num,
-                    tail=tail,
-                    history=history,
-                    reason=Reason.MATCH,
-                    prefetched=(pages, first),
-                )
-            close_pages(pages)
-            canonical = first[0].hash if first and first[0].num == num else None
-        else:
-            canonical = await self._canonical_hash(tail, history, num)
-        if canonical == want:
-            return Plan(start=num, tail=tail, history=history, reason=Reason.MATCH)
-        fork = await self._fork_point(tail, history, want)
-        if fork is not None:
-            start, reason = fork
-            return Plan(start=start, tail=tail, history=history, reason=reason)
-        return Plan(
-            start=rewind_start(num, self._threshold),
-            tail=tail,
-            history=history,
-            reason=Reason.REWIND,
-        )
-
-    def _history_pages(self, history: History, start: int, stop: int | None) -> Iterator[pa.Table]:
-        """Lake pages from ``start``; the first one short, so the first block goes out soon."""
-        pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=self._batch_rows)
-        return short_first(pages, FIRST_PAGE)
-
-    async def _canonical_hash(
-        self, tail: TailIndex, history: History | None, num: int
-    ) -> str | None:
-        hit = tail.chain.get(num)
-        if hit is not None:
-            return hit[0]
-        if history is None:
-            return None
-        row = await asyncio.to_thread(history.canonical_at, self._stream, num)
-        return None if row is None else bytes(row.hash).hex()
-
-    async def _lookup(
-        self, tail: TailIndex, history: History | None, h: str
-    ) -> tuple[int, str, bool] | None:
-        """(num, parent, canonical) of a block hash, from the tail first, then the lake."""
-        seen = tail.seen.get(h)
-        if seen is not None:
-            num, parent = seen[0], seen[1]
-            in_chain = tail.chain.get(num)
-            if in_chain is not None:
-                return num, parent, in_chain[0] == h
-            canonical = await self._canonical_hash(tail, history, num)
-            return num, parent, canonical == h
-        if history is None:
-            return None
-        row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
-        if row is None:
-            return None
-        canonical = await self._canonical_hash(tail, history, row.num)
-        return row.num, bytes(row.parent).hex(), canonical == h
-
-    async def _fork_point(
-        self, tail: TailIndex, history: History | None, want: str
-    ) -> tuple[int, Reason] | None:
-        found = await self._lookup(tail, history, want)
-        if found is None:
-            return None
-        num, parent, canonical = found
-        if canonical:
-            return num, Reason.HASH
-        for _ in range(max(1, self._threshold)):
-            found = await self._lookup(tail, history, parent)
-            if found is None:
-                return None
-            anc_num, anc_parent, anc_canonical = found
-            if anc_canonical:
-                return anc_num + 1, Reason.FORK
-            parent = anc_parent
-        return None
+        """Where to start for a client at (``num``, ``hash``): :meth:`Locator.resolve`."""
+        return await self._locator.resolve(num, hash, keep)
 
     async def get_block(self, num: int, keep: KeyTest | None = None) -> list[str] | None:
-        """The canonical block at ``num`` as its JSON results, or None when unknown.
-
-        One lookup in the shared tail index and one XRANGE of that entry (or
-        one lake read), whatever the length of the tail. ``keep`` as for
-        :meth:`stream` (a key filter or a dialect's encoding).
-        """
-        found = await self.get_block_raw(num)
-        return None if found is None else encode_results(*found, keep)
+        """The canonical block at ``num`` as its JSON results: :meth:`Locator.get_block`."""
+        return await self._locator.get_block(num, keep)
 
     async def get_block_raw(self, num: int) -> tuple[dict[str, Any], int, str, str] | None:
-        """(decoded map, num, hash hex, parent hex) of the canonical block at ``num``, or None."""
-        if not 0 <= num <= MAX_BLOCK_NUM:
-            raise BadParams(f"block number: 0 to {hex(MAX_BLOCK_NUM)}")
-        tail = await self.scan_tail()
-        hit = tail.chain.get(num)
-        if hit is not None:
-            h, parent, entry_id = hit
-            entries = await self._entries.between(entry_id, entry_id)
-            if entries:
-                raw = decode_raw(entries[0][1][ENTRY_FIELD])
-                return raw, num, h, parent
-        history = await asyncio.to_thread(self._open_history)
-        if history is None:
-            return None
-        row = await asyncio.to_thread(history.canonical_at, self._stream, num)
-        if row is None:
-            return None
-        return decode_raw(row.payload), num, row.hash.hex(), row.parent.hex()
+        """(decoded map, num, hash hex, parent hex) at ``num``: :meth:`Locator.get_block_raw`."""
+        return await self._locator.get_block_raw(num)
 
     # --- stream ---------------------------------------------------------------
 
@@ -299,7 +169,7 @@ class TieredResumption:
             )
             if lo is not None and pos < lo:
                 # The lake looked shorter than Redis says it must be: read on at the latest version.
-                await _refresh(plan.history)
+                await refresh_history(plan.history)
                 pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
             log.debug("history sent up to %d", pos - 1)
         if lo is not None:
@@ -326,7 +196,7 @@ class TieredResumption:
         if prefetched is not None:
             pages, first = prefetched
         else:
-            pages = self._history_pages(history, pos, stop)
+            pages = self._locator.history_pages(history, pos, stop)
             first = None
         try:
             while True:
@@ -392,7 +262,7 @@ class TieredResumption:
 
     async def _payload_from_history(self, history: History | None, num: int, h: str) -> bytes:
         if history is not None:
-            await _refresh(history)
+            await refresh_history(history)
             row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
             if row is not None:
                 return bytes(row.payload)
@@ -456,7 +326,7 @@ class TieredResumption:
         result must link to ``parent``, the parent of the next Redis entry.
         """
         if history is not None:
-            await _refresh(history)
+            await refresh_history(history)
             start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
             pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
             while (page := await asyncio.to_thread(next_page, pages, keep)) is not None:
@@ -499,11 +369,6 @@ class TieredResumption:
             await listener.failed
         finally:
             self._hub.discard(listener)
-
-
-async def _refresh(history: History) -> None:
-    """Move ``history`` to the latest lake version (a thread: it lists files)."""
-    await asyncio.to_thread(history.refresh)
 
 
 __all__ = [
