@@ -169,28 +169,53 @@ def _precheck(ing: Ingress, env: envelope.Envelope, *, reply: bool) -> Verdict |
     return None
 
 
-async def _queue_request(ing: Ingress, env: envelope.Envelope, sent: float) -> Verdict:
-    """Queue an authenticated request to ``msgbus.system.remote`` unless expired or replayed."""
+async def _queue_requests(
+    ing: Ingress, envs: list[envelope.Envelope], sent: float
+) -> list[Verdict]:
+    """Queue authenticated requests to ``msgbus.system.remote`` unless expired or replayed.
+
+    All of one POST go to Redis in one step (:meth:`BusStore.accept_requests`).
+    """
     now = time.time()
-    expires = envelope.deadline(env, received=now, default_exp=ing.default_exp, max_exp=ing.max_exp)
-    if expires <= now:
-        return 410, "request expired"
+    verdicts: list[Verdict | None] = []
+    pending: list[tuple[str, bytes]] = []
+    for env in envs:
+        expires = envelope.deadline(
+            env, received=now, default_exp=ing.default_exp, max_exp=ing.max_exp
+        )
+        if expires <= now:
+            verdicts.append((410, "request expired"))
+            continue
+        verdicts.append(None)
+        pending.append((f"{env.src}:{env.uid}", env.copy(ret=keys.BUS_REPLY).encode()))
     # Remembered until the clock window refuses a copy (1 s margin for rounding);
     # legacy unsigned peers get this bus's clock as their signed time.
     forget_at = sent + ing.replay_window_s + 1
-    queued = env.copy(ret=keys.BUS_REPLY).encode()
     try:
-        result = await ing.store.accept_request(f"{env.src}:{env.uid}", forget_at, queued)
+        results = await ing.store.accept_requests(pending, forget_at)
     except (redis.exceptions.RedisError, OSError):
         log.exception("bus: redis unavailable")
-        return 503, "redis unavailable"
-    if result == 0:
-        log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
-        return 409, "replayed request"
-    if result < 0:
-        log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
-        return 503, "busy"
-    return _ACCEPT
+        results = [2] * len(pending)
+    outcomes = iter(
+        zip(results, (env for env, v in zip(envs, verdicts, strict=True) if v is None), strict=True)
+    )
+    out: list[Verdict] = []
+    for verdict in verdicts:
+        if verdict is not None:
+            out.append(verdict)
+            continue
+        result, env = next(outcomes)
+        if result == 1:
+            out.append(_ACCEPT)
+        elif result == 0:
+            log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
+            out.append((409, "replayed request"))
+        elif result < 0:
+            log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
+            out.append((503, "busy"))
+        else:
+            out.append((503, "redis unavailable"))
+    return out
 
 
 async def _deliver_reply(ing: Ingress, env: envelope.Envelope, sent: float) -> Verdict:
@@ -210,7 +235,14 @@ async def _deliver_reply(ing: Ingress, env: envelope.Envelope, sent: float) -> V
     return _ACCEPT
 
 
-_Take = Callable[[Ingress, envelope.Envelope, float], Awaitable[Verdict]]
+async def _deliver_replies(
+    ing: Ingress, envs: list[envelope.Envelope], sent: float
+) -> list[Verdict]:
+    return list(await asyncio.gather(*(_deliver_reply(ing, env, sent) for env in envs)))
+
+
+#: Takes the authenticated envelopes of one POST: their verdicts, in order.
+_Take = Callable[[Ingress, list[envelope.Envelope], float], Awaitable[list[Verdict]]]
 
 
 async def _single(ing: Ingress, request: web.BaseRequest, take: _Take, *, reply: bool) -> Verdict:
@@ -228,7 +260,8 @@ async def _single(ing: Ingress, request: web.BaseRequest, take: _Take, *, reply:
     sent = await _authenticate(ing, request, body, env.src)
     if not isinstance(sent, float):
         return sent
-    return await take(ing, env, sent)
+    [verdict] = await take(ing, [env], sent)
+    return verdict
 
 
 async def _batch(
@@ -249,27 +282,26 @@ async def _batch(
     if not isinstance(sent, float):
         return _respond(sent)
 
-    async def one(line: bytes) -> Verdict:
+    judged: list[Verdict | envelope.Envelope] = []
+    for line in lines:
         try:
             env = envelope.decode(line, reply=reply, max_size=ing.max_size)
         except EnvelopeError as exc:
-            return 400, exc.public_message
-        if env.src != src:
-            return 401, "sender twin does not match src"
-        refused = _precheck(ing, env, reply=reply)
-        if refused is not None:
-            return refused
-        return await take(ing, env, sent)
-
-    verdicts = await asyncio.gather(*(one(line) for line in lines))
+            judged.append((400, exc.public_message))
+            continue
+        refused = (401, "sender twin does not match src") if env.src != src else None
+        refused = refused or _precheck(ing, env, reply=reply)
+        judged.append(env if refused is None else refused)
+    taken = iter(await take(ing, [e for e in judged if isinstance(e, envelope.Envelope)], sent))
+    verdicts = [next(taken) if isinstance(e, envelope.Envelope) else e for e in judged]
     return web.json_response({"results": [list(verdict) for verdict in verdicts]})
 
 
 def build_server(ing: Ingress) -> web.Server:
     """aiohttp's low-level server (no router, no middlewares: less work per request)."""
     routes: dict[str, tuple[_Take, bool]] = {
-        REMOTE_PATH: (_queue_request, False),
-        REPLY_PATH: (_deliver_reply, True),
+        REMOTE_PATH: (_queue_requests, False),
+        REPLY_PATH: (_deliver_replies, True),
     }
 
     async def dispatch(request: web.BaseRequest) -> web.StreamResponse:

@@ -74,14 +74,24 @@ end
 return items
 """
 
-# KEYS: seen, remote. ARGV: seen id, expiry score, body, most seen ids.
-# 1 queued, 0 replayed, -1 the seen set is full (the sender retries later).
-_ACCEPT_REQUEST = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return -1 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('RPUSH', KEYS[2], ARGV[3])
-return 1
+# KEYS: seen, remote. ARGV: expiry score, most seen ids, then (seen id, body) pairs:
+# several requests of one POST in one step. Per pair: 1 queued, 0 replayed (also a
+# second copy in the same call), -1 the seen set is full (the sender retries later).
+_ACCEPT_REQUESTS = """
+local most = tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV - 1, 2 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    out[#out + 1] = 0
+  elseif redis.call('ZCARD', KEYS[1]) >= most then
+    out[#out + 1] = -1
+  else
+    redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i])
+    redis.call('RPUSH', KEYS[2], ARGV[i + 1])
+    out[#out + 1] = 1
+  end
+end
+return out
 """
 
 # KEYS: backlog, expiry. ARGV: uid, sender twin, answer head, answer tail.
@@ -161,7 +171,7 @@ class BusStore:
         self.coalescer = Coalescer(client, reload=self._load_scripts)
         self._claim = client.register_script(_CLAIM)
         self._peek = client.register_script(_PEEK)
-        self._accept_request = client.register_script(_ACCEPT_REQUEST)
+        self._accept_requests = client.register_script(_ACCEPT_REQUESTS)
         self._finish = client.register_script(_FINISH)
         self._deliver_reply = client.register_script(_DELIVER_REPLY)
         self._push = client.register_script(_PUSH)
@@ -169,7 +179,7 @@ class BusStore:
 
     async def _load_scripts(self) -> None:
         """Load the scripts the coalescer runs by EVALSHA (after Redis lost its script cache)."""
-        for script in (self._accept_request, self._deliver_reply, self._finish):
+        for script in (self._accept_requests, self._deliver_reply, self._finish):
             await self.redis.script_load(script.script)
 
     async def wait_one(self, queue: str, block_s: int) -> bytes | None:
@@ -201,12 +211,23 @@ class BusStore:
 
         1 queued, 0 a replay, -1 the seen set holds ``max_seen`` ids already.
         """
-        args: list[str | float | bytes] = [seen_id, forget_at, body, self.max_seen]
-        sha = self._accept_request.sha
+        [result] = await self.accept_requests([(seen_id, body)], forget_at)
+        return result
+
+    async def accept_requests(
+        self, requests: Sequence[tuple[str, bytes]], forget_at: float
+    ) -> list[int]:
+        """:meth:`accept_request` for ``(seen id, body)`` pairs, in one Redis step."""
+        if not requests:
+            return []
+        args: list[str | float | bytes] = [forget_at, self.max_seen]
+        for seen_id, body in requests:
+            args += [seen_id, body]
+        sha = self._accept_requests.sha
         result = await self.coalescer.call(
             lambda pipe: pipe.evalsha(sha, 2, keys.bus_seen(), keys.BUS_REMOTE, *args)
         )
-        return int(result)
+        return [int(r) for r in result]
 
     async def push_in(self, pipe: Any, why: str, pushes: Sequence[tuple[str, bytes]]) -> None:
         """Queue RPUSHes to client-named keys into ``pipe``; a non-list target is set aside.
