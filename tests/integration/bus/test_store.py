@@ -42,3 +42,26 @@ async def test_coalesced_scripts_survive_a_flushed_script_cache(redis_url):
         with pytest.raises(asyncio.CancelledError):
             await runner
         await client.aclose()
+
+
+async def test_requests_of_one_post_are_accepted_in_one_step(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client, max_seen=3)
+    runner = asyncio.create_task(store.coalescer.run())
+    try:
+        assert await store.accept_requests([], 9e9) == []
+        results = await store.accept_requests(
+            [("1001:1002.1", b"a"), ("1001:1002.1", b"a-again"), ("1001:1002.2", b"b")], 9e9
+        )
+        assert results == [1, 0, 1]  # a copy in the same POST is a replay too
+        # the seen set holds at most 3: the fourth new id waits (the sender retries)
+        results = await store.accept_requests(
+            [("1001:1002.3", b"c"), ("1001:1002.4", b"d"), ("1001:1002.2", b"b")], 9e9
+        )
+        assert results == [1, -1, 0]
+        assert await client.lrange(keys.BUS_REMOTE, 0, -1) == [b"a", b"b", b"c"]
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        await client.aclose()
