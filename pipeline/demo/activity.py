@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import aiohttp
@@ -47,6 +47,8 @@ RPC_EVERY_S = 2.0
 STATUS_EVERY_S = 1.0
 AIRFLOW_EVERY_S = 5.0
 HTTP_TIMEOUT_S = 5.0
+#: The demo's archive interval (SLUICE_ARCHIVE_CRON every minute), in ms.
+INTERVAL_MS = 60_000
 
 
 @dataclass(slots=True)
@@ -64,6 +66,8 @@ class Counts:
     runs: list[dict[str, Any]] = field(default_factory=list)
     runs_ok: int = 0
     airflow_error: str = ""
+    #: the backfill of the minutes before Airflow's first run (None: not asked for yet)
+    backfill: str | None = None
     #: times the demo found sluice_archive paused and unpaused it
     unpaused: int = 0
     #: number of the oldest block still in Redis (None: stream empty or unread)
@@ -213,6 +217,46 @@ class Activity:
                 self._token = str((await resp.json())["access_token"])
         return {"Authorization": f"Bearer {self._token}"}
 
+    async def _backfill(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> None:
+        """Archive the intervals between the first block and Airflow's first scheduled run.
+
+        With catchup off, Airflow's first run is for the latest whole interval
+        when it came up; the minutes before it (the producer started first)
+        would never be archived, and the safe trim never trims past an
+        unarchived entry. A backfill of those minutes (intervals already run
+        are skipped) makes the lake cover the stream from block 0.
+        """
+        client = redisconn.connect(self.plan.redis_url(), redisconn.Role.CLI)
+        try:
+            first = cast(list[tuple[bytes, Any]], await client.xrange(keys.stream(STREAM), count=1))
+        finally:
+            await client.aclose()
+        if not first:
+            return  # nothing produced yet: try again next time
+        minute = INTERVAL_MS
+        start_ms = redisconn.parse_entry_id(first[0][0])[0] // minute * minute
+        # logical dates are interval starts; the last whole interval starts a minute ago
+        end_ms = int(time.time() * 1000) // minute * minute - minute
+        if end_ms < start_ms:
+            self.counts.backfill = "not needed"
+            return
+        from_s, to_s = _iso(start_ms), _iso(end_ms)
+        body = {
+            "dag_id": "sluice_archive",
+            "from_date": from_s,
+            "to_date": to_s,
+            "max_active_runs": 1,
+            "reprocess_behavior": "none",
+        }
+        async with session.post(
+            f"{self.plan.airflow_url}/api/v2/backfills", headers=headers, json=body
+        ) as resp:
+            if resp.status == 409:  # one is running already
+                self.counts.backfill = "already running"
+                return
+            resp.raise_for_status()
+        self.counts.backfill = f"{from_s[11:16]}..{to_s[11:16]} UTC"
+
     async def _airflow_once(self, session: aiohttp.ClientSession) -> None:
         headers = await self._auth(session)
         base = f"{self.plan.airflow_url}/api/v2/dags/sluice_archive"
@@ -225,6 +269,8 @@ class Activity:
             async with session.patch(base, headers=headers, json={"is_paused": False}) as resp:
                 resp.raise_for_status()
             self.counts.unpaused += 1
+        if self.counts.backfill is None:
+            await self._backfill(session, headers)
         params = {"order_by": "-run_after", "limit": "100"}
         async with session.get(f"{base}/dagRuns", headers=headers, params=params) as resp:
             resp.raise_for_status()
@@ -253,6 +299,10 @@ async def first_block_num(client: aioredis.Redis) -> int | None:
         return None
     num, _, _ = peek_header(entries[0][1][ENTRY_FIELD])
     return num
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _epoch(iso: Any) -> float:
