@@ -48,6 +48,7 @@ import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.chain import jsonrpc
+from pipeline.chain.aiohttp_adapter import FrameCache, frame_writer
 from pipeline.chain.batch import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain.cardinal import (
     CARDINAL,
@@ -86,41 +87,13 @@ _TAIL_BLOCK_MS = 1000
 _WRITE_BATCH = 512
 
 
-def _text_frame(data: bytes) -> bytes:
-    """One unmasked, final websocket text frame (server to client, RFC 6455 5.2)."""
-    n = len(data)
-    if n < 126:
-        return bytes((0x81, n)) + data
-    if n < 65536:
-        return b"\x81\x7e" + n.to_bytes(2, "big") + data
-    return b"\x81\x7f" + n.to_bytes(8, "big") + data
-
-
-#: Frames of texts written directly (mostly live notifications, whose texts are
-#: shared by subscribers: see ``subscription._LIVE_TEXTS``). Bounded: cleared when
-#: full, and texts longer than _FRAMES_MAX_CHARS are never kept (at most about 16 MB).
-_FRAMES: dict[str, bytes] = {}
-_FRAMES_LIMIT = 1024
-_FRAMES_MAX_CHARS = 8192
-
-
-def _cached_frame(text: str) -> bytes:
-    if len(text) > _FRAMES_MAX_CHARS:
-        return _text_frame(text.encode())
-    frame = _FRAMES.get(text)
-    if frame is None:
-        frame = _text_frame(text.encode())
-        if len(_FRAMES) >= _FRAMES_LIMIT:
-            _FRAMES.clear()
-        _FRAMES[text] = frame
-    return frame
-
-
 SETTINGS = web.AppKey("settings", Settings)
 HUB = web.AppKey("hub", WebsocketHub)
 METRICS = web.AppKey("metrics", Metrics)
 RESUMPTION = web.AppKey("resumption", TieredResumption)
 REDIS = web.AppKey("redis", aioredis.Redis)
+#: Frames of live texts written directly, shared by the server's connections.
+FRAMES = web.AppKey("frames", FrameCache)
 TAILER = web.AppKey("tailer", RedisTailer)
 CONNECTIONS: web.AppKey[set[Connection]] = web.AppKey("connections")
 #: Every request task in flight in the server (bounded by MAX_IN_FLIGHT_SERVER).
@@ -138,6 +111,7 @@ class Connection:
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
         self.dialect = _dialect(request) or SEED
+        self.frames = frame_writer(ws, request, app[FRAMES])
         self.outbox = Outbox(self.settings.serve_send_buffer, direct=self._write_now)
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
@@ -147,6 +121,8 @@ class Connection:
         self._calls: set[asyncio.Task[None]] = set()
         self._subscribing = 0
         self._refusals_logged = 0
+        #: The writer task is writing a burst it popped (direct writes would overtake it).
+        self._bursting = False
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -192,51 +168,39 @@ class Connection:
                 transport.abort()
 
     async def _write(self) -> None:
-        """The one writer of the connection: whole text frames, many per ``transport.write``.
+        """The one writer task of the connection: bursts of up to ``_WRITE_BATCH`` texts.
 
-        Writing a burst of frames in one call costs one system call instead of
-        one per notification (aiohttp's ``send_str`` writes each frame at once);
-        aiohttp's own control frames (pings, close) are whole frames too, so
-        they interleave safely. Flow control: wait while the transport is
-        paused above its high-water mark.
+        How frames reach the socket (and the flow-control wait while the
+        transport is paused) is :mod:`pipeline.chain.aiohttp_adapter`'s.
         """
-        ws, outbox, metrics = self.ws, self.outbox, self.metrics
-        transport = self.request.transport
-        protocol = self.request.protocol
+        outbox, metrics, frames = self.outbox, self.metrics, self.frames
         try:
             while True:
                 await outbox.wait()
                 texts = outbox.pop_many(_WRITE_BATCH)
                 if not texts:
                     continue
-                if transport is None or transport.is_closing() or ws.closed:
+                if frames.closed():
                     raise ConnectionResetError("websocket closed")
-                transport.write(b"".join([_text_frame(t.encode()) for t in texts]))
+                self._bursting = True
+                try:
+                    await frames.write(texts)
+                finally:
+                    self._bursting = False
                 metrics.inc("sluice_serve_messages_sent_total", len(texts))
-                if protocol.writing_paused:
-                    await protocol._drain_helper()  # aiohttp's flow-control wait
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
 
     def _write_now(self, texts: list[str]) -> bool:
-        """Write at once when the outbox is empty and the transport is not paused.
+        """Write at once when the outbox is empty and the writer can do it without waiting.
 
-        Called by the outbox only while nothing is queued, so nothing can
-        overtake queued texts; the writer task never has a half-written burst
-        (it pops and writes without awaiting in between).
+        Called by the outbox only while nothing is queued; a burst the writer
+        task popped may still be on its way (a writer that awaits between
+        frames), so nothing is written directly until it is out: nothing can
+        overtake texts popped or queued before.
         """
-        transport = self.request.transport
-        if (
-            transport is None
-            or transport.is_closing()
-            or self.ws.closed
-            or self.request.protocol.writing_paused
-        ):
+        if self._bursting or not self.frames.write_now(texts):
             return False
-        if len(texts) == 1:
-            transport.write(_cached_frame(texts[0]))
-        else:
-            transport.write(b"".join([_cached_frame(t) for t in texts]))
         self.metrics.inc("sluice_serve_messages_sent_total", len(texts))
         return True
 
@@ -533,6 +497,7 @@ def create_app(
     app[SETTINGS] = settings
     app[HUB] = hub if hub is not None else WebsocketHub()
     app[METRICS] = Metrics()
+    app[FRAMES] = FrameCache()
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from pipeline.chain import server, subscription
+from pipeline.chain import subscription
+from pipeline.chain.aiohttp_adapter import FrameCache, text_frame
 from pipeline.chain.planning import Emit
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 
@@ -61,12 +62,9 @@ def test_live_text_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_cached_frames_equal_fresh_frames_and_are_bounded(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(server, "_FRAMES_LIMIT", 2)
-    monkeypatch.setattr(server, "_FRAMES", {})
+def test_cached_frames_equal_fresh_frames_and_are_bounded() -> None:
+    cache = FrameCache(limit=2)
     for text in ("a", "é" * 100, "x" * 7000, "y" * 70000, "a"):
-        assert server._cached_frame(text) == server._text_frame(text.encode())
-        assert len(server._FRAMES) <= 2
-    assert "y" * 70000 not in server._FRAMES
+        assert cache.frame(text) == text_frame(text.encode())
+        assert len(cache) <= 2
+    assert "y" * 70000 not in cache
