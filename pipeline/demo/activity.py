@@ -47,6 +47,8 @@ RPC_EVERY_S = 2.0
 STATUS_EVERY_S = 1.0
 AIRFLOW_EVERY_S = 5.0
 HTTP_TIMEOUT_S = 5.0
+#: Seconds between two backfill requests (each fills intervals without a run).
+BACKFILL_EVERY_S = 120.0
 #: The demo's archive interval (SLUICE_ARCHIVE_CRON every minute), in ms.
 INTERVAL_MS = 60_000
 
@@ -66,7 +68,7 @@ class Counts:
     runs: list[dict[str, Any]] = field(default_factory=list)
     runs_ok: int = 0
     airflow_error: str = ""
-    #: the backfill of the minutes before Airflow's first run (None: not asked for yet)
+    #: the last backfill asked for (None: none yet)
     backfill: str | None = None
     #: times the demo found sluice_archive paused and unpaused it
     unpaused: int = 0
@@ -94,6 +96,7 @@ class Activity:
         self._token: str | None = None
         #: runs of intervals that ended before this are an earlier demo's (Airflow's home is kept)
         self.since = time.time() - 60
+        self._next_backfill = 0.0
 
     async def run(self) -> None:
         """Until cancelled."""
@@ -218,13 +221,14 @@ class Activity:
         return {"Authorization": f"Bearer {self._token}"}
 
     async def _backfill(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> None:
-        """Archive the intervals between the first block and Airflow's first scheduled run.
+        """Archive every interval from the oldest entry in Redis that has no run yet.
 
         With catchup off, Airflow's first run is for the latest whole interval
-        when it came up; the minutes before it (the producer started first)
-        would never be archived, and the safe trim never trims past an
-        unarchived entry. A backfill of those minutes (intervals already run
-        are skipped) makes the lake cover the stream from block 0.
+        when it came up, and a run slower than the interval (max_active_runs
+        1) makes the scheduler skip to the latest one: those minutes would
+        never be archived, and the safe trim never trims past an unarchived
+        entry. A backfill (intervals already run are skipped), asked for
+        every :data:`BACKFILL_EVERY_S`, fills them.
         """
         client = redisconn.connect(self.plan.redis_url(), redisconn.Role.CLI)
         try:
@@ -238,7 +242,6 @@ class Activity:
         # logical dates are interval starts; the last whole interval starts a minute ago
         end_ms = int(time.time() * 1000) // minute * minute - minute
         if end_ms < start_ms:
-            self.counts.backfill = "not needed"
             return
         from_s, to_s = _iso(start_ms), _iso(end_ms)
         body = {
@@ -252,10 +255,13 @@ class Activity:
             f"{self.plan.airflow_url}/api/v2/backfills", headers=headers, json=body
         ) as resp:
             if resp.status == 409:  # one is running already
-                self.counts.backfill = "already running"
+                return
+            if resp.status == 422:  # no interval in the range
                 return
             resp.raise_for_status()
-        self.counts.backfill = f"{from_s[11:16]}..{to_s[11:16]} UTC"
+        self.counts.backfill = (
+            f"{from_s[11:16]}..{to_s[11:16]} UTC asked at {time.strftime('%H:%M:%S')}"
+        )
 
     async def _airflow_once(self, session: aiohttp.ClientSession) -> None:
         headers = await self._auth(session)
@@ -269,8 +275,9 @@ class Activity:
             async with session.patch(base, headers=headers, json={"is_paused": False}) as resp:
                 resp.raise_for_status()
             self.counts.unpaused += 1
-        if self.counts.backfill is None:
+        if time.monotonic() >= self._next_backfill:
             await self._backfill(session, headers)
+            self._next_backfill = time.monotonic() + BACKFILL_EVERY_S
         params = {"order_by": "-run_after", "limit": "100"}
         async with session.get(f"{base}/dagRuns", headers=headers, params=params) as resp:
             resp.raise_for_status()
