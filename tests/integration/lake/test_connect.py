@@ -92,6 +92,13 @@ def test_archive_through_connect_tells_its_story(
     assert not [line for line in lines if any(n in line for n in NOISE)], err
     assert "500 entries read" in err and "entries/s" in err
     assert (tmp_path / "var" / "logs" / "lake-jobs.log").exists()
+    # A rerun of the archived interval (a manual trigger) and an interval with nothing
+    # in Redis are settled without Spark: no session at all.
+    code, again, err = run_job(env, *args)
+    assert code == 0 and again["skipped"] and again["spark"] == "not started", err
+    assert (again["entries"], again["read"]) == (500, 0)
+    code, empty, err = run_job(env, *args[:3], "--start-ms", "5000", "--end-ms", "6000")
+    assert code == 0 and empty["spark"] == "not started" and empty["entries"] == 0, err
     # The canonical job through the same server.
     code, doc, err = run_job(env, "canonical", "--stream", "c")
     assert code == 0, err
