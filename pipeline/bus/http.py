@@ -49,7 +49,6 @@ a contract test; everything else here is aiohttp's public API.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -218,27 +217,28 @@ async def _queue_requests(
     return out
 
 
-async def _deliver_reply(ing: Ingress, env: envelope.Envelope, sent: float) -> Verdict:
-    """Answer the caller of an authenticated reply (one Lua step)."""
-    try:
-        head, tail = envelope.answer_parts(env)
-        result = await ing.store.deliver_reply(env.uid, env.src, head, tail)
-    except (redis.exceptions.RedisError, OSError):
-        log.exception("bus: redis unavailable")
-        return 503, "redis unavailable"
-    if result == 0:
-        log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
-        return 404, "unknown uid"
-    if result < 0:
-        log.warning("bus: reply %s from twin %s: request went elsewhere", env.uid, env.src)
-        return 403, "reply from the wrong twin"
-    return _ACCEPT
-
-
 async def _deliver_replies(
     ing: Ingress, envs: list[envelope.Envelope], sent: float
 ) -> list[Verdict]:
-    return list(await asyncio.gather(*(_deliver_reply(ing, env, sent) for env in envs)))
+    """Answer the callers of authenticated replies (all of one POST in one Lua step)."""
+    try:
+        results = await ing.store.deliver_replies(
+            [(env.uid, env.src, *envelope.answer_parts(env)) for env in envs]
+        )
+    except (redis.exceptions.RedisError, OSError):
+        log.exception("bus: redis unavailable")
+        return [(503, "redis unavailable")] * len(envs)
+    out: list[Verdict] = []
+    for env, result in zip(envs, results, strict=True):
+        if result == 0:
+            log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
+            out.append((404, "unknown uid"))
+        elif result < 0:
+            log.warning("bus: reply %s from twin %s: request went elsewhere", env.uid, env.src)
+            out.append((403, "reply from the wrong twin"))
+        else:
+            out.append(_ACCEPT)
+    return out
 
 
 #: Takes the authenticated envelopes of one POST: their verdicts, in order.

@@ -94,26 +94,34 @@ end
 return out
 """
 
-# KEYS: backlog, expiry. ARGV: uid, sender twin, answer head, answer tail.
-# The answer to the caller is head .. <the request's ret as a JSON string> .. tail.
-# 1 answered, 0 uid not in backlog (or already answered), -1 the request was sent to another twin.
-_DELIVER_REPLY = (
+# KEYS: backlog, expiry. ARGV: (uid, sender twin, answer head, answer tail) quadruples:
+# the replies of one POST in one step. The answer to the caller is
+# head .. <the request's ret as a JSON string> .. tail. Per reply: 1 answered, 0 uid
+# not in backlog (or already answered), -1 the request was sent to another twin.
+_DELIVER_REPLIES = (
     _PUSH_OR_BURY
     + """
-local entry = redis.call('HGET', KEYS[1], ARGV[1])
-if not entry then return 0 end
-local dst = string.match(entry, '"dst":%[(%d+)%]')
-if dst ~= ARGV[2] then return -1 end
-local ok, doc = pcall(cjson.decode, entry)
-local ret = ok and type(doc) == 'table' and doc['ret'] or nil
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if type(ret) ~= 'string' then
-  bury('', ARGV[3] .. '""' .. ARGV[4], 'corrupt backlog entry ' .. ARGV[1] .. ': reply kept')
+local function deliver(uid, sender, head, tail)
+  local entry = redis.call('HGET', KEYS[1], uid)
+  if not entry then return 0 end
+  local dst = string.match(entry, '"dst":%[(%d+)%]')
+  if dst ~= sender then return -1 end
+  local ok, doc = pcall(cjson.decode, entry)
+  local ret = ok and type(doc) == 'table' and doc['ret'] or nil
+  redis.call('HDEL', KEYS[1], uid)
+  redis.call('ZREM', KEYS[2], uid)
+  if type(ret) ~= 'string' then
+    bury('', head .. '""' .. tail, 'corrupt backlog entry ' .. uid .. ': reply kept')
+    return 1
+  end
+  push_or_bury(ret, head .. cjson.encode(ret) .. tail, 'answer not delivered')
   return 1
 end
-push_or_bury(ret, ARGV[3] .. cjson.encode(ret) .. ARGV[4], 'answer not delivered')
-return 1
+local out = {}
+for i = 1, #ARGV - 3, 4 do
+  out[#out + 1] = deliver(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+end
+return out
 """
 )
 
@@ -173,13 +181,13 @@ class BusStore:
         self._peek = client.register_script(_PEEK)
         self._accept_requests = client.register_script(_ACCEPT_REQUESTS)
         self._finish = client.register_script(_FINISH)
-        self._deliver_reply = client.register_script(_DELIVER_REPLY)
+        self._deliver_replies = client.register_script(_DELIVER_REPLIES)
         self._push = client.register_script(_PUSH)
         self._bury_head = client.register_script(_BURY_HEAD)
 
     async def _load_scripts(self) -> None:
         """Load the scripts the coalescer runs by EVALSHA (after Redis lost its script cache)."""
-        for script in (self._accept_requests, self._deliver_reply, self._finish):
+        for script in (self._accept_requests, self._deliver_replies, self._finish):
             await self.redis.script_load(script.script)
 
     async def wait_one(self, queue: str, block_s: int) -> bytes | None:
@@ -281,12 +289,21 @@ class BusStore:
         entry, so it happens at most once. Returns 1 answered, 0 unknown (or
         already answered) uid, -1 when the request went to another twin.
         """
-        args: list[str | float | bytes] = [uid, str(sender), head, tail]
-        sha = self._deliver_reply.sha
+        [result] = await self.deliver_replies([(uid, sender, head, tail)])
+        return result
+
+    async def deliver_replies(self, replies: Sequence[tuple[str, int, bytes, bytes]]) -> list[int]:
+        """:meth:`deliver_reply` for ``(uid, sender, head, tail)`` tuples, in one Redis step."""
+        if not replies:
+            return []
+        args: list[str | float | bytes] = []
+        for uid, sender, head, tail in replies:
+            args += [uid, str(sender), head, tail]
+        sha = self._deliver_replies.sha
         result = await self.coalescer.call(
             lambda pipe: pipe.evalsha(sha, 2, keys.BUS_BACKLOG, keys.bus_expiry(), *args)
         )
-        return int(result)
+        return [int(r) for r in result]
 
     async def finish_in(
         self, pipe: Any, uid: str, ret: str, answer: bytes, outbox_id: str = ""

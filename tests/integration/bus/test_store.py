@@ -65,3 +65,33 @@ async def test_requests_of_one_post_are_accepted_in_one_step(redis_url):
         with pytest.raises(asyncio.CancelledError):
             await runner
         await client.aclose()
+
+
+async def test_replies_of_one_post_are_delivered_in_one_step(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client)
+    runner = asyncio.create_task(store.coalescer.run())
+    try:
+        request = Envelope(uid="1002.1", cmd="c.d", src=1001, dst=[1002], ret="caller")
+        await client.hset(
+            keys.BUS_BACKLOG,
+            mapping={"1002.1": request.encode(), "1002.2": request.copy(uid="1002.2").encode()},
+        )
+        reply = Envelope(uid="1002.1", cmd="c.d", src=1002, dst=[1001], ret=keys.BUS_REPLY)
+        results = await store.deliver_replies(
+            [
+                ("1002.1", 1002, *answer_parts(reply)),
+                ("1002.1", 1002, *answer_parts(reply)),  # the same reply twice: once
+                ("1002.9", 1002, *answer_parts(reply.copy(uid="1002.9"))),
+                ("1002.2", 1003, *answer_parts(reply.copy(uid="1002.2"))),
+            ]
+        )
+        assert results == [1, 0, 0, -1]
+        assert await client.lrange("caller", 0, -1) == [reply.copy(ret="caller").encode()]
+        assert await client.hkeys(keys.BUS_BACKLOG) == [b"1002.2"]
+        assert await store.deliver_replies([]) == []
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        await client.aclose()
