@@ -93,14 +93,20 @@ async def test_bus_killed_mid_flight_leaves_no_request_unanswered(twins):
     a.spawn()
     b.spawn()
 
+    killed = asyncio.Event()
+
     async def slow(data: bytes, request: Envelope) -> bytes:
+        # the first 50 answer quickly; the rest are held until both buses were
+        # killed, so work is mid-flight at the kill however fast the machine is
+        if int(data) >= 50:
+            await killed.wait()
         await asyncio.sleep(0.01)
         return b"done:" + data
 
     _, task = serve(b, slow=slow)
     ra = aioredis.Redis.from_url(a.url)
     try:
-        docs = [seed_request("slow", [b.id], str(i).encode(), exp=20) for i in range(300)]
+        docs = [seed_request("slow", [b.id], str(i).encode(), exp=30) for i in range(300)]
         await ra.rpush(keys.BUS_LOCAL, *[json.dumps(d) for d in docs])
         rets = [d["ret"] for d in docs]
 
@@ -111,6 +117,7 @@ async def test_bus_killed_mid_flight_leaves_no_request_unanswered(twins):
         await eventually(some_answered)
         a.kill()
         b.kill()
+        killed.set()
         in_flight = await ra.hlen(keys.BUS_BACKLOG)
         assert in_flight > 0  # requests were mid-flight when the buses died
         b.spawn()
