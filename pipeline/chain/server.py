@@ -48,7 +48,6 @@ import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.chain import jsonrpc
-from pipeline.chain.aiohttp_adapter import FrameCache, frame_writer
 from pipeline.chain.batch import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain.cardinal import (
     CARDINAL,
@@ -92,8 +91,6 @@ HUB = web.AppKey("hub", WebsocketHub)
 METRICS = web.AppKey("metrics", Metrics)
 RESUMPTION = web.AppKey("resumption", TieredResumption)
 REDIS = web.AppKey("redis", aioredis.Redis)
-#: Frames of live texts written directly, shared by the server's connections.
-FRAMES = web.AppKey("frames", FrameCache)
 TAILER = web.AppKey("tailer", RedisTailer)
 CONNECTIONS: web.AppKey[set[Connection]] = web.AppKey("connections")
 #: Every request task in flight in the server (bounded by MAX_IN_FLIGHT_SERVER).
@@ -111,8 +108,7 @@ class Connection:
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
         self.dialect = _dialect(request) or SEED
-        self.frames = frame_writer(ws, request, app[FRAMES])
-        self.outbox = Outbox(self.settings.serve_send_buffer, direct=self._write_now)
+        self.outbox = Outbox(self.settings.serve_send_buffer)
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
         self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
@@ -121,8 +117,6 @@ class Connection:
         self._calls: set[asyncio.Task[None]] = set()
         self._subscribing = 0
         self._refusals_logged = 0
-        #: The writer task is writing a burst it popped (direct writes would overtake it).
-        self._bursting = False
 
     # --- lifecycle ----------------------------------------------------------
 
@@ -168,41 +162,28 @@ class Connection:
                 transport.abort()
 
     async def _write(self) -> None:
-        """The one writer task of the connection: bursts of up to ``_WRITE_BATCH`` texts.
+        """The one writer of the connection: every text in outbox order, aiohttp's public API only.
 
-        How frames reach the socket (and the flow-control wait while the
-        transport is paused) is :mod:`pipeline.chain.aiohttp_adapter`'s.
+        ``send_frame`` writes each frame and waits while the transport is
+        paused (aiohttp's flow control). Hand-built frames written in bursts
+        to the transport, with a direct path for live texts, were measured
+        against this with ``make bench B=resume`` (issue 13): no figure showed
+        them paying, so they were dropped with their aiohttp internals.
         """
-        outbox, metrics, frames = self.outbox, self.metrics, self.frames
+        ws, outbox, metrics = self.ws, self.outbox, self.metrics
         try:
             while True:
                 await outbox.wait()
                 texts = outbox.pop_many(_WRITE_BATCH)
                 if not texts:
                     continue
-                if frames.closed():
-                    raise ConnectionResetError("websocket closed")
-                self._bursting = True
-                try:
-                    await frames.write(texts)
-                finally:
-                    self._bursting = False
+                for text in texts:
+                    if ws.closed:
+                        raise ConnectionResetError("websocket closed")
+                    await ws.send_frame(text.encode(), WSMsgType.TEXT)
                 metrics.inc("sluice_serve_messages_sent_total", len(texts))
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-
-    def _write_now(self, texts: list[str]) -> bool:
-        """Write at once when the outbox is empty and the writer can do it without waiting.
-
-        Called by the outbox only while nothing is queued; a burst the writer
-        task popped may still be on its way (a writer that awaits between
-        frames), so nothing is written directly until it is out: nothing can
-        overtake texts popped or queued before.
-        """
-        if self._bursting or not self.frames.write_now(texts):
-            return False
-        self.metrics.inc("sluice_serve_messages_sent_total", len(texts))
-        return True
 
     async def _read(self) -> None:
         """Read frames without ever waiting for a request to finish.
@@ -497,7 +478,6 @@ def create_app(
     app[SETTINGS] = settings
     app[HUB] = hub if hub is not None else WebsocketHub()
     app[METRICS] = Metrics()
-    app[FRAMES] = FrameCache()
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:

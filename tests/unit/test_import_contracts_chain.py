@@ -109,3 +109,15 @@ def test_importing_all_of_chain_starts_no_spark() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_chain_uses_only_public_aiohttp_names() -> None:
+    """No private aiohttp module or attribute under pipeline/chain (an upgrade cannot break serve)."""
+    private = {"_drain_helper", "writing_paused", "_writer", "_paused", "_payload_writer"}
+    for path in sorted((ROOT / "pipeline" / "chain").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiohttp"):
+                assert not any(part.startswith("_") for part in node.module.split(".")), path.name
+                assert node.module in ("aiohttp", "aiohttp.web"), f"{path.name}: {node.module}"
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in private, f"{path.name}: .{node.attr}"

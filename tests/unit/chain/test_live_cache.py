@@ -1,4 +1,4 @@
-"""Live fan-out caches: shared notification texts and websocket frames, same bytes, bounded."""
+"""Live fan-out cache: shared notification texts, same bytes, bounded."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 
 from pipeline.chain import subscription
-from pipeline.chain.aiohttp_adapter import FrameCache, text_frame
 from pipeline.chain.planning import Emit
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 
@@ -60,11 +59,3 @@ def test_live_text_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(
         len(t) <= subscription.LIVE_CACHE_MAX_CHARS + 200 for t in subscription._LIVE_TEXTS.values()
     )
-
-
-def test_cached_frames_equal_fresh_frames_and_are_bounded() -> None:
-    cache = FrameCache(limit=2)
-    for text in ("a", "é" * 100, "x" * 7000, "y" * 70000, "a"):
-        assert cache.frame(text) == text_frame(text.encode())
-        assert len(cache) <= 2
-    assert "y" * 70000 not in cache
