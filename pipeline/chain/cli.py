@@ -14,13 +14,13 @@ import contextlib
 import logging
 import signal
 
-import redis.asyncio as aioredis
 from aiohttp import web
 
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxError, MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
 from pipeline.cli import non_negative
+from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _produce(settings: Settings, hub: WebsocketHub, rate: float, stop: asyncio.Event) -> None:
-    client = aioredis.Redis.from_url(settings.redis_url)
+    client = connect(settings.redis_url, Role.PRODUCER)
     mux = MuxProducer(
         [("redis", RedisStreamProducer(client, settings.serve_stream)), ("websocket", hub)]
     )

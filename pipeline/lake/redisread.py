@@ -67,10 +67,10 @@ def split_range(first: StreamId, last: StreamId, parts: int) -> list[tuple[Strea
 
 
 def connect(url: str) -> Any:
-    """A redis-py client with bounded timeouts (raw bytes responses)."""
-    import redis
+    """A redis-py client for lake jobs (raw bytes responses), from the one client factory."""
+    from pipeline.redisconn import Role, connect_sync
 
-    return redis.Redis.from_url(url, socket_timeout=60, socket_connect_timeout=5)
+    return connect_sync(url, Role.LAKE)
 
 
 def read_pages(
