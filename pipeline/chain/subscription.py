@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ _EXTRAS = {"ready", "reorgs", "weight"}
 #: Live notification texts by (prefix, result): a live block's results are
 #: shared string objects, and subscription ids such as "0x1" repeat across
 #: connections, so subscribers with the same pattern set and id share one text
-#: (and the server one websocket frame for it). Bounded: cleared when full, and
+#: (and the encoding of one text). Bounded: cleared when full, and
 #: texts longer than LIVE_CACHE_MAX_CHARS are never kept (at most about 8 MB).
 _LIVE_TEXTS: dict[tuple[str, str], str] = {}
 LIVE_CACHE_LIMIT = 1024
@@ -81,19 +80,12 @@ def parse_subscribe(params: Any) -> SubscribeParams:
 
 
 class Outbox:
-    """Bounded queue of texts to send on one connection.
+    """Bounded queue of texts to send on one connection (one writer task drains it)."""
 
-    ``direct``, when set, may take texts offered while nothing is queued and
-    write them at once (returning True), skipping the queue and the writer
-    task's wake-up: the live fan-out's hot path. It returns False when it
-    cannot take them now (e.g. the transport is paused), and they are queued.
-    """
-
-    def __init__(self, limit: int, direct: Callable[[list[str]], bool] | None = None) -> None:
+    def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError("outbox limit must be positive")
         self.limit = limit
-        self.direct = direct
         self._items: deque[str] = deque()
         self._data = asyncio.Event()
         self._room = asyncio.Event()
@@ -103,9 +95,7 @@ class Outbox:
         return len(self._items)
 
     def offer(self, texts: list[str]) -> bool:
-        """Queue (or write directly) now if there is room for all of them, else False."""
-        if not self._items and self.direct is not None and self.direct(texts):
-            return True
+        """Queue now if there is room for all of them, else False."""
         if len(self._items) + len(texts) > self.limit:
             return False
         self._items.extend(texts)

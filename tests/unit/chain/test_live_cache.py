@@ -13,13 +13,22 @@ from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 HASH = "0x" + "00" * 32
 
 
-def _sub(sub_id: str, sent: list[list[str]], *, envelope: bool = True) -> Subscription:
-    def direct(texts: list[str]) -> bool:
-        sent.append(texts)
-        return True
+class _Recorded:
+    """A subscription whose queued texts are appended to ``sent`` after each put."""
 
-    params = parse_subscribe(["streams", "0x0", HASH, []])
-    return Subscription(sub_id, params, Outbox(8, direct=direct), envelope=envelope)
+    def __init__(self, sub_id: str, sent: list[list[str]], envelope: bool) -> None:
+        self.box = Outbox(8)
+        params = parse_subscribe(["streams", "0x0", HASH, []])
+        self.sub = Subscription(sub_id, params, self.box, envelope=envelope)
+        self.sent = sent
+
+    def put_nowait(self, emits: list[Emit]) -> None:
+        self.sub.put_nowait(emits)
+        self.sent.append(self.box.pop_many(100))
+
+
+def _sub(sub_id: str, sent: list[list[str]], *, envelope: bool = True) -> _Recorded:
+    return _Recorded(sub_id, sent, envelope)
 
 
 def test_live_texts_are_shared_and_in_the_seed_shape() -> None:
