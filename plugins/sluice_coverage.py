@@ -57,6 +57,7 @@ from fastapi.security import HTTPBearer
 
 from pipeline import __version__, keys
 from pipeline.chain.coverage import Archived, Interval, coverage, summarize
+from pipeline.snapshot import SharedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -372,9 +373,7 @@ class CoverageBoard:
         self._runs = Source("airflow metadata", self._read_runs, AIRFLOW_TTL_S, _db_errors())
         self._redis: Any = None
         self._redis_source: str | None = None
-        self._body: bytes | None = None
-        self._body_at = -math.inf
-        self._lock = asyncio.Lock()
+        self._snapshot = SharedSnapshot(self._build, SNAPSHOT_TTL_S)
         #: Snapshots built (not served): what viewers cost.
         self.builds = 0
 
@@ -394,13 +393,7 @@ class CoverageBoard:
 
     async def body(self) -> bytes:
         """The JSON of the current snapshot, rebuilt at most once per :data:`SNAPSHOT_TTL_S`."""
-        if self._body is not None and time.monotonic() - self._body_at < SNAPSHOT_TTL_S:
-            return self._body
-        async with self._lock:
-            if self._body is None or time.monotonic() - self._body_at >= SNAPSHOT_TTL_S:
-                self._body = json.dumps(await self._build(), separators=(",", ":")).encode()
-                self._body_at = time.monotonic()
-            return self._body
+        return await self._snapshot.get()
 
     def _ensure_settings(self) -> Any:
         if self._settings is None and self._settings_error is None:

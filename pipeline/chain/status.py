@@ -27,7 +27,6 @@ connection open.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -45,6 +44,7 @@ from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, parse_entry_id
 from pipeline.settings import Settings
+from pipeline.snapshot import SharedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +264,7 @@ class StatusBoard:
         self._lake_at = -LAKE_TTL_S
         self._lake_read_s = 0.0
         self._lake_task: asyncio.Future[None] | None = None
-        self._body: bytes | None = None
-        self._body_at = 0.0
-        self._lock = asyncio.Lock()
+        self._snapshot = SharedSnapshot(self._build, SNAPSHOT_TTL_S)
         self.started_ms = int(time.time() * 1000)
         self.tail_up = False
         #: How many snapshots were built (not served): what viewers cost.
@@ -324,13 +322,7 @@ class StatusBoard:
 
     async def body(self) -> bytes:
         """The JSON of the current snapshot, rebuilt at most once per :data:`SNAPSHOT_TTL_S`."""
-        if self._body is not None and time.monotonic() - self._body_at < SNAPSHOT_TTL_S:
-            return self._body
-        async with self._lock:
-            if self._body is None or time.monotonic() - self._body_at >= SNAPSHOT_TTL_S:
-                self._body = json.dumps(await self._build(), separators=(",", ":")).encode()
-                self._body_at = time.monotonic()
-            return self._body
+        return await self._snapshot.get()
 
     def _refresh_lake(self) -> asyncio.Future[None] | None:
         """Start an ``archive_log`` read when the last one is stale (never two at once)."""
