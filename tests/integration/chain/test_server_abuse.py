@@ -21,7 +21,7 @@ import pytest
 from pipeline import keys
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, SERVER_ERROR
-from pipeline.chain.server import MAX_IN_FLIGHT
+from pipeline.chain.wsconn import MAX_IN_FLIGHT
 from pipeline.lake.reader import LakeReader
 
 from .conftest import STREAM, Client, write_foreign_block, write_lake
@@ -86,7 +86,7 @@ async def test_block_numbers_past_int64_are_refused_and_the_connection_goes_on(
     gen = SyntheticChain(seed=41)
     write_lake(settings.lake_uri, gen.take(5))
     write_blocks(redis_client, STREAM, gen.take(5))
-    caplog.set_level(logging.INFO, logger="pipeline.chain.server")
+    caplog.set_level(logging.INFO, logger="pipeline.chain.wsconn")
     async with serve(settings) as (base, _app), connect(base) as client:
         sub = await subscribed(client, gen)
         reply = await rpc(client, "cardinal_getBlock", [number])
@@ -113,7 +113,7 @@ async def test_nesting_bombs_are_answered_and_the_connection_goes_on(
     # (100,000 levels and more) is tested in tests/unit/chain/test_jsonrpc_fuzz.py.
     gen = SyntheticChain(seed=42)
     write_blocks(redis_client, STREAM, gen.take(3))
-    caplog.set_level(logging.INFO, logger="pipeline.chain.server")
+    caplog.set_level(logging.INFO, logger="pipeline.chain.wsconn")
     async with serve(settings) as (base, _app), connect(base) as client:
         await subscribed(client, gen)
         for bomb in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
@@ -395,9 +395,9 @@ async def test_a_stream_key_of_the_wrong_type_is_reported_and_survived(
 async def test_requests_in_flight_are_bounded_for_the_whole_server(
     settings, serve, connect, redis_client, monkeypatch
 ) -> None:
-    from pipeline.chain import server
+    from pipeline.chain import wsconn
 
-    monkeypatch.setattr(server, "MAX_IN_FLIGHT_SERVER", 8)  # small enough to reach here
+    monkeypatch.setattr(wsconn, "MAX_IN_FLIGHT_SERVER", 8)  # small enough to reach here
     gen = SyntheticChain(seed=50)
     write_blocks(redis_client, STREAM, gen.take(200))
     async with serve(settings) as (base, app), connect(base) as witness:
@@ -418,5 +418,5 @@ async def test_requests_in_flight_are_bounded_for_the_whole_server(
         busy = [r for r in replies if "error" in r]
         assert len(replies) == 120 and busy  # 120 calls at once, at most 8 at a time
         assert all(r["error"]["message"] == "server busy: retry later" for r in busy)
-        assert len(app[server.CALLS]) == 0
+        assert len(app[wsconn.CALLS]) == 0
         await goes_on(witness, gen, redis_client)

@@ -1,0 +1,348 @@
+"""One websocket connection of ``sluice serve``: JSON-RPC requests in, notifications out.
+
+A :class:`Connection` reads requests (each in its own bounded task), answers
+them through one bounded :class:`~pipeline.chain.subscription.Outbox` drained
+by one writer task, and runs the subscriptions it opened. The app around it
+(routes, auth, lifecycle, the live tailer) is :mod:`pipeline.chain.server`;
+the wire dialects are :mod:`pipeline.chain.cardinal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from pipeline.chain import jsonrpc
+from pipeline.chain.appkeys import CALLS, METRICS, RESUMPTION, SETTINGS
+from pipeline.chain.batch import MAX_BLOCK_NUM, parse_quantity
+from pipeline.chain.cardinal import (
+    CARDINAL,
+    DIALECTS,
+    SEED,
+    STREAMS_BLOCK,
+    encoding_for,
+    whole_block_result,
+)
+from pipeline.chain.planning import Reason
+from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
+from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer, SluiceError
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME = 64 * 1024
+MAX_SUBSCRIPTIONS = 16
+#: Requests of one connection being worked on at once; more are refused with an
+#: error reply while the reader goes on reading (so pings and pongs still flow).
+MAX_IN_FLIGHT = 64
+#: Requests being worked on in the whole server; more are refused the same way, so
+#: thousands of connections cannot queue unbounded work in front of live data.
+MAX_IN_FLIGHT_SERVER = 1024
+CLOSE_TIMEOUT_S = 2.0
+#: Refused requests logged per connection (later ones are only counted).
+_REFUSALS_LOGGED = 16
+_WRITE_BATCH = 512
+
+
+def dialect_of(request: web.Request) -> str | None:
+    """The wire dialect the URL asks for (``/cardinal``, ``?dialect=``), None if unknown."""
+    default = CARDINAL if request.path == "/cardinal" else SEED
+    name = request.query.get("dialect", default)
+    return name if name in DIALECTS else None
+
+
+class Connection:
+    """One websocket peer: reads requests, owns its subscriptions and its writer."""
+
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
+        app = request.app
+        self.ws = ws
+        self.request = request
+        self.settings = app[SETTINGS]
+        self.metrics = app[METRICS]
+        self.resumption = app[RESUMPTION]
+        self.dialect = dialect_of(request) or SEED
+        self.outbox = Outbox(self.settings.serve_send_buffer)
+        self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
+        self._next_sub = 0
+        self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self._pending_start: tuple[Subscription, Any] | None = None
+        #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task.
+        self._calls: set[asyncio.Task[None]] = set()
+        self._subscribing = 0
+        self._refusals_logged = 0
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write(), name="ws-writer")
+        reader = asyncio.create_task(self._read(), name="ws-reader")
+        try:
+            waits: set[asyncio.Future[Any]] = {reader, writer, self._failure}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for _, task in self.subs.values():
+                task.cancel()
+            reader.cancel()
+            writer.cancel()
+            for call in self._calls:
+                call.cancel()
+            await asyncio.gather(
+                reader,
+                writer,
+                *self._calls,
+                *(t for _, t in self.subs.values()),
+                return_exceptions=True,
+            )
+            self.subs.clear()
+            code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
+            await self.close(code, reason)
+
+    def fail(self, code: int, reason: str) -> None:
+        if not self._failure.done():
+            self._failure.set_result((code, reason))
+
+    async def close(self, code: int, reason: str) -> None:
+        log.debug("closing %s %s closed=%s", code, reason, self.ws.closed)
+        if self.ws.closed:
+            return
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(code=code, message=reason.encode()[:123])
+        except (TimeoutError, ConnectionError) as exc:
+            log.debug("close failed %r; aborting %s", exc, self.request.transport)
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()
+
+    async def _write(self) -> None:
+        """The one writer of the connection: every text in outbox order, aiohttp's public API only.
+
+        ``send_frame`` writes each frame and waits while the transport is
+        paused (aiohttp's flow control). Hand-built frames written in bursts
+        to the transport, with a direct path for live texts, were measured
+        against this with ``make bench B=resume`` (issue 13): no figure showed
+        them paying, so they were dropped with their aiohttp internals.
+        """
+        ws, outbox, metrics = self.ws, self.outbox, self.metrics
+        try:
+            while True:
+                await outbox.wait()
+                texts = outbox.pop_many(_WRITE_BATCH)
+                if not texts:
+                    continue
+                for text in texts:
+                    if ws.closed:
+                        raise ConnectionResetError("websocket closed")
+                    await ws.send_frame(text.encode(), WSMsgType.TEXT)
+                metrics.inc("sluice_serve_messages_sent_total", len(texts))
+        except ConnectionError:
+            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+
+    async def _read(self) -> None:
+        """Read frames without ever waiting for a request to finish.
+
+        Each request runs in its own task (at most ``MAX_IN_FLIGHT``); the loop
+        goes straight back to ``receive``, which is where aiohttp answers pings
+        and notes pongs, so a burst of slow calls cannot starve the heartbeat.
+        """
+        async for msg in self.ws:
+            if msg.type == WSMsgType.TEXT:
+                self._dispatch(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                self._error(None, jsonrpc.PARSE_ERROR, "binary frames are not JSON-RPC: send text")
+            elif msg.type == WSMsgType.ERROR:
+                self.fail(WSCloseCode.MESSAGE_TOO_BIG, "frame too large or invalid")
+                return
+
+    # --- requests -----------------------------------------------------------
+
+    def _reply(self, text: str) -> None:
+        if not self.outbox.offer([text]):
+            self._slow()
+
+    def _error(self, req_id: jsonrpc.RequestId, code: int, message: str) -> None:
+        self.metrics.inc_label("sluice_serve_rpc_errors_total", "code", str(code))
+        self._reply(jsonrpc.error(req_id, code, message))
+
+    def _log_refusal(self, fmt: str, *args: object) -> None:
+        """Log a refused request, at most ``_REFUSALS_LOGGED`` per connection (a flood is counted
+        in ``sluice_serve_rpc_errors_total``, not written to the log line by line)."""
+        if self._refusals_logged < _REFUSALS_LOGGED:
+            self._refusals_logged += 1
+            log.info(fmt + " (%s)", *args, self.request.remote)
+
+    def _slow(self) -> None:
+        self.metrics.inc("sluice_serve_slow_disconnects_total")
+        self.fail(
+            WSCloseCode.POLICY_VIOLATION,
+            f"subscriber too slow: send buffer of {self.outbox.limit} messages full",
+        )
+
+    def _dispatch(self, text: str) -> None:
+        """Parse one frame (bounded: see ``jsonrpc.parse_request``) and start its call."""
+        req = jsonrpc.parse_request(text)
+        if isinstance(req, jsonrpc.RpcError):
+            self._log_refusal("refused a request: %s", req.message)
+            self._error(req.id, req.code, req.message)
+            return
+        if req.is_notification:
+            return  # JSON-RPC: no reply to a notification, and none of our methods is one
+        handler = _METHODS.get(req.method)
+        if handler is None:
+            self._error(req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}")
+            return
+        everyone = self.request.app[CALLS]
+        if len(self._calls) >= MAX_IN_FLIGHT or len(everyone) >= MAX_IN_FLIGHT_SERVER:
+            self.metrics.inc("sluice_serve_requests_refused_total")
+            busy = len(self._calls) < MAX_IN_FLIGHT
+            self._error(
+                req.id,
+                jsonrpc.SERVER_ERROR,
+                "server busy: retry later"
+                if busy
+                else f"too many requests in flight (at most {MAX_IN_FLIGHT}): wait for replies",
+            )
+            return
+        task = asyncio.create_task(self._handle(req, handler), name=f"rpc-{req.method[:32]}")
+        self._calls.add(task)
+        everyone.add(task)
+        task.add_done_callback(self._calls.discard)
+        task.add_done_callback(everyone.discard)
+
+    async def _handle(
+        self, req: jsonrpc.Request, handler: Callable[[Connection, Any], Any]
+    ) -> None:
+        """Run one call; its errors become replies here, the one boundary to the wire.
+
+        Only ``public_message`` texts (and the texts of :class:`BadParams`,
+        which describe the peer's own input) are sent; details go to the log.
+        """
+        try:
+            value = await handler(self, req.params)
+        except BadParams as exc:
+            self._log_refusal("request %s: invalid params: %s", req.method[:64], exc)
+            self._error(req.id, jsonrpc.INVALID_PARAMS, exc.public_message)
+        except SluiceError as exc:
+            log.info("request %s refused: %r", req.method, exc)
+            self._error(req.id, jsonrpc.SERVER_ERROR, exc.public_message)
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("request %s failed: %r", req.method, exc)
+            self._error(req.id, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
+        except Exception:
+            # Whatever a message can cause ends here, logged: the connection and
+            # its subscriptions go on.
+            log.exception("request %s failed", req.method)
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self._error(req.id, jsonrpc.INTERNAL_ERROR, "internal error")
+        else:
+            self._reply(jsonrpc.result(req.id, value))
+            if req.method == "cardinal_subscribe":
+                self._start(str(value))
+
+    async def subscribe(self, params: Any) -> str:
+        parsed = parse_subscribe(params)
+        if len(self.subs) + self._subscribing >= MAX_SUBSCRIPTIONS:
+            raise BadParams(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        if parsed.num > MAX_BLOCK_NUM:
+            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        self._subscribing += 1
+        try:
+            keep = encoding_for(parsed.keep, self.dialect, parsed.weight)
+            plan = await self.resumption.resolve(parsed.num, parsed.hash, keep)
+        finally:
+            self._subscribing -= 1
+        self._next_sub += 1
+        sub_id = hex(self._next_sub)
+        # Not started where the subscriber said it was: the cardinal dialect names the block below.
+        moved = plan.reason in (Reason.REWIND, Reason.FORK) and (parsed.num, parsed.hash) != (
+            0,
+            bytes(32),
+        )
+        sub = Subscription(sub_id, parsed, self.outbox, dialect=self.dialect, announce=moved)
+        self._pending_start = (sub, plan)
+        return sub_id
+
+    def _start(self, sub_id: str) -> None:
+        assert self._pending_start is not None
+        sub, plan = self._pending_start
+        self._pending_start = None
+        task = asyncio.create_task(self._run_sub(sub, plan), name=f"sub-{sub_id}")
+        self.subs[sub_id] = (sub, task)
+        self.metrics.inc("sluice_serve_subscriptions_open")
+
+    async def _run_sub(self, sub: Subscription, plan: Any) -> None:
+        try:
+            await self.resumption.stream(plan, sub.keep, sub)
+        except SlowConsumer:
+            self._slow()
+        except SluiceError as exc:
+            log.warning("subscription %s ended: %r", sub.id, exc)
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: {exc.public_message}")
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("subscription %s: redis error %r", sub.id, exc)
+            self.fail(WSCloseCode.TRY_AGAIN_LATER, "redis unavailable, resubscribe later")
+        except Exception:
+            log.exception("subscription %s failed", sub.id)
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: internal error")
+        finally:
+            self.metrics.inc("sluice_serve_subscriptions_open", -1)
+
+    async def unsubscribe(self, params: Any) -> bool:
+        if not isinstance(params, list) or len(params) != 1 or not isinstance(params[0], str):
+            raise BadParams('params must be ["0xID"]')
+        entry = self.subs.pop(params[0], None)
+        if entry is None:
+            return False
+        entry[1].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await entry[1]
+        return True
+
+    async def get_block(self, params: Any) -> list[Any] | None:
+        if not isinstance(params, list) or len(params) != 1:
+            raise BadParams('params must be ["0xNUM"]')
+        try:
+            num = parse_quantity(params[0])
+        except BadBatch as exc:
+            raise BadParams(f"block number: {exc}") from exc
+        if num > MAX_BLOCK_NUM:
+            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        texts = await self.resumption.get_block(num, encoding_for(None, self.dialect, False))
+        return None if texts is None else [json.loads(t) for t in texts]
+
+    async def streams_block(self, params: Any) -> Any:
+        """``cardinal_streamsBlock``: the library's ``StreamsBlock`` (one ``batch``, all values)."""
+        num = _block_number(params)
+        found = await self.resumption.get_block_raw(num)
+        if found is None:
+            raise ResumptionError("block not found", public="block not found")
+        return whole_block_result(*found)
+
+
+def _block_number(params: Any) -> int:
+    """The one ``["0xNUM"]`` parameter of a block query; :class:`BadParams` otherwise."""
+    if not isinstance(params, list) or len(params) != 1:
+        raise BadParams('params must be ["0xNUM"]')
+    try:
+        num = parse_quantity(params[0])
+    except BadBatch as exc:
+        raise BadParams(f"block number: {exc}") from exc
+    if num > MAX_BLOCK_NUM:
+        raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+    return num
+
+
+_METHODS: dict[str, Callable[[Connection, Any], Any]] = {
+    "cardinal_subscribe": Connection.subscribe,
+    "cardinal_unsubscribe": Connection.unsubscribe,
+    "cardinal_getBlock": Connection.get_block,
+    STREAMS_BLOCK: Connection.streams_block,
+}
