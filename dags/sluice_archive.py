@@ -10,9 +10,24 @@ idempotent for its interval, so re-runs, retries and Airflow 3 backfills
 (``airflow backfill create --dag-id sluice_archive ...``) just work.
 
 The schedule is ``SLUICE_ARCHIVE_CRON`` (default every 5 minutes) as a
-``CronDataIntervalTimetable`` in UTC; catchup is off (use a backfill for the
-past). The DAG is unpaused on creation: archiving is what a user deploying
-Sluice expects to start.
+``CronDataIntervalTimetable`` in UTC. The DAG is unpaused on creation:
+archiving is what a user deploying Sluice expects to start.
+
+No interval is ever left out. Airflow's catchup is off and one run is active
+at a time, so when a run overruns its interval the scheduler skips the
+intervals in between and starts the newest one. Each archive task therefore
+archives, before its own interval, the holes ``archive_log`` shows for its
+stream since the stream's first row (skipped intervals, or intervals whose
+run failed), oldest first, in interval-wide steps, at most
+``CATCHUP_MAX_STEPS`` (12) per task; what is left waits for the next run,
+which again takes the oldest. Coverage thus stays contiguous, which is what
+lets trim advance. A stream's history before its first archived interval is
+not chased: backfill it (below). Catchup=True was rejected: it would start
+one run per interval since ``start_date`` on a fresh deployment, and a
+skipped interval would still cost a whole DAG run.
+
+Retries back off exponentially: 30 s, 1 min, 2 min, ... capped at 10 min
+(``SLUICE_LAKE_TASK_RETRIES`` retries).
 
 The lake jobs run as child processes (plugins/sluice_lake_job.py) through
 ``LakeJobOperator``, whose ``on_kill`` stops the job at once when the task is
@@ -23,6 +38,7 @@ scheduled interval) or with no entry in Redis never touches Spark.
 
 Backfills: ``airflow backfill create`` runs up to its own
 ``--max-active-runs`` (default 10) runs at once, next to the scheduled run.
+A backfill run archives only its own interval (no catch-up steps).
 That is safe: archive, canonical and trim of one stream hold the stream's
 archive lock in Redis (a second job on the stream waits for it, up to
 ``SLUICE_LAKE_LOCK_WAIT_S``), every step is idempotent per interval, and
@@ -71,6 +87,7 @@ def sluice_archive() -> None:
         task_id="archive",
         job="archive",
         interval=True,
+        catchup=True,
         max_active_tis_per_dag=_settings.archive_parallelism,
     )
     canonical = LakeJobOperator.partial(

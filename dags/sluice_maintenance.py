@@ -3,13 +3,17 @@
 Compaction keeps the JVM-free reader fast (fewer, larger files, ordered by
 ``num``); VACUUM removes files no snapshot younger than ``retain_hours``
 needs. Both are safe to repeat.
+
+It runs at 03:00 UTC every day and only then: the schedule is a
+``CronTriggerTimetable`` with no ``start_date`` and ``run_immediately=False``,
+so starting Airflow (or deploying the DAG) does not run a "missed" day at
+once. Trigger it by hand to run it now.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from airflow.sdk import Param, dag
+from airflow.timetables.trigger import CronTriggerTimetable
 from sluice_dag_common import default_args, load_settings
 from sluice_lake_operator import LakeJobOperator
 
@@ -18,8 +22,8 @@ _settings = load_settings()
 
 @dag(
     dag_id="sluice_maintenance",
-    schedule="@daily",
-    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    # No start_date: with one, the first run would be the last 03:00 already past.
+    schedule=CronTriggerTimetable("0 3 * * *", timezone="UTC", run_immediately=False),
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=False,

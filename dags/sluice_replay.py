@@ -3,16 +3,17 @@
 Trigger it with params ``stream``, ``from_num``, ``to_num`` and optionally
 ``target`` (the stream to write to; empty = the lake job's default). It reads
 the canonical blocks ``from_num..to_num`` of ``stream`` with the JVM-free
-reader and XADDs them, one block per entry, in order.
+reader and XADDs them, one block per entry, in order. It runs as a lake job
+child through ``ReplayOperator``: marking the task failed stops the job at once.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from airflow.sdk import Param, dag, get_current_context, task
-from sluice_dag_common import default_args, lake_job, load_settings
+from airflow.sdk import Param, dag
+from sluice_dag_common import default_args, load_settings
+from sluice_lake_operator import ReplayOperator
 
 _settings = load_settings()
 
@@ -35,20 +36,8 @@ _settings = load_settings()
     doc_md=__doc__,
 )
 def sluice_replay() -> None:
-    @task
-    def replay() -> dict[str, Any]:
-        params = get_current_context()["params"]
-        stream, target = str(params["stream"]), str(params.get("target") or "")
-        from_num, to_num = int(params["from_num"]), int(params["to_num"])
-        if to_num < from_num:
-            raise ValueError(f"to_num {to_num} is below from_num {from_num}")
-        args = ["--stream", stream, "--from", str(from_num), "--to", str(to_num)]
-        if target:
-            args += ["--target", target]
-        result: dict[str, Any] = lake_job("replay", *args)
-        return result
-
-    replay()
+    # An operator, not @task: "Mark failed" reaches its on_kill, which stops the job.
+    ReplayOperator(task_id="replay")
 
 
 sluice_replay()

@@ -12,11 +12,11 @@ no import-time side effects, so that second execution is harmless.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset
-from sluice_lake_job import run_lake_job
 from sluice_redis_hook import SluiceRedisHook
 
 from pipeline.settings import Settings
@@ -27,13 +27,27 @@ log = logging.getLogger(__name__)
 LAKE_BLOCKS = Asset("sluice://lake/blocks", group="sluice")
 
 
+#: Most earlier intervals one archive task catches up, oldest first, besides its own.
+CATCHUP_MAX_STEPS = 12
+#: First retry after this long; each further one waits twice as long, up to the cap.
+RETRY_DELAY = timedelta(seconds=30)
+RETRY_MAX_DELAY = timedelta(minutes=10)
+
+
 def default_args(settings: Settings) -> dict[str, Any]:
     """Task defaults of the lake DAGs: Delta commits are atomic and every job is
-    idempotent for its interval, so a retry is always safe."""
+    idempotent for its interval, so a retry is always safe.
+
+    Retries back off exponentially (30 s, 1 min, 2 min ... capped at 10 min,
+    with Airflow's jitter): a Redis or Spark server that is restarting gets
+    room, and a long outage does not turn into a retry every minute.
+    """
     return {
         "owner": "sluice",
         "retries": settings.lake_task_retries,
-        "retry_delay": timedelta(seconds=60),
+        "retry_delay": RETRY_DELAY,
+        "retry_exponential_backoff": 2.0,
+        "max_retry_delay": RETRY_MAX_DELAY,
         # The job's own limit kills it first; this is the backstop.
         "execution_timeout": timedelta(seconds=settings.lake_job_timeout_s + 120),
     }
@@ -54,6 +68,54 @@ def interval_ms(start: datetime | None, end: datetime | None) -> tuple[int, int]
     return start_ms, end_ms
 
 
+def archive_steps(
+    logged: Iterable[tuple[int, int]],
+    start_ms: int,
+    end_ms: int,
+    *,
+    max_steps: int = CATCHUP_MAX_STEPS,
+) -> list[tuple[int, int]]:
+    """The intervals one archive task archives: earlier holes, oldest first, then its own.
+
+    ``logged`` are the stream's ``archive_log`` intervals. A hole is any part
+    of ``[first logged start, start_ms)`` no row covers (an interval the
+    scheduler skipped because a run overran, or whose run failed); holes are
+    cut on the grid of this run's interval (``end_ms - start_ms`` wide,
+    anchored at ``start_ms``), so the rows look like the scheduler's. At most
+    ``max_steps`` hole pieces are returned (the oldest: coverage grows
+    contiguously, which is what trim needs); the rest is left to the next
+    runs, each of which again takes the oldest. A stream with no row yet has
+    no hole: its history before the first run is a backfill's business. The
+    run's own interval ``[start_ms, end_ms)`` is always last (archiving it
+    again is a cheap no-op).
+    """
+    if not 0 <= start_ms < end_ms:
+        raise ValueError(f"bad interval [{start_ms}, {end_ms})")
+    width = end_ms - start_ms
+    runs: list[list[int]] = []
+    for lo, hi in sorted(i for i in logged if i[0] < i[1]):
+        if runs and lo <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], hi)
+        else:
+            runs.append([lo, hi])
+    holes: list[tuple[int, int]] = []
+    if runs and runs[0][0] < start_ms:
+        cursor = runs[0][1]
+        for lo, hi in runs[1:] + [[start_ms, start_ms]]:
+            holes.append((cursor, min(lo, start_ms)))
+            cursor = max(cursor, hi)
+            if cursor >= start_ms:
+                break
+    steps: list[tuple[int, int]] = []
+    for lo, hi in holes:
+        while lo < hi and len(steps) < max_steps:
+            # the next grid line above lo (grid: start_ms - k * width)
+            edge = start_ms - ((start_ms - lo - 1) // width) * width
+            steps.append((lo, min(edge, hi)))
+            lo = min(edge, hi)
+    return [*steps, (start_ms, end_ms)]
+
+
 def _ms(moment: datetime) -> int:
     if moment.tzinfo is None:
         raise ValueError(f"naive datetime {moment!r}: data intervals are timezone-aware")
@@ -72,20 +134,3 @@ def job_env(
         "SLUICE_REDIS_URL": SluiceRedisHook(redis_conn_id, settings=settings).get_url(),
         "SLUICE_LAKE_URI": settings.lake.uri,
     }
-
-
-def lake_job(
-    job: str,
-    *args: str,
-    settings: Settings | None = None,
-    report_codes: frozenset[int] = frozenset(),
-) -> Any:
-    """Run one lake job for the current task and return its JSON result (the XCom)."""
-    settings = settings or load_settings()
-    return run_lake_job(
-        job,
-        list(args),
-        env=job_env(settings),
-        timeout_s=float(settings.lake_job_timeout_s),
-        report_codes=report_codes,
-    )

@@ -1,0 +1,100 @@
+"""How the lake DAGs are scheduled: archive catch-up steps, retry backoff, maintenance timing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sluice_dag_common import CATCHUP_MAX_STEPS, archive_steps, default_args
+
+from pipeline.settings import Settings
+
+W = 300_000  # a 5-minute interval in ms
+S = 1_780_000_200_000  # a run's data_interval_start (on the 5-minute grid)
+
+
+def test_a_stream_without_rows_archives_only_its_own_interval() -> None:
+    assert archive_steps([], S, S + W) == [(S, S + W)]
+
+
+def test_contiguous_coverage_has_nothing_to_catch_up() -> None:
+    logged = [(S - 2 * W, S - W), (S - W, S)]
+    assert archive_steps(logged, S, S + W) == [(S, S + W)]
+    # the run's own interval archived already: it is still run (a cheap no-op)
+    assert archive_steps([*logged, (S, S + W)], S, S + W) == [(S, S + W)]
+
+
+def test_skipped_intervals_are_archived_oldest_first_before_its_own() -> None:
+    # the scheduler skipped three intervals while a run overran
+    logged = [(S - 5 * W, S - 4 * W), (S - 4 * W, S - 3 * W)]
+    assert archive_steps(logged, S, S + W) == [
+        (S - 3 * W, S - 2 * W),
+        (S - 2 * W, S - W),
+        (S - W, S),
+        (S, S + W),
+    ]
+
+
+def test_a_hole_between_rows_is_filled_and_cut_on_the_run_grid() -> None:
+    # a failed run left [S-4W, S-3W) out; a row off the grid ends at S-3W+1000
+    logged = [(S - 6 * W, S - 4 * W), (S - 3 * W + 1000, S)]
+    assert archive_steps(logged, S, S + W) == [
+        (S - 4 * W, S - 3 * W),
+        (S - 3 * W, S - 3 * W + 1000),
+        (S, S + W),
+    ]
+    # a hole that does not start on the grid: the first step ends at the grid line
+    assert archive_steps([(0, S - W - 7)], S, S + W) == [(S - W - 7, S - W), (S - W, S), (S, S + W)]
+
+
+def test_at_most_max_steps_are_caught_up_oldest_first() -> None:
+    first = S - 100 * W
+    steps = archive_steps([(first - W, first)], S, S + W)
+    assert len(steps) == CATCHUP_MAX_STEPS + 1
+    assert steps[0] == (first, first + W)
+    assert steps[-2] == (first + (CATCHUP_MAX_STEPS - 1) * W, first + CATCHUP_MAX_STEPS * W)
+    assert steps[-1] == (S, S + W)
+    # each run takes the oldest again, so coverage converges run by run
+    assert archive_steps([(first - W, first)], S, S + W, max_steps=2)[:2] == [
+        (first, first + W),
+        (first + W, first + 2 * W),
+    ]
+
+
+def test_coverage_after_the_run_is_not_a_hole_and_bad_intervals_fail() -> None:
+    # a backfill or a later run archived after this interval: not this run's business
+    assert archive_steps([(S - W, S), (S + 3 * W, S + 4 * W)], S, S + W) == [(S, S + W)]
+    with pytest.raises(ValueError):
+        archive_steps([], S, S)
+
+
+def test_retries_back_off_exponentially_with_a_cap() -> None:
+    args = default_args(Settings.load())
+    assert args["retry_delay"] == timedelta(seconds=30)
+    assert args["retry_exponential_backoff"] == 2.0
+    assert args["max_retry_delay"] == timedelta(minutes=10)
+
+
+def test_maintenance_runs_on_its_schedule_only_never_at_start() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from airflow.timetables.base import TimeRestriction
+
+    path = Path(__file__).resolve().parents[3] / "dags" / "sluice_maintenance.py"
+    spec = importlib.util.spec_from_file_location("sluice_maintenance_dag", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dag = module.sluice_maintenance()
+    assert dag.start_date is None and dag.catchup is False
+    now = datetime.now(UTC)
+    # What the scheduler asks when the DAG is first seen (no run yet): the next
+    # 03:00 in the future, never the last one already past.
+    info = dag.timetable.next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(earliest=None, latest=None, catchup=False),
+    )
+    assert info is not None
+    assert now < info.run_after <= now + timedelta(days=1)
+    assert (info.run_after.hour, info.run_after.minute) == (3, 0)
