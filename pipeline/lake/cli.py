@@ -3,7 +3,8 @@
 Jobs: ``archive --stream S --start-ms A --end-ms B [--run-id R] [--force]``,
 ``canonical --stream S``, ``trim --stream S [--now-ms N]``,
 ``replay --stream S --from N --to M [--target T]``, ``audit --stream S``,
-``maintain [--retain-hours H]``. Settings come from ``Settings.load()``
+``maintain [--retain-hours H]``, ``backfill --stream S [--since ISO |
+--from-coverage] [--until ISO]`` (:mod:`pipeline.lake.backfill`). Settings come from ``Settings.load()``
 (``SLUICE_LAKE_URI``, ``SLUICE_REDIS_URL``, ``SLUICE_SPARK_REMOTE``,
 ``SLUICE_SPARK_MASTER``...).
 
@@ -16,6 +17,9 @@ What a caller (a person, or the Airflow runner reading stderr) can rely on:
   ``$SLUICE_VAR_DIR/logs/`` instead, named in the first line;
 - the JSON result carries ``warnings``: how many WARNING-or-worse lines the
   job logged (an archive that kept invalid entries raw says so there too);
+- backfill and replay show their progress: a rich bar when stderr is a
+  terminal, else an INFO ``progress:`` line (done/total, items, rate, ETA)
+  at most every few seconds and one at the end (:mod:`pipeline.lake.progress`);
 - a Spark session is started only when the job needs Spark (an interval
   already archived, or with nothing in Redis, never starts one);
 - archive, canonical and trim of one stream hold that stream's archive lock
@@ -46,12 +50,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from pipeline.errors import JobCancelled, SluiceError
+from pipeline.errors import ConfigError, JobCancelled, SluiceError
+from pipeline.lake.progress import reporter
 from pipeline.settings import Settings
 
 log = logging.getLogger("pipeline.lake.job")
 
-SPARK_JOBS = frozenset({"archive", "canonical", "maintain"})
+SPARK_JOBS = frozenset({"archive", "canonical", "maintain", "backfill"})
 #: Jobs that write one stream's lake rows or Redis entries and so hold its archive lock.
 LOCKED_JOBS = frozenset({"archive", "canonical", "trim"})
 #: The debug log is rotated (one old copy kept) when it grows past this size.
@@ -88,7 +93,36 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--stream", required=True)
     maintain = jobs.add_parser("maintain", help="compact and VACUUM every table")
     maintain.add_argument("--retain-hours", type=int, default=168)
+    backfill = jobs.add_parser(
+        "backfill", help="archive every missing interval of a stream up to --until (default now)"
+    )
+    backfill.add_argument("--stream", required=True)
+    backfill.add_argument("--since", help="ISO time: start at the interval holding it")
+    backfill.add_argument(
+        "--from-coverage",
+        action="store_true",
+        help="start where the lake's coverage of what Redis holds ends (the default)",
+    )
+    backfill.add_argument("--until", help="ISO time: stop at the last interval ending by it")
     return parser
+
+
+def check_args(args: argparse.Namespace, settings: Settings) -> None:
+    """Refuse bad input before any work (:class:`ConfigError`: one line, exit 2)."""
+    if args.job != "backfill":
+        return
+    from pipeline.lake.backfill import iso, parse_time
+
+    if args.stream not in settings.streams:
+        raise ConfigError(
+            f"unknown stream {args.stream!r} (SLUICE_STREAMS: {', '.join(settings.streams)})"
+        )
+    if args.since is not None and args.from_coverage:
+        raise ConfigError("--since and --from-coverage exclude each other")
+    args.since_ms = None if args.since is None else parse_time(args.since, "--since")
+    args.until_ms = None if args.until is None else parse_time(args.until, "--until")
+    if args.since_ms is not None and args.until_ms is not None and args.until_ms <= args.since_ms:
+        raise ConfigError(f"--until {iso(args.until_ms)} is not after --since {iso(args.since_ms)}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -269,9 +303,13 @@ def run(
     settings: Settings,
     spark: Any = None,
     guard: Callable[[], None] | None = None,
+    stopper: Stopper | None = None,
 ) -> tuple[Any, bool]:
     """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`;
-    ``guard`` is called before a job's last commit (the archive lock's check)."""
+    ``guard`` is called before a job's last commit (the archive lock's check);
+    ``stopper`` (backfill) is told each interval's lock so a stop releases it."""
+    if args.job == "backfill":
+        return _backfill(args, settings, spark, stopper or Stopper(spark)), True
     if args.job == "archive":
         from pipeline.lake.archive import archive_interval
 
@@ -300,14 +338,70 @@ def run(
     if args.job == "replay":
         from pipeline.lake.replay import replay
 
-        result = replay(
-            settings, args.stream, args.from_num, args.to_num, target_stream=args.target
-        )
+        total = max(args.to_num - args.from_num + 1, 0)
+        with reporter(
+            f"replay {args.stream}", total, "blocks", "blocks", stream=sys.stderr
+        ) as shown:
+            result = replay(
+                settings,
+                args.stream,
+                args.from_num,
+                args.to_num,
+                target_stream=args.target,
+                progress=lambda n: shown.advance(n, n),
+            )
         return result, True
     from pipeline.lake.audit import audit
 
     report = audit(settings, args.stream)
     return report, report.ok
+
+
+def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper: Stopper) -> Any:
+    from pipeline.lake import backfill
+    from pipeline.lake.lock import StreamLock
+
+    logged, oldest_ms, now_ms = backfill.read_state(settings, args.stream)
+    until_ms = getattr(args, "until_ms", None)
+    todo = backfill.plan(
+        settings.archive_cron,
+        args.stream,
+        logged=logged,
+        oldest_ms=oldest_ms,
+        now_ms=now_ms,
+        since_ms=getattr(args, "since_ms", None),
+        until_ms=until_ms,
+    )
+    if until_ms is not None and until_ms > now_ms:
+        log.info("--until is after Redis' clock: stopping at the last closed interval")
+    log.info(
+        "backfill of %s from %s (%s) to %s: %d intervals of %r to archive, %d archived already",
+        args.stream,
+        backfill.iso(todo.start_ms),
+        todo.origin,
+        backfill.iso(todo.end_ms),
+        len(todo.todo),
+        settings.archive_cron,
+        todo.covered,
+    )
+
+    @contextmanager
+    def locked() -> Iterator[StreamLock]:
+        with StreamLock(
+            settings.redis_url, args.stream, owner="backfill", wait_s=settings.lake_lock_wait_s
+        ) as lock:
+            stopper.lock = lock
+            try:
+                yield lock
+            finally:
+                stopper.lock = None
+
+    with reporter(
+        f"backfill {args.stream}", len(todo.todo), "intervals", "entries", stream=sys.stderr
+    ) as shown:
+        return backfill.run_backfill(
+            spark, settings, todo, progress=shown, locked=locked, check=stopper.check
+        )
 
 
 def describe(args: argparse.Namespace) -> str:
@@ -339,6 +433,15 @@ def summary_lines(job: str, result: dict[str, Any], seconds: float) -> list[str]
         rate = (float(read) / seconds) if seconds > 0 and read else 0.0
         lines.append(f"done in {seconds:.2f}s ({rate:,.0f} entries/s)")
         return lines
+    if job == "backfill":
+        start, end = int(result.get("start_ms", 0)), int(result.get("end_ms", 0))
+        return [
+            f"stream {result.get('stream')} [{_iso(start)}, {_iso(end)}): "
+            f"{result.get('intervals', 0)} intervals archived, "
+            f"{result.get('covered', 0)} were archived already; {result.get('entries', 0)} "
+            f"entries ({result.get('read', 0)} read from Redis), {result.get('blocks', 0)} blocks",
+            f"done in {seconds:.2f}s",
+        ]
     fields = ", ".join(
         f"{k} {v}" for k, v in result.items() if isinstance(v, int | float | str) and k != "stream"
     )
@@ -351,6 +454,7 @@ def main(argv: Sequence[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     settings = Settings.load()
+    check_args(args, settings)
     with job_logging(settings, args.job) as (counter, debug_path):
         code = _main(args, settings, counter, debug_path)
     if code == EXIT_CANCELLED:
@@ -393,7 +497,7 @@ def _main(
             stopper.lock = lock
             if lock.waited_s > 0.5:
                 log.info("waited %.1fs for the archive lock of %s", lock.waited_s, args.stream)
-        result, ok = run(args, settings, spark, stopper.check)
+        result, ok = run(args, settings, spark, stopper.check, stopper)
         stopper.check()
     except JobCancelled as exc:
         log.error("%s", exc)

@@ -10,6 +10,7 @@ than that scan would be published again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,13 @@ def replay(
     *,
     target_stream: str | None = None,
     reader: LakeReader | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
-    """Publish canonical blocks ``from_num..to_num`` (inclusive) of ``stream`` into ``target_stream``."""
+    """Publish canonical blocks ``from_num..to_num`` (inclusive) of ``stream`` into ``target_stream``.
+
+    ``progress(n)`` is called after each batch read from the lake with the
+    heights it settled (published or already there).
+    """
     import redis
 
     if from_num < 0 or to_num < from_num:
@@ -82,6 +88,8 @@ def replay(
             if queued:
                 last_id = _flush(pipe) or last_id
                 published += queued
+            if progress is not None:
+                progress(batch.num_rows)
     except redis.ConnectionError as exc:
         raise RedisUnavailable(f"redis unavailable while replaying into {target!r}: {exc}") from exc
     finally:
