@@ -10,6 +10,12 @@ sent to a peer: internal details stay in the logs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # at run time this module binds exception classes only (contract tests read it)
+    from collections.abc import Sequence
+    from typing import Any
+
 
 class SluiceError(Exception):
     """Base of every error Sluice raises on purpose."""
@@ -97,6 +103,12 @@ class LeaseHeld(StreamError):
     public_message = "stream is consumed by another node"
 
 
+class PullAborted(StreamError):
+    """A pull in flight was abandoned because its consumer is stopping."""
+
+    public_message = "pull aborted"
+
+
 # --- reliable message bus --------------------------------------------------
 
 
@@ -112,22 +124,10 @@ class EnvelopeError(BusError, RemoteProtocolError):
     public_message = "invalid envelope"
 
 
-class DestinationNotFound(BusError):
-    """A destination twin is not in the directory."""
-
-    public_message = "destination not found"
-
-
 class SignatureError(BusError):
     """A bus-to-bus request is unsigned, forged, or from an unknown twin."""
 
     public_message = "invalid signature"
-
-
-class ReplayError(BusError):
-    """A request uid was already seen within its expiry."""
-
-    public_message = "replayed request"
 
 
 class RequestExpired(BusError):
@@ -140,6 +140,19 @@ class RemoteError(BusError):
     """The remote side answered with ``err`` set."""
 
     public_message = "remote error"
+
+
+class CallFailed(RemoteError):
+    """At least one destination answered with ``err``; ``answers`` holds all of them.
+
+    ``answers`` are the :class:`~pipeline.bus.envelope.Envelope` answers in
+    ``dst`` order (typed loosely: this module imports nothing of Sluice's).
+    The public text is the first destination's own ``err``.
+    """
+
+    def __init__(self, message: str, answers: Sequence[Any]) -> None:
+        super().__init__(message, public=next((a.err for a in answers if a.err), message))
+        self.answers = list(answers)
 
 
 # --- dialogue --------------------------------------------------------------
@@ -213,6 +226,35 @@ class SlowConsumer(ChainError):
     public_message = "subscriber too slow"
 
 
+class PeerLeft(ChainError):
+    """The subscriber ended its half of a Dialogue feed duplex (ends serving it, quietly)."""
+
+    public_message = "subscriber left"
+
+
+class SubscriptionLost(ChainError):
+    """The server could not be reached again within the retry budget."""
+
+    public_message = "subscription lost"
+
+
+class OrderingError(ChainError):
+    """Too many blocks held out of order: resume from the last complete block."""
+
+    public_message = "too many out-of-order blocks"
+
+
+class MuxError(ChainError):
+    """One or more transports of a ``MuxProducer`` failed; ``failures`` lists every one."""
+
+    public_message = "producer transport failed"
+
+    def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
+        names = ", ".join(f"{name}: {exc!r}" for name, exc in failures)
+        super().__init__(f"{len(failures)} transport(s) failed: {names}")
+        self.failures = list(failures)
+
+
 # --- lake ------------------------------------------------------------------
 
 
@@ -232,6 +274,10 @@ class RedisUnavailable(LakeError, StreamError):
     public_message = "redis unavailable"
 
 
+class ProducerGaveUp(RedisUnavailable):
+    """Redis stayed unreachable for longer than the producer's ``--retry-for``."""
+
+
 class ArchiveError(LakeError):
     """An archive interval could not be archived."""
 
@@ -246,6 +292,23 @@ class JobCancelled(LakeError):
     """A lake job was stopped (SIGTERM, "Mark failed") before it committed."""
 
     public_message = "job cancelled"
+
+
+class LockBusy(LakeError):
+    """Another job holds the stream's archive lock for longer than this job would wait."""
+
+
+class LockLost(LakeError):
+    """This job's lease expired or could not be renewed; it must not commit."""
+
+
+class LakeJobError(LakeError):
+    """A lake job child process failed, timed out, or did not print a JSON result."""
+
+    def __init__(self, message: str, *, returncode: int | None, stderr_tail: str) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
 
 
 class HandlerError(BusError):
@@ -265,3 +328,15 @@ class DemoError(SluiceError):
     """A demo component did not start, or kept dying past its restart budget."""
 
     public_message = "demo failed"
+
+
+class DemoTimeout(DemoError):
+    """A demo check's deadline passed (or it was interrupted) while waiting for a condition."""
+
+    public_message = "demo check timed out"
+
+
+class BrokenChain(DemoError):
+    """The blocks the demo check collected do not link back to block 0."""
+
+    public_message = "broken chain"

@@ -38,6 +38,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from pipeline.errors import LakeJobError
+
 log = logging.getLogger(__name__)
 
 #: The module every job goes through (its ``main(argv)`` is ``sluice lake``).
@@ -76,15 +78,6 @@ if os.getppid() != parent:
     sys.exit("sluice lake job: the task process that started this job is gone")
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
-
-
-class LakeJobError(RuntimeError):
-    """A lake job failed, timed out, or did not print a JSON result."""
-
-    def __init__(self, message: str, *, returncode: int | None, stderr_tail: str) -> None:
-        super().__init__(message)
-        self.returncode = returncode
-        self.stderr_tail = stderr_tail
 
 
 def run_lake_job(

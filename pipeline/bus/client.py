@@ -19,20 +19,12 @@ import redis.asyncio as aioredis
 
 from pipeline import keys, redisconn
 from pipeline.bus.envelope import Envelope, decode, encode_data
-from pipeline.errors import RemoteError, RequestExpired
+from pipeline.errors import CallFailed, RemoteError, RequestExpired
 
 #: Extra seconds the client waits past ``exp`` for the bus's own "request expired" answer.
 GRACE_S = 5.0
 #: Longest single BLPOP; longer waits are several of them.
 BLOCK_S = 20.0
-
-
-class CallFailed(RemoteError):
-    """At least one destination answered with ``err``; ``answers`` holds all of them."""
-
-    def __init__(self, message: str, answers: list[Envelope]) -> None:
-        super().__init__(message, public=next((a.err for a in answers if a.err), message))
-        self.answers = answers
 
 
 class BusClient:

@@ -17,9 +17,10 @@ import signal
 from aiohttp import web
 
 from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.producer import MuxError, MuxProducer, RedisStreamProducer, WebsocketHub
+from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
 from pipeline.cli import non_negative
+from pipeline.errors import MuxError
 from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
 
@@ -48,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _produce(settings: Settings, hub: WebsocketHub, rate: float, stop: asyncio.Event) -> None:
-    client = connect(settings.redis_url, Role.PRODUCER)
+    client = connect(settings.redis.url, Role.PRODUCER)
     mux = MuxProducer(
-        [("redis", RedisStreamProducer(client, settings.serve_stream)), ("websocket", hub)]
+        [("redis", RedisStreamProducer(client, settings.serve.stream)), ("websocket", hub)]
     )
     chain = SyntheticChain(seed=0, reorg_every=50, reorg_depth=3)
     try:
@@ -71,13 +72,13 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
     app = create_app(settings, relay=not in_process, hub=hub)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, settings.serve_host, settings.serve_port)
+    site = web.TCPSite(runner, settings.serve.host, settings.serve.port)
     await site.start()
     log.info(
         "serving %s on ws://%s:%d/ws",
-        settings.serve_stream,
-        settings.serve_host,
-        settings.serve_port,
+        settings.serve.stream,
+        settings.serve.host,
+        settings.serve.port,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

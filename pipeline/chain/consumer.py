@@ -38,20 +38,14 @@ from pipeline.chain.cardinal import (
     parse_cardinal_reorg,
     parse_cardinal_subbatch,
 )
-from pipeline.chain.ordered import BlockAssembler, ChainUpdate, OrderedChain, OrderingError
-from pipeline.errors import BadBatch, BadParams, ChainError
+from pipeline.chain.ordered import BlockAssembler, ChainUpdate, OrderedChain
+from pipeline.errors import BadBatch, BadParams, OrderingError, SubscriptionLost
 
 log = logging.getLogger(__name__)
 
 ZERO_HASH = bytes(32)
 #: Notifications kept while waiting for the reply to the subscribe call.
 MAX_EARLY = 10_000
-
-
-class SubscriptionLost(ChainError):
-    """The server could not be reached again within the retry budget."""
-
-    public_message = "subscription lost"
 
 
 async def subscribe(

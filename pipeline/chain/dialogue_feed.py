@@ -27,15 +27,11 @@ from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
 from pipeline.dialogue.server import DialogueServer
-from pipeline.errors import BadParams, ResumptionError, SlowConsumer
+from pipeline.errors import BadParams, PeerLeft, ResumptionError, SlowConsumer
 
 log = logging.getLogger(__name__)
 
 _BATCH = 256
-
-
-class _PeerLeft(Exception):
-    """The subscriber ended its half of the duplex."""
 
 
 async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buffer: int) -> None:
@@ -73,14 +69,14 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
     async def watch() -> None:
         async for _ in duplex:
             pass  # a subscriber sends nothing more; the end of its half means it left
-        raise _PeerLeft
+        raise PeerLeft
 
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(write())
             group.create_task(watch())
             group.create_task(resumption.stream(plan, keep, sub))
-    except* _PeerLeft:
+    except* PeerLeft:
         pass
     except* SlowConsumer:
         await duplex.end(error=b"subscriber too slow: send buffer full")

@@ -33,13 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from pipeline.chain.batch import BatchHeader, Block, SubBatch, assemble, effective_weight
-from pipeline.errors import ChainError
-
-
-class OrderingError(ChainError):
-    """Too many blocks held out of order: resume from the last complete block."""
-
-    public_message = "too many out-of-order blocks"
+from pipeline.errors import OrderingError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,7 +23,7 @@ from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.cli import non_negative
-from pipeline.errors import RedisUnavailable
+from pipeline.errors import ProducerGaveUp
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect
 from pipeline.settings import Settings
 
@@ -43,10 +43,6 @@ return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
 
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 2.0
-
-
-class ProducerGaveUp(RedisUnavailable):
-    """Redis stayed unreachable for longer than ``--retry-for``."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -126,7 +122,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         reorg_every=args.reorg_every,
         reorg_depth=args.reorg_depth,
     )
-    writer = _Writer(settings.redis_url, args.stream or settings.serve_stream, args.retry_for)
+    writer = _Writer(settings.redis.url, args.stream or settings.serve.stream, args.retry_for)
     sent = 0
     start = time.monotonic()
     try:

@@ -32,7 +32,7 @@ from pipeline.chain.batch import (
     raw_results,
 )
 from pipeline.chain.cardinal import Encoding, encode_results
-from pipeline.errors import ChainError
+from pipeline.errors import ChainError, MuxError
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +41,6 @@ class Producer(Protocol):
     async def send(self, block: Block) -> None: ...
 
     async def close(self) -> None: ...
-
-
-class MuxError(ChainError):
-    """One or more transports of a :class:`MuxProducer` failed."""
-
-    public_message = "producer transport failed"
-
-    def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
-        names = ", ".join(f"{name}: {exc!r}" for name, exc in failures)
-        super().__init__(f"{len(failures)} transport(s) failed: {names}")
-        self.failures = list(failures)
 
 
 class RedisStreamProducer:

@@ -38,8 +38,8 @@ from pipeline.chain.consumer import subscribe
 from pipeline.demo import components as comp
 from pipeline.demo.activity import Activity, Counts
 from pipeline.demo.supervisor import Supervisor
-from pipeline.demo.verify import BrokenChain, Follower, Known, canonical_chain
-from pipeline.errors import SluiceError
+from pipeline.demo.verify import Follower, Known, canonical_chain
+from pipeline.errors import BrokenChain, DemoTimeout
 
 #: Seconds the subscriber keeps listening after it reached the expected head.
 QUIET_S = 3.0
@@ -56,16 +56,12 @@ class Row:
     detail: str
 
 
-class Timeout(SluiceError):
-    """The scenario's deadline passed."""
-
-
 async def _until(what: str, cond: Callable[[], bool], deadline: float, stop: asyncio.Event) -> None:
     while not cond():
         if stop.is_set():
-            raise Timeout(f"interrupted while waiting for {what}")
+            raise DemoTimeout(f"interrupted while waiting for {what}")
         if time.monotonic() > deadline:
-            raise Timeout(f"deadline passed while waiting for {what}")
+            raise DemoTimeout(f"deadline passed while waiting for {what}")
         await asyncio.sleep(0.5)
 
 
@@ -128,7 +124,7 @@ async def run_check(
             rows.append(Row("no component died", not restarts, f"restarts: {restarts or 'none'}"))
             figures["RSS of the demo"] = f"{rss_peak / 2**20:.0f} MiB"
             figures["archive runs ok"] = str(counts.runs_ok)
-    except Timeout as exc:
+    except DemoTimeout as exc:
         rows.append(Row("scenario", False, str(exc)))
     figures["check took"] = f"{time.monotonic() - started:.1f}s"
     _print(console, rows, figures)
@@ -177,7 +173,7 @@ async def _subscribe_and_compare(
             stop,
         )
         await asyncio.sleep(QUIET_S)  # anything more would be a duplicate
-    except Timeout as exc:
+    except DemoTimeout as exc:
         error = str(exc)
         return [Row("subscriber from 0: every canonical block once, in order", False, error)]
     finally:

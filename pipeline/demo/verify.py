@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from pipeline.chain.batch import effective_weight
 from pipeline.chain.ordered import Added, ChainUpdate, Removed
+from pipeline.errors import BrokenChain
 
 #: Violations kept in full (the count goes on).
 MAX_PROBLEMS = 10
@@ -29,10 +30,6 @@ class Known:
     hash: bytes
     parent: bytes
     weight: int | None = None
-
-
-class BrokenChain(ValueError):
-    """The blocks do not link back to block 0."""
 
 
 def canonical_chain(blocks: Iterable[Known]) -> list[Known]:

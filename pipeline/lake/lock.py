@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from pipeline import keys
-from pipeline.errors import LakeError, RedisUnavailable
+from pipeline.errors import LockBusy, LockLost, RedisUnavailable
 from pipeline.redisconn import Role, connect_sync
 
 log = logging.getLogger(__name__)
@@ -49,14 +49,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-class LockBusy(LakeError):
-    """Another job holds the stream's archive lock for longer than this job would wait."""
-
-
-class LockLost(LakeError):
-    """This job's lease expired or could not be renewed; it must not commit."""
 
 
 class StreamLock:

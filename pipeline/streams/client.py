@@ -44,6 +44,7 @@ from pipeline.errors import (
     LeaseHeld,
     LocalProtocolError,
     PayloadTooLarge,
+    PullAborted,
     RemoteProtocolError,
     RoutingError,
     SluiceError,
@@ -82,10 +83,6 @@ def _id_key(index: str) -> tuple[int, int]:
 
 def new_request_id() -> str:
     return os.urandom(12).hex()
-
-
-class PullAborted(StreamError):
-    """A pull in flight was abandoned because its consumer is stopping."""
 
 
 def _fail_with(future: asyncio.Future[Any], done: asyncio.Future[None]) -> None:

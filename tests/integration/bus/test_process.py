@@ -13,9 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.bus.client import CallFailed
 from pipeline.bus.envelope import Envelope
-from pipeline.errors import HandlerError
+from pipeline.errors import CallFailed, HandlerError
 
 from .conftest import eventually
 

@@ -7,9 +7,9 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block
 from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.producer import MuxError, MuxProducer, RedisStreamProducer, WebsocketHub
+from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import HUB
-from pipeline.errors import ChainError
+from pipeline.errors import ChainError, MuxError
 
 from .conftest import STREAM
 

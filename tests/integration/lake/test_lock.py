@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from pipeline import keys
-from pipeline.lake.lock import LockBusy, LockLost, StreamLock
+from pipeline.errors import LockBusy, LockLost
+from pipeline.lake.lock import StreamLock
 
 
 def test_second_holder_waits_then_gets_it(redis_url: str) -> None:

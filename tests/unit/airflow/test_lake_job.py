@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sluice_lake_job import LakeJobError, parse_result, run_lake_job
+from sluice_lake_job import parse_result, run_lake_job
+
+from pipeline.errors import LakeJobError
 
 HERE = Path(__file__).resolve().parent
 ENV = {"PYTHONPATH": str(HERE), "SLUICE_X": "from-env"}

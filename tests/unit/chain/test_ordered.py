@@ -6,7 +6,8 @@ import pytest
 
 from pipeline.chain.batch import BatchHeader, Block, SubBatch
 from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, OrderingError, Removed
+from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, Removed
+from pipeline.errors import OrderingError
 
 
 def apply(chain: OrderedChain, blocks) -> list:

@@ -7,7 +7,8 @@ import pytest
 from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.ordered import Added, Removed
-from pipeline.demo.verify import BrokenChain, Follower, Known, canonical_chain
+from pipeline.demo.verify import Follower, Known, canonical_chain
+from pipeline.errors import BrokenChain
 
 
 def _known(b: Block) -> Known:
