@@ -16,6 +16,12 @@ from pipeline.lake import tables
 from pipeline.settings import LakeSettings
 
 _CREATE_ATTEMPTS = 5
+#: Test hook of the task-control tests: while the file this variable names
+#: exists, a job writes its pid into it and holds right before its Spark work
+#: (so a test can mark the task failed mid-job). Unset in any deployment.
+HOLD_ENV = "SLUICE_TEST_HOLD_FILE"
+#: Longest a job holds for that hook, in seconds.
+HOLD_MAX_S = 300.0
 
 
 def table_sql(lake: LakeSettings, name: str) -> str:
@@ -93,6 +99,7 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
         errors += (grpc.RpcError,)
     except ImportError:  # no Connect client installed: local mode only
         pass
+    _test_hold()
     try:
         return work()
     except errors as exc:
@@ -107,6 +114,19 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
         if "Permission denied" in text or "AccessDenied" in text:
             raise LakePathError(f"{what} failed: the lake is not writable ({first})") from exc
         raise LakeError(f"{what} failed: {first}") from exc
+
+
+def _test_hold() -> None:
+    """The :data:`HOLD_ENV` test hook (a no-op unless a test armed it)."""
+    path = os.environ.get(HOLD_ENV)
+    if not path or not os.path.exists(path):
+        return
+    import time
+
+    Path(path).write_text(str(os.getpid()))
+    deadline = time.monotonic() + HOLD_MAX_S
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _first_line(text: str) -> str:

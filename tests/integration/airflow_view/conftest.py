@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,24 +141,7 @@ def api_server(
     port = free_port()
     redis_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{VIEW_REDIS_DB}"))
     env = airflow_env(home, port, lake, redis_url)
-    airflow = [sys.executable, "-m", "airflow"]
-    _airflow(env, home, "db", "migrate")
-    log_path = home / "api-server.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [*airflow, "api-server", "--port", str(port), "--workers", "1"],
-            env=env,
-            cwd=home,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        # The server needs no DAG to start: serialize dags/ while it starts.
-        _airflow(env, home, "dags", "reserialize")
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, proc, log_path)
-        token = _token(url, home)
+    with start_api_server(env, home, port) as (url, token, log_path):
         yield ApiServer(
             url=url,
             token=token,
@@ -167,8 +151,53 @@ def api_server(
             redis_url=redis_url,
             log=log_path,
         )
+
+
+@contextmanager
+def start_api_server(
+    env: dict[str, str], home: Path, port: int, *, scheduler: bool = False
+) -> Iterator[tuple[str, str, Path]]:
+    """Migrate, start ``airflow api-server`` (and ``airflow scheduler``), serialize ``dags/``.
+
+    Yields (url, admin JWT, api-server log). Every process runs in its own
+    process group and is ended as a whole on exit.
+    """
+    airflow = [sys.executable, "-m", "airflow"]
+    _airflow(env, home, "db", "migrate")
+    log_path = home / "api-server.log"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with log_path.open("wb") as log_file:
+            procs.append(
+                subprocess.Popen(
+                    [*airflow, "api-server", "--port", str(port), "--workers", "1"],
+                    env=env,
+                    cwd=home,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        # The server needs no DAG to start: serialize dags/ while it starts.
+        _airflow(env, home, "dags", "reserialize")
+        if scheduler:
+            with (home / "scheduler.log").open("wb") as log_file:
+                procs.append(
+                    subprocess.Popen(
+                        [*airflow, "scheduler"],
+                        env=env,
+                        cwd=home,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, procs[0], log_path)
+        yield url, _token(url, home), log_path
     finally:
-        _stop(proc)
+        for proc in reversed(procs):
+            _stop(proc)
 
 
 def _airflow(env: dict[str, str], home: Path, *args: str) -> None:

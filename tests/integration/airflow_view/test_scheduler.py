@@ -1,0 +1,331 @@
+"""Sluice's DAGs under a real scheduler: backfill, task logs and "Mark failed" through the API.
+
+One system for the module: ``airflow api-server`` and ``airflow scheduler``
+(LocalExecutor, parallelism 3) on SQLite, the lake jobs as thin clients of the
+session's Spark Connect server, one chain stream in a private Redis. The
+archive DAG runs daily (``0 0 * * *``) so the scheduler starts exactly one
+run on its own, for yesterday, when the DAG first appears; the data sits in
+the days before it:
+
+- days -7..-2: six intervals the backfill test archives (one invalid entry
+  among the blocks of day -5, which the log test looks for);
+- day -1: the scheduled run's interval;
+- day -9: the interval of the run whose task the test marks failed.
+
+Everything is written before Airflow starts, so no run can see a half-written
+interval. Wall time: about 2-4 minutes for the module on a loaded 2-core
+machine, most of it the scheduler's round trips.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlparse, urlunparse
+
+import httpx
+import pytest
+import redis
+
+from pipeline import keys
+from pipeline.chain.batch import ENTRY_FIELD, encode_block
+from pipeline.chain.generator import SyntheticChain
+from pipeline.localredis import LocalRedis, free_port
+from tests.integration.lake.connect import shared_server
+
+from .conftest import airflow_env, start_api_server
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark]
+
+log = logging.getLogger(__name__)
+
+DAG = "sluice_archive"
+STREAM = "chain:sched"
+SCHED_REDIS_DB = 12
+DAY = timedelta(days=1)
+BACKFILL_DAYS = 6
+INVALID_DAY = 2  # the third backfill interval holds one entry that is not a block
+#: Longest the module waits for one piece of scheduler work.
+DEADLINE_S = 300.0
+
+
+@dataclass
+class System:
+    url: str
+    token: str
+    home: Path
+    lake: str
+    redis: redis.Redis
+    today: datetime
+    ids: dict[int, list[str]]  # day offset (-9, -7..-1) -> entry ids written that day
+    hold: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30.0
+        )
+
+    def interval(self, day: int) -> tuple[int, int]:
+        start = self.today + day * DAY
+        return _ms(start), _ms(start + DAY)
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _write(client: redis.Redis, today: datetime) -> dict[int, list[str]]:
+    chain = SyntheticChain(seed=5)
+    key = keys.stream(STREAM)
+    ids: dict[int, list[str]] = {}
+    for day in (-9, *range(-7, 0)):
+        start = _ms(today + day * DAY)
+        blocks = chain.take(3)
+        ids[day] = [f"{start + 3_600_000 * (i + 1)}-0" for i in range(len(blocks))]
+        for block, entry_id in zip(blocks, ids[day], strict=True):
+            client.xadd(key, {ENTRY_FIELD: encode_block(block)}, id=entry_id)
+        if day == -7 + INVALID_DAY:
+            bad = f"{start + 3_600_000 * 20}-0"
+            client.xadd(key, {ENTRY_FIELD: b"not a block"}, id=bad)
+            ids[day].append(bad)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def system(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    view_redis: LocalRedis,
+) -> Iterator[System]:
+    remote = shared_server(request, tmp_path_factory.getbasetemp()).url
+    home = tmp_path_factory.mktemp("airflow-sched")
+    lake = str(home / "lake")
+    port = free_port()
+    redis_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{SCHED_REDIS_DB}"))
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    client.flushdb()
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    ids = _write(client, today)
+    hold = home / "hold"
+    env = airflow_env(home, port, lake, redis_url)
+    env.update(
+        {
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "3",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "SLUICE_STREAMS": STREAM,
+            "SLUICE_CHAIN_STREAMS": STREAM,
+            "SLUICE_ARCHIVE_CRON": "0 0 * * *",
+            "SLUICE_HOT_RETENTION_S": str(30 * 86400),  # nothing is trimmed: Redis stays the truth
+            "SLUICE_SPARK_REMOTE": remote,
+            "SLUICE_LAKE_TASK_RETRIES": "0",
+            "SLUICE_LAKE_JOB_TIMEOUT_S": "300",
+            "SLUICE_VAR_DIR": str(home / "var"),
+            "SLUICE_TEST_HOLD_FILE": str(hold),
+        }
+    )
+    try:
+        with start_api_server(env, home, port, scheduler=True) as (url, token, _log):
+            yield System(
+                url=url,
+                token=token,
+                home=home,
+                lake=lake,
+                redis=client,
+                today=today,
+                ids=ids,
+                hold=hold,
+            )
+    finally:
+        client.close()
+
+
+def _get(http: httpx.Client, path: str, **params: Any) -> Any:
+    reply = http.get(path, params=params)
+    assert reply.status_code == 200, f"{path}: {reply.status_code} {reply.text[:500]}"
+    return reply.json()
+
+
+def _runs(http: httpx.Client) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = _get(http, f"/api/v2/dags/{DAG}/dagRuns", limit=100)["dag_runs"]
+    return runs
+
+
+def _wait(what: str, check: Any, deadline_s: float = DEADLINE_S) -> Any:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _lake_ids(lake: str, lo: int, hi: int) -> list[str]:
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(f"{lake}/stream_entries").to_pyarrow_table().to_pylist()
+    return sorted(
+        (r["entry_id"] for r in rows if r["stream"] == STREAM and lo <= r["entry_ms"] < hi),
+        key=lambda i: tuple(map(int, i.split("-"))),
+    )
+
+
+def _log_rows(lake: str) -> list[tuple[int, int, int]]:
+    from deltalake import DeltaTable
+
+    path = f"{lake}/archive_log"
+    if not DeltaTable.is_deltatable(path):
+        return []
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    return sorted((r["start_ms"], r["end_ms"], r["entries"]) for r in rows if r["stream"] == STREAM)
+
+
+def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> None:
+    began = time.monotonic()
+    first = system.today - BACKFILL_DAYS * DAY - DAY
+    with system.client() as http:
+        reply = http.post(
+            "/api/v2/backfills",
+            json={
+                "dag_id": DAG,
+                "from_date": first.isoformat(),
+                "to_date": (first + (BACKFILL_DAYS - 1) * DAY).isoformat(),
+                # the default (10): all six at once, next to the scheduled run
+                "max_active_runs": 10,
+            },
+        )
+        assert reply.status_code == 200, reply.text
+
+        def settled() -> list[dict[str, Any]] | None:
+            runs = [r for r in _runs(http) if r["run_type"] == "backfill"]
+            done = [r for r in runs if r["state"] in ("success", "failed")]
+            return runs if len(runs) == BACKFILL_DAYS and len(done) == len(runs) else None
+
+        backfill = _wait("the backfill runs", settled)
+        scheduled = _wait(
+            "the scheduled run",
+            lambda: [
+                r
+                for r in _runs(http)
+                if r["run_type"] == "scheduled" and r["state"] in ("success", "failed")
+            ],
+        )
+        # The maintenance DAG runs at 03:00 only: starting Airflow did not run it.
+        assert _get(http, "/api/v2/dags/sluice_maintenance/dagRuns")["total_entries"] == 0
+    log.info(f"backfill of {BACKFILL_DAYS} intervals: {time.monotonic() - began:.1f}s")
+    assert {r["state"] for r in backfill} == {"success"}, backfill
+    assert [r["state"] for r in scheduled] == ["success"], scheduled
+    starts = sorted(r["data_interval_start"] for r in backfill)
+    assert [datetime.fromisoformat(s) for s in starts] == [
+        first + k * DAY for k in range(BACKFILL_DAYS)
+    ]
+    # The lake holds exactly what Redis held, interval by interval, and the log has no hole.
+    for day in range(-7, 0):
+        lo, hi = system.interval(day)
+        assert _lake_ids(system.lake, lo, hi) == system.ids[day], f"day {day}"
+    rows = _log_rows(system.lake)
+    assert [(lo, hi) for lo, hi, _ in rows] == [system.interval(d) for d in range(-7, 0)]
+    assert [n for _, _, n in rows] == [len(system.ids[d]) for d in range(-7, 0)]
+
+
+def test_task_log_tells_the_job_story_with_warnings_at_their_level(system: System) -> None:
+    lo, _ = system.interval(-7 + INVALID_DAY)
+    with system.client() as http:
+        run = next(
+            r
+            for r in _runs(http)
+            if r["run_type"] == "backfill"
+            and _ms(datetime.fromisoformat(r["data_interval_start"])) == lo
+        )
+        base = (
+            f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances/archive"
+        )
+        content = _get(http, f"{base}/logs/1", map_index=0, full_content="true")["content"]
+        result = _get(http, f"{base}/xcomEntries/return_value", map_index=0)["value"]
+    events = [
+        (str(e.get("level", "")), str(e.get("event", ""))) for e in content if isinstance(e, dict)
+    ]
+    text = "\n".join(event for _, event in events)
+    # The job's story: what ran, what it read and wrote, stages, rate.
+    assert f"archive of {STREAM}" in text, text[-3000:]
+    assert "entries read" in text and "blocks" in text and "invalid" in text
+    assert "stages: " in text and "entries/s" in text
+    # No Spark, Ivy or log4j chatter.
+    for noise in ("ivy", "log4j", ":: resolving", "org.apache.spark", "SparkContext"):
+        assert noise.lower() not in text.lower(), noise
+    # The invalid entry is a warning of the task, at warning level, and counted in its result.
+    warnings = [event for level, event in events if level == "warning"]
+    assert any("not valid blocks" in event for event in warnings), events[-40:]
+    assert isinstance(result, dict) and result["invalid"] == 1 and result["warnings"] >= 1, result
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_mark_failed_stops_the_job_at_once_and_nothing_is_committed(system: System) -> None:
+    lo, hi = system.interval(-9)
+    start = system.today - 9 * DAY
+    with system.client() as http:
+        _wait(
+            "no active archive run",
+            lambda: not [r for r in _runs(http) if r["state"] in ("queued", "running")],
+        )
+        system.hold.write_text("")  # arm the hold: the next job stops before its Spark work
+        try:
+            reply = http.post(
+                f"/api/v2/dags/{DAG}/dagRuns",
+                json={
+                    "dag_run_id": "manual__mark-failed",
+                    "logical_date": start.isoformat(),
+                    "data_interval_start": start.isoformat(),
+                    "data_interval_end": (start + DAY).isoformat(),
+                },
+            )
+            assert reply.status_code == 200, reply.text
+            pid = int(_wait("the job to hold", lambda: system.hold.read_text().strip()))
+            assert _alive(pid)
+            marked = time.monotonic()
+            reply = http.patch(
+                f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances/archive/0",
+                json={"new_state": "failed"},
+            )
+            assert reply.status_code == 200, reply.text
+            _wait("the job to stop", lambda: not _alive(pid), deadline_s=10)
+            stopped = time.monotonic() - marked
+        finally:
+            system.hold.unlink(missing_ok=True)
+        log.info(f"job stopped {stopped:.2f}s after the mark")
+        # Well before Airflow's SIGKILL of the task (about 5 s after the mark).
+        assert stopped < 3.0, stopped
+        run = _wait(
+            "the run to end",
+            lambda: (
+                (r := _get(http, f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed"))["state"]
+                in ("failed", "success")
+                and r
+            ),
+        )
+        assert run["state"] == "failed"
+        base = f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances/archive"
+        content = _get(http, f"{base}/logs/1", map_index=0, full_content="true")["content"]
+    text = "\n".join(str(e.get("event", "")) for e in content if isinstance(e, dict))
+    assert "task killed: stopped 1 running lake job(s)" in text, text[-3000:]
+    # Nothing of the interval was committed, then or later.
+    assert (lo, hi) not in [(a, b) for a, b, _ in _log_rows(system.lake)]
+    assert _lake_ids(system.lake, lo, hi) == []
