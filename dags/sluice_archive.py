@@ -62,7 +62,7 @@ _settings = load_settings()
 
 @dag(
     dag_id="sluice_archive",
-    schedule=CronDataIntervalTimetable(_settings.archive_cron, timezone="UTC"),
+    schedule=CronDataIntervalTimetable(_settings.lake.archive_cron, timezone="UTC"),
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
@@ -75,23 +75,25 @@ def sluice_archive() -> None:
     @task
     def streams() -> list[str]:
         """The streams to archive (``SLUICE_STREAMS``), read when the run starts."""
-        return list(load_settings().streams)
+        return list(load_settings().lake.streams)
 
     @task
     def chain_streams() -> list[str]:
         """The archived streams that carry blocks (``SLUICE_CHAIN_STREAMS``)."""
         settings = load_settings()
-        return [name for name in settings.chain_streams if name in settings.streams]
+        return [name for name in settings.lake.chain_streams if name in settings.lake.streams]
 
     archive = LakeJobOperator.partial(
         task_id="archive",
         job="archive",
         interval=True,
         catchup=True,
-        max_active_tis_per_dag=_settings.archive_parallelism,
+        max_active_tis_per_dag=_settings.lake.archive_parallelism,
     )
     canonical = LakeJobOperator.partial(
-        task_id="canonical", job="canonical", max_active_tis_per_dag=_settings.archive_parallelism
+        task_id="canonical",
+        job="canonical",
+        max_active_tis_per_dag=_settings.lake.archive_parallelism,
     )
     # No chain stream configured: the mapped canonical task is skipped, not failed.
     trim = LakeJobOperator.partial(task_id="trim", job="trim", trigger_rule="none_failed")

@@ -38,7 +38,7 @@ _settings = load_settings()
 def sluice_audit() -> None:
     @task
     def chain_streams() -> list[str]:
-        return list(load_settings().chain_streams)
+        return list(load_settings().lake.chain_streams)
 
     # An operator, not @task: "Mark failed" reaches its on_kill, which stops the job.
     audit = AuditOperator.partial(task_id="audit")

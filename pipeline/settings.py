@@ -1,78 +1,69 @@
-"""One ``Settings`` object, read from ``SLUICE_*`` variables and an optional ``sluice.toml``.
+"""One ``Settings`` object, nested per part, read from ``SLUICE_*`` variables and ``sluice.toml``.
+
+``settings.redis``, ``settings.lake``, ``settings.spark``, ``settings.node``,
+``settings.bus`` and ``settings.serve`` are frozen sections; ``var_dir``,
+``max_payload`` and ``log_level`` sit at the top. Every setting also has one
+flat name, the one users write: section field ``bus.twin`` is ``bus_twin``,
+read from ``SLUICE_BUS_TWIN`` or ``bus_twin = 1`` under ``[sluice]`` (or
+``twin = 1`` under ``[sluice.bus]``). A few lake fields keep their historic
+prefix-free names (``streams``, ``archive_cron``, ``hot_retention_s``...), and
+``node`` holds the stream service's ``consumer_max_failures`` and
+``lease_ttl_s``.
 
 Precedence, highest first: explicit keyword arguments, environment variables,
-the ``[sluice]`` table of ``sluice.toml`` (path in ``SLUICE_CONFIG``, default
-``./sluice.toml`` if present), then the embedded defaults below. The defaults
-run everything on one machine: a private ``redis-server``, Spark
-``local[*]``, Airflow on SQLite, the lake under ``./var/``.
+``sluice.toml`` (path in ``SLUICE_CONFIG``, default ``./sluice.toml`` if
+present), then the embedded defaults below. The defaults run everything on one
+machine: a private ``redis-server``, Spark ``local[*]``, Airflow on SQLite, the
+lake under ``./var/``.
+
+Values are coerced by each field's declared type and every section checks
+itself when built (``__post_init__``), so a ``Settings`` that exists is valid
+however it was made (``load``, ``replace``, the constructor). Every bad value
+raises :class:`~pipeline.errors.ConfigError` naming the flat setting, and the
+environment variable or file it came from when ``load`` read it there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote, unquote, urlparse
+from typing import Annotated, Any, ClassVar
+from urllib.parse import parse_qs, unquote, urlparse
 
 from pipeline.errors import ConfigError
 
 _PREFIX = "SLUICE_"
 
+#: Default of ``max_payload``: largest routed message / frame / stream payload, in bytes.
+MAX_PAYLOAD = 1 << 20
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RedisSettings:
-    """Where Redis is: host, port, db and optional password."""
-
-    host: str = "127.0.0.1"
-    port: int = 6379
-    db: int = 0
-    password: str | None = None
-
-    @classmethod
-    def from_url(cls, url: str) -> RedisSettings:
-        """Parse ``redis://[:password@]host[:port][/db]``."""
-        parsed = urlparse(url)
-        if parsed.scheme not in ("redis", "rediss"):
-            raise ConfigError(f"not a redis URL: {url!r}")
-        db_text = parsed.path.lstrip("/") or "0"
-        if not db_text.isdigit():
-            raise ConfigError(f"redis db must be a number in {url!r}")
-        return cls(
-            host=parsed.hostname or "127.0.0.1",
-            port=parsed.port or 6379,
-            db=int(db_text),
-            password=unquote(parsed.password) if parsed.password else None,
-        )
-
-    @property
-    def url(self) -> str:
-        auth = f":{quote(self.password, safe='')}@" if self.password else ""
-        return f"redis://{auth}{self.host}:{self.port}/{self.db}"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LakeSettings:
-    """Where the Delta tables live: a local path or an object-store URI."""
+class _Rule(enum.Enum):
+    """A check beyond the type, attached to a field's annotation."""
 
-    uri: str = "./var/lake"
+    PORT = "port"
+    LISTEN = "listen"
 
-    @classmethod
-    def from_url(cls, url: str) -> LakeSettings:
-        if not url:
-            raise ConfigError("empty lake URI")
-        if "://" not in url or url.startswith("file://"):
-            path = url.removeprefix("file://")
-            return cls(uri=str(Path(path).expanduser().absolute()))
-        return cls(uri=url)
 
-    def table(self, name: str) -> str:
-        """The URI of one table under the lake root."""
-        return f"{self.uri.rstrip('/')}/{name}"
+#: A TCP port, 0-65535 (0: let the system pick, or "off" where documented).
+Port = Annotated[int, _Rule.PORT]
+#: ``host:port`` to listen on; empty means off.
+Listen = Annotated[str, _Rule.LISTEN]
+
+
+def _bare(default: Any) -> Any:
+    """A section field whose flat name is its own name (no section prefix)."""
+    return field(default=default, metadata={"bare": True})
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -80,105 +71,259 @@ def _split(value: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Settings:
-    """Every setting of Sluice. Field ``x`` is read from ``SLUICE_X``."""
+class RedisSettings:
+    """Where Redis is: ``redis://[:password@]host[:port][/db]``, ``rediss://`` (TLS) or ``unix://``."""
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    lake_uri: str = "./var/lake"
-    var_dir: str = "./var"
-    spark_master: str = "local[*]"
-    #: ``sc://host:port`` of a Spark Connect server: lake jobs become thin clients ("" = local JVM).
-    spark_remote: str = ""
-    #: Comma-separated Delta jar paths for the local one-JVM mode ("" = the cache ``make install`` wrote).
-    spark_jars: str = ""
-    #: Heap of a local Spark driver (one-JVM mode and ``sluice spark``).
-    spark_driver_memory: str = "1g"
-    #: Port ``sluice spark`` listens on.
-    spark_connect_port: int = 15002
-    spark_shuffle_partitions: int = 4
+    _SECTION: ClassVar[str] = "redis"
+
+    url: str = "redis://127.0.0.1:6379/0"
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise _invalid(
+                self, "url", f"must start with redis://, rediss:// or unix://, got {self.url!r}"
+            )
+        if self.url.startswith("unix://"):
+            return
+        parsed = urlparse(self.url)
+        try:
+            parsed.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise _invalid(self, "url", f"is not a Redis URL ({exc}): {self.url!r}") from exc
+        if not (parsed.path.lstrip("/") or "0").isdigit():
+            raise _invalid(self, "url", f"the db must be a number, got {self.url!r}")
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisSettings:
+        """Check ``url`` (:class:`ConfigError` if it is not a Redis URL) and wrap it."""
+        return cls(url=url)
+
+    @property
+    def host(self) -> str:
+        """The host name (for ``unix://``, the socket path)."""
+        parsed = urlparse(self.url)
+        if parsed.scheme == "unix":
+            return parsed.path
+        return parsed.hostname or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        """The TCP port (0 for ``unix://``)."""
+        parsed = urlparse(self.url)
+        return 0 if parsed.scheme == "unix" else parsed.port or 6379
+
+    @property
+    def db(self) -> int:
+        parsed = urlparse(self.url)
+        if parsed.scheme == "unix":
+            return int(parse_qs(parsed.query).get("db", ["0"])[0])
+        return int(parsed.path.lstrip("/") or "0")
+
+    @property
+    def password(self) -> str | None:
+        parsed = urlparse(self.url)
+        return unquote(parsed.password) if parsed.password else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LakeSettings:
+    """The Delta lake and the Airflow jobs that fill and keep it."""
+
+    _SECTION: ClassVar[str] = "lake"
+
+    #: Root of the Delta tables: a local path (made absolute when built) or an object-store URI.
+    uri: str = "./var/lake"
     #: Streams archived by ``sluice_archive`` (logical stream names).
-    streams: tuple[str, ...] = ("chain:demo",)
+    streams: tuple[str, ...] = _bare(("chain:demo",))
     #: Which of those carry one block batch per entry.
-    chain_streams: tuple[str, ...] = ("chain:demo",)
-    archive_cron: str = "*/5 * * * *"
-    archive_partitions: int = 4
-    #: Entries younger than this stay in Redis even when archived.
-    hot_retention_s: int = 3600
-    reorg_threshold: int = 64
-    #: Largest routed message / frame / stream payload accepted, in bytes.
-    max_payload: int = 1 << 20
-    # routing and streams
-    node_name: str = "node"
-    node_workers: tuple[str, ...] = ("echo",)
-    node_listen: str = ""
-    #: TCP transport: most connections (in + out); at the bound the stalest inbound one is evicted.
-    node_tcp_max_connections: int = 256
-    #: Seconds a new inbound TCP connection has to complete its first Dialogue frame.
-    node_tcp_first_frame_s: float = 10.0
-    #: Seconds one Dialogue frame may take once its first byte arrived (cuts trickled frames).
-    node_tcp_frame_s: float = 30.0
-    #: A TCP connection with no byte either way and nothing outstanding is closed after this.
-    node_tcp_idle_s: float = 300.0
-    consumer_max_failures: int = 3
-    lease_ttl_s: int = 15
-    #: ``host:port`` of the node's ``/healthz`` and ``/metrics`` (empty: off).
-    node_health_listen: str = ""
-    # reliable message bus
-    bus_twin: int = 0
-    bus_listen: str = "127.0.0.1:8051"
-    bus_directory: str = ""
-    bus_key_file: str = ""
-    bus_legacy_peers: bool = False
-    #: ``host:port`` of the bus's ``/healthz`` and ``/metrics`` (empty: off).
-    bus_health_listen: str = ""
-    #: ``exp`` 0 means this many seconds; larger ``exp`` values are capped at bus_max_exp_s.
-    bus_default_exp_s: int = 300
-    bus_max_exp_s: int = 86400
-    #: ``try`` is capped at this many retries; backoff doubles from base up to max.
-    bus_max_try: int = 16
-    bus_retry_base_s: float = 0.1
-    bus_retry_max_s: float = 2.0
-    #: Signed bus-to-bus POSTs are accepted this far from the receiver's clock (replay window).
-    bus_replay_window_s: float = 300.0
-    #: Request uids remembered against replays (then 503 until the window moves on).
-    bus_max_seen: int = 2_000_000
-    #: Handling attempts of one message before it goes to ``msgbus.system.dead``.
-    bus_max_attempts: int = 3
-    #: Inbound HTTP: a connection with no completed request for this long is closed.
-    bus_http_idle_s: float = 30.0
-    bus_http_max_connections: int = 1024
-    # resumption server
-    serve_host: str = "127.0.0.1"
-    serve_port: int = 8765
-    serve_stream: str = "chain:demo"
-    serve_token: str = ""
-    serve_send_buffer: int = 4096
-    serve_heartbeat_s: float = 20.0
-    #: TCP port of the same feed over Dialogue duplexes (0: off).
-    serve_dialogue_port: int = 0
-    #: Decoded lake history kept in memory by ``sluice serve`` (MiB, LRU by data file; 0: off).
-    serve_history_cache_mb: int = 512
-    #: Redis tail entries ``sluice serve`` indexes by block number (about 0.7 KB each);
-    #: older entries are served from the lake.
-    serve_tail_index_max: int = 500_000
-    log_level: str = "INFO"
-    # Airflow side of the lake (dags/, plugins/)
-    #: Wall-clock limit of one lake job child process (archive, canonical, trim...).
-    lake_job_timeout_s: int = 1800
+    chain_streams: tuple[str, ...] = _bare(("chain:demo",))
+    archive_cron: str = _bare("*/5 * * * *")
+    archive_partitions: int = _bare(4)
     #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
-    archive_parallelism: int = 1
+    archive_parallelism: int = _bare(1)
+    #: Entries younger than this stay in Redis even when archived.
+    hot_retention_s: int = _bare(3600)
+    reorg_threshold: int = _bare(64)
+    #: Wall-clock limit of one lake job child process (archive, canonical, trim...).
+    job_timeout_s: int = 1800
     #: Retries of a failed lake task (every lake job is idempotent, so retrying is safe).
-    lake_task_retries: int = 2
+    task_retries: int = 2
     #: How long a lake job waits for its stream's archive lock (another job on the stream).
-    lake_lock_wait_s: int = 600
+    lock_wait_s: int = 600
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if not self.uri:
+            raise _invalid(self, "uri", "must not be empty")
+        if "://" not in self.uri or self.uri.startswith("file://"):
+            path = Path(self.uri.removeprefix("file://")).expanduser().absolute()
+            object.__setattr__(self, "uri", str(path))
+
+    @classmethod
+    def from_url(cls, url: str) -> LakeSettings:
+        """The lake at ``url`` with every other lake setting at its default."""
+        return cls(uri=url)
+
+    def table(self, name: str) -> str:
+        """The URI of one table under the lake root."""
+        return f"{self.uri.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SparkSettings:
+    """How lake jobs reach Spark."""
+
+    _SECTION: ClassVar[str] = "spark"
+
+    master: str = "local[*]"
+    #: ``sc://host:port`` of a Spark Connect server: lake jobs become thin clients ("" = local JVM).
+    remote: str = ""
+    #: Comma-separated Delta jar paths for the local one-JVM mode ("" = the cache ``make install`` wrote).
+    jars: str = ""
+    #: Heap of a local Spark driver (one-JVM mode and ``sluice spark``).
+    driver_memory: str = "1g"
+    #: Port ``sluice spark`` listens on.
+    connect_port: Port = 15002
+    shuffle_partitions: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSettings:
+    """A routing node (``sluice node``): its workers, TCP transport and stream service."""
+
+    _SECTION: ClassVar[str] = "node"
+
+    name: str = "node"
+    workers: tuple[str, ...] = ("echo",)
+    listen: Listen = ""
+    #: TCP transport: most connections (in + out); at the bound the stalest inbound one is evicted.
+    tcp_max_connections: int = 256
+    #: Seconds a new inbound TCP connection has to complete its first Dialogue frame.
+    tcp_first_frame_s: float = 10.0
+    #: Seconds one Dialogue frame may take once its first byte arrived (cuts trickled frames).
+    tcp_frame_s: float = 30.0
+    #: A TCP connection with no byte either way and nothing outstanding is closed after this.
+    tcp_idle_s: float = 300.0
+    #: ``host:port`` of the node's ``/healthz`` and ``/metrics`` (empty: off).
+    health_listen: Listen = ""
+    #: Stream service: failed deliveries of one entry before its consumer is dropped.
+    consumer_max_failures: int = _bare(3)
+    #: Stream service: seconds a consumer lease lives without renewal.
+    lease_ttl_s: int = _bare(15)
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BusSettings:
+    """The reliable message bus of one twin (``sluice bus``): every tunable and its default."""
+
+    _SECTION: ClassVar[str] = "bus"
+
+    twin: int = 0
+    listen: Listen = "127.0.0.1:8051"
+    directory: str = ""
+    key_file: str = ""
+    legacy_peers: bool = False
+    #: ``host:port`` of the bus's ``/healthz`` and ``/metrics`` (empty: off).
+    health_listen: Listen = ""
+    #: ``exp`` 0 means this many seconds; larger ``exp`` values are capped at max_exp_s.
+    default_exp_s: int = 300
+    max_exp_s: int = 86400
+    #: ``try`` is capped at this many retries; backoff doubles from base up to max.
+    max_try: int = 16
+    retry_base_s: float = 0.1
+    retry_max_s: float = 2.0
+    #: Signed bus-to-bus POSTs are accepted this far from the receiver's clock (replay window).
+    replay_window_s: float = 300.0
+    #: Request uids remembered against replays (then 503 until the window moves on).
+    max_seen: int = 2_000_000
+    #: Handling attempts of one message before it goes to ``msgbus.system.dead``.
+    max_attempts: int = 3
+    #: Inbound HTTP: a connection with no completed request for this long is closed.
+    http_idle_s: float = 30.0
+    #: Inbound HTTP connections open at once (more are closed on arrival).
+    http_max_connections: int = 1024
+    #: Most messages one queue loop takes from Redis per step.
+    batch: int = 256
+    #: Seconds between scans for expired and stranded messages.
+    scrub_interval_s: float = 0.25
+    #: Concurrent outbound POSTs to peers.
+    http_workers: int = 128
+    #: Messages waiting for an outbound POST before the queue loops stop taking more.
+    max_pending: int = 10_000
+    #: Size of the bus's Redis connection pool.
+    redis_connections: int = 32
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if not self.listen:
+            raise _invalid(self, "listen", "must be host:port, got ''")
 
     @property
-    def redis(self) -> RedisSettings:
-        return RedisSettings.from_url(self.redis_url)
+    def host(self) -> str:
+        """The host part of ``listen``."""
+        return self.listen.rpartition(":")[0] or "127.0.0.1"
 
     @property
-    def lake(self) -> LakeSettings:
-        return LakeSettings.from_url(self.lake_uri)
+    def port(self) -> int:
+        """The port part of ``listen`` (0: let the system pick)."""
+        return int(self.listen.rpartition(":")[2])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeSettings:
+    """The resumption server (``sluice serve``)."""
+
+    _SECTION: ClassVar[str] = "serve"
+
+    host: str = "127.0.0.1"
+    port: Port = 8765
+    stream: str = "chain:demo"
+    token: str = ""
+    send_buffer: int = 4096
+    heartbeat_s: float = 20.0
+    #: TCP port of the same feed over Dialogue duplexes (0: off).
+    dialogue_port: Port = 0
+    #: Decoded lake history kept in memory (MiB, LRU by data file; 0: off).
+    history_cache_mb: int = 512
+    #: Redis tail entries indexed by block number (about 0.7 KB each); older ones come from the lake.
+    tail_index_max: int = 500_000
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Every setting of Sluice, one section per part. See the module docstring for names."""
+
+    _SECTION: ClassVar[str] = ""
+
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    lake: LakeSettings = field(default_factory=LakeSettings)
+    spark: SparkSettings = field(default_factory=SparkSettings)
+    node: NodeSettings = field(default_factory=NodeSettings)
+    bus: BusSettings = field(default_factory=BusSettings)
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    var_dir: str = "./var"
+    #: Largest routed message / frame / stream payload accepted, in bytes.
+    max_payload: int = MAX_PAYLOAD
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise _invalid(
+                self,
+                "log_level",
+                f"must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}",
+            )
 
     @classmethod
     def load(
@@ -187,88 +332,231 @@ class Settings:
         config_path: str | os.PathLike[str] | None = None,
         **overrides: Any,
     ) -> Settings:
-        """Build settings from ``sluice.toml``, then ``SLUICE_*``, then ``overrides``."""
+        """Build settings from ``sluice.toml``, then ``SLUICE_*``, then ``overrides``.
+
+        ``overrides`` take flat names (``redis_url=...``, ``bus_twin=...``).
+        """
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         path = Path(config_path or env.get(_PREFIX + "CONFIG", "sluice.toml"))
         # A missing file means "no config file"; one that exists must be readable TOML.
         if path.exists():
-            try:
-                doc = tomllib.loads(path.read_text())
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-                raise ConfigError(f"cannot read config file {path}: {reason or exc}") from exc
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"{path}: {exc}") from exc
-            table = doc.get("sluice", {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"{path}: [sluice] must be a table")
-            values.update(table)
-        for f in fields(cls):
-            raw = env.get(_PREFIX + f.name.upper())
+            for name, value in _read_toml(path).items():
+                values[name] = value
+                sources[name] = str(path)
+        for name in _FLAT:
+            var = _PREFIX + name.upper()
+            raw = env.get(var)
             if raw is not None:
-                values[f.name] = raw
-        values.update(overrides)
-        settings = cls(**{k: _coerce(k, v) for k, v in values.items()})
-        _validate(settings)
-        return settings
+                values[name] = raw
+                sources[name] = var
+        for name, value in overrides.items():
+            values[name] = value
+            sources.pop(name, None)
+        token = _SOURCES.set(sources)
+        try:
+            return _build(cls(), values)
+        finally:
+            _SOURCES.reset(token)
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied: flat names (``serve_port=0``) or whole sections."""
+        return _build(self, changes)
 
 
-_FIELD_TYPES = {f.name: f.type for f in fields(Settings)}
+_SECTIONS: tuple[str, ...] = ("redis", "lake", "spark", "node", "bus", "serve")
+
+#: While ``load`` builds settings: where each flat setting came from (for error messages).
+_SOURCES: ContextVar[Mapping[str, str] | None] = ContextVar("_SOURCES", default=None)
 
 
-def _validate(settings: Settings) -> None:
-    """Refuse values no part can run with: :class:`ConfigError` naming the setting."""
-    for f in fields(settings):
-        value = getattr(settings, f.name)
-        if f.type in ("int", "float"):
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field types of a settings class (``Annotated`` kept)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
+    return hints
+
+
+def _flat_name(section: str, f: dataclasses.Field[Any]) -> str:
+    if "flat" in f.metadata:  # a field named after a setting of another section
+        return str(f.metadata["flat"])
+    if not section or f.metadata.get("bare"):
+        return f.name
+    return f"{section}_{f.name}"
+
+
+def _index() -> dict[str, tuple[str, str]]:
+    """Flat name -> (section, field); section "" is the top level."""
+    index: dict[str, tuple[str, str]] = {}
+    for f in fields(Settings):
+        if f.name in _SECTIONS:
+            section_cls = _hints(Settings)[f.name]
+            for g in fields(section_cls):
+                index[_flat_name(f.name, g)] = (f.name, g.name)
+        else:
+            index[f.name] = ("", f.name)
+    return index
+
+
+def _invalid(obj: Any, name: str, problem: str) -> ConfigError:
+    """The error for field ``name`` of section ``obj``, named as the user wrote it."""
+    flat = _flat_name(obj._SECTION, next(f for f in fields(obj) if f.name == name))
+    return _error(flat, problem)
+
+
+def _error(flat: str, problem: str) -> ConfigError:
+    return ConfigError(f"setting {flat!r}{_source(flat)} {problem}")
+
+
+def _source(flat: str) -> str:
+    source = (_SOURCES.get() or {}).get(flat)
+    return f" (from {source})" if source else ""
+
+
+def _check(obj: Any) -> None:
+    """The checks every section shares, by field type: numbers, ports, listen addresses."""
+    hints = _hints(type(obj))
+    for f in fields(obj):
+        hint = hints[f.name]
+        base, rules = _unwrap(hint)
+        value = getattr(obj, f.name)
+        if base in (int, float):
             if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"setting {f.name!r} must be a non-negative number, got {value}")
-            if f.name.endswith("_port") and value > 65535:
-                raise ConfigError(f"setting {f.name!r} must be a TCP port (0-65535), got {value}")
-        elif f.name.endswith("_listen") and value:
+                raise _invalid(obj, f.name, f"must be a non-negative number, got {value}")
+            if _Rule.PORT in rules and value > 65535:
+                raise _invalid(obj, f.name, f"must be a TCP port (0-65535), got {value}")
+        elif _Rule.LISTEN in rules and value:
             _, sep, port = str(value).rpartition(":")
             if not sep or not port.isdigit() or int(port) > 65535:
-                raise ConfigError(f"setting {f.name!r} must be host:port, got {value!r}")
-    if not settings.redis_url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(
-            f"setting 'redis_url' must start with redis://, rediss:// or unix://, "
-            f"got {settings.redis_url!r}"
-        )
-    if not settings.redis_url.startswith("unix://"):
-        try:
-            urlparse(settings.redis_url).port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            raise ConfigError(f"setting 'redis_url': {exc}: {settings.redis_url!r}") from exc
-        RedisSettings.from_url(settings.redis_url)  # the db must be a number
-    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-    if settings.log_level.upper() not in levels:
-        raise ConfigError(
-            f"setting 'log_level' must be one of {', '.join(levels)}, got {settings.log_level!r}"
-        )
+                raise _invalid(obj, f.name, f"must be host:port, got {value!r}")
 
 
-def _coerce(name: str, value: Any) -> Any:
-    kind = _FIELD_TYPES.get(name)
-    if kind is None:
-        raise ConfigError(f"unknown setting {name!r}")
-    try:
-        if kind == "int":
+def _unwrap(hint: Any) -> tuple[Any, tuple[Any, ...]]:
+    if typing.get_origin(hint) is Annotated:
+        return hint.__origin__, hint.__metadata__
+    return hint, ()
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _coerce(flat: str, hint: Any, value: Any) -> Any:
+    """``value`` (text from the environment, TOML, or a Python value) as type ``hint``."""
+    base, _ = _unwrap(hint)
+    what = {int: "int", float: "float", bool: "bool", str: "text"}.get(base, "a list of text")
+    bad = _error(flat, f"cannot read {value!r} as {what}")
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise bad
+    if base is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, float) and value.is_integer():
             return int(value)
-        if kind == "float":
-            return float(value)
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            return str(value).strip().lower() in ("1", "true", "yes", "on")
-        if kind == "tuple[str, ...]":
-            return _split(value) if isinstance(value, str) else tuple(value)
-        return str(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"setting {name!r}: cannot read {value!r} as {kind}") from exc
+        if isinstance(value, int | str):
+            try:
+                return int(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if base is float:
+        if isinstance(value, int | float | str) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if base is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise bad
+    if typing.get_origin(base) is tuple:
+        if isinstance(value, str):
+            return _split(value)
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise bad
+    raise TypeError(f"settings: no coercion for {hint!r}")  # a field of a new type: add it
 
 
-__all__ = ["LakeSettings", "RedisSettings", "Settings", "field"]
+def _build(base: Settings, values: Mapping[str, Any]) -> Settings:
+    """``base`` with ``values`` (flat names, or whole sections by name) applied and checked."""
+    top: dict[str, Any] = {}
+    per_section: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    for flat, value in values.items():
+        if flat in _SECTIONS and not isinstance(value, Mapping | str):
+            top[flat] = value
+            continue
+        where = _FLAT.get(flat)
+        if where is None:
+            raise ConfigError(f"unknown setting {flat!r}{_source(flat)}")
+        section, name = where
+        if section:
+            hint = _hints(_hints(Settings)[section])[name]
+            per_section[section][name] = _coerce(flat, hint, value)
+        else:
+            top[name] = _coerce(flat, _hints(Settings)[name], value)
+    for section, changes in per_section.items():
+        if changes:
+            current = top.get(section, getattr(base, section))
+            top[section] = dataclasses.replace(current, **changes)
+    return dataclasses.replace(base, **top) if top else base
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The ``[sluice]`` table of ``path`` as flat names (``[sluice.bus]`` tables flattened)."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read config file {path}: {reason or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    table = doc.get("sluice", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [sluice] must be a table")
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in _SECTIONS and isinstance(value, dict):
+            section_cls = _hints(Settings)[key]
+            names = {g.name: _flat_name(key, g) for g in fields(section_cls)}
+            for name, item in value.items():
+                if name not in names:
+                    raise ConfigError(f"{path}: unknown setting {name!r} in [sluice.{key}]")
+                flat[names[name]] = item
+        else:
+            flat[key] = value
+    return flat
+
+
+#: Flat name -> (section, field name) for every setting.
+_FLAT: dict[str, tuple[str, str]] = _index()
+
+
+def flat_names() -> tuple[str, ...]:
+    """Every flat setting name (``SLUICE_`` + its upper case is the environment variable)."""
+    return tuple(_FLAT)
+
+
+__all__ = [
+    "MAX_PAYLOAD",
+    "BusSettings",
+    "LakeSettings",
+    "NodeSettings",
+    "RedisSettings",
+    "ServeSettings",
+    "Settings",
+    "SparkSettings",
+    "flat_names",
+]

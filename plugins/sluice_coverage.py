@@ -401,7 +401,7 @@ class CoverageBoard:
 
             try:
                 settings = self._load_settings()
-                reader = ArchiveLogReader(settings.lake_uri)
+                reader = ArchiveLogReader(settings.lake.uri)
             except ConfigError as exc:
                 self._settings_error = one_line(exc)
             else:
@@ -488,7 +488,9 @@ class CoverageBoard:
         await self._runs.fresh(FIRST_WAIT_S)
         lake = lake_source.value or LakeView()
         runs = self._runs.value or {}
-        names = list(dict.fromkeys((*settings.streams, *settings.chain_streams, *lake.archived)))
+        names = list(
+            dict.fromkeys((*settings.lake.streams, *settings.lake.chain_streams, *lake.archived))
+        )
         redis_view = await self._redis_view(settings, names)
         streams = []
         for name in names:
@@ -498,15 +500,15 @@ class CoverageBoard:
             streams.append(
                 {
                     "name": name,
-                    "chain": name in settings.chain_streams,
-                    "configured": name in settings.streams,
+                    "chain": name in settings.lake.chain_streams,
+                    "configured": name in settings.lake.streams,
                     "redis": hot,
                     "coverage": coverage(
                         lake.archived.get(name, Archived()),
                         first_ms=parse_entry_id(first_id)[0] if first_id else None,
                         last_ms=parse_entry_id(last_id)[0] if last_id else None,
                         now_ms=now_ms,
-                        hot_retention_s=settings.hot_retention_s,
+                        hot_retention_s=settings.lake.hot_retention_s,
                     ),
                     "archive_runs": [
                         _row_json(row, name, runs) for row in lake.newest.get(name, ())
@@ -517,14 +519,14 @@ class CoverageBoard:
         return {
             **base,
             "lake": {
-                "uri": settings.lake_uri,
+                "uri": settings.lake.uri,
                 "error": lake_source.error,
                 "read_age_s": lake_source.age_s,
             },
             "redis": redis_view,
             "airflow": {"error": self._runs.error, "read_age_s": self._runs.age_s},
-            "hot_retention_s": settings.hot_retention_s,
-            "archive_cron": settings.archive_cron,
+            "hot_retention_s": settings.lake.hot_retention_s,
+            "archive_cron": settings.lake.archive_cron,
             "streams": streams,
             "dag_runs": [_run_json(r) for r in newest_runs[:DAG_RUNS]],
             # What viewers cost: snapshots built and source reads, since the server started.
@@ -587,8 +589,8 @@ def redis_url(settings: Any) -> tuple[str, str]:
         # The connection could not be looked up (secrets backend, metadata DB):
         # fall back to the settings, and say so on the page and in the log.
         log.warning("sluice coverage: connection %s: %r", hook.redis_conn_id, exc)
-        return settings.redis_url, f"settings (connection lookup failed: {type(exc).__name__})"
-    source = "settings" if url == settings.redis_url else f"connection {hook.redis_conn_id}"
+        return settings.redis.url, f"settings (connection lookup failed: {type(exc).__name__})"
+    source = "settings" if url == settings.redis.url else f"connection {hook.redis_conn_id}"
     return url, source
 
 

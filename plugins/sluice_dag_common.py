@@ -44,12 +44,12 @@ def default_args(settings: Settings) -> dict[str, Any]:
     """
     return {
         "owner": "sluice",
-        "retries": settings.lake_task_retries,
+        "retries": settings.lake.task_retries,
         "retry_delay": RETRY_DELAY,
         "retry_exponential_backoff": 2.0,
         "max_retry_delay": RETRY_MAX_DELAY,
         # The job's own limit kills it first; this is the backstop.
-        "execution_timeout": timedelta(seconds=settings.lake_job_timeout_s + 120),
+        "execution_timeout": timedelta(seconds=settings.lake.job_timeout_s + 120),
     }
 
 

@@ -123,7 +123,7 @@ class LakeJobOperator(BaseOperator):
                 self.job,
                 self.job_args(context, step),
                 env=job_env(settings),
-                timeout_s=float(settings.lake_job_timeout_s),
+                timeout_s=float(settings.lake.job_timeout_s),
                 report_codes=frozenset(self.report_codes),
                 module=self.module,
             )

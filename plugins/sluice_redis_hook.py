@@ -50,8 +50,8 @@ class SluiceRedisHook(BaseHook):
                 "no Airflow connection %r: using SLUICE_REDIS_URL / settings", self.redis_conn_id
             )
             # The URL as configured: its scheme (rediss:// = TLS) must survive.
-            RedisSettings.from_url(settings.redis_url)
-            return settings.redis_url
+            RedisSettings.from_url(settings.redis.url)
+            return settings.redis.url
         return connection_url(
             host=conn.host,
             port=conn.port,

@@ -61,7 +61,7 @@ def _register(argv: list[str]) -> int:
     parser.add_argument("--key", default="", help="base64 public key (empty: legacy peer)")
     parser.add_argument("--redis", default=None)
     args = parser.parse_args(argv)
-    url = args.redis or Settings.load().redis_url
+    url = args.redis or Settings.load().redis.url
 
     async def run() -> None:
         client = redisconn.connect(url, redisconn.Role.CLI)
@@ -81,7 +81,7 @@ def _dead(argv: list[str]) -> int:
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--redis", default=None)
     args = parser.parse_args(argv)
-    client = redisconn.connect_sync(args.redis or Settings.load().redis_url, redisconn.Role.CLI)
+    client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, max(args.count, 1) - 1))
     finally:
@@ -113,7 +113,7 @@ def _requeue(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.index and not args.all:
         parser.error("name entries with --index (see 'sluice bus dead') or use --all")
-    client = redisconn.connect_sync(args.redis or Settings.load().redis_url, redisconn.Role.CLI)
+    client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
     moved = 0
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, -1))
@@ -153,12 +153,12 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     config = BusConfig.from_settings(settings)
     client: aioredis.Redis | None = None
     directory: Directory
-    if settings.bus_directory:
-        directory = FileDirectory.load(settings.bus_directory)
+    if settings.bus.directory:
+        directory = FileDirectory.load(settings.bus.directory)
     else:
-        client = redisconn.connect(settings.redis_url, redisconn.Role.CLI)
+        client = redisconn.connect(settings.redis.url, redisconn.Role.CLI)
         directory = RedisDirectory(client)
-    bus = BusProcess(config, redis_url=settings.redis_url, directory=directory, signer=signer)
+    bus = BusProcess(config, redis_url=settings.redis.url, directory=directory, signer=signer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -168,7 +168,7 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         await bus.start()
         print(f"sluice bus: twin {config.twin} listening on {config.host}:{bus.port}", flush=True)
         async with health.serving(
-            settings.bus_health_listen,
+            settings.bus.health_listen,
             "sluice_bus",
             checks={"redis": bus.redis.ping},
             samples=lambda: health.bus_samples(bus.redis),
@@ -213,12 +213,12 @@ def main(argv: list[str]) -> int:
         if value is not None:
             overrides[name] = value
     settings = Settings.load(**overrides)
-    if settings.bus_twin <= 0:
+    if settings.bus.twin <= 0:
         raise ConfigError("the bus needs a twin id: --twin ID or SLUICE_BUS_TWIN")
     signer: Signer | None = None
-    if settings.bus_key_file:
-        signer = Signer.from_file(settings.bus_key_file)
-    elif not settings.bus_legacy_peers:
+    if settings.bus.key_file:
+        signer = Signer.from_file(settings.bus.key_file)
+    elif not settings.bus.legacy_peers:
         raise ConfigError(
             "the bus needs a private key: --key FILE (see 'sluice bus keygen'), "
             "or SLUICE_BUS_LEGACY_PEERS=1 to run unsigned"

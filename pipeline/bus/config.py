@@ -3,68 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import redis.exceptions
 
-from pipeline.settings import Settings
+from pipeline.settings import MAX_PAYLOAD, BusSettings, Settings
 
 #: What a Redis call may raise when Redis is away; loops retry after these.
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BusConfig:
-    """Tunables of one bus process (the twin-facing ones come from :class:`Settings`)."""
+class BusConfig(BusSettings):
+    """One bus process: the ``bus`` section of :class:`Settings` (every default is there)
+    plus the process-wide payload bound it shares with the other parts."""
 
-    twin: int
-    host: str = "127.0.0.1"
-    port: int = 8051
-    legacy_peers: bool = False
-    default_exp: int = 300
-    max_exp: int = 86400
-    max_try: int = 16
-    retry_base_s: float = 0.1
-    retry_max_s: float = 2.0
-    max_size: int = 1 << 20
-    batch: int = 256
-    scrub_interval_s: float = 0.25
-    http_workers: int = 128
-    max_pending: int = 10_000
-    redis_connections: int = 32
-    #: Seconds a signed POST's timestamp may differ from this bus's clock.
-    replay_window_s: float = 300.0
-    #: Most request ids remembered for replay protection (then peers get 503 and retry).
-    max_seen: int = 2_000_000
-    #: Handling attempts of one message before it goes to the dead-letter list.
-    max_attempts: int = 3
-    #: Seconds an inbound HTTP connection may go without completing a request.
-    http_idle_s: float = 30.0
-    #: Inbound HTTP connections open at once (more are closed on arrival).
-    http_max_connections: int = 1024
+    #: Largest envelope / POST body accepted (``max_payload``).
+    max_size: int = field(default=MAX_PAYLOAD, metadata={"flat": "max_payload"})
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: object) -> BusConfig:
-        host, _, port = settings.bus_listen.rpartition(":")
-        values: dict[str, object] = {
-            "twin": settings.bus_twin,
-            "host": host or "127.0.0.1",
-            "port": int(port),
-            "legacy_peers": settings.bus_legacy_peers,
-            "default_exp": settings.bus_default_exp_s,
-            "max_exp": settings.bus_max_exp_s,
-            "max_try": settings.bus_max_try,
-            "retry_base_s": settings.bus_retry_base_s,
-            "retry_max_s": settings.bus_retry_max_s,
-            "max_size": settings.max_payload,
-            "replay_window_s": settings.bus_replay_window_s,
-            "max_seen": settings.bus_max_seen,
-            "max_attempts": settings.bus_max_attempts,
-            "http_idle_s": settings.bus_http_idle_s,
-            "http_max_connections": settings.bus_http_max_connections,
+    def from_settings(cls, settings: Settings, **overrides: Any) -> BusConfig:
+        values: dict[str, Any] = {
+            f.name: getattr(settings.bus, f.name) for f in fields(BusSettings)
         }
+        values["max_size"] = settings.max_payload
         values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
 
 def reraise_if_cancelling(exc: BaseException) -> None:

@@ -73,7 +73,10 @@ class QueueHandlers:
                 answers.append((ret, bad.copy(err=exc.public_message).encode()))
                 continue
             expires = envelope.deadline(
-                env, received=now, default_exp=self.config.default_exp, max_exp=self.config.max_exp
+                env,
+                received=now,
+                default_exp=self.config.default_exp_s,
+                max_exp=self.config.max_exp_s,
             )
             for dst in env.dst:
                 if expires <= now:
@@ -206,7 +209,7 @@ class QueueHandlers:
             if env.dst[0] == self.twin:
                 mine.append(env)
             else:
-                exp = min(env.exp or self.config.default_exp, self.config.max_exp)
+                exp = min(env.exp or self.config.default_exp_s, self.config.max_exp_s)
                 outbound.append(
                     Outbound(
                         due=0.0,

@@ -98,7 +98,7 @@ def _authorized(request: web.Request, token: str) -> bool:
 async def ws_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, metrics = app[SETTINGS], app[METRICS]
-    if settings.serve_token and not _authorized(request, settings.serve_token):
+    if settings.serve.token and not _authorized(request, settings.serve.token):
         metrics.inc("sluice_serve_auth_failures_total")
         return web.json_response({"error": "missing or invalid bearer token"}, status=401)
     if dialect_of(request) is None:
@@ -106,7 +106,7 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
             {"error": f"unknown dialect; known: {', '.join(DIALECTS)}"}, status=400
         )
     ws = web.WebSocketResponse(
-        heartbeat=settings.serve_heartbeat_s or None,
+        heartbeat=settings.serve.heartbeat_s or None,
         max_msg_size=MAX_FRAME,
         compress=False,
         timeout=CLOSE_TIMEOUT_S,
@@ -158,8 +158,8 @@ def create_app(
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:
-        lake_uri = settings.lake_uri
-        cache_bytes = settings.serve_history_cache_mb << 20
+        lake_uri = settings.lake.uri
+        cache_bytes = settings.serve.history_cache_mb << 20
         if cache_bytes < 0:
             raise ValueError("serve_history_cache_mb must be non-negative")
 
@@ -177,27 +177,27 @@ def create_app(
         # Two pools: requests (any number of connections, bounded, waiting for a
         # free connection under a burst) and the live tailer's own, so that
         # connection churn can never starve live data or make /healthz lie.
-        client = connect(settings.redis_url, Role.SERVE)
-        tail_client = connect(settings.redis_url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
+        client = connect(settings.redis.url, Role.SERVE)
+        tail_client = connect(settings.redis.url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
         app[REDIS] = client
         app[RESUMPTION] = TieredResumption(
             redis=client,
-            stream=settings.serve_stream,
+            stream=settings.serve.stream,
             hub=app[HUB],
             history_factory=factory,
-            reorg_threshold=settings.reorg_threshold,
+            reorg_threshold=settings.lake.reorg_threshold,
             batch_rows=512,
-            max_tail=settings.serve_tail_index_max,
+            max_tail=settings.serve.tail_index_max,
         )
         feed = None
-        if settings.serve_dialogue_port:
+        if settings.serve.dialogue_port:
             from pipeline.chain.dialogue_feed import dialogue_server
 
             feed = dialogue_server(
                 app[RESUMPTION],
-                settings.serve_host,
-                settings.serve_dialogue_port,
-                send_buffer=settings.serve_send_buffer,
+                settings.serve.host,
+                settings.serve.dialogue_port,
+                send_buffer=settings.serve.send_buffer,
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION]), name="tail-index-warm")
@@ -205,7 +205,7 @@ def create_app(
         if relay:
             tailer = RedisTailer(
                 tail_client,
-                settings.serve_stream,
+                settings.serve.stream,
                 app[HUB],
                 app[METRICS],
                 block_ms=_TAIL_BLOCK_MS,

@@ -256,9 +256,9 @@ class StatusBoard:
     ) -> None:
         self.settings = settings
         self._connections = connections
-        names = dict.fromkeys((settings.serve_stream, *settings.chain_streams))
+        names = dict.fromkeys((settings.serve.stream, *settings.lake.chain_streams))
         self.streams = {name: StreamBoard(name) for name in names}
-        self._archive = archive or ArchiveLog(settings.lake_uri)
+        self._archive = archive or ArchiveLog(settings.lake.uri)
         self._lake: dict[str, Archived] | None = None
         self._lake_error: str | None = None
         self._lake_at = -LAKE_TTL_S
@@ -395,7 +395,7 @@ class StatusBoard:
             hot = redis_view.get("streams", {}).get(name)
             first_ms = _ms(hot["first_id"]) if hot else None
             last_ms = _ms(hot["last_id"]) if hot else None
-            served = name == settings.serve_stream
+            served = name == settings.serve.stream
             streams.append(
                 {
                     "name": name,
@@ -408,7 +408,7 @@ class StatusBoard:
                         first_ms=first_ms,
                         last_ms=last_ms,
                         now_ms=now_ms,
-                        hot_retention_s=settings.hot_retention_s,
+                        hot_retention_s=settings.lake.hot_retention_s,
                     ),
                 }
             )
@@ -416,19 +416,19 @@ class StatusBoard:
             "version": __version__,
             "now_ms": now_ms,
             "started_ms": self.started_ms,
-            "served_stream": settings.serve_stream,
+            "served_stream": settings.serve.stream,
             "connections": len(conns),
             "subscriptions": subscriptions,
             "redis": {**redis_view, "up": bool(redis_view.get("up")) and self.tail_up},
             "lake": {
-                "uri": settings.lake_uri,
+                "uri": settings.lake.uri,
                 "error": self._lake_error,
                 "read_age_s": round(time.monotonic() - self._lake_at, 1)
                 if self._lake is not None
                 else None,
             },
-            "hot_retention_s": settings.hot_retention_s,
-            "archive_cron": settings.archive_cron,
+            "hot_retention_s": settings.lake.hot_retention_s,
+            "archive_cron": settings.lake.archive_cron,
             "streams": streams,
         }
 
@@ -474,7 +474,7 @@ def setup(app: web.Application, settings: Settings, connections: set[_C]) -> Non
 
     async def tail_ctx(app: web.Application) -> AsyncIterator[None]:
         client = connect(
-            settings.redis_url, Role.TAIL, block_s=TAIL_BLOCK_MS / 1000, max_connections=2
+            settings.redis.url, Role.TAIL, block_s=TAIL_BLOCK_MS / 1000, max_connections=2
         )
         board.client = client
         task = asyncio.create_task(board.tail(client), name="status-tail")

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
     path = "/cardinal" if args.dialect == CARDINAL else "/ws"
-    url = args.url or f"ws://{settings.serve_host}:{settings.serve_port}{path}"
+    url = args.url or f"ws://{settings.serve.host}:{settings.serve.port}{path}"
     try:
         block_hash = parse_hash(args.hash) if args.hash else None
     except BadBatch as exc:
@@ -50,7 +50,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         args.from_num,
         block_hash,
         args.prefix,
-        token=args.token or settings.serve_token or None,
+        token=args.token or settings.serve.token or None,
         dialect=args.dialect,
     )
     try:

@@ -68,7 +68,7 @@ class Connection:
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
         self.dialect = dialect_of(request) or SEED
-        self.outbox = Outbox(self.settings.serve_send_buffer)
+        self.outbox = Outbox(self.settings.serve.send_buffer)
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
         self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()

@@ -79,10 +79,10 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
         "(--check: as a scripted scenario that exits 0 only if every check passed).",
     )
     p.add_argument("--check", action="store_true", help="run the scripted scenario and exit 0/1")
-    p.add_argument("--serve-port", type=int, default=settings.serve_port, help="status page port")
+    p.add_argument("--serve-port", type=int, default=settings.serve.port, help="status page port")
     p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port")
     p.add_argument(
-        "--spark-port", type=int, default=settings.spark_connect_port, help="Spark Connect port"
+        "--spark-port", type=int, default=settings.spark.connect_port, help="Spark Connect port"
     )
     p.add_argument(
         "--only",

@@ -94,17 +94,17 @@ class TcpTransport:
         self.max_payload = settings.max_payload
         self.connect_timeout = connect_timeout
         self.close_timeout = close_timeout
-        self.max_connections = max(1, max_connections or settings.node_tcp_max_connections)
+        self.max_connections = max(1, max_connections or settings.node.tcp_max_connections)
         self._options: dict[str, Any] = {
             "max_frame": settings.max_payload + ROUTE_OVERHEAD,
             "window": window,
             "close_timeout": close_timeout,
-            "frame_timeout": frame_timeout or settings.node_tcp_frame_s or None,
-            "idle_timeout": idle_timeout or settings.node_tcp_idle_s or None,
+            "frame_timeout": frame_timeout or settings.node.tcp_frame_s or None,
+            "idle_timeout": idle_timeout or settings.node.tcp_idle_s or None,
         }
         self._accept_options: dict[str, Any] = {
             **self._options,
-            "first_frame_timeout": first_frame_timeout or settings.node_tcp_first_frame_s or None,
+            "first_frame_timeout": first_frame_timeout or settings.node.tcp_first_frame_s or None,
         }
         #: Our listen address once started (None when not listening).
         self.address: str | None = None
@@ -121,7 +121,7 @@ class TcpTransport:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TcpTransport:
-        return cls(settings.node_listen or None, settings)
+        return cls(settings.node.listen or None, settings)
 
     # ---------------------------------------------------------------- lifecycle
 

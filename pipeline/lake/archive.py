@@ -110,7 +110,7 @@ def archive_interval(
     if not 0 <= start_ms < end_ms:
         raise ArchiveError(f"bad interval [{start_ms}, {end_ms}) for stream {stream!r}")
     key = keys.stream(stream)
-    chain = stream in settings.chain_streams
+    chain = stream in settings.lake.chain_streams
     in_redis = _check_redis(settings, stream, key, start_ms, end_ms)
     lake = settings.lake
     ensure_tables(lake)
@@ -180,7 +180,7 @@ def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_m
     """Check the stream and that the interval is closed; True when Redis holds an entry in it."""
     import redis
 
-    client = connect(settings.redis_url)
+    client = connect(settings.redis.url)
     try:
         kind = client.type(key)
         seconds, micros = client.time()
@@ -231,11 +231,11 @@ def _write_entries(
     source.register(spark)
     raw = (
         spark.read.format(source.NAME)
-        .option("url", settings.redis_url)
+        .option("url", settings.redis.url)
         .option("key", key)
         .option("start", f"{start_ms}-0")
         .option("end", f"{end_ms}-0")
-        .option("partitions", str(settings.archive_partitions))
+        .option("partitions", str(settings.lake.archive_partitions))
         .option("chain", "true" if chain else "false")
         .load()
     )

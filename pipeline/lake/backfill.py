@@ -191,7 +191,7 @@ def read_state(settings: Settings, stream: str) -> tuple[list[tuple[int, int]], 
     from pipeline.lake.trim import logged_intervals
 
     logged = logged_intervals(settings.lake, stream)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis.url)
     try:
         oldest = client.xrange(keys.stream(stream), "-", "+", count=1)
         seconds, micros = client.time()

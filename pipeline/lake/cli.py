@@ -113,9 +113,9 @@ def check_args(args: argparse.Namespace, settings: Settings) -> None:
         return
     from pipeline.lake.backfill import iso, parse_time
 
-    if args.stream not in settings.streams:
+    if args.stream not in settings.lake.streams:
         raise ConfigError(
-            f"unknown stream {args.stream!r} (SLUICE_STREAMS: {', '.join(settings.streams)})"
+            f"unknown stream {args.stream!r} (SLUICE_STREAMS: {', '.join(settings.lake.streams)})"
         )
     if args.since is not None and args.from_coverage:
         raise ConfigError("--since and --from-coverage exclude each other")
@@ -165,9 +165,9 @@ class LazySpark:
 
     @property
     def mode(self) -> str:
-        if self._settings.spark_remote:
-            return "Spark Connect " + str(self._settings.spark_remote)
-        return "local Spark " + str(self._settings.spark_master)
+        if self._settings.spark.remote:
+            return "Spark Connect " + str(self._settings.spark.remote)
+        return "local Spark " + str(self._settings.spark.master)
 
     def get(self) -> Any:
         if self._session is None:
@@ -364,7 +364,7 @@ def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper:
     logged, oldest_ms, now_ms = backfill.read_state(settings, args.stream)
     until_ms = getattr(args, "until_ms", None)
     todo = backfill.plan(
-        settings.archive_cron,
+        settings.lake.archive_cron,
         args.stream,
         logged=logged,
         oldest_ms=oldest_ms,
@@ -381,14 +381,14 @@ def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper:
         todo.origin,
         backfill.iso(todo.end_ms),
         len(todo.todo),
-        settings.archive_cron,
+        settings.lake.archive_cron,
         todo.covered,
     )
 
     @contextmanager
     def locked() -> Iterator[StreamLock]:
         with StreamLock(
-            settings.redis_url, args.stream, owner="backfill", wait_s=settings.lake_lock_wait_s
+            settings.redis.url, args.stream, owner="backfill", wait_s=settings.lake.lock_wait_s
         ) as lock:
             stopper.lock = lock
             try:
@@ -488,10 +488,10 @@ def _main(
             from pipeline.lake.lock import StreamLock
 
             lock = StreamLock(
-                settings.redis_url,
+                settings.redis.url,
                 args.stream,
                 owner=f"{args.job}",
-                wait_s=settings.lake_lock_wait_s,
+                wait_s=settings.lake.lock_wait_s,
             )
             lock.__enter__()
             stopper.lock = lock

@@ -65,7 +65,7 @@ def replay(
     target = target_stream or stream
     key = keys.stream(target)
     reader = reader or LakeReader(settings.lake.uri)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis.url)
     published = skipped = 0
     last_id: str | None = None
     try:

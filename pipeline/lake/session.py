@@ -1,6 +1,6 @@
 """Build the SparkSession with Delta: a Spark Connect client, or a local one-JVM session.
 
-Two modes, picked by ``settings.spark_remote`` (``SLUICE_SPARK_REMOTE``):
+Two modes, picked by ``settings.spark.remote`` (``SLUICE_SPARK_REMOTE``):
 
 - ``sc://host:port``: the job is a thin Spark Connect client of a long-lived
   server (``sluice spark`` locally, a service in docker/). No JVM starts in
@@ -9,7 +9,7 @@ Two modes, picked by ``settings.spark_remote`` (``SLUICE_SPARK_REMOTE``):
   down fails in milliseconds with one line naming the URL, and the client's
   gRPC retries are bounded (:data:`CONNECT_RETRIES`), so a server that dies
   mid-job fails the job in seconds instead of the client's default ten minutes.
-- empty: a local Spark driver in this process, for ``settings.spark_master``.
+- empty: a local Spark driver in this process, for ``settings.spark.master``.
   The Delta jars are passed as file paths (``spark.jars``) from the manifest
   ``python -m pipeline.lake.session --warm`` wrote (``make install`` runs it),
   so no Ivy resolution runs at start; without a manifest it falls back to
@@ -60,12 +60,12 @@ def delta_package() -> str:
 def cached_jars(settings: Settings | None = None, manifest: Path = MANIFEST) -> list[str] | None:
     """The Delta jar paths to pass as ``spark.jars``, or None when there is no usable cache.
 
-    ``settings.spark_jars`` (comma-separated) wins; else the manifest, used
+    ``settings.spark.jars`` (comma-separated) wins; else the manifest, used
     only when it was written for this very Delta package and every jar is
     still on disk.
     """
-    if settings is not None and settings.spark_jars:
-        return [part.strip() for part in settings.spark_jars.split(",") if part.strip()]
+    if settings is not None and settings.spark.jars:
+        return [part.strip() for part in settings.spark.jars.split(",") if part.strip()]
     try:
         doc = json.loads(manifest.read_text())
     except (OSError, ValueError):
@@ -93,11 +93,11 @@ def spark_conf(settings: Settings, *, jars: bool = True) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.databricks.delta.snapshotPartitions": "2",
-        "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
+        "spark.sql.shuffle.partitions": str(settings.spark.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.memory": settings.spark_driver_memory,
+        "spark.driver.memory": settings.spark.driver_memory,
         # Python workers fork from a daemon that has the data source imported.
         "spark.python.daemon.module": "pipeline.lake.pydaemon",
         # A Connect server caches analyzed plans per session, and a Python data
@@ -121,12 +121,12 @@ def build_session(settings: Settings | None = None, *, app_name: str = APP_NAME)
     Connect server cannot be reached.
     """
     settings = settings or Settings.load()
-    if settings.spark_remote:
-        return connect_session(settings.spark_remote)
+    if settings.spark.remote:
+        return connect_session(settings.spark.remote)
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name).master(settings.spark_master)
+    builder = SparkSession.builder.appName(app_name).master(settings.spark.master)
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -93,8 +93,8 @@ class ConnectServer:
     ) -> None:
         self.settings = settings
         self.host = host
-        self.port = port if port is not None else settings.spark_connect_port
-        self.master = master or settings.spark_master
+        self.port = port if port is not None else settings.spark.connect_port
+        self.master = master or settings.spark.master
         self.log_path = Path(log_path)
         self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -116,7 +116,7 @@ class ConnectServer:
             "--class", SERVER_CLASS,
             "--name", "sluice-connect",
             "--master", self.master,
-            "--driver-memory", self.settings.spark_driver_memory,
+            "--driver-memory", self.settings.spark.driver_memory,
         ]  # fmt: skip
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
@@ -224,8 +224,8 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
         "(point them at it with SLUICE_SPARK_REMOTE=<printed URL>)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=settings.spark_connect_port)
-    parser.add_argument("--master", default=settings.spark_master, help="Spark master")
+    parser.add_argument("--port", type=int, default=settings.spark.connect_port)
+    parser.add_argument("--master", default=settings.spark.master, help="Spark master")
     parser.add_argument(
         "--log-file",
         default=str(Path(settings.var_dir) / "spark-connect.log"),

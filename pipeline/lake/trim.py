@@ -78,7 +78,7 @@ def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> 
 
     key = keys.stream(stream)
     intervals = logged_intervals(settings.lake, stream)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis.url)
     try:
         oldest = client.xrange(key, "-", "+", count=1)
         if not oldest:
@@ -89,7 +89,7 @@ def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> 
             now_ms = int(seconds) * 1000 + int(micros) // 1000
         if covered is None:
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=None)
-        limit = min(covered, now_ms - settings.hot_retention_s * 1000)
+        limit = min(covered, now_ms - settings.lake.hot_retention_s * 1000)
         if limit <= 0:
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=covered)
         min_id = f"{limit}-0"

@@ -82,14 +82,14 @@ def _worker(name: str, args: argparse.Namespace) -> Worker:
 
 async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> Node:
     """Run a node until ``stop`` is set; returns the stopped node (for its counters)."""
-    workers = {name: _worker(name, args) for name in settings.node_workers}
+    workers = {name: _worker(name, args) for name in settings.node.workers}
     consume = [s.strip() for s in args.consume.split(",") if s.strip()]
-    redis = connect(settings.redis_url)
-    node = Node(settings.node_name, max_payload=settings.max_payload)
+    redis = connect(settings.redis.url)
+    node = Node(settings.node.name, max_payload=settings.max_payload)
     node.register_transport(
         StreamTransport(
-            max_failures=settings.consumer_max_failures,
-            lease_ttl_ms=int(settings.lease_ttl_s * 1000),
+            max_failures=settings.node.consumer_max_failures,
+            lease_ttl_ms=int(settings.node.lease_ttl_s * 1000),
         )
     )
     node.register_transport(_tcp_transport(settings))
@@ -106,14 +106,14 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
         for name, worker in workers.items():
             await node.add_worker(name, worker)
         async with health.serving(
-            settings.node_health_listen,
+            settings.node.health_listen,
             "sluice_node",
             checks={"redis": redis.ping},
             samples=lambda: health.counter_samples("sluice_node", node.statistics()),
         ):
-            print(f"node {settings.node_name} ready", flush=True)
+            print(f"node {settings.node.name} ready", flush=True)
             await stop.wait()
-        log.info("node %s: stopping", settings.node_name)
+        log.info("node %s: stopping", settings.node.name)
     finally:
         await node.stop()
         await redis.aclose()

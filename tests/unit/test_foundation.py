@@ -12,10 +12,10 @@ def test_settings_precedence(tmp_path):
     cfg = tmp_path / "sluice.toml"
     cfg.write_text('[sluice]\nreorg_threshold = 10\nstreams = ["a", "b"]\nserve_port = 1\n')
     s = Settings.load(env={"SLUICE_SERVE_PORT": "9"}, config_path=cfg, node_name="x")
-    assert s.reorg_threshold == 10
-    assert s.streams == ("a", "b")
-    assert s.serve_port == 9
-    assert s.node_name == "x"
+    assert s.lake.reorg_threshold == 10
+    assert s.lake.streams == ("a", "b")
+    assert s.serve.port == 9
+    assert s.node.name == "x"
 
 
 def test_settings_errors():

@@ -52,7 +52,7 @@ class Twin:
     def config(self, **overrides: Any) -> BusConfig:
         values: dict[str, Any] = {
             "twin": self.id,
-            "port": self.port,
+            "listen": f"127.0.0.1:{self.port}",
             "retry_base_s": 0.05,
             "retry_max_s": 0.5,
             "scrub_interval_s": 0.1,

@@ -108,7 +108,7 @@ async def test_go_consumer_follows_sluice_through_reorgs(
 ) -> None:
     gen = SyntheticChain(seed=61, prefixes=("s/", "t/"))
     blocks = gen.take(30)
-    write_lake(settings.lake_uri, blocks[:20])
+    write_lake(settings.lake.uri, blocks[:20])
     write_blocks(redis_client, STREAM, blocks[20:])
     async with serve(settings) as (base, _app):
         url = base.replace("http://", "ws://") + "/cardinal"
@@ -120,7 +120,11 @@ async def test_go_consumer_follows_sluice_through_reorgs(
             go_run("consumer", "-url", url, *right_args) as from_right,
             go_run("consumer", "-url", url, *wrong_args) as from_wrong,
         ):
-            consumers = {0: from_zero, 26: from_right, 25 - settings.reorg_threshold: from_wrong}
+            consumers = {
+                0: from_zero,
+                26: from_right,
+                25 - settings.lake.reorg_threshold: from_wrong,
+            }
 
             async def all_at_head(what: str) -> None:
                 for proc in consumers.values():
@@ -138,7 +142,7 @@ async def test_go_consumer_follows_sluice_through_reorgs(
             await all_at_head("reorg to a shorter, heavier chain")
             write_blocks(redis_client, STREAM, gen.take(2))
             await all_at_head("blocks after the shorter chain")
-            stored = sluice_canonical(redis_url, settings.lake_uri)
+            stored = sluice_canonical(redis_url, settings.lake.uri)
             assert stored == {b.num: "0x" + b.hash.hex() for b in gen.canonical}
             for first, proc in consumers.items():
                 check_chain(proc, gen, first, stored)
@@ -313,7 +317,7 @@ async def test_sluice_consumer_follows_sluice_serve_in_the_cardinal_dialect(
     settings, serve, redis_client
 ) -> None:
     gen = SyntheticChain(seed=63)
-    write_lake(settings.lake_uri, gen.take(10))
+    write_lake(settings.lake.uri, gen.take(10))
     write_blocks(redis_client, STREAM, gen.take(10))
     async with serve(settings) as (base, _app):
         url = base.replace("http://", "ws://") + "/cardinal"
@@ -327,7 +331,7 @@ async def test_sluice_consumer_follows_sluice_serve_in_the_cardinal_dialect(
 
             await _reorgs(gen, apply, followers)
             followers[0].check(gen, 0)
-            followers[1].check(gen, 15 - settings.reorg_threshold)
+            followers[1].check(gen, 15 - settings.lake.reorg_threshold)
         finally:
             for follower in followers:
                 await follower.close()

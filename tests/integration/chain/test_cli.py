@@ -19,8 +19,8 @@ from .conftest import STREAM
 def test_produce_serve_subscribe(settings, redis_client: redis.Redis) -> None:
     env = {
         **os.environ,
-        "SLUICE_REDIS_URL": settings.redis_url,
-        "SLUICE_LAKE_URI": settings.lake_uri,
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_LAKE_URI": settings.lake.uri,
         "SLUICE_SERVE_STREAM": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
     }

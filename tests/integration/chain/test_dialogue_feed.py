@@ -18,7 +18,7 @@ from .conftest import STREAM, write_lake
 
 async def test_dialogue_duplex_gets_the_same_blocks(settings, serve, connect, redis_client) -> None:
     gen = SyntheticChain(seed=61, prefixes=("s/", "t/"))
-    write_lake(settings.lake_uri, gen.take(20))
+    write_lake(settings.lake.uri, gen.take(20))
     write_blocks(redis_client, STREAM, gen.take(10))
     port = free_port()
     async with serve(settings.replace(serve_dialogue_port=port)) as (base, _app):
@@ -72,7 +72,7 @@ async def test_dialogue_from_block_zero_without_a_hash(settings, serve, redis_cl
 async def test_dialogue_refusals_carry_public_texts_only(settings, serve, redis_client) -> None:
     gen = SyntheticChain(seed=63)
     blocks = gen.take(30)
-    write_lake(settings.lake_uri, blocks[:10])
+    write_lake(settings.lake.uri, blocks[:10])
     write_blocks(redis_client, STREAM, blocks[20:])  # 10..19 are nowhere: a history gap
     port = free_port()
     async with serve(settings.replace(serve_dialogue_port=port)):

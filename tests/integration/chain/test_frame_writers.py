@@ -13,7 +13,7 @@ async def test_lake_tail_and_live_in_order_through_the_public_writer(
     settings, serve, connect, redis_client: redis.Redis
 ) -> None:
     chain = SyntheticChain(seed=7)
-    write_lake(settings.lake_uri, chain.take(600))
+    write_lake(settings.lake.uri, chain.take(600))
     write_blocks(redis_client, STREAM, chain.take(100))
     async with serve(settings) as (base, _app), connect(base) as client:
         await client.subscribe(0, chain.canonical[0].hash)

@@ -51,7 +51,7 @@ async def test_no_gap_no_duplicate_while_producing_archiving_and_trimming(
                 cut = next((i for i, b in enumerate(blocks) if b.num >= horizon), len(blocks))
                 settled = blocks[:cut]  # a prefix in production order, final by now
                 if settled:
-                    write_lake(settings.lake_uri, settled, final)
+                    write_lake(settings.lake.uri, settled, final)
                     last_id = old[len(settled) - 1][0].decode()
                     redis_client.xtrim(key, minid=last_id, approximate=False)  # keeps last_id
                     redis_client.xdel(key, last_id)
@@ -104,7 +104,7 @@ async def test_fork_point_from_the_lake(settings, serve, connect) -> None:
         orphan = type(b)(num=num, hash=b.hash, parent=parent)
         orphans.append(orphan)
         parent = orphan.hash
-    write_lake(settings.lake_uri, canon + orphans, {b.hash for b in canon})
+    write_lake(settings.lake.uri, canon + orphans, {b.hash for b in canon})
     async with serve(settings) as (base, _app), connect(base) as client:
         await client.subscribe(22, orphans[-1].hash)
         got = await client.blocks(10)
@@ -115,7 +115,7 @@ async def test_fork_point_from_the_lake(settings, serve, connect) -> None:
 async def test_fork_point_from_the_redis_tail(settings, serve, connect, redis_client) -> None:
     gen = SyntheticChain(seed=13)
     first = gen.take(30)
-    write_lake(settings.lake_uri, first[:10])
+    write_lake(settings.lake.uri, first[:10])
     write_blocks(redis_client, STREAM, first[10:])
     orphan = first[27]
     # reorg at 26: blocks 26.. replaced
@@ -141,7 +141,7 @@ async def test_unknown_hash_rewinds_by_the_threshold_once(
 ) -> None:
     gen = SyntheticChain(seed=14)
     blocks = gen.take(40)
-    write_lake(settings.lake_uri, blocks[:25])
+    write_lake(settings.lake.uri, blocks[:25])
     write_blocks(redis_client, STREAM, blocks[25:])
     async with serve(settings) as (base, _app):
         async with connect(base) as client:
@@ -161,7 +161,7 @@ async def test_unknown_hash_rewinds_by_the_threshold_once(
 async def test_lake_gap_is_reported(settings, serve, connect, redis_client) -> None:
     gen = SyntheticChain(seed=15)
     blocks = gen.take(40)
-    write_lake(settings.lake_uri, blocks[:10])
+    write_lake(settings.lake.uri, blocks[:10])
     write_blocks(redis_client, STREAM, blocks[20:])  # 10..19 are nowhere
     async with serve(settings) as (base, _app), connect(base) as client:
         await client.subscribe(0, blocks[0].hash)

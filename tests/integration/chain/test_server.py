@@ -11,7 +11,7 @@ async def test_subscribe_from_lake_then_redis_then_live(
     settings, serve, connect, redis_client: redis.Redis
 ) -> None:
     chain = SyntheticChain(seed=1)
-    write_lake(settings.lake_uri, chain.take(50))
+    write_lake(settings.lake.uri, chain.take(50))
     write_blocks(redis_client, STREAM, chain.take(20))
     async with serve(settings) as (base, _app), connect(base) as client:
         await client.subscribe(10, chain.canonical[10].hash)

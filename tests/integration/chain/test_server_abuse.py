@@ -84,7 +84,7 @@ async def test_block_numbers_past_int64_are_refused_and_the_connection_goes_on(
     settings, serve, connect, redis_client, caplog, number
 ) -> None:
     gen = SyntheticChain(seed=41)
-    write_lake(settings.lake_uri, gen.take(5))
+    write_lake(settings.lake.uri, gen.take(5))
     write_blocks(redis_client, STREAM, gen.take(5))
     caplog.set_level(logging.INFO, logger="pipeline.chain.wsconn")
     async with serve(settings) as (base, _app), connect(base) as client:
@@ -151,9 +151,9 @@ async def test_an_unexpected_error_is_logged_and_only_a_public_text_is_sent(
     settings, serve, connect, redis_client, caplog
 ) -> None:
     gen = SyntheticChain(seed=43)
-    write_lake(settings.lake_uri, gen.take(5))
+    write_lake(settings.lake.uri, gen.take(5))
     write_blocks(redis_client, STREAM, gen.take(5))
-    broken = _BrokenHistory(settings.lake_uri)
+    broken = _BrokenHistory(settings.lake.uri)
     async with (
         serve(settings, history_factory=lambda: broken) as (base, _app),
         connect(base) as client,
@@ -170,7 +170,7 @@ async def test_resumption_errors_send_their_public_text_only(
 ) -> None:
     gen = SyntheticChain(seed=44)
     blocks = gen.take(30)
-    write_lake(settings.lake_uri, blocks[:10])
+    write_lake(settings.lake.uri, blocks[:10])
     write_blocks(redis_client, STREAM, blocks[20:])  # 10..19 are nowhere
     async with serve(settings) as (base, _app), connect(base) as client:
         await client.subscribe(0, blocks[0].hash)

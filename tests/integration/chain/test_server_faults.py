@@ -131,7 +131,7 @@ async def test_get_block_unsubscribe_and_reorg_notifications(
 ) -> None:
     gen = SyntheticChain(seed=24)
     blocks = gen.take(12)
-    write_lake(settings.lake_uri, blocks[:6])
+    write_lake(settings.lake.uri, blocks[:6])
     write_blocks(redis_client, STREAM, blocks[6:])
     async with serve(settings) as (base, _app), connect(base) as client:
         for num in (2, 9):

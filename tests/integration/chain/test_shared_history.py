@@ -16,12 +16,12 @@ async def test_stale_shared_reader_is_refreshed_instead_of_rewinding(
     settings, serve, connect, redis_client: redis.Redis
 ) -> None:
     canon = SyntheticChain(seed=21).take(40)
-    write_lake(settings.lake_uri, canon[:10])
+    write_lake(settings.lake.uri, canon[:10])
     write_blocks(redis_client, STREAM, canon[10:])
     ids = [entry_id for entry_id, _ in redis_client.xrange(keys.stream(STREAM))]
     # A reader that would never refresh on its own within the test.
     shared = SharedHistory(
-        lambda: LakeReader(settings.lake_uri, cache_bytes=1 << 24), check_every_s=3600
+        lambda: LakeReader(settings.lake.uri, cache_bytes=1 << 24), check_every_s=3600
     )
     async with serve(settings, history_factory=shared) as (base, _app):
         async with connect(base) as client:
@@ -30,7 +30,7 @@ async def test_stale_shared_reader_is_refreshed_instead_of_rewinding(
         reader = shared()
         assert shared.opened == 1 and reader is not None and reader.version == 0
         # Archive 10..29, then trim them from Redis: the shared reader has not seen them yet.
-        write_lake(settings.lake_uri, canon[10:30])
+        write_lake(settings.lake.uri, canon[10:30])
         key = keys.stream(STREAM)
         redis_client.xtrim(key, minid=ids[20], approximate=False)
         assert len(redis_client.xrange(key)) == 10

@@ -153,7 +153,7 @@ def test_bad_listen_address() -> None:
     with pytest.raises(ConfigError):
         TcpTransport("no-port")
     assert parse_host_port("[::1]:80") == ("::1", 80)
-    made = TcpTransport.from_settings(Settings(node_listen="127.0.0.1:0"))
+    made = TcpTransport.from_settings(Settings().replace(node_listen="127.0.0.1:0"))
     assert made.listen == "127.0.0.1:0"
 
 
