@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -55,6 +54,7 @@ from pipeline.chain.appkeys import (
     SETTINGS,
     TAILER,
 )
+from pipeline.chain.auth import authorized, refusal
 from pipeline.chain.cardinal import DIALECTS
 from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
@@ -89,18 +89,12 @@ async def _warm(resumption: TieredResumption) -> None:
         log.warning("tail index not built at start: %r", exc)
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
-    return hmac.compare_digest(given.encode(), token.encode())
-
-
 async def ws_handler(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, metrics = app[SETTINGS], app[METRICS]
-    if settings.serve.token and not _authorized(request, settings.serve.token):
+    if not authorized(request, settings.serve.token):
         metrics.inc("sluice_serve_auth_failures_total")
-        return web.json_response({"error": "missing or invalid bearer token"}, status=401)
+        return refusal()
     if dialect_of(request) is None:
         return web.json_response(
             {"error": f"unknown dialect; known: {', '.join(DIALECTS)}"}, status=400
@@ -139,6 +133,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics_handler(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
+    if not authorized(request, request.app[SETTINGS].serve.token):  # see pipeline/chain/auth.py
+        metrics.inc("sluice_serve_auth_failures_total")
+        return refusal()
     metrics.set("sluice_serve_connections_open", len(request.app[CONNECTIONS]))
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 

@@ -40,6 +40,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from pipeline import __version__, keys
+from pipeline.chain.appkeys import METRICS
+from pipeline.chain.auth import authorized, refusal
 from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, parse_entry_id
@@ -441,9 +443,16 @@ def _ms(entry_id: str | None) -> int | None:
 
 BOARD = web.AppKey("status_board", StatusBoard)
 _STATIC: web.AppKey[dict[str, tuple[bytes, str]]] = web.AppKey("status_static")
+_TOKEN = web.AppKey("status_token", str)
 
 
 async def status_json(request: web.Request) -> web.Response:
+    """The snapshot; with a serve token set, only for requests that carry it (:mod:`.auth`)."""
+    if not authorized(request, request.app[_TOKEN]):
+        metrics = request.app.get(METRICS)
+        if metrics is not None:
+            metrics.inc("sluice_serve_auth_failures_total")
+        return refusal()
     body = await request.app[BOARD].body()
     return web.Response(
         body=body, content_type="application/json", headers={"Cache-Control": "no-store"}
@@ -463,6 +472,9 @@ def _load_static() -> dict[str, tuple[bytes, str]]:
 def setup(app: web.Application, settings: Settings, connections: set[_C]) -> None:
     """Add ``GET /``, ``/static/status.{js,css}`` and ``GET /status.json`` to the server app.
 
+    With ``serve_token`` set, ``/status.json`` needs it and the page's shell
+    stays open (it passes its own ``?token=`` on): see :mod:`pipeline.chain.auth`.
+
     ``connections`` is the server's live set of websocket connections (read,
     never changed). The board's Redis client (two connections: the tail's
     blocking read and the snapshots) and its tail task live in a cleanup
@@ -470,6 +482,7 @@ def setup(app: web.Application, settings: Settings, connections: set[_C]) -> Non
     """
     board = StatusBoard(settings, connections)
     app[BOARD] = board
+    app[_TOKEN] = settings.serve.token
     app[_STATIC] = _load_static()
 
     async def tail_ctx(app: web.Application) -> AsyncIterator[None]:

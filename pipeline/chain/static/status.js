@@ -174,9 +174,19 @@ function setLive(ok, detail) {
   setText(live, ok ? `live · ${new Date().toLocaleTimeString("en-GB")}` : `disconnected: ${detail}`);
 }
 
+// With SLUICE_SERVE_TOKEN set the server wants the token: the page is opened as
+// /?token=..., and passes it on as a bearer header (never in the JSON's URL).
+const TOKEN = new URLSearchParams(window.location.search).get("token");
+const HEADERS = TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {};
+
 async function poll() {
   try {
-    const reply = await fetch("status.json", { cache: "no-store" });
+    const reply = await fetch("status.json", { cache: "no-store", headers: HEADERS });
+    if (reply.status === 401) {
+      throw new Error(TOKEN
+        ? "the token in this page's URL is not the server's (SLUICE_SERVE_TOKEN)"
+        : "this server needs its token: open this page as /?token=YOUR_TOKEN");
+    }
     if (!reply.ok) throw new Error(`HTTP ${reply.status}`);
     render(await reply.json());
     setLive(true);

@@ -185,10 +185,13 @@ async def test_token_auth_health_and_metrics(settings, serve, connect, redis_cli
                 health = await resp.json()
                 assert resp.status == 200 and health["redis"] == "up"
             async with session.get(base + "/metrics") as resp:
+                assert resp.status == 401  # with a token set, /metrics needs it too
+            bearer = {"Authorization": "Bearer s3cret"}
+            async with session.get(base + "/metrics", headers=bearer) as resp:
                 text = await resp.text()
                 assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     assert "# TYPE sluice_serve_connections_total counter" in text
-    assert "sluice_serve_auth_failures_total 2" in text
+    assert "sluice_serve_auth_failures_total 3" in text
     assert "sluice_serve_connections_total 2" in text
 
 
