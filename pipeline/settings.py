@@ -84,9 +84,11 @@ class RedisSettings:
             raise _invalid(
                 self, "url", f"must start with redis://, rediss:// or unix://, got {self.url!r}"
             )
-        if self.url.startswith("unix://"):
-            return
         parsed = urlparse(self.url)
+        if parsed.scheme == "unix":
+            if not parse_qs(parsed.query).get("db", ["0"])[0].isdigit():
+                raise _invalid(self, "url", f"the db must be a number, got {self.url!r}")
+            return
         try:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError as exc:
@@ -495,7 +497,10 @@ def _build(base: Settings, values: Mapping[str, Any]) -> Settings:
     top: dict[str, Any] = {}
     per_section: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     for flat, value in values.items():
-        if flat in _SECTIONS and not isinstance(value, Mapping | str):
+        if flat in _SECTIONS:
+            section_cls = _hints(Settings)[flat]
+            if not isinstance(value, section_cls):
+                raise ConfigError(f"setting {flat!r} must be a {section_cls.__name__}")
             top[flat] = value
             continue
         where = _FLAT.get(flat)
