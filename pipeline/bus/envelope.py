@@ -363,6 +363,11 @@ def answer_parts(reply: Envelope) -> tuple[bytes, bytes]:
     return head + b'"ret":', tail
 
 
+def refusal(request: Envelope, text: str, *, me: int) -> Envelope:
+    """The reply this bus sends in place of a handler that cannot get ``request``."""
+    return request.copy(src=me, dst=[request.src], dat="", now=int(time.time()), err=text)
+
+
 def error_reply(env: Envelope, text: str, *, about: int, me: int) -> Envelope:
     """The answer a caller gets when the bus itself fails a request.
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import io
 import json
 import logging
 import time
@@ -68,6 +69,8 @@ MAX_BATCH = 512
 SINGLE_FOR_S = 300.0
 #: Most bytes of a peer's response read (a batch's results fit with room to spare).
 MAX_RESPONSE = 1 << 20
+#: Bodies larger than this go to aiohttp as a file object (see Forwarder._send).
+_LARGE_BODY = 1 << 20
 #: Statuses of a refused batch that mean "send single envelopes".
 _NO_BATCH = frozenset({400, 404, 405, 413, 415})
 
@@ -353,8 +356,11 @@ class Forwarder:
                 src=self.twin, dst=to, path=path, sent_ms=sent_ms, body=body
             )
         assert self._session is not None
+        # aiohttp warns (ResourceWarning) about a bytes body over 1 MiB; a file object
+        # is its way to send one, written in chunks.
+        data = body if len(body) <= _LARGE_BODY else io.BytesIO(body)
         try:
-            async with self._session.post(peer.url + path, data=body, headers=headers) as resp:
+            async with self._session.post(peer.url + path, data=data, headers=headers) as resp:
                 status = resp.status
                 advertised = resp.headers.get(BATCH_HEADER) == "1"
                 raw = await _read_bounded(resp.content, MAX_RESPONSE)

@@ -12,7 +12,10 @@ Theory of operation
   not found, expired) is answered at once on ``ret`` with ``err``.
 * **remote loop** (``msgbus.system.remote``): forwards each request as it is
   to ``msgbus.$cmd``, where an application handles it and pushes its reply to
-  ``msgbus.system.reply``.
+  ``msgbus.system.reply``. A request arriving on ``/zbus-remote`` skips this
+  queue: the endpoint, having validated it, pushes it to ``msgbus.$cmd`` in
+  the Lua step that records its uid (one Redis hop and one loop wake-up less
+  per request; the handler sees the same envelope).
 * **reply loop** (``msgbus.system.reply``): a reply for another twin goes to
   the outbox and is POSTed to its ``/zbus-reply``; a reply for this twin is
   matched with its backlog entry and pushed to the original ``ret``. A reply

@@ -4,7 +4,8 @@
   ``dst.counter``), write the backlog and expiry, answer failures on ``ret``,
   route to this twin's remote queue or to HTTP (the backlog entry is the
   durable copy a restart resends).
-* ``msgbus.system.remote``: hand each request to ``msgbus.$cmd``.
+* ``msgbus.system.remote``: hand each request to ``msgbus.$cmd`` (requests for
+  this same twin; a peer's requests skip this queue, see :mod:`pipeline.bus.http`).
 * ``msgbus.system.reply``: a reply for this twin goes to its caller's ``ret``
   (once: see :meth:`BusStore.finish`); one for another twin to the outbox.
 
@@ -162,11 +163,8 @@ class QueueHandlers:
             except EnvelopeError:
                 continue  # already in the dead-letter list
             log.error("bus: %s is not a list; request %s refused", queue, request.uid)
-            refusal = request.copy(
-                src=self.twin, dst=[request.src], dat="", now=int(time.time()),
-                err=f"command queue of {request.cmd} unavailable",
-            )  # fmt: skip
-            replies.append(refusal.encode())
+            text = f"command queue of {request.cmd} unavailable"
+            replies.append(envelope.refusal(request, text, me=self.twin).encode())
         if replies:
             await self.redis.rpush(keys.BUS_REPLY, *replies)
 

@@ -119,6 +119,20 @@ async def load(
     return elapsed, latencies
 
 
+async def print_commandstats(urls: dict[str, str]) -> None:
+    for name, url in urls.items():
+        client = aioredis.Redis.from_url(url)
+        try:
+            stats = await client.info("commandstats")
+        finally:
+            await client.aclose()
+        calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+        print(
+            f"# redis-{name} commands: {sorted(calls.items(), key=lambda kv: -kv[1])}",
+            file=sys.stderr,
+        )
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a running process (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -200,6 +214,7 @@ def main() -> int:
             run(load(rraw.url, f"msgbus.{CMD}", B, 1000, args.concurrency))
             run(load(ra.url, "msgbus.system.local", B, 1000, args.concurrency))
             base_s, base_lat = run(load(rraw.url, f"msgbus.{CMD}", B, args.calls, args.concurrency))
+            print("# measuring the bus", file=sys.stderr, flush=True)  # profilers attach now
             bus_s, bus_lat = run(
                 load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
             )
@@ -224,6 +239,8 @@ def main() -> int:
             ]:
                 print(f"# cpu {name}: {cpu_seconds(pid):.1f} s", file=sys.stderr)
             print(f"# cpu client (this process): {sum(os.times()[:2]):.1f} s", file=sys.stderr)
+            if os.environ.get("BENCH_STATS"):  # Redis commands per call, to see where trips go
+                run(print_commandstats({n: r.url for n, r in zip("abr", redises, strict=True)}))
         finally:
             for proc in procs:
                 proc.terminate()

@@ -77,6 +77,7 @@ class Twin:
     def spawn(self, *extra: str) -> subprocess.Popen[bytes]:
         """Run ``sluice bus`` for this twin as a child process; return once it listens."""
         assert self.proc is None or self.proc.poll() is not None
+        self._close_pipe()  # of the previous child, if any
         self.log_file = self.key_file.with_suffix(".log")
         env = {
             **os.environ,
@@ -102,6 +103,7 @@ class Twin:
         line = self.proc.stdout.readline()  # "listening" (or EOF if it died)
         if b"listening" not in line:
             self.proc.wait(5)
+            self._close_pipe()
             raise RuntimeError(f"bus {self.id} did not start: {self.log_file.read_text()}")
         return self.proc
 
@@ -109,6 +111,7 @@ class Twin:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._close_pipe()
 
     def terminate(self) -> int | None:
         if self.proc is not None and self.proc.poll() is None:
@@ -118,7 +121,14 @@ class Twin:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+            finally:
+                self._close_pipe()
+        self._close_pipe()
         return self.proc.returncode if self.proc else None
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def client(self) -> BusClient:
         client = BusClient.from_url(self.url, max_connections=32)

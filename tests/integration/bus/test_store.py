@@ -28,11 +28,11 @@ async def test_coalesced_scripts_survive_a_flushed_script_cache(redis_url):
             store.deliver_reply("1002.1", 1002, *answer_parts(reply)),
             store.deliver_reply("1002.9", 1002, *answer_parts(reply.copy(uid="1002.9"))),
             store.deliver_reply("1002.2", 1003, *answer_parts(reply.copy(uid="1002.2"))),
-            store.accept_request("1001:1002.1", 9e9, b"queued"),
+            store.accept_request("1001:1002.1", 9e9, "msgbus.c.d", b"queued"),
         )
         assert results == [1, 0, -1, True]
         assert await client.lrange("caller", 0, -1) == [reply.copy(ret="caller").encode()]
-        assert await client.lrange(keys.BUS_REMOTE, 0, -1) == [b"queued"]
+        assert await client.lrange("msgbus.c.d", 0, -1) == [b"queued"]
         await client.script_flush()
         assert await store.finish("1002.2", "caller", b"late") is True
         assert await store.finish("1002.2", "caller", b"twice") is False
@@ -50,16 +50,19 @@ async def test_requests_of_one_post_are_accepted_in_one_step(redis_url):
     runner = asyncio.create_task(store.coalescer.run())
     try:
         assert await store.accept_requests([], 9e9) == []
+        q = "msgbus.c.d"
         results = await store.accept_requests(
-            [("1001:1002.1", b"a"), ("1001:1002.1", b"a-again"), ("1001:1002.2", b"b")], 9e9
+            [("1001:1002.1", q, b"a"), ("1001:1002.1", q, b"a-again"), ("1001:1002.2", q, b"b")],
+            9e9,
         )
         assert results == [1, 0, 1]  # a copy in the same POST is a replay too
         # the seen set holds at most 3: the fourth new id waits (the sender retries)
         results = await store.accept_requests(
-            [("1001:1002.3", b"c"), ("1001:1002.4", b"d"), ("1001:1002.2", b"b")], 9e9
+            [("1001:1002.3", q, b"c"), ("1001:1002.4", q, b"d"), ("1001:1002.2", q, b"b")], 9e9
         )
         assert results == [1, -1, 0]
-        assert await client.lrange(keys.BUS_REMOTE, 0, -1) == [b"a", b"b", b"c"]
+        assert await client.lrange(q, 0, -1) == [b"a", b"b", b"c"]
+        assert await client.llen(keys.BUS_REMOTE) == 0  # straight to the handler's queue
     finally:
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -90,6 +93,25 @@ async def test_replies_of_one_post_are_delivered_in_one_step(redis_url):
         assert await client.lrange("caller", 0, -1) == [reply.copy(ret="caller").encode()]
         assert await client.hkeys(keys.BUS_BACKLOG) == [b"1002.2"]
         assert await store.deliver_replies([]) == []
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        await client.aclose()
+
+
+async def test_a_request_for_a_queue_that_is_not_a_list_is_set_aside_and_remembered(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client)
+    runner = asyncio.create_task(store.coalescer.run())
+    try:
+        await client.set("msgbus.broken", "a string")
+        requests = [("1001:1002.1", "msgbus.broken", b"lost"), ("1001:1002.2", "msgbus.ok", b"x")]
+        assert await store.accept_requests(requests, 9e9) == [2, 1]
+        assert await store.accept_request("1001:1002.1", 9e9, "msgbus.broken", b"lost") == 0
+        [letter] = await client.lrange(keys.bus_dead(), 0, -1)
+        assert b"msgbus.broken holds a string" in letter and letter.endswith(b"\nlost")
+        assert await client.lrange("msgbus.ok", 0, -1) == [b"x"]
     finally:
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
