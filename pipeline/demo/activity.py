@@ -47,8 +47,6 @@ RPC_EVERY_S = 2.0
 STATUS_EVERY_S = 1.0
 AIRFLOW_EVERY_S = 5.0
 HTTP_TIMEOUT_S = 5.0
-#: Seconds between two backfill requests (each fills intervals without a run).
-BACKFILL_EVERY_S = 120.0
 #: The demo's archive interval (SLUICE_ARCHIVE_CRON every minute), in ms.
 INTERVAL_MS = 60_000
 
@@ -68,7 +66,7 @@ class Counts:
     runs: list[dict[str, Any]] = field(default_factory=list)
     runs_ok: int = 0
     airflow_error: str = ""
-    #: the last backfill asked for (None: none yet)
+    #: the one backfill of the minutes before the first run, once asked (None: not yet)
     backfill: str | None = None
     #: times the demo found sluice_archive paused and unpaused it
     unpaused: int = 0
@@ -96,7 +94,6 @@ class Activity:
         self._token: str | None = None
         #: runs of intervals that ended before this are an earlier demo's (Airflow's home is kept)
         self.since = time.time() - 60
-        self._next_backfill = 0.0
 
     async def run(self) -> None:
         """Until cancelled."""
@@ -220,15 +217,17 @@ class Activity:
                 self._token = str((await resp.json())["access_token"])
         return {"Authorization": f"Bearer {self._token}"}
 
-    async def _backfill(self, session: aiohttp.ClientSession, headers: dict[str, str]) -> None:
-        """Archive every interval from the oldest entry in Redis that has no run yet.
+    async def _backfill(
+        self, session: aiohttp.ClientSession, headers: dict[str, str], first_run_ms: int
+    ) -> None:
+        """Archive the minutes between the first block and the first successful run, once.
 
         With catchup off, Airflow's first run is for the latest whole interval
-        when it came up, and a run slower than the interval (max_active_runs
-        1) makes the scheduler skip to the latest one: those minutes would
-        never be archived, and the safe trim never trims past an unarchived
-        entry. A backfill (intervals already run are skipped), asked for
-        every :data:`BACKFILL_EVERY_S`, fills them.
+        when it came up: the minutes before it would never be archived, and the
+        safe trim never trims past an unarchived entry. One backfill fills
+        them. Intervals skipped later (a run slower than the interval) need
+        none: each archive task first archives the holes ``archive_log``
+        shows after its first row (``LakeJobOperator``'s catch-up).
         """
         client = redisconn.connect(self.plan.redis_url(), redisconn.Role.CLI)
         try:
@@ -239,9 +238,10 @@ class Activity:
             return  # nothing produced yet: try again next time
         minute = INTERVAL_MS
         start_ms = redisconn.parse_entry_id(first[0][0])[0] // minute * minute
-        # logical dates are interval starts; the last whole interval starts a minute ago
-        end_ms = int(time.time() * 1000) // minute * minute - minute
+        # logical dates are interval starts; the last one before the first run's
+        end_ms = first_run_ms - minute
         if end_ms < start_ms:
+            self.counts.backfill = "none needed (the first run covers the first block)"
             return
         from_s, to_s = _iso(start_ms), _iso(end_ms)
         body = {
@@ -254,9 +254,11 @@ class Activity:
         async with session.post(
             f"{self.plan.airflow_url}/api/v2/backfills", headers=headers, json=body
         ) as resp:
-            if resp.status == 409:  # one is running already
+            if resp.status == 409:  # one is running already: it is the one
+                self.counts.backfill = "running"
                 return
             if resp.status == 422:  # no interval in the range
+                self.counts.backfill = "none needed"
                 return
             resp.raise_for_status()
         self.counts.backfill = (
@@ -275,9 +277,6 @@ class Activity:
             async with session.patch(base, headers=headers, json={"is_paused": False}) as resp:
                 resp.raise_for_status()
             self.counts.unpaused += 1
-        if time.monotonic() >= self._next_backfill:
-            await self._backfill(session, headers)
-            self._next_backfill = time.monotonic() + BACKFILL_EVERY_S
         params = {"order_by": "-run_after", "limit": "100"}
         async with session.get(f"{base}/dagRuns", headers=headers, params=params) as resp:
             resp.raise_for_status()
@@ -295,6 +294,13 @@ class Activity:
             for r in runs
         ]
         self.counts.runs_ok = sum(1 for r in runs if r.get("state") == "success")
+        done = [
+            _epoch(r.get("data_interval_start"))
+            for r in runs
+            if r.get("state") == "success" and r.get("run_type") != "backfill"
+        ]
+        if self.counts.backfill is None and done:
+            await self._backfill(session, headers, int(min(done) * 1000))
 
 
 async def first_block_num(client: aioredis.Redis) -> int | None:
