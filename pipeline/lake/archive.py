@@ -5,17 +5,26 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
 1. Check on the driver that Redis answers, that the stream key exists and
    that the interval is closed (``B`` <= Redis' clock: no auto-id entry can
    still land in it).
-2. Read ids ``[A-0, B-0)`` once through the ``redis-streams`` data source
-   (which also decodes chain blocks) and write them to ``stream_entries``:
-   a plain atomic ``replaceWhere`` of the interval when the lake has no entry
-   of it yet, else an insert-only MERGE on ``(stream, entry_id)``. Entries
-   already archived are never rewritten or deleted, so a rerun after Redis
-   was trimmed loses nothing.
-3. Derive ``blocks`` from the archived entries of the interval (read back
-   from Delta, not from Redis again): an insert-only MERGE on
-   ``(stream, num, hash)`` (append when that num range is empty). New blocks
-   get ``canonical = false``; :mod:`pipeline.lake.canonical` marks them.
-4. Record the interval in ``archive_log`` (insert-only MERGE on
+2. Read ids ``[A-0, B-0)`` once through the ``redis-streams`` data source,
+   which decodes only each chain block's head (num, hash, parent, weight) and
+   hands a valid block's payload over in its own column. For a chain stream
+   the read is cached in Spark for the two writes below and released after.
+3. Plan on the driver from the read's small columns (ids, flags, nums,
+   hashes) and the ``blocks`` rows of that num range (delta-rs): a block is
+   new when its hash is not in ``blocks`` and this is its first entry.
+4. Write the new blocks to ``blocks`` (payload and weight as read,
+   ``canonical = false``; :mod:`pipeline.lake.canonical` marks them): a
+   ``replaceWhere`` on ``(stream, num range)`` when that range is empty, else
+   an insert-only MERGE on ``(stream, num, hash)``.
+5. Write the entries to ``stream_entries``: a plain ``replaceWhere`` of the
+   interval when the lake has no entry of it yet, else an insert-only MERGE on
+   ``(stream, entry_id)``. Entries already archived are never rewritten or
+   deleted, so a rerun after Redis was trimmed loses nothing. Each payload is
+   stored once: an entry whose block row ``blocks`` holds from this very
+   entry has ``payload_in_blocks = true`` and no ``block`` in ``fields``
+   (``blocks`` is committed first, so such a row never points at nothing);
+   any other entry keeps its whole fields.
+6. Record the interval in ``archive_log`` (insert-only MERGE on
    ``(stream, start_ms, end_ms)``), last: a log row proves the entries and
    blocks are committed.
 
@@ -30,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import pyarrow as pa
 
@@ -69,7 +78,8 @@ class ArchiveResult:
     read: int = 0
     #: True when the run found the interval archived and read nothing
     skipped: bool = False
-    #: seconds per stage, in order (check, entries, stats, blocks, log)
+    #: seconds per stage, in order: check, scan (read + decode, chain streams), plan,
+    #: blocks, entries, stats (a read-back, when the lake held part of the interval), log
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -134,19 +144,13 @@ def archive_interval(
                 )
         else:
             before = stats.entries if stats is not None else 0
-            _write_entries(spark, settings, stream, key, start_ms, end_ms, chain, archived_at)
-            lap("entries")
-            stats = _stats(lake, stream, start_ms, end_ms)
+            stats = _write(spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap)
             read = stats.entries - before if force else stats.entries
-            lap("stats")
         if stats.invalid_ids:
             log.warning(
                 "stream %s [%d, %d): %d entries are not valid blocks (archived raw), e.g. %s",
                 stream, start_ms, end_ms, stats.invalid, ", ".join(stats.invalid_ids[:5]),
             )  # fmt: skip
-        if chain and stats.blocks and not skipped:
-            _write_blocks(spark, settings, stream, start_ms, end_ms, stats, archived_at)
-            lap("blocks")
         return ArchiveResult(
             stream=stream,
             start_ms=start_ms,
@@ -216,7 +220,23 @@ def _sql_str(text: str) -> str:
     return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _write_entries(
+def _read(spark: Any, settings: Settings, key: str, start_ms: int, end_ms: int, chain: bool) -> Any:
+    """The interval's entries as read by the ``redis-streams`` source (block payloads split off)."""
+    source.register(spark)
+    return (
+        spark.read.format(source.NAME)
+        .option("url", settings.redis.url)
+        .option("key", key)
+        .option("start", f"{start_ms}-0")
+        .option("end", f"{end_ms}-0")
+        .option("partitions", str(settings.lake.archive_partitions))
+        .option("chain", "true" if chain else "false")
+        .option("splitPayload", "true" if chain else "false")
+        .load()
+    )
+
+
+def _write(
     spark: Any,
     settings: Settings,
     stream: str,
@@ -225,41 +245,98 @@ def _write_entries(
     end_ms: int,
     chain: bool,
     archived_at: datetime,
+    lap: Callable[[str], None],
+) -> _Stats:
+    """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
+
+    Returns what ``stream_entries`` holds for the interval afterwards. A chain
+    stream's read is cached in Spark for its two writes (and released after),
+    so Redis is read and each payload's head decoded once.
+    """
+    lake = settings.lake
+    ensure_entries_columns(lake)
+    raw = _read(spark, settings, key, start_ms, end_ms, chain)
+    empty = not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1)
+    if not chain:
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, None, empty, archived_at)
+        lap("entries")
+        stats = _stats(lake, stream, start_ms, end_ms)
+        lap("stats")
+        return stats
+    raw = raw.persist()
+    try:
+        small = raw.select(*_STAT_COLUMNS).toArrow()
+        lap("scan")
+        read = _stats_of(small)
+        plan = _plan_blocks(lake, stream, small, read)
+        marks = spark.createDataFrame(plan.marks) if plan.marks is not None else None
+        lap("plan")
+        if plan.write:
+            _write_blocks(spark, lake, stream, raw, marks, plan, archived_at)
+            lap("blocks")
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, marks, empty, archived_at)
+        lap("entries")
+    finally:
+        raw.unpersist()
+    if empty:
+        return read  # the lake held nothing of the interval: it now holds exactly what was read
+    stats = _stats(lake, stream, start_ms, end_ms)
+    lap("stats")
+    return stats
+
+
+def _write_entries(
+    spark: Any,
+    lake: LakeSettings,
+    stream: str,
+    start_ms: int,
+    end_ms: int,
+    raw: Any,
+    marks: Any,
+    empty: bool,
+    archived_at: datetime,
 ) -> None:
+    """Insert the read entries into ``stream_entries`` (see :data:`tables.PAYLOAD_COLUMN`).
+
+    A valid block entry whose one field is the block keeps it out of
+    ``fields`` (``payload_in_blocks``) when ``blocks`` holds it from this very
+    entry; one marked ``dup`` (``blocks`` holds its hash from another entry)
+    gets its field back. Non-chain entries have ``payload_in_blocks`` null.
+    """
     from pyspark.sql import functions as F
 
-    source.register(spark)
-    raw = (
-        spark.read.format(source.NAME)
-        .option("url", settings.redis.url)
-        .option("key", key)
-        .option("start", f"{start_ms}-0")
-        .option("end", f"{end_ms}-0")
-        .option("partitions", str(settings.lake.archive_partitions))
-        .option("chain", "true" if chain else "false")
-        .load()
-    )
+    # The source emptied the fields of each valid entry whose one field is its block.
+    split = F.col("valid_block") & (F.size("fields") == 0)
+    if marks is not None:
+        raw = raw.join(F.broadcast(marks), "entry_id", "left")
+        in_blocks = split & F.coalesce(F.col("mark") != F.lit(_DUP), F.lit(True))
+        fields = F.when(
+            split & ~in_blocks, F.create_map(F.lit(_BLOCK_KEY), F.col("payload"))
+        ).otherwise(F.col("fields"))
+    else:
+        in_blocks = split
+        fields = F.col("fields")
     entries = raw.select(
         F.lit(stream).alias("stream"),
         "entry_id",
         "entry_ms",
         "entry_seq",
-        "fields",
+        fields.alias("fields"),
         "valid_block",
         "block_num",
         "block_hash",
         "block_parent",
         "block_error",
         F.lit(archived_at).alias("archived_at"),
+        in_blocks.alias(tables.PAYLOAD_COLUMN),
     )
-    lake = settings.lake
     _insert_rows(
         spark,
         entries,
         lake,
         tables.STREAM_ENTRIES,
         replace_where=_interval_predicate(stream, start_ms, end_ms),
-        empty=not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1),
+        empty=empty,
         match=f"t.stream = s.stream AND t.entry_ms >= {start_ms} AND t.entry_ms < {end_ms} "
         "AND t.entry_id = s.entry_id",
     )
@@ -307,9 +384,16 @@ class _Stats:
     invalid_ids: tuple[str, ...]
     lo: int | None
     hi: int | None
-    distinct_hashes: int
     first_id: str | None
     last_id: str | None
+
+
+_STAT_COLUMNS = ["entry_id", "entry_ms", "entry_seq", "valid_block", "block_num", "block_hash"]
+#: ``mark`` of an entry whose hash ``blocks`` holds from another entry (keeps its payload)
+_DUP = "dup"
+#: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
+_PRESENT = "present"
+_BLOCK_KEY = "block"
 
 
 def _interval_scan(
@@ -333,14 +417,18 @@ def _any_rows(lake: LakeSettings, name: str, stream: str, column: str, lo: int, 
 
 def _stats(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> _Stats:
     """Counts of what ``stream_entries`` holds for the interval, read back with delta-rs."""
+    table = _interval_scan(
+        lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1, _STAT_COLUMNS
+    )
+    return _stats_of(table)
+
+
+def _stats_of(table: pa.Table) -> _Stats:
+    """Counts of entry rows with :data:`_STAT_COLUMNS` (any order)."""
     import pyarrow.compute as pc
 
-    table = _interval_scan(
-        lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1,
-        ["entry_id", "entry_ms", "entry_seq", "valid_block", "block_num", "block_hash"],
-    )  # fmt: skip
     if table.num_rows == 0:
-        return _Stats(0, 0, 0, (), None, None, 0, None, None)
+        return _Stats(0, 0, 0, (), None, None, None, None)
     table = table.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
     flag = table.column("valid_block")
     valid = table.filter(pc.fill_null(flag, False))
@@ -353,44 +441,76 @@ def _stats(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> _Stat
         invalid_ids=tuple(bad.column("entry_id").slice(0, MAX_REPORTED_INVALID).to_pylist()),
         lo=pc.min(nums).as_py() if valid.num_rows else None,
         hi=pc.max(nums).as_py() if valid.num_rows else None,
-        distinct_hashes=int(pc.count_distinct(valid.column("block_hash")).as_py()),
         first_id=table.column("entry_id")[0].as_py(),
         last_id=table.column("entry_id")[-1].as_py(),
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _BlocksPlan:
+    #: rows of ``blocks`` to write (0: nothing to write)
+    write: int
+    #: True when ``blocks`` holds no row of the interval's num range (replaceWhere is safe)
+    empty: bool
+    lo: int
+    hi: int
+    #: ``(entry_id, mark)`` of the valid entries that are not plain new blocks, or None
+    marks: pa.Table | None
+
+
+def _plan_blocks(lake: LakeSettings, stream: str, small: pa.Table, read: _Stats) -> _BlocksPlan:
+    """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
+
+    The common interval (every hash new and seen once) needs no marks. Else
+    each other valid entry is marked ``present`` (``blocks`` holds its row
+    from this very entry: a rerun) or ``dup`` (``blocks`` holds the hash from
+    another entry, whose payload may differ: this entry keeps its own).
+    """
+    import pyarrow.compute as pc
+
+    if not read.blocks:
+        return _BlocksPlan(0, True, 0, 0, None)
+    lo, hi = int(read.lo or 0), int(read.hi or 0)
+    present = _interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash", "entry_id"])
+    valid = small.filter(pc.fill_null(small.column("valid_block"), False))
+    hashes = valid.column("block_hash")
+    if not present.num_rows and pc.count_distinct(hashes).as_py() == valid.num_rows:
+        return _BlocksPlan(valid.num_rows, True, lo, hi, None)
+    valid = valid.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
+    owners = dict(
+        zip(present.column("hash").to_pylist(), present.column("entry_id").to_pylist(), strict=True)
+    )
+    seen: set[str] = set()
+    ids: list[str] = []
+    marks: list[str] = []
+    for entry_id, block_hash in zip(
+        valid.column("entry_id").to_pylist(), valid.column("block_hash").to_pylist(), strict=True
+    ):
+        owner = owners.get(block_hash)
+        if owner is not None or block_hash in seen:
+            ids.append(entry_id)
+            marks.append(_PRESENT if owner == entry_id else _DUP)
+        else:
+            seen.add(block_hash)
+    table = pa.table({"entry_id": pa.array(ids, pa.string()), "mark": pa.array(marks, pa.string())})
+    return _BlocksPlan(len(seen), not present.num_rows, lo, hi, table if ids else None)
+
+
 def _write_blocks(
     spark: Any,
-    settings: Settings,
+    lake: LakeSettings,
     stream: str,
-    start_ms: int,
-    end_ms: int,
-    stats: _Stats,
+    raw: Any,
+    marks: Any,
+    plan: _BlocksPlan,
     archived_at: datetime,
 ) -> None:
+    """Insert the planned new blocks (payload and weight as read) into ``blocks``."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.functions import arrow_udf
 
-    # Derived from the archived entries, not from Redis again.
-    valid = (
-        spark.read.format("delta")
-        .load(settings.lake.table(tables.STREAM_ENTRIES))
-        .where(_interval_predicate(stream, start_ms, end_ms) + " AND valid_block = true")
-    )
-    if stats.distinct_hashes < stats.blocks:
-        # The same block was published twice in the interval: keep its first entry.
-        first = F.min(F.struct("entry_ms", "entry_seq", "entry_id", "block_num", "block_parent"))
-        firsts = (
-            valid.groupBy("block_hash")
-            .agg(first.alias("f"))
-            .select(
-                "block_hash",
-                F.col("f.entry_ms").alias("entry_ms"),
-                F.col("f.entry_seq").alias("entry_seq"),
-            )
-        )
-        valid = valid.join(firsts, ["block_hash", "entry_ms", "entry_seq"], "left_semi")
-    payload = F.col("fields").getItem("block")
+    valid = raw.where(F.col("valid_block"))
+    if marks is not None:
+        valid = valid.join(F.broadcast(marks), "entry_id", "left_anti")
     rows = valid.select(
         F.lit(stream).alias("stream"),
         F.col("block_num").alias("num"),
@@ -399,67 +519,48 @@ def _write_blocks(
         F.lit(False).alias("canonical"),
         "entry_id",
         "entry_ms",
-        payload.alias("payload"),
+        "payload",
         F.lit(archived_at).alias("archived_at"),
-        # (pyspark's stubs type arrow_udf only for annotated pyarrow callables)
-        cast(Any, arrow_udf)(payload_weights, "binary")(payload).alias(tables.WEIGHT_COLUMN),
+        F.col("weight").alias(tables.WEIGHT_COLUMN),
     )
-    lake = settings.lake
-    ensure_weight_column(lake)
-    lo, hi = int(stats.lo or 0), int(stats.hi or 0)
-    present = _interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash"])
-    if present.num_rows and _all_present(lake, stream, start_ms, end_ms, present):
-        return  # a rerun: every block of the interval is archived already
+    lo, hi = plan.lo, plan.hi
     _insert_rows(
         spark,
         rows,
         lake,
         tables.BLOCKS,
         replace_where=f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}",
-        empty=not present.num_rows,
+        empty=plan.empty,
         match=f"t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
         "AND t.num = s.num AND t.hash = s.hash",
     )
 
 
-def payload_weights(payloads: pa.Array) -> pa.Array:
-    """``blocks.weight`` of each payload: 32 bytes big-endian, null when the block has none.
+def ensure_entries_columns(lake: LakeSettings) -> None:
+    """Give tables created by older versions the nullable columns added since (metadata only).
 
-    The entries were validated when archived (a bad weight makes the entry
-    invalid, with a ``block_error``), so anything undecodable here is null.
+    ``blocks.weight`` (old rows read as null: ``num + 1``) and
+    ``stream_entries.payload_in_blocks`` (old rows read as null: their
+    ``fields`` are whole). A delta-rs ``ADD COLUMNS`` commit each, once: no
+    rewrite, column mapping stays off.
     """
-    from pipeline.chain.batch import decode_raw, raw_weight, weight_bytes32
-    from pipeline.errors import BadBatch
-
-    out: list[bytes | None] = []
-    for data in payloads.to_pylist():
-        try:
-            out.append(weight_bytes32(raw_weight(decode_raw(data))) if data is not None else None)
-        except BadBatch:
-            out.append(None)
-    return pa.array(out, pa.binary())
+    _ensure_column(lake, tables.BLOCKS, tables.WEIGHT_COLUMN, "binary")
+    _ensure_column(lake, tables.STREAM_ENTRIES, tables.PAYLOAD_COLUMN, "boolean")
 
 
-def ensure_weight_column(lake: LakeSettings) -> None:
-    """Give a ``blocks`` table created before weights existed its nullable ``weight`` column.
-
-    A metadata-only commit (delta-rs ``ADD COLUMNS``): no rewrite, column
-    mapping stays off, old rows read as null (``num + 1``).
-    """
+def _ensure_column(lake: LakeSettings, name: str, column: str, kind: str) -> None:
     from deltalake import DeltaTable
     from deltalake.schema import Field, PrimitiveType
 
-    uri = lake.table(tables.BLOCKS)
+    uri = lake.table(name)
 
     def add() -> None:
         table = DeltaTable(uri)
-        if tables.WEIGHT_COLUMN in table.schema().to_arrow().names:
+        if column in table.schema().to_arrow().names:
             return
-        table.alter.add_columns(
-            [Field(tables.WEIGHT_COLUMN, PrimitiveType("binary"), nullable=True)]
-        )
+        table.alter.add_columns([Field(column, PrimitiveType(kind), nullable=True)])
 
-    delta_retry(f"weight column of {uri}", add)
+    delta_retry(f"{column} column of {uri}", add)
 
 
 def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> int | None:
@@ -478,19 +579,6 @@ def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int)
         )
     )
     return int(table.column("entries")[0].as_py()) if table.num_rows else None
-
-
-def _all_present(
-    lake: LakeSettings, stream: str, start_ms: int, end_ms: int, present: pa.Table
-) -> bool:
-    import pyarrow.compute as pc
-
-    wanted = _interval_scan(
-        lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1,
-        ["block_hash", "valid_block"],
-    )  # fmt: skip
-    hashes = wanted.filter(pc.fill_null(wanted.column("valid_block"), False)).column("block_hash")
-    return bool(pc.all(pc.is_in(hashes, value_set=present.column("hash"))).as_py())
 
 
 def _write_log(

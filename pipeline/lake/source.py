@@ -9,15 +9,18 @@ Options (all strings, as Spark passes them):
 ``partitions``  how many Spark partitions to split the range into (default 4)
 ``pageSize``    entries per ``XRANGE`` call (default 5000)
 ``chain``       ``true`` to decode each entry as a chain block (default ``false``)
+``splitPayload`` ``true``: a valid block entry whose one field is ``block`` gets
+                empty ``fields`` (its bytes are in ``payload`` either way; default ``false``)
 
 The reader looks up the first and last entry actually present in the range
 and splits that span into ``partitions`` millisecond ranges, each read on an
 executor with paged ``XRANGE`` and returned as ``pyarrow.RecordBatch`` pages
-(several times faster than rows). With ``chain=true`` each entry's ``block``
-field is decoded with :func:`pipeline.chain.batch.decode_block`: a valid one
-fills ``block_num``, ``block_hash``, ``block_parent`` (lower-case hex); an
-invalid one sets ``valid_block = false`` and ``block_error``, and is still
-returned with its raw fields, so nothing is lost.
+(several times faster than rows). With ``chain=true`` the head of each
+entry's ``block`` field is decoded (:mod:`pipeline.lake.blockhead`): a valid
+block fills ``block_num``, ``block_hash``, ``block_parent`` (lower-case hex),
+``payload`` (the field's bytes) and ``weight`` (32 bytes big-endian, null when
+the block has none); an invalid one sets ``valid_block = false`` and
+``block_error``, and is still returned with its raw fields, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from pipeline.errors import ArchiveError
+from pipeline.errors import ArchiveError, BadBatch
+from pipeline.lake.blockhead import HeadReader
 from pipeline.lake.redisread import (
     StreamId,
     bounds,
@@ -49,7 +54,7 @@ MAX_PAGE = 100_000
 SCHEMA_DDL = (
     "entry_id STRING, entry_ms BIGINT, entry_seq BIGINT, fields MAP<STRING, BINARY>, "
     "valid_block BOOLEAN, block_num BIGINT, block_hash STRING, block_parent STRING, "
-    "block_error STRING"
+    "block_error STRING, payload BINARY, weight BINARY"
 )
 
 ARROW_SCHEMA = pa.schema(
@@ -63,6 +68,8 @@ ARROW_SCHEMA = pa.schema(
         ("block_hash", pa.string()),
         ("block_parent", pa.string()),
         ("block_error", pa.string()),
+        ("payload", pa.binary()),
+        ("weight", pa.binary()),
     ]
 )
 
@@ -70,63 +77,96 @@ ARROW_SCHEMA = pa.schema(
 
 
 def entries_to_batch(
-    entries: Sequence[tuple[bytes, dict[bytes, bytes]]], chain: bool
+    entries: Sequence[tuple[bytes, dict[bytes, bytes]]],
+    chain: bool,
+    *,
+    split: bool = False,
+    heads: HeadReader | None = None,
 ) -> pa.RecordBatch:
-    """One page of ``XRANGE`` output as a record batch of :data:`ARROW_SCHEMA`."""
-    from pipeline.chain.batch import ENTRY_FIELD, decode_block
-    from pipeline.errors import BadBatch
+    """One page of ``XRANGE`` output as a record batch of :data:`ARROW_SCHEMA`.
+
+    A valid block's ``block`` field is also returned as ``payload`` (with its
+    ``weight`` as 32 bytes); with ``split``, an entry whose one field is that
+    block gets empty ``fields`` (the archive stores the payload once, in
+    ``blocks``; an entry with other fields too keeps them all, in their order).
+    Only the block's head is decoded (:mod:`pipeline.lake.blockhead`); ids are
+    split in Arrow.
+    """
+    from pipeline.chain.batch import ENTRY_FIELD
 
     n = len(entries)
-    ids: list[str] = []
-    ms_list: list[int] = []
-    seq_list: list[int] = []
+    ids = pa.array([e[0] for e in entries], pa.binary()).cast(pa.string())
+    parts = pc.split_pattern(ids, "-", max_splits=1)
+    ms = pc.cast(pc.list_element(parts, 0), pa.int64())
+    seq = pc.cast(pc.list_element(parts, 1), pa.int64())
     offsets = [0]
     keys: list[str] = []
     values: list[bytes] = []
-    valid: list[bool | None] = [None] * n
+    if not chain:
+        for _, fields in entries:
+            for k, v in fields.items():
+                keys.append(k.decode("utf-8", "backslashreplace"))
+                values.append(v)
+            offsets.append(len(keys))
+        nulls = pa.nulls(n)
+        columns = [nulls.cast(t) for t in _BLOCK_TYPES]
+        return _batch(ids, ms, seq, offsets, keys, values, columns)
+    reader = heads or HeadReader()
+    head = reader.head
+    valid: list[bool] = [False] * n
     nums: list[int | None] = [None] * n
     hashes: list[str | None] = [None] * n
     parents: list[str | None] = [None] * n
     errors: list[str | None] = [None] * n
-    for i, (raw_id, fields) in enumerate(entries):
-        entry_id = raw_id.decode()
-        ms_text, _, seq_text = entry_id.partition("-")
-        ids.append(entry_id)
-        ms_list.append(int(ms_text))
-        seq_list.append(int(seq_text))
+    payloads: list[bytes | None] = [None] * n
+    weights: list[bytes | None] = [None] * n
+    for i, (_, fields) in enumerate(entries):
+        data = fields.get(ENTRY_FIELD)
+        if data is None:
+            errors[i] = "entry has no 'block' field"
+        else:
+            try:
+                nums[i], h, p, weights[i] = head(data)
+            except BadBatch as exc:
+                errors[i] = str(exc)[:500]
+            else:
+                valid[i] = True
+                hashes[i], parents[i], payloads[i] = h.hex(), p.hex(), data
+                if split and len(fields) == 1:
+                    offsets.append(len(keys))  # the common entry: the block field alone
+                    continue
         for k, v in fields.items():
             keys.append(k.decode("utf-8", "backslashreplace"))
             values.append(v)
         offsets.append(len(keys))
-        if chain:
-            data = fields.get(ENTRY_FIELD)
-            if data is None:
-                valid[i], errors[i] = False, "entry has no 'block' field"
-                continue
-            try:
-                block = decode_block(data)
-            except BadBatch as exc:
-                valid[i], errors[i] = False, str(exc)[:500]
-                continue
-            valid[i], nums[i] = True, block.num
-            hashes[i], parents[i] = block.hash.hex(), block.parent.hex()
+    columns = [
+        pa.array(valid, pa.bool_()),
+        pa.array(nums, pa.int64()),
+        pa.array(hashes, pa.string()),
+        pa.array(parents, pa.string()),
+        pa.array(errors, pa.string()),
+        pa.array(payloads, pa.binary()),
+        pa.array(weights, pa.binary()),
+    ]
+    return _batch(ids, ms, seq, offsets, keys, values, columns)
+
+
+_BLOCK_TYPES = [f.type for f in ARROW_SCHEMA][4:]
+
+
+def _batch(
+    ids: pa.Array,
+    ms: pa.Array,
+    seq: pa.Array,
+    offsets: list[int],
+    keys: list[str],
+    values: list[bytes],
+    columns: list[pa.Array],
+) -> pa.RecordBatch:
     fields_array = pa.MapArray.from_arrays(
         pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.binary())
     )
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(ids, pa.string()),
-            pa.array(ms_list, pa.int64()),
-            pa.array(seq_list, pa.int64()),
-            fields_array,
-            pa.array(valid, pa.bool_()),
-            pa.array(nums, pa.int64()),
-            pa.array(hashes, pa.string()),
-            pa.array(parents, pa.string()),
-            pa.array(errors, pa.string()),
-        ],
-        schema=ARROW_SCHEMA,
-    )
+    return pa.RecordBatch.from_arrays([ids, ms, seq, fields_array, *columns], schema=ARROW_SCHEMA)
 
 
 # --- the data source ---------------------------------------------------------------
@@ -141,6 +181,7 @@ class Options:
     partitions: int
     page: int
     chain: bool
+    split: bool = False
 
     @classmethod
     def parse(cls, options: Any) -> Options:
@@ -160,8 +201,13 @@ class Options:
             raise ArchiveError(f"{NAME}: partitions must be 1..{MAX_PARTITIONS}")
         if not 1 <= page <= MAX_PAGE:
             raise ArchiveError(f"{NAME}: pageSize must be 1..{MAX_PAGE}")
-        chain = opts.get("chain", "false").lower() in ("1", "true", "yes")
-        return cls(url, key, start, id_before(end), partitions, page, chain)
+        chain = _flag(opts.get("chain", "false"))
+        split = _flag(opts.get("splitpayload", "false"))
+        return cls(url, key, start, id_before(end), partitions, page, chain, split)
+
+
+def _flag(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes")
 
 
 class RangePartition(InputPartition):
@@ -198,9 +244,10 @@ class RedisStreamsReader(DataSourceReader):
         if not isinstance(partition, RangePartition) or partition.lo > partition.hi:
             return
         client = connect(o.url)
+        heads = HeadReader()
         try:
             for page in read_pages(client, o.key, partition.lo, partition.hi, o.page):
-                yield entries_to_batch(page, o.chain)
+                yield entries_to_batch(page, o.chain, split=o.split, heads=heads)
         finally:
             client.close()
 

@@ -24,10 +24,20 @@ STREAM_ENTRIES_DDL = (
     "stream STRING NOT NULL, entry_id STRING NOT NULL, entry_ms BIGINT NOT NULL, "
     "entry_seq BIGINT NOT NULL, fields MAP<STRING, BINARY>, valid_block BOOLEAN, "
     "block_num BIGINT, block_hash STRING, block_parent STRING, block_error STRING, "
-    "archived_at TIMESTAMP"
+    "archived_at TIMESTAMP, payload_in_blocks BOOLEAN"
 )
 """``valid_block`` is null for non-chain streams; ``block_*`` describe the decoded
-block of a chain entry (``block_error`` says why one is not a valid block)."""
+block of a chain entry (``block_error`` says why one is not a valid block).
+See :data:`PAYLOAD_COLUMN` for ``payload_in_blocks``."""
+
+#: ``stream_entries.payload_in_blocks``: True when the entry's ``block`` field is
+#: not in ``fields`` because ``blocks`` holds it, byte for byte, as the ``payload``
+#: of the row with this entry's ``(stream, block_num, block_hash)`` and
+#: ``entry_id`` (each payload is stored once). False or null: ``fields`` is the
+#: whole entry (null for rows written before the column existed, and for
+#: non-chain streams). :func:`pipeline.lake.entries.read_entries` puts entries
+#: back together. Nullable and last, so older tables gain it by a plain column add.
+PAYLOAD_COLUMN = "payload_in_blocks"
 
 BLOCKS_DDL = (
     "stream STRING NOT NULL, num BIGINT NOT NULL, hash STRING NOT NULL, "
@@ -80,6 +90,7 @@ STREAM_ENTRIES_ARROW = pa.schema(
         pa.field("block_parent", pa.string()),
         pa.field("block_error", pa.string()),
         pa.field("archived_at", pa.timestamp("us", tz="UTC")),
+        pa.field(PAYLOAD_COLUMN, pa.bool_()),
     ]
 )
 
