@@ -95,7 +95,7 @@ def flow(plan: Plan, counts: Counts, subscriber_lines: int) -> RenderableType:
     last = counts.runs[0] if counts.runs else None
     table.add_row(
         "Airflow sluice_archive",
-        f"{counts.runs_ok} runs succeeded"
+        f"{counts.runs_ok} run{'s' if counts.runs_ok != 1 else ''} succeeded"
         + (f"; latest {last['state']} for {str(last['start'])[11:16]}-{str(last['end'])[11:16]}"
            if last else "")
         + (f"; backfill {counts.backfill}" if counts.backfill else "")
