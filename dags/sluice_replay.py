@@ -23,6 +23,8 @@ _settings = load_settings()
     schedule=None,
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
+    # Manual only: unpaused so that a trigger runs (a paused DAG's run sits queued, silently).
+    is_paused_upon_creation=False,
     default_args={**default_args(_settings), "retries": 0},
     params={
         "stream": Param("chain:demo", type="string", minLength=1, description="archived stream"),

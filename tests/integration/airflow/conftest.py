@@ -10,6 +10,7 @@ only around each run, so nothing leaks into other tests.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -142,8 +143,21 @@ def archived(
         "SLUICE_CHAIN_STREAMS": scenario.CHAIN,
     }
     names = ("blocks", "archive_log", "stream_entries")
-    first = dag_runner.run(
-        "sluice_archive", scenario.END, env={**env, "SLUICE_HOT_RETENTION_S": str(10 * 365 * 86400)}
+    records: list[tuple[int, str]] = []
+    catcher = _Catcher(records)
+    for name in ("sluice_lake_job", "sluice_lake_operator"):
+        logging.getLogger(name).addHandler(catcher)
+    try:
+        first = dag_runner.run(
+            "sluice_archive",
+            scenario.END,
+            env={**env, "SLUICE_HOT_RETENTION_S": str(10 * 365 * 86400)},
+        )
+    finally:
+        for name in ("sluice_lake_job", "sluice_lake_operator"):
+            logging.getLogger(name).removeHandler(catcher)
+    published_first = next(
+        (ti.xcom_pull(task_ids="publish") for ti in first.get_task_instances()), None
     )
     # dag.test of the same logical date replaces the run: keep what run 1 did now.
     first_states = (task_states(first), first.data_interval_start, first.data_interval_end)
@@ -162,6 +176,8 @@ def archived(
         "env": env,
         "written": written,
         "first": first_states,
+        "records_first": records,
+        "published_first": published_first,
         "second": second_states,
         "second_ok": _ok(second),
         "second_run_id": second.run_id,
@@ -170,6 +186,17 @@ def archived(
         "tables_first": tables_first,
         "tables_second": tables_second,
     }
+
+
+class _Catcher(logging.Handler):
+    """Keeps (level, message) of every record of the task loggers during a run."""
+
+    def __init__(self, records: list[tuple[int, str]]) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.levelno, record.getMessage()))
 
 
 def _ok(run: Any) -> bool:

@@ -2,7 +2,8 @@
 
 Entry ids are placed inside the data interval ``[START, END)`` of the
 ``sluice_archive`` run for logical date ``END`` (``*/5`` cron), with a few
-entries after it that this run must neither archive nor trim.
+entries after it that this run must neither archive nor trim. One chain
+entry inside the interval is not a block (``INVALID_ID``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ START_MS, END_MS = int(START.timestamp() * 1000), int(END.timestamp() * 1000)
 CHAIN_INSIDE = 30
 PLAIN_INSIDE = 10
 AFTER = 3  # chain entries after the interval
+#: A chain entry inside the interval that is not a block: archived raw, a warning of the task.
+INVALID_ID = f"{START_MS + 500}-0"
 PLAIN_AFTER = 2
 
 
@@ -39,6 +42,7 @@ def write_entries(client: redis.Redis) -> dict[str, list[Block]]:
     pipe = client.pipeline(transaction=False)
     for block, entry_id in zip(inside, ids, strict=True):
         pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: encode_block(block)}, id=entry_id)
+    pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: b"not a block"}, id=INVALID_ID)
     for i, block in enumerate(after):
         pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: encode_block(block)}, id=f"{END_MS + i}-0")
     for i in range(PLAIN_INSIDE):

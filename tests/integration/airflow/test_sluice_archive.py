@@ -10,6 +10,7 @@ interval.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -66,18 +67,31 @@ def test_archive_log_and_entries_hold_exactly_the_interval(archived: Any) -> Non
     log = archived["tables_first"]["archive_log"]
     by_stream = {row["stream"]: row for row in log}
     assert set(by_stream) == {sc.CHAIN, sc.PLAIN} and len(log) == 2
-    for stream, entries in ((sc.CHAIN, sc.CHAIN_INSIDE), (sc.PLAIN, sc.PLAIN_INSIDE)):
+    for stream, entries in ((sc.CHAIN, sc.CHAIN_INSIDE + 1), (sc.PLAIN, sc.PLAIN_INSIDE)):
         row = by_stream[stream]
         assert (row["start_ms"], row["end_ms"], row["entries"]) == (sc.START_MS, sc.END_MS, entries)
     assert by_stream[sc.CHAIN]["blocks"] == sc.CHAIN_INSIDE
-    assert by_stream[sc.CHAIN]["invalid"] == 0
+    assert by_stream[sc.CHAIN]["invalid"] == 1
     entries = archived["tables_first"]["stream_entries"]
     assert sorted(r["entry_ms"] for r in entries if r["stream"] == sc.PLAIN) == [
         sc.START_MS + 7 * i for i in range(sc.PLAIN_INSIDE)
     ]
     chain_ms = [r["entry_ms"] for r in entries if r["stream"] == sc.CHAIN]
-    assert len(chain_ms) == sc.CHAIN_INSIDE
+    assert len(chain_ms) == sc.CHAIN_INSIDE + 1
     assert min(chain_ms) == sc.START_MS and max(chain_ms) == sc.END_MS - 1
+
+
+def test_invalid_entries_are_task_warnings_counted_in_the_result(archived: Any) -> None:
+    # The job's warning reached the task log at WARNING level (the UI's level filter finds it)...
+    warned = [m for level, m in archived["records_first"] if level >= logging.WARNING]
+    assert any("not valid blocks" in m and "archived raw" in m for m in warned), warned
+    assert any("logged 1 warning(s)" in m for m in warned), warned
+    # ...and is counted in the task's result (the XCom), next to the invalid count.
+    chain = next(r for r in archived["published_first"]["archived"] if r["stream"] == sc.CHAIN)
+    assert (chain["invalid"], chain["warnings"]) == (1, 1), chain
+    assert chain["invalid_ids"] == [sc.INVALID_ID]
+    plain = next(r for r in archived["published_first"]["archived"] if r["stream"] == sc.PLAIN)
+    assert plain["warnings"] == 0
 
 
 def test_second_run_leaves_the_same_tables(archived: Any) -> None:
@@ -90,7 +104,7 @@ def test_second_run_leaves_the_same_tables(archived: Any) -> None:
 def test_trim_only_below_the_archived_interval_and_outside_retention(archived: Any) -> None:
     # Run 1: everything was inside the retention window: nothing trimmed.
     assert {s: len(ids) for s, ids in archived["ids_first"].items()} == {
-        sc.CHAIN: sc.CHAIN_INSIDE + sc.AFTER,
+        sc.CHAIN: sc.CHAIN_INSIDE + 1 + sc.AFTER,
         sc.PLAIN: sc.PLAIN_INSIDE + sc.PLAIN_AFTER,
     }
     # Run 2: the chain's archived interval is gone from Redis; what follows it

@@ -80,6 +80,7 @@ def test_lake_dags_that_users_expect_running_are_unpaused_on_creation() -> None:
         "sluice_archive": False,
         "sluice_audit": False,
         "sluice_maintenance": False,
+        "sluice_replay": False,
     }.items():
         tree = ast.parse((ROOT / "dags" / f"{name}.py").read_text())
         values = [

@@ -1,0 +1,238 @@
+"""Benchmark of the archive through Airflow: one task's cost next to the bare job, and streams per job.
+
+Metrics (JSON lines via Report), each in one run with its baseline:
+- ``airflow_archive_task_s``: the ``archive`` task of ``sluice_archive`` for one
+  5-minute interval of a 10 blocks/s chain stream (3,000 blocks of ~300 B),
+  run by ``airflow dags test`` against a ``sluice spark`` Connect server (the
+  task instance's duration from Airflow's database: child start, Connect
+  session, archive, result). Baseline: the same archive as one
+  ``sluice lake archive`` child (``python -m pipeline.lake.cli archive``)
+  against the same server, into its own lake. Goal: <= 10 s.
+  ``dags_test_s`` is the whole ``dags test`` (all tasks, parsing, DB).
+- ``archive_streams_per_task_s``: ``SLUICE_BENCH_STREAMS`` (default 4) streams
+  of one interval, archived the way the DAG does it (one ``sluice lake archive``
+  child per stream, in sequence); baseline ``archive_streams_one_session_s``:
+  the same archives in one process through one Connect session (what one
+  Spark job per DAG run for all streams could save at most: the per-task
+  child and session cost).
+
+The Connect server is warmed up first (one untimed archive), as a deployment's
+long-lived server is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import redis  # noqa: E402
+from common import Report  # noqa: E402
+
+from pipeline import keys  # noqa: E402
+from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
+from pipeline.localredis import LocalRedis  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAM = "chain:bench-af"
+WARM = "chain:bench-warm"
+RATE = 10  # blocks per second
+INTERVAL = timedelta(minutes=5)
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _fill(client: redis.Redis, stream: str, start_ms: int, n: int, step_ms: int) -> None:
+    """XADD n chained blocks (~300 B each), one every ``step_ms`` from ``start_ms``."""
+    parent = b"\x00" * 32
+    filler = os.urandom(200)
+    pipe = client.pipeline(transaction=False)
+    for num in range(n):
+        h = hashlib.sha256(stream.encode() + num.to_bytes(8, "big")).digest()
+        block = Block(num=num, hash=h, parent=parent, updates={"state": filler})
+        pipe.xadd(
+            keys.stream(stream),
+            {ENTRY_FIELD: encode_block(block)},
+            id=f"{start_ms + num * step_ms}-0",
+        )
+        parent = h
+        if num % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+
+
+def _job(
+    env: dict[str, str], stream: str, start_ms: int, end_ms: int
+) -> tuple[float, dict[str, Any]]:
+    """One ``sluice lake archive`` child, as a task runs it; (wall seconds, its result)."""
+    began = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.lake.cli", "archive", "--stream", stream,
+         "--start-ms", str(start_ms), "--end-ms", str(end_ms)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    seconds = time.perf_counter() - began
+    if out.returncode != 0:
+        raise RuntimeError(f"sluice lake archive failed: {out.stderr[-3000:]}")
+    return seconds, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _one_session(streams: list[str], start_ms: int, end_ms: int) -> None:
+    """Child: archive every stream through one session; prints the seconds (session included)."""
+    from pipeline.lake.archive import archive_interval
+    from pipeline.lake.session import build_session, close_session
+    from pipeline.settings import Settings
+
+    began = time.perf_counter()
+    settings = Settings.load()
+    spark = build_session(settings, app_name="sluice-bench-streams")
+    try:
+        for stream in streams:
+            archive_interval(spark, settings, stream, start_ms, end_ms)
+    finally:
+        close_session(spark)
+    print(json.dumps({"seconds": time.perf_counter() - began}))
+
+
+def _airflow_env(home: Path, env: dict[str, str]) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_"))}
+    return {
+        **base,
+        **env,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+
+
+def _airflow(env: dict[str, str], *args: str) -> float:
+    began = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", *args],
+        env=env, cwd=env["AIRFLOW_HOME"], capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"airflow {' '.join(args)} failed: {(out.stdout + out.stderr)[-4000:]}")
+    return time.perf_counter() - began
+
+
+def _task_seconds(home: Path, task_id: str) -> list[float]:
+    with sqlite3.connect(home / "airflow.db") as db:
+        rows = db.execute(
+            "select duration, state from task_instance where task_id = ?", (task_id,)
+        ).fetchall()
+    assert rows and all(state == "success" for _, state in rows), rows
+    return [float(d) for d, _ in rows]
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--one-session"]:
+        _one_session(sys.argv[4:], int(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    from pipeline.lake.sparkserver import ConnectServer, free_port
+    from pipeline.settings import Settings
+
+    n_streams = int(os.environ.get("SLUICE_BENCH_STREAMS", "4"))
+    report = Report("airflow")
+    # The interval: a 5-minute one on the grid, an hour ago (closed, inside no retention).
+    end = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    end -= timedelta(minutes=end.minute % 5)
+    start = end - INTERVAL
+    start_ms, end_ms = int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+    n = int(INTERVAL.total_seconds()) * RATE
+    with tempfile.TemporaryDirectory() as tmp_text:
+        tmp = Path(tmp_text)
+        server = LocalRedis(tmp / "redis").start()
+        try:
+            client = redis.Redis.from_url(server.url)
+            _fill(client, STREAM, start_ms, n, 1000 // RATE)
+            _fill(client, WARM, start_ms, 200, 1000)
+            others = [f"chain:bench-s{i}" for i in range(n_streams)]
+            for stream in others:
+                _fill(client, stream, start_ms, n // 10, 1000)  # 1 block/s each
+            client.close()
+            settings = Settings.load(config_path=os.devnull, spark_master="local[*]")
+            with ConnectServer(settings, port=free_port(), log_path=tmp / "connect.log") as connect:
+                env = {
+                    **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+                    "SLUICE_CONFIG": os.devnull,
+                    "SLUICE_REDIS_URL": server.url,
+                    "SLUICE_STREAMS": ",".join([STREAM, WARM, *others]),
+                    "SLUICE_CHAIN_STREAMS": ",".join([STREAM, WARM, *others]),
+                    "SLUICE_SPARK_REMOTE": connect.url,
+                    "SLUICE_VAR_DIR": str(tmp / "var"),
+                    "SLUICE_HOT_RETENTION_S": str(30 * 86400),
+                    "SLUICE_LAKE_TASK_RETRIES": "0",
+                }
+                # Warm the server (Python workers, Delta classes), untimed.
+                _job({**env, "SLUICE_LAKE_URI": str(tmp / "lake-warm")}, WARM, start_ms, end_ms)
+
+                load = _load()
+                direct_s, result = _job(
+                    {**env, "SLUICE_LAKE_URI": str(tmp / "lake-direct")}, STREAM, start_ms, end_ms
+                )
+                assert result["entries"] == n, result
+
+                home = tmp / "airflow"
+                home.mkdir()
+                af_env = _airflow_env(
+                    home, {**env, "SLUICE_LAKE_URI": str(tmp / "lake-airflow"), "SLUICE_STREAMS": STREAM,
+                           "SLUICE_CHAIN_STREAMS": STREAM},
+                )  # fmt: skip
+                _airflow(af_env, "db", "migrate")
+                dags_test_s = _airflow(af_env, "dags", "test", "sluice_archive", end.isoformat())
+                (task_s,) = _task_seconds(home, "archive")
+                report.emit(
+                    "airflow_archive_task_s", task_s, direct_s, entries=n, goal_s=10.0,
+                    job_s=result.get("job_seconds"), stages=result.get("stages"),
+                    dags_test_s=round(dags_test_s, 2),
+                    canonical_task_s=round(_task_seconds(home, "canonical")[0], 2),
+                    load=[load, _load()],
+                )  # fmt: skip
+
+                # Several streams: a job child per stream (the mapped tasks) vs one session.
+                load = _load()
+                per_task = 0.0
+                for stream in others:
+                    seconds, _ = _job(
+                        {**env, "SLUICE_LAKE_URI": str(tmp / "lake-streams-a")},
+                        stream, start_ms, end_ms,
+                    )  # fmt: skip
+                    per_task += seconds
+                began = time.perf_counter()
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one-session", str(start_ms), str(end_ms), *others],
+                    env={**env, "SLUICE_LAKE_URI": str(tmp / "lake-streams-b")},
+                    cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+                )  # fmt: skip
+                if out.returncode != 0:
+                    raise RuntimeError(f"one-session child failed: {out.stderr[-3000:]}")
+                one_s = time.perf_counter() - began
+                report.emit(
+                    "archive_streams_per_task_s", per_task, one_s, streams=n_streams,
+                    entries_per_stream=n // 10, load=[load, _load()],
+                )  # fmt: skip
+        finally:
+            server.stop()
+    report.save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
