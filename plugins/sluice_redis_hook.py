@@ -41,7 +41,7 @@ class SluiceRedisHook(BaseHook):
         self._settings = settings
 
     def get_url(self) -> str:
-        """The Redis URL of the connection, or ``Settings.redis_url`` when it is not defined."""
+        """The Redis URL of the connection, or ``settings.redis.url`` when it is not defined."""
         try:
             conn = self.get_connection(self.redis_conn_id)
         except AirflowNotFoundException:

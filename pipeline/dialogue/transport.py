@@ -20,7 +20,7 @@ send (the opener is the Dialogue client) and reused in both directions. Dead
 connections are dropped and re-opened on the next send; a reply to an
 accepted connection that has gone is dialled like any address (and usually refused).
 
-Bounds (``Settings.node_tcp_*``): ``max_connections`` in and out; at the
+Bounds (``settings.node.tcp_*``): ``max_connections`` in and out; at the
 bound the accepted connection that matters least is evicted for the
 newcomer (the oldest that never completed a frame, else the one idle
 longest if idle for a second), so silent sockets can never lock real peers
