@@ -112,6 +112,9 @@ def system(
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # The task's supervisor learns of "Mark failed" at its next heartbeat (default
+            # every 5 s), then SIGTERMs the task (on_kill) and SIGKILLs it 5 s later.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             "SLUICE_STREAMS": STREAM,
             # A plain stream: no canonical marking (a Spark MERGE per run) to wait for.
             "SLUICE_CHAIN_STREAMS": "",
@@ -216,7 +219,7 @@ def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> N
         )
         # The maintenance DAG runs at 03:00 only: starting Airflow did not run it.
         assert _get(http, "/api/v2/dags/sluice_maintenance/dagRuns")["total_entries"] == 0
-    log.info(f"backfill of {BACKFILL_DAYS} intervals: {time.monotonic() - began:.1f}s")
+    log.info("backfill of %d intervals: %.1fs", BACKFILL_DAYS, time.monotonic() - began)
     assert {r["state"] for r in backfill} == {"success"}, backfill
     assert [r["state"] for r in scheduled] == ["success"], scheduled
     starts = sorted(r["data_interval_start"] for r in backfill)
@@ -301,8 +304,9 @@ def test_mark_failed_stops_the_job_at_once_and_nothing_is_committed(system: Syst
             stopped = time.monotonic() - marked
         finally:
             system.hold.unlink(missing_ok=True)
-        log.info(f"job stopped {stopped:.2f}s after the mark")
-        # Well before Airflow's SIGKILL of the task (about 5 s after the mark).
+        log.info("job stopped %.2fs after the mark", stopped)
+        # The mark reaches the task at its next heartbeat (1 s here); the job is gone
+        # at once after that, well before Airflow's SIGKILL 5 s after its SIGTERM.
         assert stopped < 3.0, stopped
         run = _wait(
             "the run to end",
