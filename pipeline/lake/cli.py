@@ -396,12 +396,29 @@ def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper:
             finally:
                 stopper.lock = None
 
-    with reporter(
-        f"backfill {args.stream}", len(todo.todo), "intervals", "entries", stream=sys.stderr
-    ) as shown:
-        return backfill.run_backfill(
-            spark, settings, todo, progress=shown, locked=locked, check=stopper.check
-        )
+    # One INFO line per interval from the archive job would drown the progress in
+    # the story (they stay in the debug file); its warnings still show.
+    story = [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.StreamHandler) and h.stream is sys.stderr
+    ]
+    for handler in story:
+        handler.addFilter(_quiet_archive)
+    try:
+        with reporter(
+            f"backfill {args.stream}", len(todo.todo), "intervals", "entries", stream=sys.stderr
+        ) as shown:
+            return backfill.run_backfill(
+                spark, settings, todo, progress=shown, locked=locked, check=stopper.check
+            )
+    finally:
+        for handler in story:
+            handler.removeFilter(_quiet_archive)
+
+
+def _quiet_archive(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not record.name.startswith("pipeline.lake.archive")
 
 
 def describe(args: argparse.Namespace) -> str:
