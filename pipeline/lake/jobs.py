@@ -17,8 +17,9 @@ from pipeline.settings import LakeSettings
 
 _CREATE_ATTEMPTS = 5
 #: Test hook of the task-control tests: while the file this variable names
-#: exists, a job writes its pid into it and holds right before its Spark work
-#: (so a test can mark the task failed mid-job). Unset in any deployment.
+#: exists and its text occurs in the job's command line, the job writes
+#: ``pid:<pid>`` into it and holds right before its Spark work (so a test can
+#: mark the task failed mid-job). Unset in any deployment.
 HOLD_ENV = "SLUICE_TEST_HOLD_FILE"
 #: Longest a job holds for that hook, in seconds.
 HOLD_MAX_S = 300.0
@@ -118,12 +119,19 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
 
 def _test_hold() -> None:
     """The :data:`HOLD_ENV` test hook (a no-op unless a test armed it)."""
-    path = os.environ.get(HOLD_ENV)
-    if not path or not os.path.exists(path):
-        return
+    import sys
     import time
 
-    Path(path).write_text(str(os.getpid()))
+    path = os.environ.get(HOLD_ENV)
+    if not path:
+        return
+    try:
+        wanted = Path(path).read_text()
+    except OSError:
+        return  # not armed
+    if wanted.startswith("pid:") or wanted not in " ".join(sys.argv):
+        return
+    Path(path).write_text(f"pid:{os.getpid()}")
     deadline = time.monotonic() + HOLD_MAX_S
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)

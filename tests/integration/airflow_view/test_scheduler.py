@@ -276,11 +276,15 @@ def test_mark_failed_stops_the_job_at_once_and_nothing_is_committed(system: Syst
     lo, hi = system.interval(-9)
     start = system.today - 9 * DAY
     with system.client() as http:
-        _wait(
-            "no active archive run",
-            lambda: not [r for r in _runs(http) if r["state"] in ("queued", "running")],
-        )
-        system.hold.write_text("")  # arm the hold: the next job stops before its Spark work
+
+        def quiet() -> bool:
+            runs = _runs(http)
+            active = [r for r in runs if r["state"] in ("queued", "running")]
+            return any(r["run_type"] == "scheduled" for r in runs) and not active
+
+        _wait("the scheduled run to end and no run active", quiet)
+        # Arm the hold: the archive job of this interval stops before its Spark work.
+        system.hold.write_text(f"--start-ms {lo} ")
         try:
             reply = http.post(
                 f"/api/v2/dags/{DAG}/dagRuns",
@@ -292,7 +296,9 @@ def test_mark_failed_stops_the_job_at_once_and_nothing_is_committed(system: Syst
                 },
             )
             assert reply.status_code == 200, reply.text
-            pid = int(_wait("the job to hold", lambda: system.hold.read_text().strip()))
+            held = _wait("the job to hold", lambda: system.hold.read_text().startswith("pid:"))
+            assert held
+            pid = int(system.hold.read_text().removeprefix("pid:"))
             assert _alive(pid)
             marked = time.monotonic()
             reply = http.patch(
