@@ -162,7 +162,9 @@ class StreamClient:
             future: asyncio.Future[p.StreamMessage] = asyncio.get_running_loop().create_future()
             self._pending[rid] = future
             try:
-                sent = await self.node.deliver_tracked(
+                # Replies are intercepted (never mailed), so the service may answer in
+                # this task: no mailbox hop when it runs on this node.
+                sent = await self.node.deliver_inline(
                     TransportMessage(route, Route([self.address]), p.encode(request))
                 )
                 sent.add_done_callback(lambda done: _fail_with(future, done))

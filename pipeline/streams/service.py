@@ -146,6 +146,10 @@ class StreamService(Worker):
 
     mailbox_size = 4096
     batch_size = 512
+    #: A local client's request is served in the client's task (Node.deliver_inline):
+    #: a push or pull only starts Redis I/O, answers through ctx.reply, and keeps no
+    #: state a concurrent batch could tear (dicts and sets updated between awaits).
+    inline = True
 
     def __init__(
         self,

@@ -279,3 +279,67 @@ async def test_a_crashing_run_loop_is_logged_counted_and_the_node_goes_on(
     await node.deliver(msg(["crash"], ["rec"], b"?"))
     await asyncio.wait_for(rec.event.wait(), 5)
     assert rec.got[0].payload == b"still here"
+
+
+class InlineEcho(Worker):
+    """Answers in whatever task runs its handler; records which one."""
+
+    inline = True
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[object] | None] = []
+
+    async def handle(self, ctx: Context) -> None:
+        self.tasks.append(asyncio.current_task())
+        if ctx.payload == b"boom":
+            raise ValueError("handler bug")
+        await ctx.reply(ctx.payload)
+
+
+class Catcher(Worker):
+    """Intercepts every reply (what a correlating client does)."""
+
+    def __init__(self) -> None:
+        self.caught: list[bytes] = []
+
+    def intercept(self, message: TransportMessage) -> bool:
+        self.caught.append(message.payload)
+        return True
+
+
+async def test_deliver_inline_runs_an_inline_worker_in_the_callers_task():
+    node = Node("n")
+    echo, catcher = InlineEcho(), Catcher()
+    await node.add_worker("echo", echo)
+    await node.add_worker("catcher", catcher)
+    try:
+        done = await node.deliver_inline(
+            TransportMessage(Route(["echo"]), Route(["catcher"]), b"hi")
+        )
+        # answered before deliver_inline returned, in this task: no mailbox hop
+        assert done.done() and done.result() is None
+        assert catcher.caught == [b"hi"] and echo.tasks == [asyncio.current_task()]
+        failed = await node.deliver_inline(
+            TransportMessage(Route(["echo"]), Route(["catcher"]), b"boom")
+        )
+        with pytest.raises(ValueError, match="handler bug"):
+            failed.result()
+        assert node.counters["handler_errors"] == 1
+    finally:
+        await node.stop()
+
+
+async def test_deliver_inline_mails_to_a_worker_that_is_not_inline():
+    node = Node("n")
+    recorder = Recorder()
+    await node.add_worker("rec", recorder)
+    try:
+        done = await node.deliver_inline(TransportMessage(Route(["rec"]), Route(["x"]), b"hi"))
+        assert not done.done()  # queued: the mailbox task handles it
+        await asyncio.wait_for(done, 5)
+        assert [m.payload for m in recorder.got] == [b"hi"]
+        missing = await node.deliver_inline(TransportMessage(Route(["nobody"]), Route(["x"]), b""))
+        with pytest.raises(UnroutableMessage):
+            missing.result()
+    finally:
+        await node.stop()
