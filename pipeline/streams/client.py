@@ -162,13 +162,13 @@ class StreamClient:
             future: asyncio.Future[p.StreamMessage] = asyncio.get_running_loop().create_future()
             self._pending[rid] = future
             try:
-                # Replies are intercepted (never mailed), so the service may answer in
-                # this task: no mailbox hop when it runs on this node.
-                sent = await self.node.deliver_inline(
-                    TransportMessage(route, Route([self.address]), p.encode(request))
-                )
-                sent.add_done_callback(lambda done: _fail_with(future, done))
                 async with asyncio.timeout(timeout_s or self.timeout_s):
+                    # Replies are intercepted (never mailed), so the service may answer
+                    # in this task: no mailbox hop when it runs on this node.
+                    sent = await self.node.deliver_inline(
+                        TransportMessage(route, Route([self.address]), p.encode(request))
+                    )
+                    sent.add_done_callback(lambda done: _fail_with(future, done))
                     reply = await future
             except TimeoutError as exc:
                 raise StreamError(
