@@ -36,7 +36,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from sluice_dag_common import archive_steps, interval_ms, job_env, load_settings
-from sluice_lake_job import CLI_MODULE, LakeJobError, run_lake_job, stop_running_jobs
+from sluice_lake_job import CLI_MODULE, run_lake_job, stop_running_jobs
+
+from pipeline.errors import LakeJobError
 
 log = logging.getLogger(__name__)
 
