@@ -40,9 +40,12 @@ def write_entries(client: redis.Redis) -> dict[str, list[Block]]:
     # The very first and last millisecond of the interval belong to it.
     ids[0], ids[-1] = f"{START_MS}-0", f"{END_MS - 1}-0"
     pipe = client.pipeline(transaction=False)
-    for block, entry_id in zip(inside, ids, strict=True):
-        pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: encode_block(block)}, id=entry_id)
-    pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: b"not a block"}, id=INVALID_ID)
+    payloads = [
+        (entry_id, encode_block(block)) for block, entry_id in zip(inside, ids, strict=True)
+    ]
+    payloads.append((INVALID_ID, b"not a block"))
+    for entry_id, payload in sorted(payloads, key=lambda p: tuple(map(int, p[0].split("-")))):
+        pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: payload}, id=entry_id)
     for i, block in enumerate(after):
         pipe.xadd(keys.stream(CHAIN), {ENTRY_FIELD: encode_block(block)}, id=f"{END_MS + i}-0")
     for i in range(PLAIN_INSIDE):
