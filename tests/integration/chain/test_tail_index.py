@@ -8,6 +8,7 @@ from pipeline import keys
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.tail import SharedTail
 from pipeline.redisconn import Role, connect
+from tests.support.poll import until
 
 from .conftest import STREAM, write_foreign_block
 
@@ -77,10 +78,12 @@ async def test_readers_see_an_unchanging_index(redis_url, redis_client) -> None:
         await asyncio.sleep(0)
         write_blocks(redis_client, STREAM, gen.take(5))
         refresh = asyncio.create_task(tail.refresh())
-        await asyncio.sleep(0.2)
-        assert not refresh.done()  # waits for the reader
+        # The refresh read Redis and closed the gate to new readers (no event says so).
+        await until(lambda: not tail._gate.is_set(), "the refresh waits for the reader")
+        assert not refresh.done()
         late = asyncio.create_task(reader())  # a new reader waits for the pending refresh
-        await asyncio.sleep(0.05)
+        for _ in range(5):
+            await asyncio.sleep(0)  # (it would have taken the index within these turns)
         assert seen_hi == [9]
         release.set()
         await asyncio.gather(holder, refresh, late)

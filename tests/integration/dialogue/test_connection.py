@@ -10,7 +10,9 @@ import pytest
 from pipeline.dialogue.channel import READ_SIZE
 from pipeline.dialogue.connection import HANDLER_FAILED, NO_HANDLER, Connection
 from pipeline.dialogue.duplex import Duplex
+from pipeline.dialogue.states import State
 from pipeline.errors import DialogueClosed, DuplexError, RequestCancelled
+from tests.support.poll import settled, until
 
 
 async def echo_upper(data: bytes) -> bytes:
@@ -217,12 +219,15 @@ async def test_duplex_errors_reach_the_peer(connect: Any) -> None:
 
 async def test_close_with_requests_and_duplexes_outstanding(connect: Any) -> None:
     release = asyncio.Event()
+    started: list[str] = []
 
     async def slow(data: bytes) -> bytes:
+        started.append("request")
         await release.wait()
         return b"finished " + data
 
     async def streamer(d: Duplex) -> None:
+        started.append("duplex")
         await release.wait()
         await d.send(b"final chunk")
 
@@ -230,9 +235,9 @@ async def test_close_with_requests_and_duplexes_outstanding(connect: Any) -> Non
     pending = asyncio.create_task(client.request(b"job"))
     duplex = client.duplex()
     await duplex.send(b"x")
-    await asyncio.sleep(0.05)
+    await until(lambda: len(started) == 2, "both handlers running on the server")
     closing = asyncio.create_task(client.close(timeout=5))
-    await asyncio.sleep(0.05)
+    await until(lambda: server.protocol.state is State.CLOSING, "the server got the close")
     assert not client.closed  # the server is finishing what is outstanding
     with pytest.raises(DialogueClosed):
         await client.request(b"new work")
@@ -322,9 +327,10 @@ async def test_slow_reader_seed_wire_bounded_queue(connect: Any) -> None:
     client, server = await connect(
         client={"duplex_queue_bytes": 1 << 18}, server={"on_duplex": producer}
     )
-    async with client.duplex() as d:
-        await asyncio.sleep(0.3)  # a slow reader
-        queued = d.statistics()["queued_bytes"]
+    async with client.duplex() as d:  # a slow reader: reads nothing until the queue is full
+        stats = d.statistics
+        await until(lambda: stats()["queued_bytes"] >= stats()["high"], "queue at its watermark")
+        queued = await settled(lambda: stats()["queued_bytes"])  # reading stopped there
         # Reading stopped at the bound (plus what the last read of the socket held).
         bound = (1 << 18) + READ_SIZE + 65536
         assert 0 < queued <= bound
@@ -347,9 +353,11 @@ async def test_flow_control_slow_duplex_does_not_block_others(connect: Any) -> N
     client, server = await connect(client={"window": window}, server=options)
     assert client.protocol.window == window
     async with client.duplex() as d:
-        await asyncio.sleep(0.2)  # not reading: the producer waits for credit
-        assert client.protocol.flow_control and server.protocol.flow_control
-        assert d.statistics()["queued_bytes"] <= window + 16384
+        flow = (client.protocol, server.protocol)
+        await until(lambda: all(p.flow_control for p in flow), "flow control negotiated")
+        # Not reading: the producer fills the window, then waits for credit.
+        await until(lambda: d.statistics()["queued_bytes"] >= window, "the window filled")
+        assert await settled(lambda: d.statistics()["queued_bytes"]) <= window + 16384
         # No head-of-line blocking: other traffic still flows on the connection.
         assert await client.request(b"meanwhile", timeout=5) == b"MEANWHILE"
         total = 0
