@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import aiohttp
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from pipeline import health
 from pipeline.errors import ConfigError
 from pipeline.health import HealthServer, Sample
+from tests.support.poll import until
 
 
 async def test_healthz_reports_each_check_and_shares_evaluations(monkeypatch) -> None:
@@ -41,10 +43,13 @@ async def test_healthz_reports_each_check_and_shares_evaluations(monkeypatch) ->
             assert bodies[0]["checks"] == {"redis": "ok", "slow": "ok"}
             assert server.evaluations == 1 and state["calls"] == 1
             state["fail"] = True
-            await asyncio.sleep(health.CACHE_S)
-            async with session.get(f"{server.url}/healthz") as reply:
-                assert reply.status == 503
-                body = await reply.json()
+
+            async def degraded() -> dict[str, Any] | None:
+                async with session.get(f"{server.url}/healthz") as reply:
+                    return await reply.json() if reply.status == 503 else None
+
+            # 200 from the cache for up to CACHE_S, then 503 (polled: no sleep-then-assert)
+            body = await until(degraded, "503 once the cached result expired")
             assert body["status"] == "degraded"
             assert body["checks"]["redis"] == "ConnectionError: redis refused"
             async with session.get(f"{server.url}/metrics") as reply:
