@@ -11,6 +11,8 @@ task started by :meth:`Activity.run` and cancelled with it:
 - the nodes' round trips (one line per reply in their ``--record`` files);
 - Airflow's ``sluice_archive`` runs through its REST API (and an unpause if
   someone paused the DAG: a trigger of a paused DAG only sits queued);
+- the first ``archive_log`` row: an empty minute just before block 0,
+  archived once (see :meth:`Activity._seed`);
 - whether Redis was trimmed below block 0 (the chain stream's first entry).
 
 Every observer keeps the last error it met as text: the view shows it, the
@@ -22,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +43,7 @@ from pipeline.bus.server import BusServer
 from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.status import peek_header
 from pipeline.demo.components import RPC_CMD, STREAM, TWINS, Plan
+from pipeline.demo.procs import MARKER
 from pipeline.errors import BusError
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,9 @@ AIRFLOW_EVERY_S = 5.0
 HTTP_TIMEOUT_S = 5.0
 #: The demo's archive interval (SLUICE_ARCHIVE_CRON every minute), in ms.
 INTERVAL_MS = 60_000
+#: Tries, and seconds each, of the one ``sluice lake archive`` that seeds archive_log.
+SEED_ATTEMPTS = 5
+SEED_TIMEOUT_S = 120.0
 
 
 @dataclass(slots=True)
@@ -66,8 +74,8 @@ class Counts:
     runs: list[dict[str, Any]] = field(default_factory=list)
     runs_ok: int = 0
     airflow_error: str = ""
-    #: the one backfill of the minutes before the first run, once asked (None: not yet)
-    backfill: str | None = None
+    #: where archive_log starts, once the demo wrote its first row (None: not yet)
+    seed: str | None = None
     #: times the demo found sluice_archive paused and unpaused it
     unpaused: int = 0
     #: number of the oldest block still in Redis (None: stream empty or unread)
@@ -104,6 +112,7 @@ class Activity:
             group.create_task(self._files())
             group.create_task(self._airflow())
             group.create_task(self._trim())
+            group.create_task(self._seed())
 
     # --- the bus ---------------------------------------------------------------
 
@@ -186,6 +195,61 @@ class Activity:
         finally:
             await client.aclose()
 
+    async def _seed(self) -> None:
+        """Archive the empty minute just before block 0 once: ``archive_log``'s first row.
+
+        With catchup off, Airflow's first run archives the latest whole
+        interval when it came up, and each archive task catches up the holes
+        after the stream's first ``archive_log`` row, never before it. So the
+        minutes between block 0 and that first run would never be archived,
+        and the safe trim never trims past an unarchived entry. One row for
+        the minute before block 0 (nothing in Redis there: no Spark) makes
+        those minutes holes the scheduled runs fill, oldest first, each run
+        archiving, marking canonical and trimming in that order. A backfill
+        would instead run beside the scheduled runs, and one run's trim could
+        then cut blocks another run archived but had not marked canonical yet
+        (the server then refuses a subscriber from 0 with a history gap until
+        the next canonical marking).
+        """
+        client = redisconn.connect(self.plan.redis_url(), redisconn.Role.CLI)
+        try:
+            while True:
+                with contextlib.suppress(RedisError, OSError):
+                    first = cast(
+                        list[tuple[bytes, Any]],
+                        await client.xrange(keys.stream(STREAM), count=1),
+                    )
+                    if first:
+                        break
+                await asyncio.sleep(STATUS_EVERY_S)
+        finally:
+            await client.aclose()
+        end_ms = redisconn.parse_entry_id(first[0][0])[0] // INTERVAL_MS * INTERVAL_MS
+        start_ms = end_ms - INTERVAL_MS
+        log_path = self.plan.dir / "seed.log"
+        for attempt in range(1, SEED_ATTEMPTS + 1):
+            with log_path.open("ab") as out:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pipeline.cli", "lake", "archive", "--stream", STREAM,
+                    "--start-ms", str(start_ms), "--end-ms", str(end_ms), "--run-id", "demo__seed",
+                    stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                    env={**os.environ, **self.plan.sluice_env(), MARKER: self.plan.demo_id},
+                    start_new_session=True,
+                )  # fmt: skip
+                try:
+                    async with asyncio.timeout(SEED_TIMEOUT_S):
+                        code = await proc.wait()
+                except BaseException:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+                    raise
+            if code == 0:
+                self.counts.seed = f"archive_log starts at {_iso(start_ms)[11:16]} UTC"
+                return
+            self.counts.seed = f"seeding archive_log failed (code {code}, {log_path})"
+            await asyncio.sleep(attempt * 2.0)
+
     # --- Airflow ----------------------------------------------------------------------
 
     async def _airflow(self) -> None:
@@ -217,54 +281,6 @@ class Activity:
                 self._token = str((await resp.json())["access_token"])
         return {"Authorization": f"Bearer {self._token}"}
 
-    async def _backfill(
-        self, session: aiohttp.ClientSession, headers: dict[str, str], first_run_ms: int
-    ) -> None:
-        """Archive the minutes between the first block and the first successful run, once.
-
-        With catchup off, Airflow's first run is for the latest whole interval
-        when it came up: the minutes before it would never be archived, and the
-        safe trim never trims past an unarchived entry. One backfill fills
-        them. Intervals skipped later (a run slower than the interval) need
-        none: each archive task first archives the holes ``archive_log``
-        shows after its first row (``LakeJobOperator``'s catch-up).
-        """
-        client = redisconn.connect(self.plan.redis_url(), redisconn.Role.CLI)
-        try:
-            first = cast(list[tuple[bytes, Any]], await client.xrange(keys.stream(STREAM), count=1))
-        finally:
-            await client.aclose()
-        if not first:
-            return  # nothing produced yet: try again next time
-        minute = INTERVAL_MS
-        start_ms = redisconn.parse_entry_id(first[0][0])[0] // minute * minute
-        # logical dates are interval starts; the last one before the first run's
-        end_ms = first_run_ms - minute
-        if end_ms < start_ms:
-            self.counts.backfill = "none needed (the first run covers the first block)"
-            return
-        from_s, to_s = _iso(start_ms), _iso(end_ms)
-        body = {
-            "dag_id": "sluice_archive",
-            "from_date": from_s,
-            "to_date": to_s,
-            "max_active_runs": 1,
-            "reprocess_behavior": "none",
-        }
-        async with session.post(
-            f"{self.plan.airflow_url}/api/v2/backfills", headers=headers, json=body
-        ) as resp:
-            if resp.status == 409:  # one is running already: it is the one
-                self.counts.backfill = "running"
-                return
-            if resp.status == 422:  # no interval in the range
-                self.counts.backfill = "none needed"
-                return
-            resp.raise_for_status()
-        self.counts.backfill = (
-            f"{from_s[11:16]}..{to_s[11:16]} UTC asked at {time.strftime('%H:%M:%S')}"
-        )
-
     async def _airflow_once(self, session: aiohttp.ClientSession) -> None:
         headers = await self._auth(session)
         base = f"{self.plan.airflow_url}/api/v2/dags/sluice_archive"
@@ -294,13 +310,6 @@ class Activity:
             for r in runs
         ]
         self.counts.runs_ok = sum(1 for r in runs if r.get("state") == "success")
-        done = [
-            _epoch(r.get("data_interval_start"))
-            for r in runs
-            if r.get("state") == "success" and r.get("run_type") != "backfill"
-        ]
-        if self.counts.backfill is None and done:
-            await self._backfill(session, headers, int(min(done) * 1000))
 
 
 async def first_block_num(client: aioredis.Redis) -> int | None:

@@ -98,7 +98,7 @@ def flow(plan: Plan, counts: Counts, subscriber_lines: int) -> RenderableType:
         f"{counts.runs_ok} run{'s' if counts.runs_ok != 1 else ''} succeeded"
         + (f"; latest {last['state']} for {str(last['start'])[11:16]}-{str(last['end'])[11:16]}"
            if last else "")
-        + (f"; backfill {counts.backfill}" if counts.backfill else "")
+        + (f"; {counts.seed}" if counts.seed else "")
         + (" (it was paused: the demo unpaused it)" if counts.unpaused else "")
         + (f"  [dim]{counts.airflow_error}[/dim]" if counts.airflow_error else ""),
     )  # fmt: skip
