@@ -31,6 +31,7 @@ summary per earlier step) and ``warnings`` summed over all steps.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,32 +113,44 @@ class LakeJobOperator(BaseOperator):
             )  # fmt: skip
         caught_up: list[dict[str, Any]] = []
         warnings = 0
-        result: Any = None
-        plan: list[tuple[int, int] | None] = list(steps) if steps else [None]
-        for index, step in enumerate(plan):
-            if self._killed:  # killed between two steps: start no further job
-                raise LakeJobError(
-                    f"lake job {self.job!r} was stopped (task killed)",
-                    returncode=None,
-                    stderr_tail="",
-                )
-            result = run_lake_job(
-                self.job,
-                self.job_args(context, step),
-                env=job_env(settings),
-                timeout_s=float(settings.lake.job_timeout_s),
-                report_codes=frozenset(self.report_codes),
-                module=self.module,
-            )
+        earlier: list[tuple[int, int]] = list(steps[:-1]) if steps else []
+        own: tuple[int, int] | None = steps[-1] if steps else None
+        # Catching up must not eat the task's execution timeout (job limit + 120 s):
+        # past half the job limit the remaining earlier steps wait for the next run.
+        budget = time.monotonic() + settings.lake.job_timeout_s / 2
+        for done, step in enumerate(earlier):
+            if time.monotonic() > budget:
+                log.warning(
+                    "stream %s: %d earlier interval(s) left for the next run (time budget)",
+                    self.stream, len(earlier) - done,
+                )  # fmt: skip
+                break
+            result = self._run(context, settings, step)
             if isinstance(result, dict):
                 warnings += int(result.get("warnings") or 0)
-                if index < len(plan) - 1:
-                    caught_up.append({k: result.get(k) for k in CAUGHT_UP_FIELDS})
+                caught_up.append({k: result.get(k) for k in CAUGHT_UP_FIELDS})
+        result = self._run(context, settings, own)
+        if isinstance(result, dict):
+            warnings += int(result.get("warnings") or 0)
         if isinstance(result, dict) and steps is not None:
             result = {**result, "caught_up": caught_up, "warnings": warnings}
         if warnings:
             log.warning("lake job %s logged %d warning(s); see above", self.job, warnings)
         return result
+
+    def _run(self, context: Any, settings: Any, step: tuple[int, int] | None) -> Any:
+        if self._killed:  # killed between two steps: start no further job
+            raise LakeJobError(
+                f"lake job {self.job!r} was stopped (task killed)", returncode=None, stderr_tail=""
+            )
+        return run_lake_job(
+            self.job,
+            self.job_args(context, step),
+            env=job_env(settings),
+            timeout_s=float(settings.lake.job_timeout_s),
+            report_codes=frozenset(self.report_codes),
+            module=self.module,
+        )
 
     def on_kill(self) -> None:
         self._killed = True

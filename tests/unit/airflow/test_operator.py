@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,40 @@ def test_job_lines_keep_their_level(
     forward_line(line)
     assert caplog.records[-1].levelno == level
     assert caplog.records[-1].getMessage() == line.split(" ", 1)[1]
+
+
+class _Steps:
+    """A LakeJobOperator whose catch-up steps are given (no lake to read)."""
+
+    @staticmethod
+    def make(steps: list[tuple[int, int]]) -> object:
+        sys.path.insert(0, PLUGINS)
+        sys.path.insert(0, HERE)
+        from sluice_lake_operator import LakeJobOperator
+
+        class Op(LakeJobOperator):
+            def steps(self, context: object, settings: object) -> list[tuple[int, int]]:
+                return steps
+
+        return Op(task_id="archive", job="ok", stream="s", interval=True, module="job_child")
+
+
+def test_catch_up_runs_one_job_per_step_and_reports_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime
+
+    monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
+    op: Any = _Steps.make([(100, 200), (200, 300), (300, 400)])
+    context = {
+        "data_interval_start": datetime.fromtimestamp(0.3, UTC),
+        "data_interval_end": datetime.fromtimestamp(0.4, UTC),
+        "run_id": "r1",
+    }
+    result = op.execute(context)
+    # the last job archived the run's own interval; two earlier steps are reported
+    assert result["args"][:6] == ["--stream", "s", "--start-ms", "300", "--end-ms", "400"]
+    assert len(result["caught_up"]) == 2 and result["warnings"] == 0
+    # killed between two steps: no further job starts
+    op.on_kill()
+    with pytest.raises(Exception, match="stopped"):
+        op.execute(context)
