@@ -152,10 +152,6 @@ class Worker:
     mailbox_size: int = DEFAULT_MAILBOX
     mailbox_bytes: int = DEFAULT_MAILBOX_BYTES
     batch_size: int = 1
-    #: May :meth:`Node.deliver_inline` run this worker's handler in the caller's task?
-    #: Only for a handler that is safe to run concurrently with itself and with its
-    #: mailbox loop, and that answers through :meth:`Context.reply` (see there).
-    inline: bool = False
 
     async def setup(self, wctx: WorkerContext) -> None:
         """Called once when the worker is added, before it gets messages."""
@@ -345,35 +341,6 @@ class Node:
         """Route, and return a future that completes when the message was handled."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self._route(message, done)
-        return done
-
-    async def deliver_inline(self, message: TransportMessage) -> asyncio.Future[None]:
-        """:meth:`deliver_tracked`, but a local worker that allows it (``inline``) handles
-        the message in the caller's task, not its mailbox's: one loop hop less each
-        way, which is most of a short request's latency (the stream service's pushes).
-
-        For callers whose replies are intercepted (a :class:`Worker.intercept` that
-        resolves a future), never mailed: a reply that waited for room in the caller's
-        own mailbox would wait forever. Anything else is routed as usual.
-        """
-        onward = message.onward_route
-        slot = None
-        if onward and onward[0].type == AddressType.LOCAL and not self._stopping:
-            slot = self._addresses.get(onward[0].value)
-        if slot is None or not slot.worker.inline or len(message.payload) > self.max_payload:
-            return await self.deliver_tracked(message)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.trace.maxlen:
-            self.trace.append((onward[0], message))
-        try:
-            await slot.worker.handle_batch([Context(self, onward[0], message)])
-        except Exception as exc:  # as in the mailbox loop: log, count, report to the sender
-            self.counters["handler_errors"] += 1
-            log.exception("node %s: worker %s failed on a message", self.name, slot.name)
-            done.set_exception(exc)
-        else:
-            self.counters["handled"] += 1
-            done.set_result(None)
         return done
 
     def _drop(self, exc: RoutingError | PayloadTooLarge, counter: str, done: _Done) -> None:

@@ -36,7 +36,7 @@ import asyncio
 import collections
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -45,6 +45,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redisconn
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
+from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
 from pipeline.streams.lease import Leases
@@ -141,15 +142,45 @@ def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class Direct:
+    """A request from a client on this node, served without the node's routing.
+
+    The encoded request goes in (decoded and checked as any other) and the
+    reply object comes out through ``answer``: no routed message, no mailbox
+    hop, no codec for the reply. What a
+    :class:`~pipeline.streams.client.StreamClient` on the service's own node
+    uses (see :meth:`StreamService.serve_direct`). Replies never wait: ``answer``
+    only resolves the caller's future.
+    """
+
+    __slots__ = ("address", "answer", "payload", "return_route")
+
+    def __init__(
+        self,
+        address: Address,
+        payload: bytes,
+        return_route: Route,
+        answer: Callable[[p.StreamMessage], None],
+    ) -> None:
+        self.address = address
+        self.payload = payload
+        self.return_route = return_route
+        self.answer = answer
+
+
+#: Where a request came from: a routed message, or a client on this node.
+_Origin = Context | Direct
+
+
+def _return_route(ctx: _Origin) -> Route:
+    return ctx.return_route if isinstance(ctx, Direct) else ctx.message.return_route
+
+
 class StreamService(Worker):
     """Serves the stream protocol for the clients of one node."""
 
     mailbox_size = 4096
     batch_size = 512
-    #: A local client's request is served in the client's task (Node.deliver_inline):
-    #: a push or pull only starts Redis I/O, answers through ctx.reply, and keeps no
-    #: state a concurrent batch could tear (dicts and sets updated between awaits).
-    inline = True
 
     def __init__(
         self,
@@ -172,7 +203,7 @@ class StreamService(Worker):
         self.max_waiting_pulls = max_waiting_pulls
         self.max_streams = max_streams
         self._pulls: set[asyncio.Task[None]] = set()
-        self._waiting: collections.deque[tuple[Context, str, p.Pull, str]] = collections.deque()
+        self._waiting: collections.deque[tuple[_Origin, str, p.Pull, str]] = collections.deque()
         self._streams: dict[bytes, str] = {}
         #: Streams whose last pull was a full batch (bounded by the number of streams).
         self._busy: set[str] = set()
@@ -182,6 +213,7 @@ class StreamService(Worker):
         self._save_script = redis.register_script(_SAVE_INDEX)
         self._leases = Leases(redis)
         self._node: Node | None = None
+        self._closing = False
         self.name = "stream_service"
 
     async def setup(self, wctx: WorkerContext) -> None:
@@ -198,7 +230,7 @@ class StreamService(Worker):
 
     async def _error(
         self,
-        ctx: Context,
+        ctx: _Origin,
         request_id: str,
         code: p.ErrorCode,
         text: str,
@@ -209,30 +241,56 @@ class StreamService(Worker):
         log.error(
             "stream service: %s from %s: %s",
             code,
-            ctx.message.return_route,
+            _return_route(ctx),
             text if detail is None else f"{text}: {detail!r}",
         )
-        await ctx.reply(p.encode(p.Error(request_id=request_id, code=code, message=text)))
+        await self._answer(ctx, p.Error(request_id=request_id, code=code, message=text))
+
+    async def _answer(self, ctx: _Origin, reply: p.StreamMessage) -> None:
+        if not isinstance(ctx, Direct):
+            await ctx.reply(p.encode(reply))
+            return
+        node = self._node
+        if node is not None and node.trace.maxlen:  # the node's trace shows it as if routed
+            back = TransportMessage(ctx.return_route, Route([ctx.address]), p.encode(reply))
+            node.trace.append((ctx.return_route[0], back))
+        ctx.answer(reply)
+
+    async def serve_direct(self, request: Direct) -> bool:
+        """Serve a request of a client on this node in the client's task; False once the
+        service is stopping (route the request instead: the mailbox still drains).
+
+        Safe to run concurrently with itself and the mailbox loop: a push or pull
+        only starts Redis I/O, and the dicts and sets it updates are updated
+        between awaits.
+        """
+        if self._closing:
+            return False
+        await self.handle_batch([request])
+        return True
+
+    def stopping(self) -> None:
+        self._closing = True
 
     async def handle(self, ctx: Context) -> None:
         await self.handle_batch([ctx])
 
-    async def handle_batch(self, batch: list[Context]) -> None:
+    async def handle_batch(self, batch: Sequence[_Origin]) -> None:
         """Every request of the batch is answered, each on its own: pushes go to Redis
         together after the loop, pulls are started (or queued) without waiting."""
-        pushes: list[tuple[Context, str, p.Push]] = []
+        pushes: list[tuple[_Origin, str, p.Push]] = []
         for ctx in batch:
             try:
                 await self._one(ctx, pushes)
             except Exception as exc:  # a bug a request triggers must not take the batch down
                 self._count("internal_errors")
-                log.exception("stream service: request from %s failed", ctx.message.return_route)
+                log.exception("stream service: request from %s failed", _return_route(ctx))
                 rid = p.peek_request_id(ctx.payload)
                 await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR, exc)
         if pushes:
             await self._push_all(pushes)
 
-    async def _one(self, ctx: Context, pushes: list[tuple[Context, str, p.Push]]) -> None:
+    async def _one(self, ctx: _Origin, pushes: list[tuple[_Origin, str, p.Push]]) -> None:
         try:
             request = p.decode(ctx.payload, max_payload=self.max_payload)
         except PayloadTooLarge as exc:
@@ -265,7 +323,7 @@ class StreamService(Worker):
 
     # --- push ---------------------------------------------------------------
 
-    async def _push_all(self, pushes: list[tuple[Context, str, p.Push]]) -> None:
+    async def _push_all(self, pushes: list[tuple[_Origin, str, p.Push]]) -> None:
         try:
             results = await self._run_pushes(pushes)
             if any(isinstance(r, NoScriptError) for r in results):
@@ -290,9 +348,9 @@ class StreamService(Worker):
             indexes = tuple(_text(joined).split(",")) if joined else ()
             self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
             confirm = p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
-            await ctx.reply(p.encode(confirm))
+            await self._answer(ctx, confirm)
 
-    async def _run_pushes(self, pushes: list[tuple[Context, str, p.Push]]) -> list[Any]:
+    async def _run_pushes(self, pushes: list[tuple[_Origin, str, p.Push]]) -> list[Any]:
         """All pushes in one round trip (EVALSHA of the push script per push)."""
         if self._push_sha is None:
             self._push_sha = _text(await self.redis.script_load(_PUSH))
@@ -327,7 +385,7 @@ class StreamService(Worker):
 
     # --- pull ---------------------------------------------------------------
 
-    async def _start_pull(self, ctx: Context, stream: str, req: p.Pull) -> None:
+    async def _start_pull(self, ctx: _Origin, stream: str, req: p.Pull) -> None:
         index = req.index or "0-0"
         if not INDEX_RE.match(index):
             await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, f"bad index {index!r}")
@@ -340,7 +398,7 @@ class StreamService(Worker):
             self._count("pulls_refused")
             await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, "too many pulls")
 
-    def _spawn_pull(self, ctx: Context, stream: str, req: p.Pull, index: str) -> None:
+    def _spawn_pull(self, ctx: _Origin, stream: str, req: p.Pull, index: str) -> None:
         task = asyncio.create_task(self._pull(ctx, stream, req, index))
         self._pulls.add(task)
         task.add_done_callback(self._pull_done)
@@ -353,7 +411,7 @@ class StreamService(Worker):
         if self._waiting and len(self._pulls) < self.max_pulls and not task.cancelled():
             self._spawn_pull(*self._waiting.popleft())
 
-    async def _pull(self, ctx: Context, stream: str, req: p.Pull, index: str) -> None:
+    async def _pull(self, ctx: _Origin, stream: str, req: p.Pull, index: str) -> None:
         key = keys.stream(stream)
         limit = max(1, min(req.limit, self.max_pull))
         wait = max(0, min(req.wait_ms, self.max_wait_ms))
@@ -393,7 +451,7 @@ class StreamService(Worker):
             return
         self._count("pulled", len(messages))
         reply = p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
-        await ctx.reply(p.encode(reply))
+        await self._answer(ctx, reply)
 
     async def _fetch(self, key: str, index: str, limit: int) -> list[tuple[bytes, bytes]] | None:
         budget = self._budget()
@@ -447,7 +505,7 @@ class StreamService(Worker):
 
     # --- control requests -----------------------------------------------------
 
-    async def _control(self, ctx: Context, req: p.StreamMessage) -> None:
+    async def _control(self, ctx: _Origin, req: p.StreamMessage) -> None:
         """Answer one control request through :data:`_CONTROL`, keyed by its class.
 
         A handler returns the reply, or None when it already answered with an
@@ -463,9 +521,9 @@ class StreamService(Worker):
             return
         reply = await handler(self, ctx, req)
         if reply is not None:
-            await ctx.reply(p.encode(reply))
+            await self._answer(ctx, reply)
 
-    async def _create(self, ctx: Context, req: p.CreateStream) -> p.StreamMessage | None:
+    async def _create(self, ctx: _Origin, req: p.CreateStream) -> p.StreamMessage | None:
         key = keys.stream(req.name)
         address = self.address_of(req.name)
         if address.encode() not in self._streams and len(self._streams) >= self.max_streams:
@@ -478,7 +536,7 @@ class StreamService(Worker):
         self._count("created" if created else "opened")
         return p.Init(request_id=req.request_id, name=req.name, address=address)
 
-    async def _get_index(self, ctx: Context, req: p.GetIndex) -> p.StreamMessage | None:
+    async def _get_index(self, ctx: _Origin, req: p.GetIndex) -> p.StreamMessage | None:
         current = await self.redis.hget(keys.consumer_index(req.stream), req.client_id)
         return p.Index(
             request_id=req.request_id,
@@ -487,7 +545,7 @@ class StreamService(Worker):
             index=_text(current),
         )
 
-    async def _save_index(self, ctx: Context, req: p.SaveIndex) -> p.StreamMessage | None:
+    async def _save_index(self, ctx: _Origin, req: p.SaveIndex) -> p.StreamMessage | None:
         hkey = keys.consumer_index(req.stream)
         if not INDEX_RE.match(req.index):
             text = f"bad index {req.index!r}"
@@ -501,7 +559,7 @@ class StreamService(Worker):
             index=_text(current),
         )
 
-    async def _lease(self, ctx: Context, req: p.Lease) -> p.StreamMessage | None:
+    async def _lease(self, ctx: _Origin, req: p.Lease) -> p.StreamMessage | None:
         state = await self._leases.acquire(req.stream, req.holder, req.ttl_ms)
         if not state.granted:
             text = (
@@ -512,11 +570,11 @@ class StreamService(Worker):
             return None
         return p.Ok(request_id=req.request_id)
 
-    async def _release(self, ctx: Context, req: p.Release) -> p.StreamMessage | None:
+    async def _release(self, ctx: _Origin, req: p.Release) -> p.StreamMessage | None:
         await self._leases.release(req.stream, req.holder)
         return p.Ok(request_id=req.request_id)
 
-    async def _attempts(self, ctx: Context, req: p.Attempts) -> p.StreamMessage | None:
+    async def _attempts(self, ctx: _Origin, req: p.Attempts) -> p.StreamMessage | None:
         hkey = keys.failures(req.stream)
         if req.op == p.INCR:
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -535,7 +593,7 @@ class StreamService(Worker):
             request_id=req.request_id, client_id=req.key, stream=req.stream, index=str(count)
         )
 
-    async def _dead_letter(self, ctx: Context, req: p.DeadLetter) -> p.StreamMessage | None:
+    async def _dead_letter(self, ctx: _Origin, req: p.DeadLetter) -> p.StreamMessage | None:
         fields: dict[Any, Any] = {FIELD: req.data, "index": req.index, "reason": req.reason}
         await self.redis.xadd(
             keys.dead_letter(req.stream), fields, maxlen=DEAD_LETTER_MAXLEN, approximate=True
@@ -550,7 +608,7 @@ class StreamService(Worker):
         await asyncio.gather(*self._pulls, return_exceptions=True)
 
 
-_ControlHandler = Callable[[StreamService, Context, Any], Awaitable[p.StreamMessage | None]]
+_ControlHandler = Callable[[StreamService, _Origin, Any], Awaitable[p.StreamMessage | None]]
 
 #: The control requests (everything but Push and Pull) and their handlers.
 _CONTROL: dict[type[Any], _ControlHandler] = {
