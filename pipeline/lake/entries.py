@@ -70,9 +70,7 @@ def _resolve(lake: LakeSettings, stream: str, rows: pa.Table, flag: bool) -> Ite
         marked = rows.filter(pc.fill_null(rows.column(tables.PAYLOAD_COLUMN), False))
         if marked.num_rows:
             payloads = _payloads(lake, stream, marked)
-    in_blocks = (
-        rows.column(tables.PAYLOAD_COLUMN).to_pylist() if flag else [None] * rows.num_rows
-    )
+    in_blocks = rows.column(tables.PAYLOAD_COLUMN).to_pylist() if flag else [None] * rows.num_rows
     for entry_id, ms, seq, fields, marked_row in zip(
         rows.column("entry_id").to_pylist(),
         rows.column("entry_ms").to_pylist(),

@@ -104,6 +104,11 @@ def spark_conf(settings: Settings, *, jars: bool = True) -> dict[str, str]:
         # source's partitions (the Redis id ranges found at planning) with them:
         # the same read repeated later would miss entries added since. Off.
         "spark.connect.session.planCache.enabled": "false",
+        # Lake columns are mostly unique (hashes, ids, payloads): Parquet's
+        # dictionary encoding only costs CPU before it falls back (~2x on writes).
+        "spark.hadoop.parquet.enable.dictionary": "false",
+        # The archive caches its one Redis read for two writes, briefly: no compression.
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     if jars:
         cached = cached_jars(settings)

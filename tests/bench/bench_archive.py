@@ -68,17 +68,35 @@ def _fill(client: redis.Redis, stream: str, n: int) -> tuple[int, int]:
     return int(first.split(b"-")[0]), int(last.split(b"-")[0]) + 1
 
 
-def _raw_xrange(client: redis.Redis) -> tuple[int, float]:
+def _raw_xrange(client: redis.Redis) -> tuple[int, float, list[Any]]:
     key = keys.stream(STREAM)
     start, count = "-", 0
+    pages = []
     began = time.perf_counter()
     while True:
         page = client.xrange(key, start, "+", count=PAGE)
         count += len(page)
+        pages.append(page)
         if len(page) < PAGE:
             break
         start = "(" + page[-1][0].decode()
-    return count, time.perf_counter() - began
+    return count, time.perf_counter() - began, pages
+
+
+def _decode(pages: list[Any]) -> float:
+    """Seconds the source's decode (block heads, Arrow pages) takes for ``pages`` in one process."""
+    from pipeline.lake.blockhead import HeadReader
+    from pipeline.lake.source import entries_to_batch
+
+    heads = HeadReader()
+    began = time.perf_counter()
+    for page in pages:
+        entries_to_batch(page, True, split=True, heads=heads)
+    return time.perf_counter() - began
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 # --- child processes --------------------------------------------------------------
@@ -200,9 +218,15 @@ def main() -> int:
             start_ms, end_ms = _fill(client, STREAM, n)
             while int(client.time()[0]) * 1000 <= end_ms:  # the interval must be closed
                 time.sleep(0.05)
-            count, raw_s = _raw_xrange(client)
+            count, raw_s, pages = _raw_xrange(client)
             assert count == n, (count, n)
             raw_rate = n / raw_s
+            decode_s = _decode(pages)
+            del pages
+            # The per-entry work outside Spark, one process: read (paged XRANGE) and decode.
+            report.emit("archive_read_decode_us_per_entry", (raw_s + decode_s) / n * 1e6,
+                        read_us=round(raw_s / n * 1e6, 2), decode_us=round(decode_s / n * 1e6, 2),
+                        load=_load())  # fmt: skip
 
             base_env = {
                 "SLUICE_CONFIG": os.devnull,
@@ -229,11 +253,12 @@ def main() -> int:
             def archive(mode: str, metric: str, remote: str = "") -> None:
                 env = {**base_env, "SLUICE_LAKE_URI": str(tmp / f"lake-{mode}"),
                        "SLUICE_SPARK_REMOTE": remote}  # fmt: skip
+                load = _load()
                 doc = _child(archive_args, env)
                 assert doc["entries"] == n, doc
                 report.emit(metric, n / doc["seconds"], raw_rate, entries=n, mode=mode,
                             archive_s=round(doc["seconds"], 2), xrange_s=round(raw_s, 2),
-                            stages=doc["stages"])  # fmt: skip
+                            stages=doc["stages"], load=[load, _load()])  # fmt: skip
 
             if "local" in modes:
                 archive("local", "archive_entries_per_s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -9,11 +10,14 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline import keys
+from pipeline.chain.batch import Block, encode_block
 from pipeline.errors import ArchiveError, RedisUnavailable
 from pipeline.lake import tables
 from pipeline.lake.archive import archive_interval
+from pipeline.lake.entries import Entry, read_entries
+from pipeline.lake.reader import LakeReader
 from pipeline.settings import LakeSettings
-from tests.integration.lake.helpers import chain, publish, settings_for
+from tests.integration.lake.helpers import block_rows, chain, publish, settings_for
 
 pytestmark = pytest.mark.spark
 
@@ -103,3 +107,103 @@ def test_archive_bad_inputs(
         archive_interval(spark, settings.replace(redis_url=url), "c", 0, 1000)
     # Nothing was written by any of the refused runs.
     assert not DeltaTable.is_deltatable(LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG))
+
+
+def _redis_entries(client: Any, stream: str, start_ms: int, end_ms: int) -> list[Entry]:
+    out = []
+    for raw_id, fields in client.xrange(keys.stream(stream), f"{start_ms}-0", f"({end_ms}-0"):
+        entry_id = raw_id.decode()
+        ms, seq = (int(x) for x in entry_id.split("-"))
+        out.append(Entry(entry_id, ms, seq, {k.decode(): v for k, v in fields.items()}))
+    return out
+
+
+def test_each_payload_is_stored_once_and_entries_read_back_exactly(
+    spark: Any, redis_client: Any, redis_url: str, lake_uri: str
+) -> None:
+    settings = settings_for(redis_url, lake_uri)
+    key = keys.stream("c")
+    blocks = chain(0, 6)
+    publish(redis_client, "c", blocks, first_ms=1000)  # 1000..1005
+    redis_client.xadd(key, {b"block": encode_block(blocks[2])}, id="1006-0")  # same bytes again
+    # Block 3's hash again with other bytes (a weight): that entry must keep its own bytes.
+    other3 = Block(num=3, hash=blocks[3].hash, parent=blocks[3].parent, weight=99)
+    redis_client.xadd(key, {b"block": encode_block(other3)}, id="1007-0")
+    six = chain(6, 7)[0]
+    redis_client.xadd(key, {b"block": encode_block(six), b"note": b"n"}, id="1008-0")
+    redis_client.xadd(key, {b"block": b"\xc1 bad"}, id="1009-0")
+
+    result = archive_interval(spark, settings, "c", 1000, 1010)
+    assert (result.entries, result.blocks, result.invalid) == (10, 9, 1)
+    lake = LakeSettings.from_url(lake_uri)
+    rows = {r["entry_id"]: r for r in _snapshot(lake_uri, tables.STREAM_ENTRIES, ["entry_ms"])}
+    flags = {i: (r[tables.PAYLOAD_COLUMN], r["fields"]) for i, r in rows.items()}
+    for i in range(6):  # stored once: in blocks
+        assert flags[f"{1000 + i}-0"] == (True, [])
+    for entry_id in ("1006-0", "1007-0", "1008-0", "1009-0"):  # dup, other bytes, 2 fields, bad
+        assert flags[entry_id][0] is False and flags[entry_id][1], entry_id
+    block_rows = DeltaTable(lake.table(tables.BLOCKS)).to_pyarrow_table().to_pylist()
+    payloads = {(b["num"], b["entry_id"]): b["payload"] for b in block_rows}
+    assert payloads == {
+        **{(b.num, f"{1000 + b.num}-0"): encode_block(b) for b in blocks},
+        (6, "1008-0"): encode_block(six),
+    }
+    assert {b["num"]: b["weight"] for b in block_rows}[3] is None  # the first entry's block
+
+    expected = _redis_entries(redis_client, "c", 1000, 1010)
+    assert list(read_entries(lake_uri, "c", 1000, 1010)) == expected
+
+    # A forced rerun and an overlapping interval keep the layout and the exact entries.
+    redis_client.xadd(key, {b"block": encode_block(chain(7, 8)[0])}, id="1010-0")
+    snapshot = _snapshot(lake_uri, tables.STREAM_ENTRIES, ["entry_ms"])
+    archive_interval(spark, settings, "c", 1000, 1010, force=True)
+    assert _snapshot(lake_uri, tables.STREAM_ENTRIES, ["entry_ms"]) == snapshot
+    archive_interval(spark, settings, "c", 1005, 1011)
+    last = _snapshot(lake_uri, tables.STREAM_ENTRIES, ["entry_ms"])[-1]
+    assert (last["entry_id"], last[tables.PAYLOAD_COLUMN]) == ("1010-0", True)
+    assert list(read_entries(lake_uri, "c")) == _redis_entries(redis_client, "c", 0, 2000)
+
+
+def test_a_lake_of_the_old_layout_is_read_and_extended(
+    spark: Any, redis_client: Any, redis_url: str, lake_uri: str
+) -> None:
+    """Tables written before payload_in_blocks (and blocks.weight) existed: whole fields."""
+    from deltalake import write_deltalake
+
+    lake = LakeSettings.from_url(lake_uri)
+    old_entries = pa.schema(list(tables.STREAM_ENTRIES_ARROW)[:-1])
+    old = chain(0, 3)
+    publish(redis_client, "c", old, first_ms=1000)
+    now = datetime.now(UTC)
+    write_deltalake(
+        lake.table(tables.STREAM_ENTRIES),
+        pa.Table.from_pylist(
+            [
+                {"stream": "c", "entry_id": f"{1000 + b.num}-0", "entry_ms": 1000 + b.num,
+                 "entry_seq": 0, "fields": [("block", encode_block(b))], "valid_block": True,
+                 "block_num": b.num, "block_hash": b.hash.hex(), "block_parent": b.parent.hex(),
+                 "block_error": None, "archived_at": now}
+                for b in old
+            ],
+            schema=old_entries,
+        ),
+        partition_by=["stream"],
+        configuration=dict(tables.TABLE_PROPERTIES),
+    )  # fmt: skip
+    write_deltalake(
+        lake.table(tables.BLOCKS),
+        pa.Table.from_pylist(block_rows("c", old), schema=tables.BLOCKS_ARROW),
+        partition_by=["stream"],
+        configuration=dict(tables.TABLE_PROPERTIES),
+    )
+    publish(redis_client, "c", chain(3, 6), first_ms=2000)
+
+    result = archive_interval(spark, settings_for(redis_url, lake_uri), "c", 2000, 2003)
+    assert (result.entries, result.blocks) == (3, 3)
+    names = DeltaTable(lake.table(tables.STREAM_ENTRIES)).schema().to_arrow().names
+    assert names[-1] == tables.PAYLOAD_COLUMN
+    assert list(read_entries(lake_uri, "c")) == _redis_entries(redis_client, "c", 0, 3000)
+    reader = LakeReader(lake_uri)
+    assert [reader.find_hash("c", b.hash).payload for b in chain(0, 6)] == [  # type: ignore[union-attr]
+        encode_block(b) for b in chain(0, 6)
+    ]

@@ -28,8 +28,31 @@ def test_entries_to_batch_decodes_blocks_and_keeps_bad_ones() -> None:
 
 
 def test_entries_to_batch_plain_stream() -> None:
-    rows = entries_to_batch([(b"1-0", {b"a": b"b"})], chain=False).to_pylist()
+    rows = entries_to_batch([(b"1-0", {b"a": b"b"})], chain=False, split=True).to_pylist()
     assert rows[0]["valid_block"] is None and rows[0]["block_num"] is None
+    assert rows[0]["payload"] is None and rows[0]["fields"] == [("a", b"b")]
+
+
+def test_entries_to_batch_payload_split() -> None:
+    heavy = Block(num=3, hash=b"\x01" * 32, parent=b"\x02" * 32, weight=2**70)
+    light = Block(num=4, hash=b"\x03" * 32, parent=b"\x01" * 32)
+    entries = [
+        (b"10-0", {b"block": encode_block(heavy)}),
+        (b"10-1", {b"block": encode_block(light), b"note": b"x"}),
+        (b"11-0", {b"block": b"\xc1garbage"}),
+    ]
+    whole = entries_to_batch(entries, chain=True).to_pylist()
+    split = entries_to_batch(entries, chain=True, split=True).to_pylist()
+    assert [r["payload"] for r in split] == [encode_block(heavy), encode_block(light), None]
+    assert split[0]["weight"] == (2**70).to_bytes(32, "big") and split[1]["weight"] is None
+    # Only an entry whose one field is its valid block loses the field; the rest stay whole.
+    assert [r["fields"] for r in split] == [[], whole[1]["fields"], whole[2]["fields"]]
+    assert whole[0]["fields"] == [("block", encode_block(heavy))]
+    assert [(r["valid_block"], r["block_num"]) for r in split] == [
+        (True, 3),
+        (True, 4),
+        (False, None),
+    ]
 
 
 def test_options() -> None:
