@@ -36,13 +36,14 @@ def _demo(tmp_path: Path, demo_id: str, *args: str) -> subprocess.Popen[bytes]:
         MARKER: demo_id,
         "COLUMNS": "120",
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "demo", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=(tmp_path / "out").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    with (tmp_path / "out").open("wb") as out:  # the child keeps its own copy of the fd
+        return subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "demo", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _out(tmp_path: Path) -> str:
