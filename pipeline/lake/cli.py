@@ -409,12 +409,27 @@ def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper:
         with reporter(
             f"backfill {args.stream}", len(todo.todo), "intervals", "entries", stream=sys.stderr
         ) as shown:
-            return backfill.run_backfill(
+            result = backfill.run_backfill(
                 spark, settings, todo, progress=shown, locked=locked, check=stopper.check
             )
     finally:
         for handler in story:
             handler.removeFilter(_quiet_archive)
+    above = (
+        backfill.canonical_above(settings, args.stream, todo.end_ms)
+        if result.blocks and args.stream in settings.lake.chain_streams
+        else None
+    )
+    if above is not None:
+        log.warning(
+            "stream %s: the lake has canonical blocks above this range (from #%d); the canonical "
+            "job stops at the first of them, so it will not mark the %d blocks backfilled here "
+            "canonical, and the server cannot serve them once Redis no longer holds them",
+            args.stream,
+            above,
+            result.blocks,
+        )
+    return result
 
 
 def _quiet_archive(record: logging.LogRecord) -> bool:

@@ -55,12 +55,13 @@ def sluice(env: dict[str, str], *args: str, timeout: float = 240) -> tuple[int, 
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with proc:  # closes the pipes however the wait ends (timeout, test interrupted)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     lines = out.strip().splitlines()
     assert len(lines) <= 1, out  # stdout: the JSON result only
     return proc.returncode, json.loads(lines[0]) if lines else None, err
@@ -175,3 +176,15 @@ def test_backfill_bad_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and "Traceback" not in err, err
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def test_canonical_above_names_the_blocks_the_canonical_walk_stops_at(lake_uri: str) -> None:
+    from pipeline.lake.backfill import canonical_above
+    from pipeline.settings import Settings
+
+    settings = Settings.load(env={}, config_path="/nonexistent", lake_uri=lake_uri)
+    assert canonical_above(settings, "c", 0) is None  # no blocks table yet
+    _write_canonical(lake_uri, "c", chain(0, 50))  # entry_ms = num + 1
+    assert canonical_above(settings, "c", 21) == 20
+    assert canonical_above(settings, "c", 51) is None
+    assert canonical_above(settings, "other", 0) is None
