@@ -109,9 +109,14 @@ def test_invalid_entries_are_warnings_counted_in_the_result(
     spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
 ) -> None:
     from pipeline import keys
+    from pipeline.chain.batch import encode_block
+    from pipeline.lake.entries import read_entries
 
-    publish(redis_client, "c", chain(0, 10), first_ms=1000)
+    blocks = chain(0, 10)
+    publish(redis_client, "c", blocks, first_ms=1000)
     redis_client.xadd(keys.stream("c"), {"block": b"not msgpack"}, id="1500-0")
+    # A block published twice: through Connect too, its second entry keeps its payload.
+    redis_client.xadd(keys.stream("c"), {"block": encode_block(blocks[3])}, id="1501-0")
     env = job_env(redis_url, lake_uri, tmp_path, spark_remote)
     code, doc, err = run_job(
         env, "archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "2000"
@@ -119,6 +124,11 @@ def test_invalid_entries_are_warnings_counted_in_the_result(
     assert code == 0, err
     assert doc["invalid"] == 1 and doc["warnings"] >= 1
     assert any(line.startswith("WARNING ") and "1500-0" in line for line in err.splitlines()), err
+    got = [(e.entry_id, e.fields) for e in read_entries(lake_uri, "c")]
+    assert got == [
+        (i.decode(), {k.decode(): v for k, v in f.items()})
+        for i, f in redis_client.xrange(keys.stream("c"))
+    ]
 
 
 def test_server_down_is_one_line_naming_the_url(
