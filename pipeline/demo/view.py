@@ -67,7 +67,8 @@ def flow(plan: Plan, counts: Counts, subscriber_lines: int) -> RenderableType:
     )
     runs = cov.get("runs") or []
     archived = (
-        f"{cov.get('blocks', 0)} blocks in {cov.get('intervals', 0)} intervals, "
+        f"{cov.get('blocks', 0)} blocks in {cov.get('intervals', 0)} interval"
+        f"{'s' if cov.get('intervals') != 1 else ''}, "
         f"{_clock(cov.get('archived_from_ms'))} .. {_clock(cov.get('archived_to_ms'))}"
         f" ({len(runs)} run{'s' if len(runs) != 1 else ''}, {cov.get('gap_count', 0)} gaps)"
         if cov.get("intervals")
