@@ -93,9 +93,9 @@ class LakeJobOperator(BaseOperator):
         """The catch-up steps of this task (own interval last), or None when it has none."""
         if not (self.catchup and self.interval and self.stream):
             return None
-        dag_run = context.get("dag_run")
-        if str(getattr(dag_run, "run_type", "")).lower().endswith("backfill"):
-            return None
+        run_type = getattr(context.get("dag_run"), "run_type", None)
+        if str(getattr(run_type, "value", run_type)) == "backfill":
+            return None  # the backfill's own runs cover the other intervals
         from pipeline.lake.trim import logged_intervals
 
         start_ms, end_ms = interval_ms(

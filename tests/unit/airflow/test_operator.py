@@ -145,3 +145,15 @@ def test_catch_up_runs_one_job_per_step_and_reports_them(monkeypatch: pytest.Mon
     op.on_kill()
     with pytest.raises(Exception, match="stopped"):
         op.execute(context)
+
+
+def test_backfill_runs_archive_only_their_own_interval() -> None:
+    from types import SimpleNamespace
+
+    sys.path.insert(0, PLUGINS)
+    from airflow.sdk.api.datamodels._generated import DagRunType
+    from sluice_lake_operator import LakeJobOperator
+
+    op = LakeJobOperator(task_id="archive", job="archive", stream="s", interval=True, catchup=True)
+    context = {"dag_run": SimpleNamespace(run_type=DagRunType.BACKFILL)}
+    assert op.steps(context, settings=None) is None  # never reads the lake
