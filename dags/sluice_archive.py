@@ -44,7 +44,11 @@ archive lock in Redis (a second job on the stream waits for it, up to
 ``SLUICE_LAKE_LOCK_WAIT_S``), every step is idempotent per interval, and
 ``SLUICE_ARCHIVE_PARALLELISM`` (default 1) bounds how many archive/canonical
 tasks of this DAG run at once across all runs. Pass ``--max-active-runs`` to
-bound the runs themselves.
+bound the runs themselves. Chain streams are the exception: the canonical
+job walks down from the head and stops at the first canonical block, so
+blocks archived below canonical ones are never marked canonical; backfill a
+chain stream with ``--max-active-runs 1`` (oldest first) and only above its
+canonical chain.
 """
 
 from __future__ import annotations
