@@ -38,14 +38,20 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
     """Serve one subscription on an incoming duplex until the peer leaves or falls behind."""
     try:
         parsed = parse_subscribe(json.loads(duplex.initial or b"null"))
-    except (ValueError, BadParams) as exc:
-        await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, str(exc)).encode())
+    except ValueError:  # not JSON (the decoder's text stays here, as for every error)
+        text = "invalid params: not JSON"
+        await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, text).encode())
+        return
+    except BadParams as exc:
+        error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
+        await duplex.end(error=error.encode())
         return
     keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
     try:
         plan = await resumption.resolve(parsed.num, parsed.hash, keep)
     except BadParams as exc:
-        await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, str(exc)).encode())
+        error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
+        await duplex.end(error=error.encode())
         return
     except ResumptionError as exc:  # only the public text crosses the wire
         log.info("dialogue subscription refused: %r", exc)

@@ -89,3 +89,21 @@ async def test_dialogue_refusals_carry_public_texts_only(settings, serve, redis_
                 pass
         await gap.aclose()
         assert b"history gap" in err.value.data and b"redis starts at" not in err.value.data
+
+
+async def test_params_that_are_not_json_get_invalid_params_only(settings, serve) -> None:
+    """The decoder's own text (positions, internals) stays on the server: only a public text."""
+    from pipeline.dialogue.connection import Connection
+
+    port = free_port()
+    async with serve(settings.replace(serve_dialogue_port=port)):
+        conn = await Connection.connect("127.0.0.1", port)
+        try:
+            async with conn.duplex(b'["streams", 0x') as duplex:
+                with pytest.raises(DuplexError) as err:
+                    async for _ in duplex:
+                        pass
+        finally:
+            await conn.close()
+    error = json.loads(err.value.data)["error"]
+    assert error == {"code": -32602, "message": "invalid params: not JSON"}
