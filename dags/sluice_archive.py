@@ -21,7 +21,12 @@ stream since the stream's first row (skipped intervals, or intervals whose
 run failed), oldest first, in interval-wide steps, at most
 ``CATCHUP_MAX_STEPS`` (12) per task; what is left waits for the next run,
 which again takes the oldest. Coverage thus stays contiguous, which is what
-lets trim advance. A stream's history before its first archived interval is
+lets trim advance. For a chain stream only the hole after its last archived
+interval is filled (skipped intervals): blocks filled in below canonical
+ones would never be marked canonical (the canonical job walks down from the
+head and stops at the first canonical block), so an interior hole left by a
+failed run stays a hole, where trim stops, for a person to look at.
+A stream's history before its first archived interval is
 not chased: backfill it (below). Catchup=True was rejected: it would start
 one run per interval since ``start_date`` on a fresh deployment, and a
 skipped interval would still cost a whole DAG run.

@@ -47,6 +47,15 @@ def test_a_hole_between_rows_is_filled_and_cut_on_the_run_grid() -> None:
     assert archive_steps([(0, S - W - 7)], S, S + W) == [(S - W - 7, S - W), (S - W, S), (S, S + W)]
 
 
+def test_chain_streams_fill_only_the_tail_hole() -> None:
+    # a failed run left [S-4W, S-3W) out, then the scheduler skipped [S-W, S)
+    logged = [(S - 6 * W, S - 4 * W), (S - 3 * W, S - W)]
+    assert archive_steps(logged, S, S + W, tail_only=True) == [(S - W, S), (S, S + W)]
+    # no row before the run, or coverage up to its start: only its own interval
+    assert archive_steps([], S, S + W, tail_only=True) == [(S, S + W)]
+    assert archive_steps([(S - 2 * W, S)], S, S + W, tail_only=True) == [(S, S + W)]
+
+
 def test_at_most_max_steps_are_caught_up_oldest_first() -> None:
     first = S - 100 * W
     steps = archive_steps([(first - W, first)], S, S + W)
