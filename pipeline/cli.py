@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("pipeline.chain.produce_cli", "write a synthetic chain into a Redis stream"),
     "lake": (
         "pipeline.lake.cli",
-        "run one lake job: archive, canonical, trim, replay, audit, maintain",
+        "run one lake job: archive, canonical, trim, replay, audit, maintain, backfill",
     ),
     "spark": ("pipeline.lake.sparkserver", "run a local Spark Connect server for the lake jobs"),
 }
