@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -78,7 +79,35 @@ def cached_jars(settings: Settings | None = None, manifest: Path = MANIFEST) -> 
     paths = [str(j) for j in jars]
     if not all(Path(p.removeprefix("file://")).is_file() for p in paths):
         return None
-    return paths
+    return drop_provided(paths)
+
+
+def drop_provided(paths: list[str]) -> list[str]:
+    """``paths`` without the jars whose artifact Spark ships itself (in ``pyspark/jars``).
+
+    Ivy resolves Delta's whole dependency tree, ~86 MB: Hadoop's client, Parquet,
+    Jackson, log4j, in versions older than Spark's own. On ``spark.jars`` they
+    slow every start (and every local executor's first task fetches them) while
+    Spark's copies win anyway (its class loader looks there first). Kept: what
+    only Delta brings (delta-*, unitycatalog-*, ...).
+    """
+    import pyspark
+
+    shipped = {
+        _artifact(jar.name) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")
+    }
+    kept = []
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        # Ivy's cache names jars ``<organisation>_<artifact>-<revision>.jar``.
+        if _artifact(name.split("_", 1)[-1]) not in shipped:
+            kept.append(path)
+    return kept
+
+
+def _artifact(jar_name: str) -> str:
+    """``parquet-hadoop-1.16.0.jar`` -> ``parquet-hadoop``."""
+    return re.sub(r"-\d[\w.\-]*\.jar$", "", jar_name)
 
 
 def spark_conf(settings: Settings, *, jars: bool = True) -> dict[str, str]:

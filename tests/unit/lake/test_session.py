@@ -12,6 +12,7 @@ from pipeline.errors import ConfigError, SparkUnavailable
 from pipeline.lake.session import (
     cached_jars,
     delta_package,
+    drop_provided,
     parse_remote,
     probe,
     shared_session_id,
@@ -65,3 +66,15 @@ def test_a_server_that_is_down_is_one_line_naming_the_url() -> None:
         probe(url, timeout_s=1.0)
     text = str(info.value)
     assert url in text and "\n" not in text and "sluice spark" in text
+
+
+def test_jars_spark_ships_itself_are_not_passed_again() -> None:
+    ivy = "file:///root/.ivy2/jars/"
+    paths = [
+        ivy + "io.delta_delta-spark_4.2_2.13-4.4.0.jar",
+        ivy + "io.delta_delta-storage-4.4.0.jar",
+        ivy + "org.apache.hadoop_hadoop-client-runtime-3.4.2.jar",
+        ivy + "org.apache.parquet_parquet-hadoop-1.16.0.jar",
+        ivy + "com.github.luben_zstd-jni-1.5.7-3.jar",
+    ]
+    assert drop_provided(paths) == paths[:2]
