@@ -6,9 +6,16 @@ ties go to the block seen first (archived from the earliest stream entry), so
 a reorg to a shorter but heavier chain is followed. From the head the walk
 follows parent links down, marking each block canonical and unmarking any
 other block canonical at the same height, until it reaches a block that is
-already canonical (the join with the chain marked before), a parent that is
-not in the table (a gap, or the genesis), or height 0. Reorged blocks stay
-in the table with ``canonical = false``.
+already canonical (the join with the chain marked before) with no unmarked
+height below it, a parent that is not in the table (a gap, or the genesis),
+or height 0. An unmarked height is one below the highest canonical block
+where no block is canonical: blocks archived under the marked chain later
+(a backfill, or a run catching up on intervals an earlier run skipped). The
+walk goes on down through canonical blocks to the lowest of those, so they
+are marked too. Reorged blocks stay in the table with ``canonical = false``.
+
+:func:`pending` is the same read and walk without writing: trim uses it to
+keep in Redis every block the canonical job still has to mark.
 
 The walk itself is the pure :func:`plan_walk`; the job reads a window of
 ``(num, hash, parent, canonical, entry_id, weight)`` rows with delta-rs (no payloads,
@@ -82,11 +89,17 @@ def plan_walk(nodes: Iterable[Node], floor: int) -> Plan:
     mark: list[Node] = []
     # A head below canonical heights (a shorter, heavier chain): those leave the chain.
     unmark: list[Node] = [n for num, ns in canonical_at.items() if num > head.num for n in ns]
+    # Heights under the head where nothing is canonical yet: filled in below the marked chain.
+    unmarked = [node.num for node in by_hash.values() if node.num not in canonical_at]
+    lowest_unmarked = min((num for num in unmarked if num < head.num), default=None)
     seen: set[str] = set()
     current = head
-    while not current.canonical and current.hash not in seen:
+    while current.hash not in seen:
+        if current.canonical and (lowest_unmarked is None or lowest_unmarked > current.num):
+            break  # joined the marked chain, and nothing below is left unmarked
         seen.add(current.hash)
-        mark.append(current)
+        if not current.canonical:
+            mark.append(current)
         unmark.extend(n for n in canonical_at.get(current.num, ()) if n.hash != current.hash)
         parent = by_hash.get(current.parent)
         if parent is None:
@@ -106,18 +119,10 @@ def mark_canonical(spark: Any, settings: Settings, stream: str) -> CanonicalResu
     """Mark the canonical chain of ``stream`` from its head down; idempotent."""
     lake = settings.lake
     ensure_tables(lake)
-    top = _max_num(lake, stream)
-    if top is None:
-        return CanonicalResult(stream=stream, head_num=None, head_hash=None, marked=0, unmarked=0)
-    window = WINDOW
-    while True:
-        floor = max(0, top - window)
-        plan = plan_walk(_nodes(lake, stream, floor), floor)
-        if not plan.needs_lower or floor == 0:
-            break
-        window *= 4
+    plan = pending(lake, stream)
     head = plan.head
-    assert head is not None
+    if head is None:
+        return CanonicalResult(stream=stream, head_num=None, head_hash=None, marked=0, unmarked=0)
     if plan.mark or plan.unmark:
         run_spark(f"canonical marking of {stream!r}", lambda: _apply(spark, lake, stream, plan))
     return CanonicalResult(
@@ -129,6 +134,31 @@ def mark_canonical(spark: Any, settings: Settings, stream: str) -> CanonicalResu
     )
 
 
+def pending(lake: LakeSettings, stream: str) -> Plan:
+    """The canonical job's plan for ``stream`` as the lake stands (read with delta-rs, no writes).
+
+    The window starts :data:`WINDOW` heights under the top, reaches down to
+    the lowest unmarked height, and widens while the walk runs off its bottom.
+    An empty plan (``head`` None) when the stream has no block.
+    """
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(lake.table(tables.BLOCKS)):
+        return Plan(head=None, mark=(), unmark=(), needs_lower=False)
+    top, lowest_unmarked = _heights(lake, stream)
+    if top is None:
+        return Plan(head=None, mark=(), unmark=(), needs_lower=False)
+    window = WINDOW
+    while True:
+        floor = max(0, top - window)
+        if lowest_unmarked is not None:
+            floor = min(floor, lowest_unmarked)
+        plan = plan_walk(_nodes(lake, stream, floor), floor)
+        if not plan.needs_lower or floor == 0:
+            return plan
+        window *= 4
+
+
 def _dataset(lake: LakeSettings, stream: str, floor: int) -> Any:
     from deltalake import DeltaTable
 
@@ -137,15 +167,29 @@ def _dataset(lake: LakeSettings, stream: str, floor: int) -> Any:
     )
 
 
-def _max_num(lake: LakeSettings, stream: str) -> int | None:
+def _heights(lake: LakeSettings, stream: str) -> tuple[int | None, int | None]:
+    """(top height, lowest height under the highest canonical block with no canonical block).
+
+    Reads two narrow columns of the stream's rows (no hashes, no payloads).
+    """
     import pyarrow.compute as pc
 
-    nums = (
-        _dataset(lake, stream, 0)
-        .to_table(columns=["num"], filter=pc.field("stream") == stream)
-        .column("num")
+    table = _dataset(lake, stream, 0).to_table(
+        columns=["num", "canonical"], filter=pc.field("stream") == stream
     )
-    return None if len(nums) == 0 else int(pc.max(nums).as_py())
+    if table.num_rows == 0:
+        return None, None
+    top = int(pc.max(table.column("num")).as_py())
+    per_height = table.group_by("num").aggregate([("canonical", "any")])
+    marked = per_height.filter(pc.field("canonical_any"))
+    if marked.num_rows == 0:
+        return top, None
+    highest_marked = pc.max(marked.column("num")).as_py()
+    holes = per_height.filter(
+        pc.invert(pc.field("canonical_any")) & (pc.field("num") < highest_marked)
+    )
+    lowest = pc.min(holes.column("num")).as_py() if holes.num_rows else None
+    return top, None if lowest is None else int(lowest)
 
 
 def _nodes(lake: LakeSettings, stream: str, floor: int) -> list[Node]:

@@ -5,7 +5,11 @@ logged intervals of the stream into contiguous coverage, and keeps only the
 run of coverage that contains the oldest entry still in Redis: a gap in the
 log stops it, and so does an oldest entry outside every logged interval (an
 entry nobody archived). The stream is then trimmed with ``XTRIM MINID`` to the
-lower of that coverage's end and ``now - hot_retention_s``.
+lower of that coverage's end and ``now - hot_retention_s``. For a chain
+stream it also stops below the oldest block the canonical job has yet to mark
+(:func:`pipeline.lake.canonical.pending`): another run may have archived
+blocks it has not marked yet, and the server serves the lake's canonical rows
+only, so cutting them from Redis first would leave a gap.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
 from pipeline.lake import tables
+from pipeline.lake.canonical import pending
 from pipeline.lake.redisread import connect, parse_id
 from pipeline.settings import LakeSettings, Settings
 
@@ -90,6 +95,10 @@ def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> 
         if covered is None:
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=None)
         limit = min(covered, now_ms - settings.lake.hot_retention_s * 1000)
+        if stream in settings.lake.chain_streams:
+            unmarked = pending(settings.lake, stream).mark
+            if unmarked:
+                limit = min(limit, min(node.order[0] for node in unmarked))
         if limit <= 0:
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=covered)
         min_id = f"{limit}-0"

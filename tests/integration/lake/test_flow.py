@@ -123,3 +123,25 @@ def test_reorg_canonical_audit_trim_replay(
         10,
         11,
     )
+
+
+def test_blocks_archived_below_the_marked_chain_are_marked_and_trim_waits_for_them(
+    spark: Any, redis_client: Any, redis_url: str, lake_uri: str
+) -> None:
+    settings = settings_for(redis_url, lake_uri)
+    blocks = chain(0, 20)
+    publish(redis_client, "c", blocks, first_ms=1000)  # 1000..1019
+    archive_interval(spark, settings, "c", 1010, 1020)  # the later interval first
+    assert mark_canonical(spark, settings, "c").marked == 10
+    archive_interval(spark, settings, "c", 1000, 1010)  # then the hole below it
+
+    # Archived but not yet marked: trim keeps them in Redis (the server serves marked rows).
+    held = safe_trim(settings, "c", now_ms=10**13)
+    assert (held.min_id, held.trimmed, held.covered_to_ms) == ("1000-0", 0, 1020)
+
+    filled = mark_canonical(spark, settings, "c")
+    assert (filled.marked, filled.unmarked, filled.head_num) == (10, 0, 19)
+    reader = LakeReader(lake_uri)
+    assert [r.hash for b in reader.iter_canonical("c", 0) for r in b] == [b.hash for b in blocks]
+    assert audit(settings, "c").ok
+    assert safe_trim(settings, "c", now_ms=10**13).trimmed == 20

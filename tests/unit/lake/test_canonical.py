@@ -91,3 +91,30 @@ def test_parent_cycle_terminates() -> None:
     a = Node(num=1, hash="a", parent="b", canonical=False)
     b = Node(num=0, hash="b", parent="a", canonical=False)
     assert len(plan_walk([a, b], 0).mark) == 2
+
+
+def test_blocks_filled_in_below_the_marked_chain_are_marked() -> None:
+    # 10-19 marked by an earlier run; 0-9 archived later (a backfill or a catch-up).
+    old = _chain(0, 10, "m", "g", False)
+    marked = _chain(10, 20, "m", "m9", True)
+    plan = plan_walk(old + marked, 0)
+    assert [n.num for n in plan.mark] == list(range(9, -1, -1)) and plan.unmark == ()
+
+
+def test_a_hole_under_the_marked_chain_beside_a_dead_fork_is_marked_on_the_chain() -> None:
+    chain = _chain(0, 8, "m", "g", True)
+    hole = [
+        n if n.num != 3 else Node(num=3, hash="m3", parent="m2", canonical=False) for n in chain
+    ]
+    dead = Node(num=3, hash="x3", parent="m2", canonical=False, order=(999, 0))
+    plan = plan_walk([*hole, dead], 0)
+    assert [n.hash for n in plan.mark] == ["m3"] and plan.unmark == ()
+
+
+def test_heights_above_a_shorter_heavier_head_do_not_keep_the_walk_going() -> None:
+    short = _chain(0, 3, "m", "g", True)
+    long_dead = _chain(3, 6, "d", "m2", False)  # unmarked above the head: not a hole
+    heavy = Node(num=3, hash="h3", parent="m2", canonical=True, weight=1000)
+    plan = plan_walk([*short, *long_dead, heavy], 0)
+    assert plan.head is not None and plan.head.hash == "h3"
+    assert plan.mark == () and plan.unmark == ()
