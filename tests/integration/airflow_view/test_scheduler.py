@@ -217,6 +217,9 @@ def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> N
                 if r["run_type"] == "scheduled" and r["state"] in ("success", "failed")
             ],
         )
+        # Every Sluice DAG came up unpaused (a paused DAG's runs sit queued, silently).
+        for dag_id in ("sluice_archive", "sluice_audit", "sluice_maintenance", "sluice_replay"):
+            assert _get(http, f"/api/v2/dags/{dag_id}")["is_paused"] is False, dag_id
         # The maintenance DAG runs at 03:00 only: starting Airflow did not run it.
         assert _get(http, "/api/v2/dags/sluice_maintenance/dagRuns")["total_entries"] == 0
     log.info("backfill of %d intervals: %.1fs", BACKFILL_DAYS, time.monotonic() - began)
