@@ -58,13 +58,13 @@ def start_job(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 
 
 def run_job(env: dict[str, str], *args: str, timeout: float = 180) -> tuple[int, Any, str]:
-    proc = start_job(env, *args)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with start_job(env, *args) as proc:  # closes the pipes however the wait ends
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     doc = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
     return proc.returncode, doc, err
 
@@ -176,6 +176,9 @@ def test_sigterm_stops_the_job_before_it_commits(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):  # (stdout is never read)
+            if pipe is not None:
+                pipe.close()
     assert proc.returncode in (143, -signal.SIGTERM), proc.returncode
     assert log_rows(lake_uri) == 0
     # Nothing half-written: the rerun completes the interval exactly.

@@ -63,7 +63,7 @@ def test_killed_archive_is_invisible_then_rerun_is_exact(
         [sys.executable, "-m", "pipeline.lake.cli", *args],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,  # (a pipe nobody reads would leak, and could fill)
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )

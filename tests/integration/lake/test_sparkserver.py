@@ -65,3 +65,6 @@ def test_sluice_spark_prints_its_url_and_stops_with_its_jvm(
             proc.wait(timeout=10)
         for pid in _server_pids(port):
             os.kill(pid, signal.SIGKILL)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
