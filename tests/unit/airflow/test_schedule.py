@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from sluice_dag_common import CATCHUP_MAX_STEPS, archive_steps, default_args
 
 from pipeline.settings import Settings
 
+# sluice_dag_common imports Airflow: never at collection time (the session's
+# airflow_home fixture must configure Airflow before its first import).
+CATCHUP_MAX_STEPS = 12
 W = 300_000  # a 5-minute interval in ms
 S = 1_780_000_200_000  # a run's data_interval_start (on the 5-minute grid)
+
+
+def archive_steps(*args: Any, **kwargs: Any) -> list[tuple[int, int]]:
+    from sluice_dag_common import archive_steps as steps
+
+    result: list[tuple[int, int]] = steps(*args, **kwargs)
+    return result
+
+
+def test_the_catch_up_bound_is_the_documented_one() -> None:
+    from sluice_dag_common import CATCHUP_MAX_STEPS as bound
+
+    assert bound == CATCHUP_MAX_STEPS
 
 
 def test_a_stream_without_rows_archives_only_its_own_interval() -> None:
@@ -78,6 +94,8 @@ def test_coverage_after_the_run_is_not_a_hole_and_bad_intervals_fail() -> None:
 
 
 def test_retries_back_off_exponentially_with_a_cap() -> None:
+    from sluice_dag_common import default_args
+
     args = default_args(Settings.load())
     assert args["retry_delay"] == timedelta(seconds=30)
     assert args["retry_exponential_backoff"] == 2.0
