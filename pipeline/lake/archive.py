@@ -20,10 +20,11 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
    interval when the lake has no entry of it yet, else an insert-only MERGE on
    ``(stream, entry_id)``. Entries already archived are never rewritten or
    deleted, so a rerun after Redis was trimmed loses nothing. Each payload is
-   stored once: an entry whose block row ``blocks`` holds from this very
-   entry has ``payload_in_blocks = true`` and no ``block`` in ``fields``
+   stored once: an entry whose one field is a block that ``blocks`` holds
+   from this very entry has ``payload_in_blocks = true`` and empty ``fields``
    (``blocks`` is committed first, so such a row never points at nothing);
-   any other entry keeps its whole fields.
+   any other entry keeps its whole fields. :mod:`pipeline.lake.entries`
+   reads entries back whole.
 6. Record the interval in ``archive_log`` (insert-only MERGE on
    ``(stream, start_ms, end_ms)``), last: a log row proves the entries and
    blocks are committed.
@@ -277,12 +278,20 @@ def _write(
         _write_entries(spark, lake, stream, start_ms, end_ms, raw, marks, empty, archived_at)
         lap("entries")
     finally:
-        raw.unpersist()
+        _release(raw)
     if empty:
         return read  # the lake held nothing of the interval: it now holds exactly what was read
     stats = _stats(lake, stream, start_ms, end_ms)
     lap("stats")
     return stats
+
+
+def _release(raw: Any) -> None:
+    """Drop the cached read; a session that is already gone took its cache with it."""
+    try:
+        raw.unpersist()
+    except Exception as exc:  # noqa: BLE001 (cleanup: the job's own error, if any, propagates)
+        log.debug("could not release the cached read: %s", exc)
 
 
 def _write_entries(
@@ -537,30 +546,35 @@ def _write_blocks(
 
 
 def ensure_entries_columns(lake: LakeSettings) -> None:
-    """Give tables created by older versions the nullable columns added since (metadata only).
+    """Bring tables created by older versions to the current layout (metadata-only commits).
 
-    ``blocks.weight`` (old rows read as null: ``num + 1``) and
-    ``stream_entries.payload_in_blocks`` (old rows read as null: their
-    ``fields`` are whole). A delta-rs ``ADD COLUMNS`` commit each, once: no
-    rewrite, column mapping stays off.
+    Adds the nullable columns added since: ``blocks.weight`` (old rows read as
+    null: ``num + 1``) and ``stream_entries.payload_in_blocks`` (old rows read
+    as null: their ``fields`` are whole); sets :data:`tables.STATS_COLUMNS`.
+    A delta-rs commit each, once: no rewrite, column mapping stays off.
     """
-    _ensure_column(lake, tables.BLOCKS, tables.WEIGHT_COLUMN, "binary")
-    _ensure_column(lake, tables.STREAM_ENTRIES, tables.PAYLOAD_COLUMN, "boolean")
+    _ensure_layout(lake, tables.BLOCKS, tables.WEIGHT_COLUMN, "binary")
+    _ensure_layout(lake, tables.STREAM_ENTRIES, tables.PAYLOAD_COLUMN, "boolean")
 
 
-def _ensure_column(lake: LakeSettings, name: str, column: str, kind: str) -> None:
+def _ensure_layout(lake: LakeSettings, name: str, column: str, kind: str) -> None:
     from deltalake import DeltaTable
     from deltalake.schema import Field, PrimitiveType
 
     uri = lake.table(name)
+    stats = {_STATS_KEY: tables.STATS_COLUMNS[name]}
 
     def add() -> None:
         table = DeltaTable(uri)
-        if column in table.schema().to_arrow().names:
-            return
-        table.alter.add_columns([Field(column, PrimitiveType(kind), nullable=True)])
+        if column not in table.schema().to_arrow().names:
+            table.alter.add_columns([Field(column, PrimitiveType(kind), nullable=True)])
+        if table.metadata().configuration.get(_STATS_KEY) != stats[_STATS_KEY]:
+            table.alter.set_table_properties(stats, raise_if_not_exists=False)
 
-    delta_retry(f"{column} column of {uri}", add)
+    delta_retry(f"layout of {uri}", add)
+
+
+_STATS_KEY = "delta.dataSkippingStatsColumns"
 
 
 def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> int | None:
