@@ -21,11 +21,9 @@ stream since the stream's first row (skipped intervals, or intervals whose
 run failed), oldest first, in interval-wide steps, at most
 ``CATCHUP_MAX_STEPS`` (12) per task; what is left waits for the next run,
 which again takes the oldest. Coverage thus stays contiguous, which is what
-lets trim advance. For a chain stream only the hole after its last archived
-interval is filled (skipped intervals): blocks filled in below canonical
-ones would never be marked canonical (the canonical job walks down from the
-head and stops at the first canonical block), so an interior hole left by a
-failed run stays a hole, where trim stops, for a person to look at.
+lets trim advance. Chain streams too: the canonical job walks down through
+marked blocks to any height left unmarked, so blocks filled in below
+canonical ones are marked, and trim keeps them in Redis until they are.
 A stream's history before its first archived interval is
 not chased: backfill it (below). Catchup=True was rejected: it would start
 one run per interval since ``start_date`` on a fresh deployment, and a
@@ -56,11 +54,9 @@ archive lock in Redis (a second job on the stream waits for it, up to
 ``SLUICE_LAKE_LOCK_WAIT_S``), every step is idempotent per interval, and
 ``SLUICE_ARCHIVE_PARALLELISM`` (default 1) bounds how many archive/canonical
 tasks of this DAG run at once across all runs. Pass ``--max-active-runs`` to
-bound the runs themselves. Chain streams are the exception: the canonical
-job walks down from the head and stops at the first canonical block, so
-blocks archived below canonical ones are never marked canonical; backfill a
-chain stream with ``--max-active-runs 1`` (oldest first) and only above its
-canonical chain.
+bound the runs themselves. Chain streams are no exception: blocks a
+backfill archives below canonical ones are marked by the next canonical job,
+and trim keeps every block that job has yet to mark.
 """
 
 from __future__ import annotations

@@ -74,7 +74,6 @@ def archive_steps(
     end_ms: int,
     *,
     max_steps: int = CATCHUP_MAX_STEPS,
-    tail_only: bool = False,
 ) -> list[tuple[int, int]]:
     """The intervals one archive task archives: earlier holes, oldest first, then its own.
 
@@ -88,15 +87,8 @@ def archive_steps(
     runs, each of which again takes the oldest. A stream with no row yet has
     no hole: its history before the first run is a backfill's business. The
     run's own interval ``[start_ms, end_ms)`` is always last (archiving it
-    again is a cheap no-op).
-
-    ``tail_only`` (chain streams) keeps only the hole between the last logged
-    interval before ``start_ms`` and ``start_ms`` (what skipped intervals
-    leave): the canonical job walks down from the head and stops at the first
-    canonical block, so blocks filled in *below* canonical ones would never be
-    marked canonical, and trim would then drop them from Redis. An interior
-    hole of a chain stream (a failed run followed by good ones) stays a hole
-    (trim stops there) for a person to look at.
+    again is a cheap no-op). Chain streams are no different: the canonical job
+    marks blocks filled in below canonical ones, and trim waits for it.
     """
     if not 0 <= start_ms < end_ms:
         raise ValueError(f"bad interval [{start_ms}, {end_ms})")
@@ -108,11 +100,7 @@ def archive_steps(
         else:
             runs.append([lo, hi])
     holes: list[tuple[int, int]] = []
-    if tail_only:
-        before = [hi for lo, hi in runs if lo < start_ms]
-        if before and before[-1] < start_ms:
-            holes.append((before[-1], start_ms))
-    elif runs and runs[0][0] < start_ms:
+    if runs and runs[0][0] < start_ms:
         cursor = runs[0][1]
         for lo, hi in runs[1:] + [[start_ms, start_ms]]:
             holes.append((cursor, min(lo, start_ms)))

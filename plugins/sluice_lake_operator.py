@@ -23,8 +23,8 @@ task, one job per interval-wide step (see
 :func:`sluice_dag_common.archive_steps`). So an interval the scheduler skipped
 (``catchup=False`` skips the intervals a long run overran) or whose run
 failed is archived by the next run, and coverage has no hole that would stop
-trim. For a chain stream only the hole after its last archived interval is
-filled (the canonical walk never marks blocks below canonical ones). Backfill runs archive only their own interval (the backfill covers the
+trim (chain streams too: the canonical walk marks blocks filled in below
+canonical ones). Backfill runs archive only their own interval (the backfill covers the
 rest). The XCom is then the own interval's result with ``caught_up`` (one
 summary per earlier step) and ``warnings`` summed over all steps.
 """
@@ -102,13 +102,7 @@ class LakeJobOperator(BaseOperator):
         start_ms, end_ms = interval_ms(
             context.get("data_interval_start"), context.get("data_interval_end")
         )
-        stream = str(self.stream)
-        return archive_steps(
-            logged_intervals(settings.lake, stream),
-            start_ms,
-            end_ms,
-            tail_only=stream in settings.lake.chain_streams,
-        )
+        return archive_steps(logged_intervals(settings.lake, str(self.stream)), start_ms, end_ms)
 
     def execute(self, context: Any) -> Any:
         settings = load_settings()

@@ -23,12 +23,9 @@ runs, holding the stream's archive lock for that interval only (a scheduled
 run of the DAG can slip in between two intervals). Each interval is
 idempotent, so a backfill stopped anywhere and run again finishes the job.
 The blocks it writes are marked canonical by the next ``sluice_archive`` run
-or ``sluice lake canonical`` when they lie above every canonical block. The
-canonical job walks down from the head and stops at the first block already
-canonical, so blocks backfilled *below* canonical ones are not marked by it
-(the server cannot serve those heights from the lake once Redis no longer
-holds them): the job then logs a WARNING naming the first canonical height
-above the range (see :func:`canonical_above`).
+or ``sluice lake canonical``, below canonical ones too (the canonical walk
+goes down to any height left unmarked), and trim keeps them in Redis until
+then.
 """
 
 from __future__ import annotations
@@ -276,31 +273,3 @@ def run_backfill(
         blocks=blocks,
         invalid=invalid,
     )
-
-
-def canonical_above(settings: Settings, stream: str, end_ms: int) -> int | None:
-    """The lowest canonical height archived from an entry at or after ``end_ms`` (None: none).
-
-    Blocks a backfill archives below such a block are not reached by the
-    canonical job's walk from the head (see the module docstring).
-    """
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
-
-    from pipeline.lake import tables
-
-    uri = settings.lake.table(tables.BLOCKS)
-    if not DeltaTable.is_deltatable(uri):
-        return None
-    nums = (
-        DeltaTable(uri)
-        .to_pyarrow_dataset()
-        .to_table(
-            columns=["num"],
-            filter=(pc.field("stream") == stream)
-            & (pc.field("canonical") == True)  # noqa: E712 (a pyarrow expression)
-            & (pc.field("entry_ms") >= end_ms),
-        )
-        .column("num")
-    )
-    return None if len(nums) == 0 else int(pc.min(nums).as_py())

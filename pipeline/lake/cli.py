@@ -415,20 +415,6 @@ def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper:
     finally:
         for handler in story:
             handler.removeFilter(_quiet_archive)
-    above = (
-        backfill.canonical_above(settings, args.stream, todo.end_ms)
-        if result.blocks and args.stream in settings.lake.chain_streams
-        else None
-    )
-    if above is not None:
-        log.warning(
-            "stream %s: the lake has canonical blocks above this range (from #%d); the canonical "
-            "job stops at the first of them, so it will not mark the %d blocks backfilled here "
-            "canonical, and the server cannot serve them once Redis no longer holds them",
-            args.stream,
-            above,
-            result.blocks,
-        )
     return result
 
 

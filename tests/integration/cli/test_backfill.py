@@ -176,15 +176,3 @@ def test_backfill_bad_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and "Traceback" not in err, err
     for needle in needles:
         assert needle in lines[0], lines[0]
-
-
-def test_canonical_above_names_the_blocks_the_canonical_walk_stops_at(lake_uri: str) -> None:
-    from pipeline.lake.backfill import canonical_above
-    from pipeline.settings import Settings
-
-    settings = Settings.load(env={}, config_path="/nonexistent", lake_uri=lake_uri)
-    assert canonical_above(settings, "c", 0) is None  # no blocks table yet
-    _write_canonical(lake_uri, "c", chain(0, 50))  # entry_ms = num + 1
-    assert canonical_above(settings, "c", 21) == 20
-    assert canonical_above(settings, "c", 51) is None
-    assert canonical_above(settings, "other", 0) is None

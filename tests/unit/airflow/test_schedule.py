@@ -63,13 +63,13 @@ def test_a_hole_between_rows_is_filled_and_cut_on_the_run_grid() -> None:
     assert archive_steps([(0, S - W - 7)], S, S + W) == [(S - W - 7, S - W), (S - W, S), (S, S + W)]
 
 
-def test_chain_streams_fill_only_the_tail_hole() -> None:
+def test_an_interior_hole_and_the_tail_hole_are_both_filled_oldest_first() -> None:
     # a failed run left [S-4W, S-3W) out, then the scheduler skipped [S-W, S)
     logged = [(S - 6 * W, S - 4 * W), (S - 3 * W, S - W)]
-    assert archive_steps(logged, S, S + W, tail_only=True) == [(S - W, S), (S, S + W)]
+    assert archive_steps(logged, S, S + W) == [(S - 4 * W, S - 3 * W), (S - W, S), (S, S + W)]
     # no row before the run, or coverage up to its start: only its own interval
-    assert archive_steps([], S, S + W, tail_only=True) == [(S, S + W)]
-    assert archive_steps([(S - 2 * W, S)], S, S + W, tail_only=True) == [(S, S + W)]
+    assert archive_steps([], S, S + W) == [(S, S + W)]
+    assert archive_steps([(S - 2 * W, S)], S, S + W) == [(S, S + W)]
 
 
 def test_at_most_max_steps_are_caught_up_oldest_first() -> None:
