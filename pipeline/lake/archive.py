@@ -49,6 +49,7 @@ from pipeline.errors import ArchiveError, LakeError, LakePathError, RedisUnavail
 from pipeline.lake import source, tables
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
 from pipeline.lake.redisread import connect
+from pipeline.lake.session import is_connect
 from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -264,7 +265,9 @@ def _write(
         stats = _stats(lake, stream, start_ms, end_ms)
         lap("stats")
         return stats
-    raw = raw.persist()
+    # Under Spark Connect a persisted Python data source read is not matched by the
+    # next plans (each re-reads Redis); a local checkpoint is, in both modes.
+    raw = raw.localCheckpoint() if is_connect(spark) else raw.persist()
     try:
         small = raw.select(*_STAT_COLUMNS).toArrow()
         lap("scan")
@@ -287,7 +290,10 @@ def _write(
 
 
 def _release(raw: Any) -> None:
-    """Drop the cached read; a session that is already gone took its cache with it."""
+    """Drop the cached read; a session that is already gone took its cache with it.
+
+    (A local checkpoint is freed when its DataFrame is garbage-collected.)
+    """
     try:
         raw.unpersist()
     except Exception as exc:  # noqa: BLE001 (cleanup: the job's own error, if any, propagates)
