@@ -449,7 +449,8 @@ def summary_lines(job: str, result: dict[str, Any], seconds: float) -> list[str]
         if stages:
             lines.append("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
         rate = (float(read) / seconds) if seconds > 0 and read else 0.0
-        lines.append(f"done in {seconds:.2f}s ({rate:,.0f} entries/s)")
+        shown = f"{rate:,.0f}" if rate >= 10 or rate == 0 else f"{rate:.2g}"
+        lines.append(f"done in {seconds:.2f}s ({shown} entries/s)")
         return lines
     if job == "backfill":
         start, end = int(result.get("start_ms", 0)), int(result.get("end_ms", 0))
