@@ -8,6 +8,7 @@ blocking work (decode and encode a page), run in a thread by resumption.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -15,6 +16,9 @@ import pyarrow as pa
 from pipeline.chain.batch import KeyTest, decode_raw, effective_weight, raw_weight
 from pipeline.chain.cardinal import encode_results
 from pipeline.chain.planning import Emit, History
+from pipeline.errors import BadBatch
+
+log = logging.getLogger(__name__)
 
 #: Rows of the first lake page of a subscription (later pages are ``batch_rows``).
 FIRST_PAGE = 32
@@ -58,12 +62,15 @@ def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | N
     payloads = table.column("payload").to_pylist()
     out = []
     for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True):
-        raw = decode_raw(b)
-        out.append(
-            Emit(
-                n, h, p, encode_results(raw, n, h, p, keep), 0, effective_weight(n, raw_weight(raw))
-            )
-        )
+        try:
+            raw = decode_raw(b)
+            texts = encode_results(raw, n, h, p, keep)
+        except BadBatch as exc:
+            # The archive checks a block's header only (number, hashes, weight): a body
+            # that cannot be encoded is skipped, as the Redis tail skips such an entry.
+            log.warning("skipping lake block %d (0x%s): %s", n, h, exc)
+            continue
+        out.append(Emit(n, h, p, texts, 0, effective_weight(n, raw_weight(raw))))
     return out
 
 
