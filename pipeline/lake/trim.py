@@ -7,7 +7,7 @@ log stops it, and so does an oldest entry outside every logged interval (an
 entry nobody archived). The stream is then trimmed with ``XTRIM MINID`` to the
 lower of that coverage's end and ``now - hot_retention_s``. For a chain
 stream it also stops below the oldest block the canonical job has yet to mark
-(:func:`pipeline.lake.canonical.pending`): another run may have archived
+(:func:`pipeline.lake.chainwalk.pending`): another run may have archived
 blocks it has not marked yet, and the server serves the lake's canonical rows
 only, so cutting them from Redis first would leave a gap.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
 from pipeline.lake import tables
-from pipeline.lake.canonical import pending
+from pipeline.lake.chainwalk import pending
 from pipeline.lake.redisread import connect, parse_id
 from pipeline.settings import LakeSettings, Settings
 
