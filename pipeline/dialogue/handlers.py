@@ -192,7 +192,7 @@ class HandlerRunner:
             self._answer(pid, result), name=f"{self.conn.name}-request-{pid}"
         )
         self._request_tasks[pid] = task
-        task.add_done_callback(functools.partial(self._request_done, pid))
+        task.add_done_callback(functools.partial(self._request_done, pid, result))
         if len(self._request_tasks) >= self.max_handlers:
             self.conn.pause_reading(Backlog.REQUESTS)
 
@@ -213,7 +213,15 @@ class HandlerRunner:
             result = None
         self.conn.respond(pid, result)
 
-    def _request_done(self, pid: int, task: asyncio.Task[None]) -> None:
+    def _request_done(
+        self, pid: int, awaitable: Awaitable[bytes | None], task: asyncio.Task[None]
+    ) -> None:
+        if inspect.iscoroutine(awaitable) and inspect.getcoroutinestate(awaitable) == (
+            inspect.CORO_CREATED
+        ):
+            # Cancelled before _answer started (a cancel or a close right after the
+            # request arrived): the handler's coroutine never ran; close it unawaited.
+            awaitable.close()
         if self._request_tasks.get(pid) is task:
             del self._request_tasks[pid]
         if len(self._request_tasks) <= self.max_handlers // 2:
