@@ -307,14 +307,7 @@ class Connection:
         return True
 
     async def get_block(self, params: Any) -> list[Any] | None:
-        if not isinstance(params, list) or len(params) != 1:
-            raise BadParams('params must be ["0xNUM"]')
-        try:
-            num = parse_quantity(params[0])
-        except BadBatch as exc:
-            raise BadParams(f"block number: {exc}") from exc
-        if num > MAX_BLOCK_NUM:
-            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        num = _block_number(params)
         texts = await self.resumption.get_block(num, encoding_for(None, self.dialect, False))
         return None if texts is None else [json.loads(t) for t in texts]
 

@@ -17,16 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from pipeline import keys
-from pipeline.chain.batch import Block, encode_block
+from pipeline.chain.batch import encode_block
 from pipeline.lake import tables
 from pipeline.lake.backfill import parse_time
 from pipeline.settings import LakeSettings
-from tests.integration.lake.helpers import chain
+from tests.integration.lake.helpers import append_blocks, chain
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = parse_time("2026-01-01T00:00:00Z", "t")
@@ -115,28 +114,10 @@ def test_backfill_covers_every_interval_once_and_a_rerun_reads_nothing(
     assert [(a, b) for a, b, _ in rows] == [(T0 + i * MIN, T0 + (i + 1) * MIN) for i in range(5)]
 
 
-def _write_canonical(lake_uri: str, stream: str, blocks: list[Block]) -> None:
-    table = pa.table(
-        {
-            "stream": [stream] * len(blocks),
-            "num": [b.num for b in blocks],
-            "hash": [b.hash.hex() for b in blocks],
-            "parent": [b.parent.hex() for b in blocks],
-            "canonical": [True] * len(blocks),
-            "entry_id": [f"{b.num + 1}-0" for b in blocks],
-            "entry_ms": [b.num + 1 for b in blocks],
-            "payload": [encode_block(b) for b in blocks],
-            "archived_at": [None] * len(blocks),
-        },
-        schema=tables.BLOCKS_ARROW,
-    )
-    write_deltalake(LakeSettings.from_url(lake_uri).table(tables.BLOCKS), table, mode="append")
-
-
 def test_replay_tells_its_progress(
     redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
 ) -> None:
-    _write_canonical(lake_uri, "c", chain(0, 3000))
+    append_blocks(lake_uri, "c", chain(0, 3000))
     env = env_for(redis_url, lake_uri, tmp_path)
     code, doc, err = sluice(
         env, "replay", "--stream", "c", "--from", "0", "--to", "2999", "--target", "copy"

@@ -4,34 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
-from pipeline.chain.batch import Block, encode_block
-from pipeline.lake import tables
 from pipeline.lake.reader import LakeReader
-from pipeline.settings import LakeSettings
-from tests.integration.lake.helpers import chain
-
-
-def _append(lake_uri: str, stream: str, blocks: list[Block], *, canonical: bool = True) -> None:
-    from deltalake import write_deltalake
-
-    table = pa.table(
-        {
-            "stream": [stream] * len(blocks),
-            "num": [b.num for b in blocks],
-            "hash": [b.hash.hex() for b in blocks],
-            "parent": [b.parent.hex() for b in blocks],
-            "canonical": [canonical] * len(blocks),
-            "entry_id": [f"{b.num + 1}-0" for b in blocks],
-            "entry_ms": [b.num + 1 for b in blocks],
-            "payload": [encode_block(b) for b in blocks],
-            "archived_at": [None] * len(blocks),
-        },
-        schema=tables.BLOCKS_ARROW,
-    )
-    write_deltalake(LakeSettings.from_url(lake_uri).table(tables.BLOCKS), table, mode="append")
+from tests.integration.lake.helpers import append_blocks, chain
 
 
 def _nums(reader: LakeReader, stream: str, start: int, stop: int | None, rows: int) -> list[Any]:
@@ -46,10 +22,10 @@ def test_cached_reads_equal_uncached_reads(lake_uri: str) -> None:
     main = chain(0, 60)
     # Files out of order, overlapping ranges, rows unsorted inside a file, reorged rows,
     # and another stream in the same files.
-    _append(lake_uri, "s", main[30:60][::-1] + main[5:10])
-    _append(lake_uri, "s", main[0:5] + main[10:30])
-    _append(lake_uri, "s", chain(20, 25, branch="fork"), canonical=False)
-    _append(lake_uri, "other", chain(0, 40, branch="o"))
+    append_blocks(lake_uri, "s", main[30:60][::-1] + main[5:10])
+    append_blocks(lake_uri, "s", main[0:5] + main[10:30])
+    append_blocks(lake_uri, "s", chain(20, 25, branch="fork"), canonical=False)
+    append_blocks(lake_uri, "other", chain(0, 40, branch="o"))
     cached = LakeReader(lake_uri, cache_bytes=1 << 24)
     plain = LakeReader(lake_uri)
     for start, stop, rows in [(0, None, 7), (33, 34, 1), (10, 50, 4), (59, None, 3), (60, None, 5)]:
@@ -64,7 +40,7 @@ def test_cached_reads_equal_uncached_reads(lake_uri: str) -> None:
     assert 0 < cached._cache.size <= cached._cache.limit
 
     # A file added later is read at the next refresh; cached files stay valid.
-    _append(lake_uri, "s", chain(60, 70))
+    append_blocks(lake_uri, "s", chain(60, 70))
     assert _nums(cached, "s", 55, None, 8) == list(range(55, 60))
     cached.refresh()
     assert _nums(cached, "s", 55, None, 8) == list(range(55, 70))
@@ -72,7 +48,7 @@ def test_cached_reads_equal_uncached_reads(lake_uri: str) -> None:
 
 def test_cache_stays_within_its_bound(lake_uri: str) -> None:
     for lo in range(0, 40, 10):
-        _append(lake_uri, "s", chain(lo, lo + 10))
+        append_blocks(lake_uri, "s", chain(lo, lo + 10))
     one_file = LakeReader(lake_uri, cache_bytes=1 << 24)
     assert _nums(one_file, "s", 0, 10, 100) == list(range(10))
     limit = one_file._cache.size * 2 + 1  # room for two files, not four
