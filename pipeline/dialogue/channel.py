@@ -1,7 +1,11 @@
 """Byte channels the Dialogue connection runs over: TCP streams and aiohttp websockets.
 
 A channel is a reliable ordered byte pipe: ``read()`` returns the next chunk
-(b"" at the end), ``send()`` writes and drains, ``close()`` ends it (bounded).
+(b"" at the end), ``send()`` writes and drains, ``close(code, reason)`` ends it
+(bounded). ``code`` and ``reason`` are the public close of
+:meth:`~pipeline.dialogue.events.ConnectionClosed.public` (never a local
+reason): a websocket sends them in its close frame; TCP has no place for them
+(the seed's wire carries no close reason), so the peer sees the stream end.
 Over a websocket, each binary message carries a chunk of the Dialogue byte
 stream (the writer batches whole frames into one message).
 """
@@ -26,7 +30,7 @@ class Channel(Protocol):
 
     async def send(self, data: bytes) -> None: ...
 
-    async def close(self) -> None: ...
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
     def abort(self) -> None: ...
 
@@ -46,7 +50,7 @@ class StreamChannel:
         if self.writer.transport.get_write_buffer_size() > DRAIN_ABOVE:
             await self.writer.drain()
 
-    async def close(self) -> None:
+    async def close(self, code: int = 1000, reason: str = "") -> None:
         writer = self.writer
         if writer.is_closing():
             return
@@ -93,9 +97,9 @@ class WebSocketChannel:
     async def send(self, data: bytes) -> None:
         await self.ws.send_bytes(data)
 
-    async def close(self) -> None:
+    async def close(self, code: int = 1000, reason: str = "") -> None:
         if not self.ws.closed:
-            await self.ws.close()
+            await self.ws.close(code=code, message=reason.encode())
 
     def abort(self) -> None:
         """Nothing to do synchronously: aiohttp bounds its own close handshake."""

@@ -139,8 +139,10 @@ class Connection:
         self._tasks: list[asyncio.Task[None]] = []
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Set when the dialogue ended: why, and the protocol error if it was one.
+        #: Both are local (logs, callers); a peer is told only ``_wire_close``.
         self.close_reason: str | None = None
         self.error: ProtocolError | None = None
+        self._wire_close: tuple[int, str] = (ev.CloseCode.GOING_AWAY, "going away")
         self._clock = ReadClock(
             first_frame_timeout=first_frame_timeout,
             frame_timeout=frame_timeout,
@@ -251,7 +253,7 @@ class Connection:
                 log.error("%s: task failed", self.name, exc_info=result)
         try:
             async with asyncio.timeout(self.close_timeout):
-                await self.channel.close()
+                await self.channel.close(*self._wire_close)
         except TimeoutError:
             self.channel.abort()
         if self._timer is not None:
@@ -461,12 +463,16 @@ class Connection:
                 else:
                     proto.receive_eof()
                 self._after()
-        except (ConnectionError, OSError, ProtocolError) as exc:
+        except (ConnectionError, OSError) as exc:
             proto.abort(f"read failed: {exc!r}")
             self._after()
+        except RemoteProtocolError as exc:  # the channel's own check (a websocket text message)
+            proto.peer_failed(exc)
+            self._after()
         except Exception as exc:  # a bug must end this connection, not leave it half alive
-            log.exception("%s: reader failed", self.name)
-            proto.abort(f"internal error: {exc!r}")
+            # (logged with its traceback when the close is dispatched; the peer
+            # is told "internal error" only)
+            proto.internal_error(exc)
             self._after()
 
     async def _writer(self) -> None:
@@ -494,7 +500,7 @@ class Connection:
         finally:
             self._writer_done = True
             self._wake_flush_waiters()
-        await channel.close()
+        await channel.close(*self._wire_close)
 
     def _wake_flush_waiters(self) -> None:
         waiters, self._flush_waiters = self._flush_waiters, []
@@ -564,6 +570,7 @@ class Connection:
     def _connection_closed(self, event: ev.ConnectionClosed) -> None:
         self.close_reason = event.reason
         self.error = event.error
+        self._wire_close = event.public()
         if isinstance(event.error, InternalProtocolError):
             log.error("%s: internal error, closing", self.name, exc_info=event.error.__cause__)
         elif event.error is not None:

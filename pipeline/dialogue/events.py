@@ -7,9 +7,18 @@ two peers pick duplex ids independently.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-from pipeline.errors import ProtocolError
+from pipeline.errors import (
+    InternalProtocolError,
+    PayloadTooLarge,
+    ProtocolError,
+    RemoteProtocolError,
+)
+
+#: A websocket close frame's reason holds at most 123 bytes (RFC 6455, 5.5).
+MAX_CLOSE_REASON = 123
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,8 +129,47 @@ class PeerClosing(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectionClosed(Event):
-    """The dialogue is over. ``error`` is set for a protocol violation; ``reason`` always."""
+    """The dialogue is over. ``error`` is set for a protocol violation; ``reason`` always.
+
+    ``reason`` and the text of ``error`` are local: they may name internals
+    (an exception's repr, an id, a size) and go to the logs only. What a peer
+    may be told is :meth:`public`.
+    """
 
     reason: str
     clean: bool
     error: ProtocolError | None = None
+
+    def public(self) -> tuple[CloseCode, str]:
+        """The close as a peer may see it: a close code and a fixed, public text.
+
+        The one boundary where a Dialogue close becomes wire text (a websocket
+        close frame; the seed's TCP wire carries no reason). Only
+        ``public_message`` texts cross it: ``internal error`` for a bug on this
+        side, the error's public text for a protocol error, none for a clean
+        close, ``going away`` for a local abort (eviction, shutdown, a lost
+        transport).
+        """
+        error = self.error
+        if error is None:
+            return (CloseCode.NORMAL, "") if self.clean else (CloseCode.GOING_AWAY, "going away")
+        if isinstance(error, PayloadTooLarge):
+            code = CloseCode.MESSAGE_TOO_BIG
+        elif isinstance(error, RemoteProtocolError):
+            code = CloseCode.PROTOCOL_ERROR
+        else:  # our own side broke the protocol: InternalProtocolError, LocalProtocolError
+            code = CloseCode.INTERNAL_ERROR
+        text = error.public_message
+        if isinstance(error, InternalProtocolError):
+            text = InternalProtocolError.public_message  # never a text a bug's raiser chose
+        return code, text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore")
+
+
+class CloseCode(enum.IntEnum):
+    """Websocket close codes (RFC 6455, 7.4.1) a Dialogue close maps to."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    MESSAGE_TOO_BIG = 1009
+    INTERNAL_ERROR = 1011

@@ -253,9 +253,7 @@ class Dialogue:
                 self._fail(exc)
                 return
             except Exception as exc:  # a bug here must close the dialogue, not kill its reader
-                error = InternalProtocolError(f"internal error: {exc!r}")
-                error.__cause__ = exc
-                self._fail(error)
+                self.internal_error(exc)
                 return
 
     def receive_eof(self) -> None:
@@ -390,6 +388,17 @@ class Dialogue:
         """Close at once (local failure, transport error); no more bytes are produced."""
         if self.state is not State.CLOSED:
             self._finish(reason, clean=False)
+
+    def internal_error(self, exc: Exception) -> None:
+        """Close at once because of a bug on this side (``exc``), as websockets closes with 1011.
+
+        ``error`` becomes an :class:`InternalProtocolError` caused by ``exc``;
+        the peer may be told ``internal error`` and nothing more.
+        """
+        if self.state is not State.CLOSED:
+            error = InternalProtocolError(f"internal error: {exc!r}")
+            error.__cause__ = exc
+            self._fail(error)
 
     def peer_failed(self, error: ProtocolError) -> None:
         """Close at once because of the peer (e.g. it missed a read deadline); ``error`` is kept."""

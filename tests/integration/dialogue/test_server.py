@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from pipeline.dialogue import protocol
 from pipeline.dialogue.connection import Connection
+from pipeline.dialogue.handlers import HandlerRunner
+from pipeline.dialogue.packets import PacketType, encode_packet
 from pipeline.dialogue.server import DialogueServer
+from pipeline.errors import InternalProtocolError
 
 
 async def upper(data: bytes) -> bytes:
@@ -67,3 +73,42 @@ async def test_a_silent_socket_is_closed_after_the_first_frame_timeout() -> None
         async with asyncio.timeout(5):
             assert await reader.read() == b""
         writer.close()
+
+
+SECRET = "token=s3cr3t in /srv/sluice/handlers.py"
+
+
+def _raise(*args: object) -> None:
+    raise RuntimeError(SECRET)
+
+
+@pytest.mark.parametrize("where", ["machine", "runner"])
+async def test_a_bug_in_inbound_handling_closes_and_sends_the_peer_nothing_of_it(
+    where: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the machine's packet handling or in the event dispatch above it (the reader's
+    catch-all) closes the dialogue as an internal error: over TCP the peer sees the stream
+    end and not a byte of the exception; the detail is in the local log."""
+    if where == "machine":
+        monkeypatch.setitem(protocol._RECEIVE, PacketType.MESSAGE, _raise)
+    else:
+        monkeypatch.setattr(HandlerRunner, "message_received", _raise)
+    seen: list[Connection] = []
+
+    async def on_connection(conn: Connection) -> None:
+        seen.append(conn)
+
+    async with DialogueServer("127.0.0.1", 0, on_connection=on_connection) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"".join(encode_packet(PacketType.MESSAGE, 0, b"boom")))
+        received = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+        writer.close()
+        await writer.wait_closed()
+        assert b"s3cr3t" not in received and b"RuntimeError" not in received
+        assert b"/srv" not in received
+        (conn,) = seen
+        await asyncio.wait_for(conn.wait_closed(), 5)
+        assert isinstance(conn.error, InternalProtocolError)
+        assert conn.error.public_message == "internal error"
+    causes = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert any(isinstance(c, RuntimeError) and SECRET in str(c) for c in causes)

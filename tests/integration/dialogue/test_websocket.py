@@ -9,9 +9,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from pipeline.dialogue import protocol
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
-from pipeline.dialogue.protocol import Role
+from pipeline.dialogue.events import CloseCode
+from pipeline.dialogue.packets import PacketType, encode_packet
+from pipeline.dialogue.protocol import Dialogue, Role
 from pipeline.errors import DialogueClosed
 
 
@@ -67,4 +70,28 @@ async def test_text_frame_is_a_protocol_failure(ws_url: str) -> None:
     async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
         await ws.send_str("not binary")
         msg = await ws.receive(timeout=5)  # the server drops the dialogue and closes
-        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert msg.type is aiohttp.WSMsgType.CLOSE
+        assert (msg.data, msg.extra) == (CloseCode.PROTOCOL_ERROR, "binary only")
+
+
+async def test_a_bug_in_inbound_handling_tells_the_peer_only_internal_error(
+    ws_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real websocket client sees close 1011 ``internal error``; the detail stays in our log."""
+    secret = "token=s3cr3t in /srv/sluice/handlers.py"
+
+    def broken(d: Dialogue, pid: int, data: bytes | None) -> None:
+        raise RuntimeError(secret)
+
+    monkeypatch.setitem(protocol._RECEIVE, PacketType.MESSAGE, broken)
+    async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+        await ws.send_bytes(b"".join(encode_packet(PacketType.MESSAGE, 0, b"boom")))
+        seen = []
+        while (msg := await ws.receive(timeout=5)).type is aiohttp.WSMsgType.BINARY:
+            seen.append(msg.data)  # anything the server sent before closing
+        assert msg.type is aiohttp.WSMsgType.CLOSE
+        assert (msg.data, msg.extra) == (CloseCode.INTERNAL_ERROR, "internal error")
+        for text in [msg.extra, *map(repr, seen)]:
+            assert "s3cr3t" not in text and "RuntimeError" not in text and "/srv" not in text
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is not None]
+    assert any(secret in repr(r.exc_info[1]) for r in logged if r.exc_info)

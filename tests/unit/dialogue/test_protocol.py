@@ -405,13 +405,16 @@ def test_a_bug_in_inbound_handling_closes_with_an_internal_error(
     pid = pair.server.send_request(b"waiting")
     pair.pump()
 
+    secret = "a bug in /srv/sluice/secret.py"
+
     def broken(d: Dialogue, pid: int, data: bytes | None) -> None:
-        raise RuntimeError("a bug")
+        raise RuntimeError(secret)
 
     monkeypatch.setitem(protocol._RECEIVE, PacketType.MESSAGE, broken)
     pair.client.send_message(b"boom")
     pair.server.receive_data(pair.client.data_to_send())  # must not raise
     assert pair.server.close_expected()
+    assert pair.server.data_to_send() == b""  # nothing explains it on the seed's wire
     events = pair.server.events_received()
     assert ev.RequestAborted(id=pid) in events
     closed = events[-1]
@@ -420,3 +423,6 @@ def test_a_bug_in_inbound_handling_closes_with_an_internal_error(
     assert isinstance(closed.error.__cause__, RuntimeError)
     assert closed.error.public_message == "internal error"
     assert pair.server.state is State.CLOSED
+    # The local reason keeps the detail (for the log); the public close does not.
+    assert secret in (pair.server.close_reason or "")
+    assert closed.public() == (ev.CloseCode.INTERNAL_ERROR, "internal error")
