@@ -142,6 +142,10 @@ class LakeSettings:
     chain_streams: tuple[str, ...] = _bare(("chain:demo",))
     archive_cron: str = _bare("*/5 * * * *")
     archive_partitions: int = _bare(4)
+    #: How the archive writes: ``arrow`` (tasks write Parquet with pyarrow, the driver commits
+    #: with delta-rs; the Spark writer where the lake already holds part of the interval) or
+    #: ``spark`` (always the Spark writer). See :mod:`pipeline.lake.arrowwrite`.
+    archive_writer: str = _bare("arrow")
     #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
     archive_parallelism: int = _bare(1)
     #: Entries younger than this stay in Redis even when archived.
@@ -158,6 +162,9 @@ class LakeSettings:
         _check(self)
         if not self.uri:
             raise _invalid(self, "uri", "must not be empty")
+        if self.archive_writer not in ("arrow", "spark"):
+            problem = f"must be arrow or spark, got {self.archive_writer!r}"
+            raise _invalid(self, "archive_writer", problem)
         if "://" not in self.uri or self.uri.startswith("file://"):
             path = Path(self.uri.removeprefix("file://")).expanduser().absolute()
             object.__setattr__(self, "uri", str(path))

@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -48,7 +48,7 @@ from pipeline import keys
 from pipeline.errors import ArchiveError, LakeError, LakePathError, RedisUnavailable
 from pipeline.lake import source, tables
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
-from pipeline.lake.redisread import connect
+from pipeline.lake.redisread import MAX_SEQ, connect
 from pipeline.lake.session import is_connect
 from pipeline.settings import LakeSettings, Settings
 
@@ -80,8 +80,11 @@ class ArchiveResult:
     read: int = 0
     #: True when the run found the interval archived and read nothing
     skipped: bool = False
-    #: seconds per stage, in order: check, scan (read + decode, chain streams), plan,
-    #: blocks, entries, stats (a read-back, when the lake held part of the interval), log
+    #: seconds per stage, in order. Arrow writer: check, read, decode, write (each the mean
+    #: seconds of one Spark task, overlapping in parallel tasks), files (the tasks' wall
+    #: time), plan, commit_blocks, commit_entries, log. Spark writer: check, scan (read +
+    #: decode, chain streams), plan, blocks, entries, stats (a read-back, when the lake
+    #: held part of the interval), log.
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -114,7 +117,11 @@ def archive_interval(
     stages: dict[str, float] = {}
     clock = [began]
 
-    def lap(name: str) -> None:
+    def lap(name: str, seconds: float | None = None) -> None:
+        """Add the time since the last lap to stage ``name`` (or record ``seconds`` for it)."""
+        if seconds is not None:
+            stages[name] = round(seconds, 3)
+            return
         now = time.perf_counter()
         stages[name] = round(stages.get(name, 0.0) + now - clock[0], 3)
         clock[0] = now
@@ -247,18 +254,25 @@ def _write(
     end_ms: int,
     chain: bool,
     archived_at: datetime,
-    lap: Callable[[str], None],
+    lap: Callable[..., None],
 ) -> _Stats:
     """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
 
-    Returns what ``stream_entries`` holds for the interval afterwards. A chain
-    stream's read is cached in Spark for its two writes (and released after),
-    so Redis is read and each payload's head decoded once.
+    Returns what ``stream_entries`` holds for the interval afterwards. The
+    Arrow writer (:func:`_write_arrow`) takes the common case; otherwise a
+    chain stream's read is cached in Spark for its two writes (and released
+    after), so Redis is read and each payload's head decoded once.
     """
     lake = settings.lake
     ensure_entries_columns(lake)
-    raw = _read(spark, settings, key, start_ms, end_ms, chain)
     empty = not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1)
+    if empty and _arrow_writer(lake):
+        written = _write_arrow(
+            spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap
+        )
+        if written is not None:
+            return written
+    raw = _read(spark, settings, key, start_ms, end_ms, chain)
     if not chain:
         _write_entries(spark, lake, stream, start_ms, end_ms, raw, None, empty, archived_at)
         lap("entries")
@@ -287,6 +301,103 @@ def _write(
     stats = _stats(lake, stream, start_ms, end_ms)
     lap("stats")
     return stats
+
+
+def _arrow_writer(lake: LakeSettings) -> bool:
+    """True when the Arrow writer may write this lake's tables (else the Spark writer does).
+
+    It needs ``archive_writer = arrow``, a local lake (tasks write files with
+    plain file I/O) and both tables in the layout it writes (:data:`tables.LAYOUT`).
+    """
+    from deltalake import DeltaTable
+
+    if lake.archive_writer != "arrow" or "://" in lake.uri:
+        return False
+    for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
+        table = DeltaTable(lake.table(name))
+        schema, partitions = tables.LAYOUT[name]
+        if table.schema().to_arrow().names != schema.names:
+            return False
+        if list(table.metadata().partition_columns) != list(partitions):
+            return False
+    return True
+
+
+def _write_arrow(
+    spark: Any,
+    settings: Settings,
+    stream: str,
+    key: str,
+    start_ms: int,
+    end_ms: int,
+    chain: bool,
+    archived_at: datetime,
+    lap: Callable[..., None],
+) -> _Stats | None:
+    """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
+
+    Spark tasks read, decode and write the files; they are committed only when
+    they hold exactly what the Spark writer would write with no marks: for a
+    chain stream, ``blocks`` holds nothing of the read's num range and every
+    valid hash is new and seen once. Otherwise the files are deleted and None
+    returned (the caller takes the Spark writer, which MERGEs). Commits:
+    ``blocks``, then ``stream_entries``, one atomic append each.
+    """
+    from pipeline.lake import arrowwrite
+
+    lake = settings.lake
+    micros = (archived_at - _EPOCH) // timedelta(microseconds=1)
+    written = arrowwrite.write_files(
+        spark,
+        url=settings.redis.url,
+        key=key,
+        chain=chain,
+        first=(start_ms, 0),
+        last=(end_ms - 1, MAX_SEQ),
+        partitions=lake.archive_partitions,
+        page=source.DEFAULT_PAGE,
+        entries_table=lake.table(tables.STREAM_ENTRIES),
+        blocks_table=lake.table(tables.BLOCKS),
+        stream=stream,
+        archived_at_us=micros,
+    )
+    for name, seconds in written.stages.items():
+        lap(name, seconds)
+    lap("files")
+    if written.blocks and (
+        not written.distinct
+        or _any_rows(
+            lake, tables.BLOCKS, stream, "num", int(written.num_lo or 0), int(written.num_hi or 0)
+        )
+    ):
+        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files)
+        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files)
+        log.info(
+            "stream %s [%d, %d): blocks of the interval are in the lake already or repeat a "
+            "hash; writing it with Spark (MERGE)",
+            stream, start_ms, end_ms,
+        )  # fmt: skip
+        lap("plan")
+        return None
+    lap("plan")
+    # A row of stream_entries may say its payload is in blocks: blocks commits first.
+    arrowwrite.commit(lake.table(tables.BLOCKS), written.blocks_files, stream)
+    lap("commit_blocks")
+    arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream)
+    lap("commit_entries")
+    return _Stats(
+        entries=written.entries,
+        blocks=written.blocks,
+        invalid=written.invalid,
+        invalid_ids=written.invalid_ids,
+        lo=written.num_lo,
+        hi=written.num_hi,
+        first_id=written.first_id,
+        last_id=written.last_id,
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _release(raw: Any) -> None:

@@ -15,7 +15,9 @@ Rules, each learned from a lake that grew 3.3x under maintenance (Delta 4):
   rows compressing worse) is undone with ``RESTORE`` to the prior version.
 - VACUUM runs through delta-rs: it only lists and deletes unreferenced files,
   which delta-rs does in well under a second where Spark's VACUUM schedules a
-  large parallel listing job.
+  large parallel listing job. It runs in delta-rs' full mode, so data files no
+  commit ever referenced (an archive job killed after its tasks wrote files and
+  before its commit) go too, once older than the retention window.
 
 So a second run right after a first one rewrites nothing, and the live files
 of every table never grow in count or bytes. The result reports both,
@@ -151,8 +153,13 @@ def _vacuum(lake: LakeSettings, name: str, retain_hours: int) -> int:
     table = DeltaTable(lake.table(name))
     removed = delta_retry(
         f"vacuum of {name}",
+        # full: also files no commit references and older than the retention (data files
+        # of an archive job killed before its commit, see pipeline.lake.arrowwrite).
         lambda: table.vacuum(
-            retention_hours=retain_hours, dry_run=False, enforce_retention_duration=False
+            retention_hours=retain_hours,
+            dry_run=False,
+            enforce_retention_duration=False,
+            full=True,
         ),
     )
     return len(removed)

@@ -73,6 +73,43 @@ def connect(url: str) -> Any:
     return connect_sync(url, Role.LAKE)
 
 
+def raw_connect(url: str) -> Any:
+    """:func:`connect`, with ``XRANGE`` replies returned raw: ``[[id, [field, value, ...]], ...]``.
+
+    redis-py's own reply callback builds a dict per entry (about 1.8 us of the
+    4.2 us an entry costs to read); the archive's hot path builds Arrow from
+    the flat reply instead (:func:`pipeline.lake.source.raw_to_batch`).
+    """
+    client = connect(url)
+    client.set_response_callback("XRANGE", _raw_reply)
+    return client
+
+
+def _raw_reply(response: Any, **options: Any) -> Any:
+    return response
+
+
+def read_raw_pages(
+    client: Any, key: str, lo: StreamId, hi: StreamId, page: int
+) -> Iterator[list[list[Any]]]:
+    """Paged ``XRANGE key lo hi`` through a :func:`raw_connect` client (raw replies)."""
+    import redis
+
+    start = format_id(lo)
+    end = format_id(hi)
+    while True:
+        try:
+            entries = client.xrange(key, start, end, count=page)
+        except redis.ConnectionError as exc:
+            raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
+        if not entries:
+            return
+        yield entries
+        if len(entries) < page:
+            return
+        start = "(" + entries[-1][0].decode()
+
+
 def read_pages(
     client: Any, key: str, lo: StreamId, hi: StreamId, page: int
 ) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:

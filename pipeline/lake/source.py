@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -41,7 +42,8 @@ from pipeline.lake.redisread import (
     connect,
     id_before,
     parse_id,
-    read_pages,
+    raw_connect,
+    read_raw_pages,
     split_range,
 )
 
@@ -83,72 +85,118 @@ def entries_to_batch(
     split: bool = False,
     heads: HeadReader | None = None,
 ) -> pa.RecordBatch:
-    """One page of ``XRANGE`` output as a record batch of :data:`ARROW_SCHEMA`.
+    """:func:`raw_to_batch` of entries as redis-py's ``xrange`` returns them (id, dict)."""
+    page = [
+        [entry_id, [x for pair in fields.items() for x in pair]] for entry_id, fields in entries
+    ]
+    return raw_to_batch(page, chain, split=split, heads=heads)
 
-    A valid block's ``block`` field is also returned as ``payload`` (with its
-    ``weight`` as 32 bytes); with ``split``, an entry whose one field is that
-    block gets empty ``fields`` (the archive stores the payload once, in
-    ``blocks``; an entry with other fields too keeps them all, in their order).
-    Only the block's head is decoded (:mod:`pipeline.lake.blockhead`); ids are
-    split in Arrow.
+
+def raw_to_batch(
+    page: Sequence[Sequence[Any]],
+    chain: bool,
+    *,
+    split: bool = False,
+    heads: HeadReader | None = None,
+) -> pa.RecordBatch:
+    """One page of raw ``XRANGE`` replies (:func:`~pipeline.lake.redisread.read_raw_pages`:
+    ``[id, [field, value, ...]]`` each) as a record batch of :data:`ARROW_SCHEMA`.
+
+    Fields read as redis-py's dict would (a repeated field name keeps its first
+    place and its last value). A valid block's ``block`` field is also returned
+    as ``payload`` (with its ``weight`` as 32 bytes); with ``split``, an entry
+    whose one field is that block gets empty ``fields`` (the archive stores the
+    payload once, in ``blocks``; an entry with other fields too keeps them all,
+    in their order). Only the block's head is decoded
+    (:mod:`pipeline.lake.blockhead`); ids are split and hashes hex-encoded in Arrow.
     """
     from pipeline.chain.batch import ENTRY_FIELD
 
-    n = len(entries)
-    ids = pa.array([e[0] for e in entries], pa.binary()).cast(pa.string())
+    n = len(page)
+    ids = pa.array([e[0] for e in page], pa.binary()).cast(pa.string())
     parts = pc.split_pattern(ids, "-", max_splits=1)
     ms = pc.cast(pc.list_element(parts, 0), pa.int64())
     seq = pc.cast(pc.list_element(parts, 1), pa.int64())
     offsets = [0]
-    keys: list[str] = []
+    keys: list[bytes] = []
     values: list[bytes] = []
     if not chain:
-        for _, fields in entries:
-            for k, v in fields.items():
-                keys.append(k.decode("utf-8", "backslashreplace"))
-                values.append(v)
+        for _, flat in page:
+            _add_fields(flat, keys, values)
             offsets.append(len(keys))
         nulls = pa.nulls(n)
         columns = [nulls.cast(t) for t in _BLOCK_TYPES]
         return _batch(ids, ms, seq, offsets, keys, values, columns)
-    reader = heads or HeadReader()
-    head = reader.head
+    head = (heads or HeadReader()).head
     valid: list[bool] = [False] * n
     nums: list[int | None] = [None] * n
-    hashes: list[str | None] = [None] * n
-    parents: list[str | None] = [None] * n
+    hashes: list[bytes | None] = [None] * n
+    parents: list[bytes | None] = [None] * n
     errors: list[str | None] = [None] * n
     payloads: list[bytes | None] = [None] * n
     weights: list[bytes | None] = [None] * n
-    for i, (_, fields) in enumerate(entries):
-        data = fields.get(ENTRY_FIELD)
+    for i, (_, flat) in enumerate(page):
+        if len(flat) == 2:  # the common entry: one field
+            data = flat[1] if flat[0] == ENTRY_FIELD else None
+            one = True
+        else:
+            pairs = dict(zip(flat[::2], flat[1::2], strict=True))
+            data, one = pairs.get(ENTRY_FIELD), len(pairs) == 1
         if data is None:
             errors[i] = "entry has no 'block' field"
         else:
             try:
-                nums[i], h, p, weights[i] = head(data)
+                nums[i], hashes[i], parents[i], weights[i] = head(data)
             except BadBatch as exc:
                 errors[i] = str(exc)[:500]
             else:
                 valid[i] = True
-                hashes[i], parents[i], payloads[i] = h.hex(), p.hex(), data
-                if split and len(fields) == 1:
-                    offsets.append(len(keys))  # the common entry: the block field alone
+                payloads[i] = data
+                if split and one:
+                    offsets.append(len(keys))  # the block lives in ``payload`` alone
                     continue
-        for k, v in fields.items():
-            keys.append(k.decode("utf-8", "backslashreplace"))
-            values.append(v)
+        _add_fields(flat, keys, values)
         offsets.append(len(keys))
     columns = [
         pa.array(valid, pa.bool_()),
         pa.array(nums, pa.int64()),
-        pa.array(hashes, pa.string()),
-        pa.array(parents, pa.string()),
+        hex_array(pa.array(hashes, pa.binary())),
+        hex_array(pa.array(parents, pa.binary())),
         pa.array(errors, pa.string()),
         pa.array(payloads, pa.binary()),
         pa.array(weights, pa.binary()),
     ]
     return _batch(ids, ms, seq, offsets, keys, values, columns)
+
+
+def _add_fields(flat: Sequence[bytes], keys: list[bytes], values: list[bytes]) -> None:
+    if len(flat) == 2:
+        keys.append(flat[0])
+        values.append(flat[1])
+        return
+    pairs = dict(zip(flat[::2], flat[1::2], strict=True))
+    keys.extend(pairs)
+    values.extend(pairs.values())
+
+
+#: byte -> its two lower-case hex digits, as one little-endian uint16
+_HEX = np.frombuffer(b"".join(f"{b:02x}".encode() for b in range(256)), dtype="<u2")
+
+
+def hex_array(data: pa.Array) -> pa.Array:
+    """Lower-case hex of each value of a binary array (nulls stay null), vectorized."""
+    data = data.cast(pa.binary())
+    if len(data) == 0:
+        return pa.array([], pa.string())
+    if data.offset:
+        data = pa.concat_arrays([data])  # a slice: rebase its buffers
+    validity, offsets_buf, values_buf = data.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=len(data) + 1)
+    raw = np.frombuffer(values_buf, dtype=np.uint8, count=int(offsets[-1]))
+    digits = _HEX[raw].tobytes()
+    return pa.StringArray.from_buffers(
+        len(data), pa.py_buffer(offsets * 2), pa.py_buffer(digits), validity, data.null_count
+    )
 
 
 _BLOCK_TYPES = [f.type for f in ARROW_SCHEMA][4:]
@@ -159,12 +207,19 @@ def _batch(
     ms: pa.Array,
     seq: pa.Array,
     offsets: list[int],
-    keys: list[str],
+    keys: list[bytes],
     values: list[bytes],
     columns: list[pa.Array],
 ) -> pa.RecordBatch:
+    # Field names as text: invalid UTF-8 bytes become backslash escapes (as
+    # ``bytes.decode("utf-8", "backslashreplace")``); the common names are ASCII.
+    names = pa.array(keys, pa.binary())
+    try:
+        text = names.cast(pa.string())
+    except pa.ArrowInvalid:
+        text = pa.array([k.decode("utf-8", "backslashreplace") for k in keys], pa.string())
     fields_array = pa.MapArray.from_arrays(
-        pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.binary())
+        pa.array(offsets, pa.int32()), text, pa.array(values, pa.binary())
     )
     return pa.RecordBatch.from_arrays([ids, ms, seq, fields_array, *columns], schema=ARROW_SCHEMA)
 
@@ -243,11 +298,11 @@ class RedisStreamsReader(DataSourceReader):
         o = self.options
         if not isinstance(partition, RangePartition) or partition.lo > partition.hi:
             return
-        client = connect(o.url)
+        client = raw_connect(o.url)
         heads = HeadReader()
         try:
-            for page in read_pages(client, o.key, partition.lo, partition.hi, o.page):
-                yield entries_to_batch(page, o.chain, split=o.split, heads=heads)
+            for page in read_raw_pages(client, o.key, partition.lo, partition.hi, o.page):
+                yield raw_to_batch(page, o.chain, split=o.split, heads=heads)
         finally:
             client.close()
 
