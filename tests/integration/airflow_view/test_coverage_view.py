@@ -22,6 +22,7 @@ import redis
 
 from pipeline import keys
 from tests.integration.status.cdp import chromium
+from tests.support.poll import until_sync
 
 from .conftest import CHAIN, PLAIN, ApiServer, write_archive_log
 
@@ -298,15 +299,6 @@ async def _wait_text(page: Any, *texts: str, wait_s: float = 30.0) -> None:
         raise AssertionError(f"page lacks {texts}; it shows:\n{shown}") from None
 
 
-def _poll(api_server: ApiServer, done: Any, deadline_s: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + deadline_s
-    while True:
-        data = _coverage(api_server)
-        if done(data) or time.monotonic() > deadline:
-            return data
-        time.sleep(0.25)
-
-
 def test_zz_lake_and_redis_faults_are_reported_not_raised(
     api_server: ApiServer, system: dict[str, Any]
 ) -> None:
@@ -315,7 +307,13 @@ def test_zz_lake_and_redis_faults_are_reported_not_raised(
     newest = max(int(p.stem) for p in log_dir.glob("*.json"))
     (log_dir / f"{newest + 1:020d}.json").write_text("not json\n")
     api_server.redis.stop()
-    data = _poll(api_server, lambda d: d["lake"]["error"] and not d["redis"]["up"])
+    data = until_sync(
+        lambda: _coverage(api_server),
+        "the lake's error and Redis down in the coverage JSON",
+        accept=lambda d: d["lake"]["error"] and not d["redis"]["up"],
+        within_s=20,
+        every_s=0.25,
+    )
     assert "archive_log" in data["lake"]["error"], data["lake"]
     assert data["redis"]["error"].startswith("redis unavailable"), data["redis"]
     text = json.dumps(data)

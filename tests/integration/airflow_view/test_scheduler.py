@@ -35,6 +35,7 @@ import redis
 from pipeline import keys
 from pipeline.localredis import LocalRedis, free_port
 from tests.integration.lake.connect import shared_server
+from tests.support.poll import until_sync
 
 from .conftest import airflow_env, start_api_server
 
@@ -155,13 +156,8 @@ def _runs(http: httpx.Client) -> list[dict[str, Any]]:
 
 
 def _wait(what: str, check: Any, deadline_s: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out waiting for {what}")
+    """Poll an Airflow condition once a second (each poll is an API call or a file read)."""
+    return until_sync(check, what, within_s=deadline_s, every_s=1.0)
 
 
 def _lake_ids(lake: str, lo: int, hi: int) -> list[str]:

@@ -7,13 +7,12 @@ process (:meth:`Twin.spawn`), which a test may kill -9.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,13 @@ from pipeline.bus.process import BusProcess
 from pipeline.bus.server import BusServer
 from pipeline.bus.signing import Signer
 from pipeline.localredis import LocalRedis, free_port
+from tests.support.poll import until
 
 ROOT = Path(__file__).resolve().parents[3]
 FIRST_TWIN = 1001
+
+#: The bus tests' name for the one poller of the tests (tests/support/poll.py).
+eventually = until
 
 
 @dataclass
@@ -178,12 +181,3 @@ async def twins(
         twin.kill()
         for closer in twin.closers:
             await closer.close()
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 10.0) -> None:
-    """Poll ``check`` until it is true; fail after ``within_s`` seconds."""
-    for _ in range(int(within_s / 0.02)):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.demo.supervisor import sweep
 from pipeline.localredis import free_port
+from tests.support.poll import until_sync
 
 ROOT = Path(__file__).resolve().parents[3]
 SUBSET = "serve,produce,nodes,buses"
@@ -50,11 +50,9 @@ def _out(tmp_path: Path) -> str:
     return (tmp_path / "out").read_text(errors="replace")
 
 
-def _wait_for(what: str, cond: Callable[[], bool], tmp_path: Path, within_s: float = 60.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{_out(tmp_path)}"
-        time.sleep(0.1)
+def _wait_for(what: str, cond: Callable[[], bool], tmp_path: Path) -> None:
+    """Poll ``cond``; on a timeout the failure shows the demo's output."""
+    until_sync(cond, what, within_s=60, every_s=0.1, detail=lambda: _out(tmp_path))
 
 
 def _lines(path: Path) -> int:

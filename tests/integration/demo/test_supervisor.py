@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.demo.procs import marked_pids
 from pipeline.demo.supervisor import Component, State, Supervisor
+from tests.support.poll import until
 
 #: A process that ignores SIGTERM and starts a grandchild in its own session (like a JVM
 #: that moved out of its parent's group): only the marker sweep can find that one.
@@ -27,13 +28,6 @@ def _py(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", code)
 
 
-async def _wait(cond: object, within_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not cond():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 async def test_stop_all_takes_down_groups_and_escaped_grandchildren(tmp_path: Path) -> None:
     demo_id = f"t-{uuid.uuid4().hex[:8]}"
     events: list[str] = []
@@ -48,7 +42,8 @@ async def test_stop_all_takes_down_groups_and_escaped_grandchildren(tmp_path: Pa
     try:
         await sup.start("stubborn")
         await sup.start("sleeper")
-        await _wait(lambda: len(marked_pids(demo_id)) >= 3)  # both, and the grandchild
+        # both, and the grandchild
+        await until(lambda: len(marked_pids(demo_id)) >= 3, within_s=20, every_s=0.05)
         assert sup.rss_bytes() > 0
         # the grandchild left the group but is still counted for the component that started it
         by = sup.rss_by_component()
@@ -56,7 +51,7 @@ async def test_stop_all_takes_down_groups_and_escaped_grandchildren(tmp_path: Pa
     finally:
         left = await sup.stop_all()
     assert any("time.sleep(600)" in line for line in left), left  # the escaped grandchild
-    await _wait(lambda: marked_pids(demo_id) == [], within_s=10)
+    await until(lambda: marked_pids(demo_id) == [], every_s=0.05)
     assert all(c.state is State.STOPPED for c in sup.children.values())
     await sup.stop_all()  # twice is fine
 
@@ -70,7 +65,7 @@ async def test_a_dead_component_is_restarted_then_given_up(tmp_path: Path) -> No
     await sup.start("short")
     watch = asyncio.create_task(sup.watch())
     try:
-        await _wait(lambda: sup.children["short"].state is State.FAILED)
+        await until(lambda: sup.children["short"].state is State.FAILED, within_s=20)
     finally:
         watch.cancel()
         with pytest.raises(asyncio.CancelledError):

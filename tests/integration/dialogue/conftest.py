@@ -37,19 +37,3 @@ async def connect() -> AsyncIterator[Connect]:
     yield _connect
     for conn in made:
         await conn.close(timeout=1.0)
-
-
-async def _until(predicate: Callable[[], object], seconds: float = 5.0) -> None:
-    """Poll a condition that no event signals (bounded: fails after ``seconds``)."""
-    import asyncio
-
-    for _ in range(int(seconds / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
-
-
-@pytest.fixture
-def until() -> Callable[..., Awaitable[None]]:
-    return _until

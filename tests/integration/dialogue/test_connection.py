@@ -19,7 +19,7 @@ async def echo_upper(data: bytes) -> bytes:
     return data.upper()
 
 
-async def test_messages_sync_and_async_handlers(connect: Any, until: Any) -> None:
+async def test_messages_sync_and_async_handlers(connect: Any) -> None:
     got_sync: list[bytes] = []
     got_async: list[bytes] = []
 
@@ -107,7 +107,7 @@ async def test_caller_cancellation_cancels_on_the_wire(connect: Any) -> None:
         await cancelled.wait()
 
 
-async def test_response_racing_the_cancel_is_ignored(connect: Any, until: Any) -> None:
+async def test_response_racing_the_cancel_is_ignored(connect: Any) -> None:
     release = asyncio.Event()
 
     async def handler(data: bytes) -> bytes:
@@ -169,7 +169,7 @@ async def test_half_close_upload_then_single_response(connect: Any) -> None:
         assert await d.receive() is None
 
 
-async def test_half_close_server_ends_first_client_keeps_sending(connect: Any, until: Any) -> None:
+async def test_half_close_server_ends_first_client_keeps_sending(connect: Any) -> None:
     received: list[bytes] = []
 
     async def listener(d: Duplex) -> None:
@@ -386,7 +386,7 @@ async def test_local_misuse_is_refused_with_clear_errors(connect: Any) -> None:
     assert await client.request(b"x" * 10, timeout=5) == b"X" * 10
 
 
-async def test_too_many_handlers_pause_reading_until_they_finish(connect: Any, until: Any) -> None:
+async def test_too_many_handlers_pause_reading_until_they_finish(connect: Any) -> None:
     release = asyncio.Event()
 
     async def slow(data: bytes) -> bytes:

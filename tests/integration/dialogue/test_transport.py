@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,6 +19,7 @@ from pipeline.routing.message import Address, AddressType, Route, TransportMessa
 from pipeline.routing.node import Context, Node, Worker
 from pipeline.routing.workers import Echo
 from pipeline.settings import Settings
+from tests.support.poll import until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,11 +27,9 @@ ROOT = Path(__file__).resolve().parents[3]
 class Collector(Worker):
     def __init__(self) -> None:
         self.got: list[TransportMessage] = []
-        self.arrived = asyncio.Event()
 
     async def handle(self, ctx: Context) -> None:
         self.got.append(ctx.message)
-        self.arrived.set()
 
 
 def tcp(address: str) -> Address:
@@ -46,13 +44,6 @@ async def make_node(name: str, listen: str | None) -> tuple[Node, TcpTransport]:
     return node, transport
 
 
-async def wait_for(collector: Collector, count: int) -> None:
-    async with asyncio.timeout(10):
-        while len(collector.got) < count:
-            collector.arrived.clear()
-            await collector.arrived.wait()
-
-
 async def test_two_nodes_request_and_reply_over_tcp() -> None:
     a, ta = await make_node("a", "127.0.0.1:0")
     b, tb = await make_node("b", "127.0.0.1:0")
@@ -65,7 +56,7 @@ async def test_two_nodes_request_and_reply_over_tcp() -> None:
             await a.deliver(
                 TransportMessage(Route([tcp(tb.address), "echo"]), Route(["collector"]), b"%d" % i)
             )
-        await wait_for(collector, 50)
+        await until(lambda: len(collector.got) >= 50)
         assert [m.payload for m in collector.got] == [b"%d" % i for i in range(50)]
         # The reply retraced the path: it arrived with B's address on its return route.
         assert collector.got[0].return_route[0] == tcp(tb.address)
@@ -88,7 +79,7 @@ async def test_reply_to_a_node_that_does_not_listen() -> None:
         await a.deliver(
             TransportMessage(Route([tcp(tb.address), "echo"]), Route(["collector"]), b"x")
         )
-        await wait_for(collector, 1)
+        await until(lambda: len(collector.got) >= 1)
         assert collector.got[0].payload == b"x"
     finally:
         await a.stop()
@@ -118,7 +109,7 @@ async def test_peer_restart_reconnects() -> None:
     try:
         msg = TransportMessage(Route([tcp(address), "collector"]), Route(["nobody"]), b"1")
         await a.deliver(msg)
-        await wait_for(collector, 1)
+        await until(lambda: len(collector.got) >= 1)
         await b.stop()
         b2, _ = await make_node("b2", address)
         collector2 = Collector()
@@ -129,14 +120,14 @@ async def test_peer_restart_reconnects() -> None:
                 if collector2.got:
                     break
                 await asyncio.sleep(0.2)
-            await wait_for(collector2, 1)
+            await until(lambda: len(collector2.got) >= 1)
         finally:
             await b2.stop()
     finally:
         await a.stop()
 
 
-async def test_malformed_routed_message_is_dropped_and_counted(until: Any) -> None:
+async def test_malformed_routed_message_is_dropped_and_counted() -> None:
     b, tb = await make_node("b", "127.0.0.1:0")
     try:
         assert tb.address is not None
