@@ -15,16 +15,19 @@ PYTEST_ARGS ?=
 
 .PHONY: demo demo-check test bench lint install clean spark
 
+# pip runs quietly: one line says what each silent step does and that it takes a while.
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[lake,airflow,dev]'
+	@test -x $(PY) || { echo "sluice: creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "sluice: pip install of Sluice, Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e '.[lake,airflow,dev]'
 	@touch $@
 
 # Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under
 # ~/.ivy2*) and record their paths: local sessions then pass them as spark.jars, no Ivy.
 $(JARS): $(STAMP)
-	$(PY) -m pipeline.lake.session --warm
+	@echo "sluice: fetching the Delta jars from Maven Central (once, up to a minute)"
+	@$(PY) -m pipeline.lake.session --warm
 	@touch $@
 
 $(REDIS):
