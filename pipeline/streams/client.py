@@ -86,6 +86,28 @@ def new_request_id() -> str:
     return os.urandom(12).hex()
 
 
+def _direct_size(request: p.StreamMessage) -> int | None:
+    """An upper bound of ``request``'s encoded size when it is a well-formed push or pull
+    (what :func:`~pipeline.streams.protocol.decode` would accept, entries included);
+    None for anything else, which then goes through the codec."""
+    if isinstance(request, p.Push):
+        data = request.data
+        if not 0 < len(data) <= p.MAX_BATCH or not all(type(d) is bytes for d in data):
+            return None
+        # msgpack: at most 5 header bytes per bin, 3 for the array, small ints and short strs.
+        return sum(map(len, data)) + 5 * len(data) + len(request.request_id) + 16
+    if isinstance(request, p.Pull):
+        return len(request.index) + len(request.request_id) + 32
+    return None
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise LocalProtocolError("a stream client runs in a task")
+    return task
+
+
 def _fail_with(future: asyncio.Future[Any], done: asyncio.Future[None]) -> None:
     """Fail a pending call at once when its request could not be routed or handled."""
     if done.cancelled() or future.done():
@@ -112,9 +134,13 @@ class StreamClient:
         self.service = Route([service])
         self._service_name = service.encode()
         self._service_prefix = self._service_name + b":"
+        self._service_str = service
         self.timeout_s = timeout_s
         self._pending: dict[str, asyncio.Future[p.StreamMessage]] = {}
         self._pulls: set[str] = set()
+        #: Pulls the service serves in the calling task (serve_now), and those aborted.
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        self._aborted: set[str] = set()
         self._slots = asyncio.Semaphore(max_pending)
 
     def abort_pulls(self) -> None:
@@ -123,6 +149,22 @@ class StreamClient:
             future = self._pending.get(rid)
             if future is not None and not future.done():
                 future.set_exception(PullAborted("pull aborted: the consumer is stopping"))
+        # A pull served in its caller's task waits on Redis there: cancel that wait
+        # (pull() turns this cancellation, and only this one, into PullAborted).
+        for rid, task in self._running.items():
+            if rid not in self._aborted:
+                self._aborted.add(rid)
+                task.cancel()
+
+    def _took_abort(self, rid: str) -> bool:
+        """Was pull ``rid`` aborted by :meth:`abort_pulls`? Takes back its cancellation."""
+        if rid not in self._aborted:
+            return False
+        self._aborted.discard(rid)
+        task = asyncio.current_task()
+        if task is not None and task.uncancel() > 0:
+            raise asyncio.CancelledError  # cancelled by someone else too: that one wins
+        return True
 
     def intercept(self, message: TransportMessage) -> bool:
         """Resolve a pending call with this reply; False if it is not from the service."""
@@ -160,15 +202,73 @@ class StreamClient:
         timeout_s: float | None = None,
     ) -> T:
         rid: str = getattr(request, "request_id")  # noqa: B009 - every request has one
+        reply = await self._now(route, request, timeout_s or self.timeout_s)
+        if reply is None:
+            reply = await self._routed(route, request, rid, timeout_s or self.timeout_s)
+        if isinstance(reply, p.Error):
+            raise reply.exception()
+        if not isinstance(reply, expect):
+            raise RemoteProtocolError(
+                f"stream service answered {type(request).__name__} with {type(reply).__name__}"
+            )
+        return reply
+
+    async def _now(
+        self, route: Route, request: p.StreamMessage, timeout_s: float
+    ) -> p.StreamMessage | None:
+        """A push or pull served in this task by the service on this node, or None.
+
+        :meth:`StreamService.serve_now`: no future, no task, no codec, no mailbox
+        (the stream transport's hot path). None when the request is not a push or
+        pull to a stream address of this node's service, might not fit the limits
+        the codec checks, or the service cannot serve it so now: it then goes the
+        way of every other request (:meth:`_routed`).
+        """
+        if not isinstance(request, (p.Push, p.Pull)) or len(route) != 1:
+            return None
+        first = route[0]
+        if first.type != 0 or not first.value.startswith(self._service_prefix):
+            return None
+        service = self.node.worker(self._service_str)
+        if not isinstance(service, StreamService):
+            return None
+        size = _direct_size(request)
+        if size is None or size > min(self.node.max_payload, service.max_payload):
+            return None
+        back = Route([self.address])
+        rid = request.request_id
+        pull = isinstance(request, p.Pull)
+        try:
+            async with asyncio.timeout(timeout_s):
+                if pull:
+                    self._running[rid] = _current_task()
+                try:
+                    reply = await service.serve_now(first, request, back)
+                finally:
+                    if pull:
+                        del self._running[rid]
+        except TimeoutError as exc:
+            raise StreamError(
+                f"stream service did not answer {type(request).__name__} in time"
+            ) from exc
+        if reply is not None and self.node.trace.maxlen:  # shown as if routed, both ways
+            trace = self.node.trace
+            trace.append((first, TransportMessage(route, back, p.encode(request))))
+            trace.append((self.address, TransportMessage(back, route, p.encode(reply))))
+        return reply
+
+    async def _routed(
+        self, route: Route, request: p.StreamMessage, rid: str, timeout_s: float
+    ) -> p.StreamMessage:
+        """Send ``request`` (routed, or handed to a local service) and wait for the reply."""
         async with self._slots:
             future: asyncio.Future[p.StreamMessage] = asyncio.get_running_loop().create_future()
             self._pending[rid] = future
             try:
-                async with asyncio.timeout(timeout_s or self.timeout_s):
-                    payload = p.encode(request)
-                    if not await self._direct(route, payload, future):
+                async with asyncio.timeout(timeout_s):
+                    if not await self._direct(route, request, future):
                         sent = await self.node.deliver_tracked(
-                            TransportMessage(route, Route([self.address]), payload)
+                            TransportMessage(route, Route([self.address]), p.encode(request))
                         )
                         sent.add_done_callback(lambda done: _fail_with(future, done))
                     reply = await future
@@ -178,33 +278,36 @@ class StreamClient:
                 ) from exc
             finally:
                 self._pending.pop(rid, None)
-        if isinstance(reply, p.Error):
-            raise reply.exception()
-        if not isinstance(reply, expect):
-            raise RemoteProtocolError(
-                f"stream service answered {type(request).__name__} with {type(reply).__name__}"
-            )
         return reply
 
     async def _direct(
-        self, route: Route, payload: bytes, future: asyncio.Future[p.StreamMessage]
+        self, route: Route, request: p.StreamMessage, future: asyncio.Future[p.StreamMessage]
     ) -> bool:
         """Hand a request to the service in this task when it runs on this node.
 
-        No routed message, no mailbox hop either way and no codec for the reply:
-        most of a short request's latency (the stream transport's pushes and
-        pulls). False when the request must be routed: another node's service,
-        one that is stopping, or a request the node would refuse as too large
-        (it then fails as it always did).
+        No routed message, no mailbox hop either way, and no codec either way:
+        the service gets the request object and answers with the reply object
+        (most of a short request's latency: the stream transport's pushes and
+        pulls). A push or pull goes as it is when it surely fits the limits the
+        codec would check (:func:`_direct_size`); any other request is encoded
+        and decoded as if routed. False when the request must be routed:
+        another node's service, one that is stopping, or a request the node
+        would refuse as too large (it then fails as it always did).
         """
         first = route[0] if len(route) == 1 else None
         if first is None or first.type != 0 or not self._for_service(first.value):
             return False
-        if len(payload) > self.node.max_payload:
-            return False
         service = self.node.worker(self._service_name.decode())
         if not isinstance(service, StreamService):
             return False
+        limit = min(self.node.max_payload, service.max_payload)
+        size = _direct_size(request)
+        payload = b""
+        if size is None or size > limit or self.node.trace.maxlen:
+            payload = p.encode(request)
+            if len(payload) > self.node.max_payload:
+                return False
+        checked = request if size is not None and size <= limit else None
 
         def answer(reply: p.StreamMessage) -> None:
             if not future.done():
@@ -213,7 +316,7 @@ class StreamClient:
         back = Route([self.address])
         if self.node.trace.maxlen:  # the node's trace shows the request as if routed
             self.node.trace.append((first, TransportMessage(route, back, payload)))
-        return await service.serve_direct(Direct(first, payload, back, answer))
+        return await service.serve_direct(Direct(first, payload, back, answer, checked))
 
     async def create(self, name: str) -> p.Init:
         return await self.call(
@@ -227,11 +330,19 @@ class StreamClient:
     async def pull(self, stream_address: str, index: str, limit: int, wait_ms: int) -> p.Messages:
         req = p.Pull(request_id=new_request_id(), index=index, limit=limit, wait_ms=wait_ms)
         timeout = self.timeout_s + wait_ms / 1000
-        self._pulls.add(req.request_id)
+        rid = req.request_id
+        self._pulls.add(rid)
         try:
-            return await self.call(Route([stream_address]), req, p.Messages, timeout)
+            reply = await self.call(Route([stream_address]), req, p.Messages, timeout)
+        except BaseException:
+            if self._took_abort(rid):
+                raise PullAborted("pull aborted: the consumer is stopping") from None
+            raise
         finally:
-            self._pulls.discard(req.request_id)
+            self._pulls.discard(rid)
+        if self._took_abort(rid):  # aborted, but Redis answered first
+            raise PullAborted("pull aborted: the consumer is stopping")
+        return reply
 
     async def get_index(self, client_id: str, stream: str) -> str:
         req = p.GetIndex(request_id=new_request_id(), client_id=client_id, stream=stream)

@@ -145,15 +145,17 @@ def _text(value: bytes | str | None) -> str:
 class Direct:
     """A request from a client on this node, served without the node's routing.
 
-    The encoded request goes in (decoded and checked as any other) and the
-    reply object comes out through ``answer``: no routed message, no mailbox
-    hop, no codec for the reply. What a
+    The request comes as ``request`` (an object the client built and checked
+    against the limits the codec enforces: no codec on this path) or, for the
+    rare requests it did not check, as the encoded ``payload`` (decoded and
+    checked as any other). The reply object goes out through ``answer``: no
+    routed message, no mailbox hop, no codec for the reply. What a
     :class:`~pipeline.streams.client.StreamClient` on the service's own node
-    uses (see :meth:`StreamService.serve_direct`). Replies never wait: ``answer``
-    only resolves the caller's future.
+    uses (see :meth:`StreamService.serve_direct`). Replies never wait:
+    ``answer`` only resolves the caller's future.
     """
 
-    __slots__ = ("address", "answer", "payload", "return_route")
+    __slots__ = ("address", "answer", "payload", "request", "return_route")
 
     def __init__(
         self,
@@ -161,15 +163,59 @@ class Direct:
         payload: bytes,
         return_route: Route,
         answer: Callable[[p.StreamMessage], None],
+        request: p.StreamMessage | None = None,
     ) -> None:
         self.address = address
         self.payload = payload
         self.return_route = return_route
         self.answer = answer
+        self.request = request
 
+
+class _Held:
+    """Single-connection clients of the service's pool, kept between commands (LIFO).
+
+    Why: a command through the role's ``BlockingConnectionPool`` pays its
+    condition and wait timeout twice per command (about 15-20 us here), four
+    times per stream-transport round trip (``tests/bench/bench_streams.py``,
+    ``rtt_p50_ms``); a held client (``Redis.client()``) pays only its lock. The
+    connections still come from that pool and count against its size; at
+    most ``max_idle`` stay held while unused, the others go back to it.
+    """
+
+    def __init__(self, redis: Redis, max_idle: int) -> None:
+        self.redis = redis
+        self.max_idle = max_idle
+        self._idle: list[Redis] = []
+        self._closed = False
+
+    def take(self) -> Redis:
+        return self._idle.pop() if self._idle else self.redis.client()
+
+    async def give(self, client: Redis) -> None:
+        if len(self._idle) < self.max_idle and not self._closed:
+            self._idle.append(client)
+        else:
+            await client.aclose()  # its connection goes back to the pool
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for client in idle:
+            await client.aclose()
+
+
+#: Held clients kept while unused (see :class:`_Held`).
+HELD_IDLE = 16
 
 #: Where a request came from: a routed message, or a client on this node.
 _Origin = Context | Direct
+
+
+def _request_id(ctx: _Origin) -> str:
+    if isinstance(ctx, Direct) and ctx.request is not None:
+        return str(getattr(ctx.request, "request_id", ""))
+    return p.peek_request_id(ctx.payload)
 
 
 def _return_route(ctx: _Origin) -> Route:
@@ -203,6 +249,8 @@ class StreamService(Worker):
         self.max_waiting_pulls = max_waiting_pulls
         self.max_streams = max_streams
         self._pulls: set[asyncio.Task[None]] = set()
+        #: Pulls served in their client's task (:meth:`serve_now`), holding a slot too.
+        self._inline_pulls = 0
         self._waiting: collections.deque[tuple[_Origin, str, p.Pull, str]] = collections.deque()
         self._streams: dict[bytes, str] = {}
         #: Streams whose last pull was a full batch (bounded by the number of streams).
@@ -212,6 +260,7 @@ class StreamService(Worker):
         self._fetch_script = redis.register_script(_FETCH)
         self._save_script = redis.register_script(_SAVE_INDEX)
         self._leases = Leases(redis)
+        self._held = _Held(redis, HELD_IDLE)
         self._node: Node | None = None
         self._closing = False
         self.name = "stream_service"
@@ -228,6 +277,25 @@ class StreamService(Worker):
         if self._node is not None:
             self._node.counters[f"stream_service.{what}"] += n
 
+    def _fail(
+        self,
+        origin: Route,
+        request_id: str,
+        code: p.ErrorCode,
+        text: str,
+        detail: BaseException | str | None = None,
+    ) -> p.Error:
+        """An error reply with ``text`` (public), logged and counted; ``detail`` (if any)
+        goes only to the log."""
+        self._count(str(code))
+        log.error(
+            "stream service: %s from %s: %s",
+            code,
+            origin,
+            text if detail is None else f"{text}: {detail!r}",
+        )
+        return p.Error(request_id=request_id, code=code, message=text)
+
     async def _error(
         self,
         ctx: _Origin,
@@ -237,24 +305,70 @@ class StreamService(Worker):
         detail: BaseException | str | None = None,
     ) -> None:
         """Answer with ``text`` (public); ``detail`` (if any) goes only to the log."""
-        self._count(str(code))
-        log.error(
-            "stream service: %s from %s: %s",
-            code,
-            _return_route(ctx),
-            text if detail is None else f"{text}: {detail!r}",
-        )
-        await self._answer(ctx, p.Error(request_id=request_id, code=code, message=text))
+        await self._answer(ctx, self._fail(_return_route(ctx), request_id, code, text, detail))
 
     async def _answer(self, ctx: _Origin, reply: p.StreamMessage) -> None:
         if not isinstance(ctx, Direct):
             await ctx.reply(p.encode(reply))
             return
-        node = self._node
-        if node is not None and node.trace.maxlen:  # the node's trace shows it as if routed
-            back = TransportMessage(ctx.return_route, Route([ctx.address]), p.encode(reply))
-            node.trace.append((ctx.return_route[0], back))
+        self._trace_reply(ctx.address, ctx.return_route, reply)
         ctx.answer(reply)
+
+    def _trace_reply(self, address: Address, return_route: Route, reply: p.StreamMessage) -> None:
+        """A reply handed back without routing shows in the node's trace as if routed."""
+        node = self._node
+        if node is not None and node.trace.maxlen:
+            back = TransportMessage(return_route, Route([address]), p.encode(reply))
+            node.trace.append((return_route[0], back))
+
+    async def serve_now(
+        self, address: Address, request: p.Push | p.Pull, origin: Route
+    ) -> p.StreamMessage | None:
+        """Serve a push or pull of a client on this node in the caller's task and return
+        the reply (a pull's long poll included); None when it cannot be served so: the
+        service is stopping, or every pull slot is taken (then :meth:`serve_direct` or
+        routing queues it).
+
+        The fast path of a :class:`~pipeline.streams.client.StreamClient` on this node:
+        no task, no future, no codec, no mailbox (about half of a stream-transport round
+        trip's Python work otherwise). ``request`` must be one the codec would accept
+        (the client checks its size); it is served exactly as a routed one would be,
+        with the same errors, limits and counters. A pull served so holds a pull slot.
+        Cancelling the caller cancels the Redis command it waits on. The caller
+        records the request and the reply in the node's trace.
+        """
+        if self._closing:
+            return None
+        try:
+            stream = self._streams.get(address.value)
+            if stream is None:
+                text = f"no stream at address {address}"
+                reply: p.StreamMessage = self._fail(
+                    origin, request.request_id, p.ErrorCode.NOT_FOUND, text
+                )
+            elif isinstance(request, p.Push):
+                reply = (await self._push_replies([(origin, stream, request)]))[0]
+            else:
+                index = request.index or "0-0"
+                if not INDEX_RE.match(index):
+                    text = f"bad index {index!r}"
+                    reply = self._fail(origin, request.request_id, p.ErrorCode.BAD_REQUEST, text)
+                elif self._active_pulls() >= self.max_pulls:
+                    return None
+                else:
+                    self._inline_pulls += 1
+                    try:
+                        reply = await self._pull_reply(origin, stream, request, index)
+                    finally:
+                        self._inline_pulls -= 1
+                        self._start_waiting()
+        except Exception as exc:  # a bug a request triggers: an error reply, as when routed
+            self._count("internal_errors")
+            log.exception("stream service: request from %s failed", origin)
+            reply = self._fail(
+                origin, request.request_id, p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR, exc
+            )
+        return reply
 
     async def serve_direct(self, request: Direct) -> bool:
         """Serve a request of a client on this node in the client's task; False once the
@@ -285,14 +399,15 @@ class StreamService(Worker):
             except Exception as exc:  # a bug a request triggers must not take the batch down
                 self._count("internal_errors")
                 log.exception("stream service: request from %s failed", _return_route(ctx))
-                rid = p.peek_request_id(ctx.payload)
+                rid = _request_id(ctx)
                 await self._error(ctx, rid, p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR, exc)
         if pushes:
             await self._push_all(pushes)
 
     async def _one(self, ctx: _Origin, pushes: list[tuple[_Origin, str, p.Push]]) -> None:
         try:
-            request = p.decode(ctx.payload, max_payload=self.max_payload)
+            checked = ctx.request if isinstance(ctx, Direct) else None
+            request = checked or p.decode(ctx.payload, max_payload=self.max_payload)
         except PayloadTooLarge as exc:
             rid = p.peek_request_id(ctx.payload)
             await self._error(ctx, rid, p.ErrorCode.TOO_LARGE, exc.public_message, exc)
@@ -324,6 +439,14 @@ class StreamService(Worker):
     # --- push ---------------------------------------------------------------
 
     async def _push_all(self, pushes: list[tuple[_Origin, str, p.Push]]) -> None:
+        replies = await self._push_replies(
+            [(_return_route(ctx), stream, req) for ctx, stream, req in pushes]
+        )
+        for (ctx, _, _), reply in zip(pushes, replies, strict=True):
+            await self._answer(ctx, reply)
+
+    async def _push_replies(self, pushes: list[tuple[Route, str, p.Push]]) -> list[p.StreamMessage]:
+        """Push them all (see :meth:`_run_pushes`); one reply per push, in order."""
         try:
             results = await self._run_pushes(pushes)
             if any(isinstance(r, NoScriptError) for r in results):
@@ -333,31 +456,33 @@ class StreamService(Worker):
                 results = await self._run_pushes(pushes)
         except _REDIS_ERRORS as exc:
             redisconn.checkpoint(exc)
-            for ctx, _, req in pushes:
-                await self._error(
-                    ctx, req.request_id, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, exc
-                )
-            return
-        for (ctx, _, req), result in zip(pushes, results, strict=True):
+            code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
+            return [
+                self._fail(origin, req.request_id, code, text, exc) for origin, _, req in pushes
+            ]
+        replies: list[p.StreamMessage] = []
+        for (origin, _, req), result in zip(pushes, results, strict=True):
             if isinstance(result, Exception):
-                await self._error(
-                    ctx, req.request_id, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, result
-                )
+                code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
+                replies.append(self._fail(origin, req.request_id, code, text, result))
                 continue
             status, joined = result
             indexes = tuple(_text(joined).split(",")) if joined else ()
             self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
-            confirm = p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
-            await self._answer(ctx, confirm)
+            replies.append(
+                p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
+            )
+        return replies
 
-    async def _run_pushes(self, pushes: list[tuple[_Origin, str, p.Push]]) -> list[Any]:
+    async def _run_pushes(self, pushes: list[tuple[Route, str, p.Push]]) -> list[Any]:
         """All pushes in one round trip (EVALSHA of the push script per push)."""
         if self._push_sha is None:
             self._push_sha = _text(await self.redis.script_load(_PUSH))
         if len(pushes) == 1:  # no pipeline for one push: fewer loop hops, lower latency
             _, stream, req = pushes[0]
+            redis = self._held.take()
             try:
-                result = await self.redis.evalsha(
+                result = await redis.evalsha(
                     self._push_sha,
                     2,
                     keys.stream(stream),
@@ -368,6 +493,8 @@ class StreamService(Worker):
                 )
             except NoScriptError as exc:
                 return [exc]
+            finally:
+                await self._held.give(redis)
             return [result]
         async with self.redis.pipeline(transaction=False) as pipe:
             for _, stream, req in pushes:
@@ -390,7 +517,7 @@ class StreamService(Worker):
         if not INDEX_RE.match(index):
             await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, f"bad index {index!r}")
             return
-        if len(self._pulls) < self.max_pulls:
+        if self._active_pulls() < self.max_pulls:
             self._spawn_pull(ctx, stream, req, index)
         elif len(self._waiting) < self.max_waiting_pulls:
             self._waiting.append((ctx, stream, req, index))  # started when a slot frees up
@@ -403,37 +530,51 @@ class StreamService(Worker):
         self._pulls.add(task)
         task.add_done_callback(self._pull_done)
 
+    def _active_pulls(self) -> int:
+        """Pulls holding a slot: in their own task, or served in a client's (serve_now)."""
+        return len(self._pulls) + self._inline_pulls
+
     def _pull_done(self, task: asyncio.Task[None]) -> None:
         self._pulls.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self._count("pull_failures")
             log.error("stream service: pull failed: %r", task.exception())
-        if self._waiting and len(self._pulls) < self.max_pulls and not task.cancelled():
+        if not task.cancelled():
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start the oldest waiting pull if a slot is free."""
+        if self._waiting and self._active_pulls() < self.max_pulls:
             self._spawn_pull(*self._waiting.popleft())
 
     async def _pull(self, ctx: _Origin, stream: str, req: p.Pull, index: str) -> None:
+        await self._answer(ctx, await self._pull_reply(_return_route(ctx), stream, req, index))
+
+    async def _pull_reply(
+        self, origin: Route, stream: str, req: p.Pull, index: str
+    ) -> p.StreamMessage:
+        """The reply to one pull: its entries, or an error."""
         key = keys.stream(stream)
         limit = max(1, min(req.limit, self.max_pull))
         wait = max(0, min(req.wait_ms, self.max_wait_ms))
+        redis = self._held.take()
         try:
             entries: list[tuple[bytes, bytes]] | None = []
             if stream in self._busy or not wait:
-                entries = await self._fetch(key, index, limit)
+                entries = await self._fetch(redis, key, index, limit)
             if entries is not None and not entries and wait:
                 # Caught up: wait for the next entries (a bounded long poll).
-                found: Any = await self.redis.xread(
+                found: Any = await redis.xread(
                     {key: index}, count=min(limit, BLOCK_COUNT), block=wait
                 )
                 entries = [
                     (eid, fields.get(FIELD, b"")) for eid, fields in (found[0][1] if found else [])
                 ]
-                if not entries and not await self.redis.exists(key):
+                if not entries and not await redis.exists(key):
                     entries = None
             if entries is None:
-                await self._error(
-                    ctx, req.request_id, p.ErrorCode.NOT_FOUND, f"stream {stream!r} does not exist"
-                )
-                return
+                text = f"stream {stream!r} does not exist"
+                return self._fail(origin, req.request_id, p.ErrorCode.NOT_FOUND, text)
             # A consumer that is behind gets the packed fetch next time.
             if len(entries) >= BLOCK_COUNT:
                 self._busy.add(stream)
@@ -442,20 +583,25 @@ class StreamService(Worker):
             messages, next_index = await self._fit(stream, entries, index)
         except _REDIS_ERRORS as exc:
             redisconn.checkpoint(exc)
-            await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE, exc)
-            return
+            code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
+            return self._fail(origin, req.request_id, code, text, exc)
         except Exception as exc:  # e.g. an entry Redis holds in a shape we did not write
             self._count("internal_errors")
             log.exception("stream service: pull of %s failed", stream)
-            await self._error(ctx, req.request_id, p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR, exc)
-            return
+            code, text = p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR
+            return self._fail(origin, req.request_id, code, text, exc)
+        finally:
+            await self._held.give(redis)
         self._count("pulled", len(messages))
-        reply = p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
-        await self._answer(ctx, reply)
+        return p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
 
-    async def _fetch(self, key: str, index: str, limit: int) -> list[tuple[bytes, bytes]] | None:
+    async def _fetch(
+        self, redis: Redis, key: str, index: str, limit: int
+    ) -> list[tuple[bytes, bytes]] | None:
         budget = self._budget()
-        packed = await self._fetch_script(keys=[key], args=[index, limit, FIELD, budget])
+        packed = await self._fetch_script(
+            keys=[key], args=[index, limit, FIELD, budget], client=redis
+        )
         if packed is None:
             return None
         flat = msgpack.unpackb(packed, raw=True)
@@ -606,6 +752,7 @@ class StreamService(Worker):
         for task in list(self._pulls):
             task.cancel()
         await asyncio.gather(*self._pulls, return_exceptions=True)
+        await self._held.aclose()
 
 
 _ControlHandler = Callable[[StreamService, _Origin, Any], Awaitable[p.StreamMessage | None]]
