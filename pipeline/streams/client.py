@@ -34,6 +34,7 @@ lease.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -101,6 +102,11 @@ def _direct_size(request: p.StreamMessage) -> int | None:
     return None
 
 
+def _wake(waiter: asyncio.Future[None], *_: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _current_task() -> asyncio.Task[Any]:
     task = asyncio.current_task()
     if task is None:
@@ -131,6 +137,8 @@ class StreamClient:
     ) -> None:
         self.node = node
         self.address = address
+        #: The return route of every request (built once: a Route checks its addresses).
+        self._back = Route([address])
         self.service = Route([service])
         self._service_name = service.encode()
         self._service_prefix = self._service_name + b":"
@@ -235,7 +243,7 @@ class StreamClient:
         size = _direct_size(request)
         if size is None or size > min(self.node.max_payload, service.max_payload):
             return None
-        back = Route([self.address])
+        back = self._back
         rid = request.request_id
         pull = isinstance(request, p.Pull)
         try:
@@ -268,7 +276,7 @@ class StreamClient:
                 async with asyncio.timeout(timeout_s):
                     if not await self._direct(route, request, future):
                         sent = await self.node.deliver_tracked(
-                            TransportMessage(route, Route([self.address]), p.encode(request))
+                            TransportMessage(route, self._back, p.encode(request))
                         )
                         sent.add_done_callback(lambda done: _fail_with(future, done))
                     reply = await future
@@ -313,7 +321,7 @@ class StreamClient:
             if not future.done():
                 future.set_result(reply)
 
-        back = Route([self.address])
+        back = self._back
         if self.node.trace.maxlen:  # the node's trace shows the request as if routed
             self.node.trace.append((first, TransportMessage(route, back, payload)))
         return await service.serve_direct(Direct(first, payload, back, answer, checked))
@@ -564,14 +572,17 @@ class Consumer(Worker):
         except TimeoutError:
             pass
 
+    def _save_due(self, *, force: bool = False) -> bool:
+        if self.index == self.saved or self.index == "0-0":
+            return False
+        return force or time.monotonic() - self._saved_at >= self.save_every_ms / 1000
+
     async def _save(self, *, force: bool = False) -> None:
         """Save the index of what was handled, at most every ``save_every_ms`` unless forced."""
         assert self._client is not None
-        if self.index == self.saved or self.index == "0-0":
+        if not self._save_due(force=force):
             return
         now = time.monotonic()
-        if not force and now - self._saved_at < self.save_every_ms / 1000:
-            return
         self.saved = await self._client.save_index(self.client_id, self.stream, self.index)
         self._saved_at = now
 
@@ -639,10 +650,12 @@ class Consumer(Worker):
                     self._count("handled", len(reply.messages))
                 self.index = next_index
                 # Saved after the handlers completed (at-least-once); when idle, at once.
-                await self._save(force=not reply.messages)
+                if self._save_due(force=not reply.messages):
+                    await self._save(force=not reply.messages)
                 if self._marker is not None and not isolate and self.saved != started_at:
                     await self._clear_marker()  # progress: this session did not crash-loop
-                await self._keep_lease()
+                if self._lease_due():
+                    await self._keep_lease()
         except PullAborted:
             return  # stopping: what that pull would have got is pulled again next time
         finally:
@@ -673,20 +686,36 @@ class Consumer(Worker):
             await self._save(force=True)
             await client.attempts(self.stream, key, p.CLEAR)
 
+    def _lease_due(self) -> bool:
+        return time.monotonic() - self._renewed > self.lease_ttl_ms / 3000
+
     async def _keep_lease(self) -> None:
         """Renew the lease if a third of its TTL passed since the last renewal."""
-        if time.monotonic() - self._renewed > self.lease_ttl_ms / 3000:
+        if self._lease_due():
             assert self._client is not None
             await self._client.lease(self.stream, self.holder, self.lease_ttl_ms)
             self._renewed = time.monotonic()
 
     async def _wait_handled(self, outcome: asyncio.Future[None], deadline: float) -> None:
-        """Wait for a handler's outcome until ``deadline``, renewing the lease meanwhile."""
+        """Wait for a handler's outcome until ``deadline``, renewing the lease meanwhile.
+
+        What ``asyncio.wait([outcome], timeout=...)`` does, without its sets and
+        extra callbacks (it ran twice per stream-transport round trip).
+        """
+        loop = asyncio.get_running_loop()
         while not outcome.done():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise StreamError(f"handler did not finish in {self.handler_timeout_s}s")
-            await asyncio.wait([outcome], timeout=min(left, self.lease_ttl_ms / 3000))
+            waiter: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(_wake, waiter)
+            outcome.add_done_callback(wake)
+            timer = loop.call_later(min(left, self.lease_ttl_ms / 3000), _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                outcome.remove_done_callback(wake)
             if not outcome.done():
                 await self._keep_lease()
 

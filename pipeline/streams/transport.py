@@ -207,7 +207,8 @@ class StreamTransport:
         forwarded = TransportMessage(
             message.onward_route.rest(), message.return_route.prepend(back), message.payload
         )
-        await self.subscribe(address.return_stream)
+        if address.return_stream not in self.consumers:
+            await self.subscribe(address.return_stream)
         await self._batcher(address.onward_stream).submit(forwarded.encode())
 
     async def stop(self) -> None:
