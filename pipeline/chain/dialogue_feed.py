@@ -70,7 +70,7 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
         while True:
             await outbox.wait()
             for text in outbox.pop_many(_BATCH):
-                await duplex.send(text.encode())
+                await duplex.send(text)
 
     async def watch() -> None:
         async for _ in duplex:

@@ -1,15 +1,16 @@
 """One websocket subscriber's side of the server: params, the bounded outbox, the sink.
 
 The :class:`Outbox` is the only send buffer of a connection: a bounded deque
-of ready JSON texts drained by one writer task. Catch-up waits for room
-(``put``); live fan-out never waits (``offer``): a full outbox means the
-subscriber fell behind and it is disconnected with that reason.
+of ready JSON texts, UTF-8 encoded once, drained by one writer task. Catch-up
+waits for room (``put``); live fan-out never waits (``offer``): a full outbox
+means the subscriber fell behind and it is disconnected with that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,13 @@ from pipeline.errors import BadBatch, BadParams, SlowConsumer
 METHOD = "cardinal_subscribe"
 _EXTRAS = {"ready", "reorgs", "weight"}
 
-#: Live notification texts by (prefix, result): a live block's results are
-#: shared string objects, and subscription ids such as "0x1" repeat across
-#: connections, so subscribers with the same pattern set and id share one text
-#: (and the encoding of one text). Bounded: cleared when full, and
-#: texts longer than LIVE_CACHE_MAX_CHARS are never kept (at most about 8 MB).
-_LIVE_TEXTS: dict[tuple[str, str], str] = {}
+#: Live notification texts by (prefix, result), encoded: a live block's results
+#: are shared string objects, and subscription ids such as "0x1" repeat across
+#: connections, so subscribers with the same pattern set and id share one
+#: encoded text (one encoding per block, not one per subscriber). Bounded:
+#: cleared when full, and texts longer than LIVE_CACHE_MAX_CHARS are never
+#: kept (at most about 8 MB).
+_LIVE_TEXTS: dict[tuple[str, str], bytes] = {}
 LIVE_CACHE_LIMIT = 1024
 LIVE_CACHE_MAX_CHARS = 8192
 
@@ -80,13 +82,21 @@ def parse_subscribe(params: Any) -> SubscribeParams:
 
 
 class Outbox:
-    """Bounded queue of texts to send on one connection (one writer task drains it)."""
+    """Bounded queue of encoded texts to send on one connection (one writer task drains it).
 
-    def __init__(self, limit: int) -> None:
+    ``direct``, when set, is handed what :meth:`offer` takes while nothing is
+    queued; it sends what it can at once and returns how many it sent (the
+    rest are queued in order): the live fan-out's path without a wake-up of
+    the writer task per subscriber. It must send nothing while the writer
+    holds texts it popped.
+    """
+
+    def __init__(self, limit: int, direct: Callable[[list[bytes]], int] | None = None) -> None:
         if limit < 1:
             raise ValueError("outbox limit must be positive")
         self.limit = limit
-        self._items: deque[str] = deque()
+        self.direct = direct
+        self._items: deque[bytes] = deque()
         self._data = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -94,15 +104,24 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    def offer(self, texts: list[str]) -> bool:
-        """Queue now if there is room for all of them, else False."""
+    def offer(self, texts: list[bytes]) -> bool:
+        """Send (``direct``) or queue now if there is room for all of them, else False."""
         if len(self._items) + len(texts) > self.limit:
             return False
+        if not self._items and self.direct is not None:
+            sent = self.direct(texts)
+            if sent >= len(texts):
+                return True
+            texts = texts[sent:]
         self._items.extend(texts)
         self._data.set()
         return True
 
-    async def put(self, texts: list[str]) -> None:
+    def wake(self) -> None:
+        """Wake the writer with nothing queued (``direct`` left it a send to finish)."""
+        self._data.set()
+
+    async def put(self, texts: list[bytes]) -> None:
         """Queue, waiting for room; a list longer than the limit goes in once the queue is empty."""
         while self._items and len(self._items) + len(texts) > self.limit:
             self._room.clear()
@@ -113,7 +132,7 @@ class Outbox:
     async def wait(self) -> None:
         await self._data.wait()
 
-    def pop_many(self, limit: int) -> list[str]:
+    def pop_many(self, limit: int) -> list[bytes]:
         """Up to ``limit`` queued texts, oldest first (empty when none)."""
         items = self._items
         if len(items) <= limit:
@@ -127,7 +146,7 @@ class Outbox:
             self._room.set()
         return out
 
-    def pop(self) -> str | None:
+    def pop(self) -> bytes | None:
         if not self._items:
             self._data.clear()
             self._room.set()
@@ -138,13 +157,13 @@ class Outbox:
         return text
 
 
-def _live_text(prefix: str, result: str, suffix: str) -> str:
+def _live_text(prefix: str, result: str, suffix: str) -> bytes:
     if len(result) > LIVE_CACHE_MAX_CHARS:
-        return prefix + result + suffix
+        return (prefix + result + suffix).encode()
     key = (prefix, result)
     text = _LIVE_TEXTS.get(key)
     if text is None:
-        text = prefix + result + suffix
+        text = (prefix + result + suffix).encode()
         if len(_LIVE_TEXTS) >= LIVE_CACHE_LIMIT:
             _LIVE_TEXTS.clear()
         _LIVE_TEXTS[key] = text
@@ -185,26 +204,28 @@ class Subscription:
         self.blocks = 0
         self.is_live = False
 
-    def _texts(self, emits: list[Emit], *, shared: bool = False) -> list[str]:
-        """Notification texts; ``shared``: reuse the live cache's texts (live blocks only)."""
+    def _texts(self, emits: list[Emit], *, shared: bool = False) -> list[bytes]:
+        """Encoded notification texts; ``shared``: reuse the live cache's (live blocks only)."""
         prefix = self._prefix
         suffix = self._suffix
-        out: list[str] = []
+        out: list[bytes] = []
         for emit in emits:
             if self.cardinal:
                 if emit.reorg or self._announce:
                     self._announce = False
                     ancestor = reorg_text(max(emit.num - 1, 0), emit.parent)
-                    out.append(prefix + ancestor + suffix)
+                    out.append((prefix + ancestor + suffix).encode())
             elif emit.reorg and self.params.reorgs:
                 out.append(
-                    prefix + f'{{"type":"reorg","num":"{hex_quantity(emit.num)}",'
-                    f'"depth":"{hex_quantity(emit.reorg)}"}}' + suffix
+                    (
+                        prefix + f'{{"type":"reorg","num":"{hex_quantity(emit.num)}",'
+                        f'"depth":"{hex_quantity(emit.reorg)}"}}' + suffix
+                    ).encode()
                 )
             if shared:
                 out.extend([_live_text(prefix, r, suffix) for r in emit.results])
             else:
-                out.extend([prefix + r + suffix for r in emit.results])
+                out.extend([(prefix + r + suffix).encode() for r in emit.results])
         self.blocks += len(emits)
         return out
 
@@ -222,7 +243,7 @@ class Subscription:
     def ready(self, num: int, hash: str) -> None:
         self.is_live = True
         if self.cardinal:
-            if not self._outbox.offer([self._prefix + READY + self._suffix]):
+            if not self._outbox.offer([(self._prefix + READY + self._suffix).encode()]):
                 raise SlowConsumer("send buffer full at the live head")
             return
         if not self.params.ready:
@@ -230,5 +251,5 @@ class Subscription:
         num_text = f'"{hex_quantity(num)}"' if num >= 0 else "null"
         hash_text = f'"0x{hash}"' if hash else "null"
         body = f'{{"type":"ready","num":{num_text},"hash":{hash_text}}}'
-        if not self._outbox.offer([self._prefix + body + self._suffix]):
+        if not self._outbox.offer([(self._prefix + body + self._suffix).encode()]):
             raise SlowConsumer("send buffer full at the live head")

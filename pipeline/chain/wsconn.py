@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -48,6 +49,65 @@ CLOSE_TIMEOUT_S = 2.0
 #: Refused requests logged per connection (later ones are only counted).
 _REFUSALS_LOGGED = 16
 _WRITE_BATCH = 512
+_TCP = (socket.AF_INET, socket.AF_INET6)
+#: Linux's TCP_CORK (None elsewhere: bursts are then written uncorked).
+_CORK: int | None = getattr(socket, "TCP_CORK", None)
+
+
+class _Rest:
+    """The rest of a coroutine whose first step already ran and yielded ``first``.
+
+    Awaiting it runs the coroutine to its end as an asyncio task would (what
+    Python 3.12's ``eager_start`` does): each value the coroutine yields goes
+    up to the awaiting task, each value or exception the task sends comes back
+    down. :meth:`close` drops it unfinished.
+    """
+
+    __slots__ = ("_first", "_step")
+
+    def __init__(self, step: Coroutine[Any, Any, None], first: Any) -> None:
+        self._step = step
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        step, value = self._step, self._first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                step.close()
+                raise
+            except BaseException as exc:  # e.g. the writer cancelled: into the coroutine
+                try:
+                    value = step.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    value = step.send(sent)
+                except StopIteration:
+                    return
+
+    def close(self) -> None:
+        self._step.close()
+
+
+@contextlib.contextmanager
+def _corked(sock: Any) -> Iterator[None]:
+    """Hold a burst of frames in the kernel until it ends (``TCP_CORK``), where there is one."""
+    if sock is None or _CORK is None:
+        yield
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
 
 
 def dialect_of(request: web.Request) -> str | None:
@@ -68,7 +128,15 @@ class Connection:
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
         self.dialect = dialect_of(request) or SEED
-        self.outbox = Outbox(self.settings.serve.send_buffer)
+        self.outbox = Outbox(self.settings.serve.send_buffer, direct=self._send_now)
+        #: The writer holds texts it popped (nothing may be sent around them).
+        self._busy = False
+        #: A direct send waiting on flow control; the writer finishes it first.
+        self._pending: _Rest | None = None
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
+        self._sock = sock if sock is not None and sock.family in _TCP else None
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
         self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
@@ -101,6 +169,9 @@ class Connection:
                 return_exceptions=True,
             )
             self.subs.clear()
+            if self._pending is not None:
+                self._pending.close()
+                self._pending = None
             code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
             await self.close(code, reason)
 
@@ -125,25 +196,68 @@ class Connection:
         """The one writer of the connection: every text in outbox order, aiohttp's public API only.
 
         ``send_frame`` writes each frame and waits while the transport is
-        paused (aiohttp's flow control). Hand-built frames written in bursts
-        to the transport, with a direct path for live texts, were measured
-        against this with ``make bench B=resume`` (issue 13): no figure showed
-        them paying, so they were dropped with their aiohttp internals.
+        paused (aiohttp's flow control). A burst of frames is written corked
+        (``TCP_CORK``) so the kernel sends it in full segments: the frames of
+        catch-up cost one small copy each, not one packet each
+        (``catchup_blocks_per_s`` of ``make bench B=resume``).
         """
         ws, outbox, metrics = self.ws, self.outbox, self.metrics
+        sock = self._sock
         try:
             while True:
                 await outbox.wait()
-                texts = outbox.pop_many(_WRITE_BATCH)
-                if not texts:
-                    continue
-                for text in texts:
+                self._busy = True
+                try:
+                    pending, self._pending = self._pending, None
+                    if pending is not None:
+                        await pending
+                    texts = outbox.pop_many(_WRITE_BATCH)
+                    if not texts:
+                        continue
                     if ws.closed:
                         raise ConnectionResetError("websocket closed")
-                    await ws.send_frame(text.encode(), WSMsgType.TEXT)
-                metrics.inc("sluice_serve_messages_sent_total", len(texts))
+                    with _corked(sock if len(texts) > 1 else None):
+                        for text in texts:
+                            await ws.send_frame(text, WSMsgType.TEXT)
+                    metrics.inc("sluice_serve_messages_sent_total", len(texts))
+                finally:
+                    self._busy = False
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+
+    def _send_now(self, texts: list[bytes]) -> int:
+        """The outbox's ``direct`` path: send while the writer is idle; how many were sent.
+
+        aiohttp's ``send_frame`` (uncompressed) writes the frame to the
+        transport and suspends only for flow control, so its first step is run
+        here, in the fan-out's own loop over subscribers, as an eager task
+        would: no writer task wakes per subscriber and block
+        (``fanout_p50_ms`` of ``make bench B=resume``). A send that suspends
+        is left to the writer to finish before anything else is sent; what
+        follows it is queued.
+        """
+        ws = self.ws
+        if self._busy or self._pending is not None or ws.closed:
+            return 0
+        sent = 0
+        try:
+            with _corked(self._sock if len(texts) > 1 else None):
+                for text in texts:
+                    step = ws.send_frame(text, WSMsgType.TEXT)
+                    sent += 1
+                    try:
+                        first = step.send(None)
+                    except StopIteration:
+                        continue
+                    self._pending = _Rest(step, first)
+                    self.outbox.wake()
+                    break
+        except ConnectionError:
+            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+            return len(texts)  # the connection is closing: nothing more goes out
+        finally:
+            self.metrics.inc("sluice_serve_messages_sent_total", sent)
+        return sent
 
     async def _read(self) -> None:
         """Read frames without ever waiting for a request to finish.
@@ -164,7 +278,7 @@ class Connection:
     # --- requests -----------------------------------------------------------
 
     def _reply(self, text: str) -> None:
-        if not self.outbox.offer([text]):
+        if not self.outbox.offer([text.encode()]):
             self._slow()
 
     def _error(self, req_id: jsonrpc.RequestId, code: int, message: str) -> None:

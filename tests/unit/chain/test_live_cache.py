@@ -16,7 +16,7 @@ HASH = "0x" + "00" * 32
 class _Recorded:
     """A subscription whose queued texts are appended to ``sent`` after each put."""
 
-    def __init__(self, sub_id: str, sent: list[list[str]], envelope: bool) -> None:
+    def __init__(self, sub_id: str, sent: list[list[bytes]], envelope: bool) -> None:
         self.box = Outbox(8)
         params = parse_subscribe(["streams", "0x0", HASH, []])
         self.sub = Subscription(sub_id, params, self.box, envelope=envelope)
@@ -27,16 +27,16 @@ class _Recorded:
         self.sent.append(self.box.pop_many(100))
 
 
-def _sub(sub_id: str, sent: list[list[str]], *, envelope: bool = True) -> _Recorded:
+def _sub(sub_id: str, sent: list[list[bytes]], *, envelope: bool = True) -> _Recorded:
     return _Recorded(sub_id, sent, envelope)
 
 
 def test_live_texts_are_shared_and_in_the_seed_shape() -> None:
     result = '{"type":"batch","num":"0x1"}'
     emit = Emit(1, "aa", "bb", [result])
-    a: list[list[str]] = []
-    b: list[list[str]] = []
-    c: list[list[str]] = []
+    a: list[list[bytes]] = []
+    b: list[list[bytes]] = []
+    c: list[list[bytes]] = []
     _sub("0x1", a).put_nowait([emit])
     _sub("0x1", b).put_nowait([emit])  # same id on another connection
     _sub("0x2", c).put_nowait([emit])
@@ -48,15 +48,15 @@ def test_live_texts_are_shared_and_in_the_seed_shape() -> None:
             "method": "cardinal_subscribe",
             "params": {"subscription": sub_id, "result": json.loads(result)},
         }
-    bare: list[list[str]] = []
+    bare: list[list[bytes]] = []
     _sub("0x1", bare, envelope=False).put_nowait([emit])
-    assert bare[0] == [result]
+    assert bare[0] == [result.encode()]
 
 
 def test_live_text_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subscription, "LIVE_CACHE_LIMIT", 3)
     monkeypatch.setattr(subscription, "_LIVE_TEXTS", {})
-    sent: list[list[str]] = []
+    sent: list[list[bytes]] = []
     sub = _sub("0x1", sent)
     for n in range(10):
         sub.put_nowait([Emit(n, "aa", "bb", [f'{{"n":{n}}}'])])

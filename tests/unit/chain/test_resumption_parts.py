@@ -93,15 +93,15 @@ def test_good_subscribe_params() -> None:
 
 async def test_outbox_bounds_and_waits() -> None:
     box = Outbox(4)
-    assert box.offer(["a", "b", "c"])
-    assert not box.offer(["d", "e"])  # nothing queued when it does not fit
+    assert box.offer([b"a", b"b", b"c"])
+    assert not box.offer([b"d", b"e"])  # nothing queued when it does not fit
     assert len(box) == 3
-    put = asyncio.create_task(box.put(["d", "e"]))
+    put = asyncio.create_task(box.put([b"d", b"e"]))
     await asyncio.sleep(0)
     assert not put.done()
-    assert [box.pop(), box.pop()] == ["a", "b"]
+    assert [box.pop(), box.pop()] == [b"a", b"b"]
     await asyncio.wait_for(put, 1)
-    assert [box.pop() for _ in range(4)] == ["c", "d", "e", None]
+    assert [box.pop() for _ in range(4)] == [b"c", b"d", b"e", None]
 
 
 async def test_subscription_live_overflow_raises_slow_consumer() -> None:
