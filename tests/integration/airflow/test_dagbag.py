@@ -33,7 +33,7 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
 
     dag = bag.get_dag("sluice_archive")
     assert isinstance(dag.timetable, CronDataIntervalTimetable)
-    assert dag.timetable._expression == "*/5 * * * *"
+    assert dag.timetable.serialize()["expression"] == "*/5 * * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert {t.task_id for t in dag.tasks} == {
         "streams", "chain_streams", "archive", "canonical", "trim", "publish",
@@ -50,7 +50,7 @@ def test_archive_cron_comes_from_settings(airflow_home: Path) -> None:
     code = (
         "from airflow.dag_processing.dagbag import DagBag;"
         f"b = DagBag(dag_folder={str(ROOT / 'dags')!r});"
-        "print(b.get_dag('sluice_archive').timetable._expression)"
+        "print(b.get_dag('sluice_archive').timetable.serialize()['expression'])"
     )
     import os
 

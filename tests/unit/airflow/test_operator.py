@@ -151,9 +151,9 @@ def test_backfill_runs_archive_only_their_own_interval() -> None:
     from types import SimpleNamespace
 
     sys.path.insert(0, PLUGINS)
-    from airflow.sdk.api.datamodels._generated import DagRunType
+    from airflow.utils.types import DagRunType
     from sluice_lake_operator import LakeJobOperator
 
     op = LakeJobOperator(task_id="archive", job="archive", stream="s", interval=True, catchup=True)
-    context = {"dag_run": SimpleNamespace(run_type=DagRunType.BACKFILL)}
+    context = {"dag_run": SimpleNamespace(run_type=DagRunType.BACKFILL_JOB)}
     assert op.steps(context, settings=None) is None  # never reads the lake
