@@ -146,6 +146,30 @@ class Sender:
         self._note(num, hash, weight, emit)
         return depth
 
+    def extend(self, emits: list[Emit]) -> None:
+        """Note a run of consecutive blocks above the head, in one step.
+
+        The same as :meth:`accept` for each (each would return 0), at a fraction
+        of the cost per block: a lake page in catch-up
+        (``catchup_blocks_per_s`` of ``make bench B=resume``). Only the last
+        ``2 * RETAIN`` blocks of the run are kept for rebuilding branches.
+        """
+        first, last = emits[0], emits[-1]
+        if first.num <= self.head or last.num - first.num + 1 != len(emits):
+            raise ValueError("extend takes consecutive blocks above the head")
+        hashes = self._hashes
+        for emit in emits:
+            hashes[emit.num] = emit.hash
+        if first.num > 0 and first.num - 1 not in hashes:
+            hashes[first.num - 1] = first.parent  # the parent of the first block is on the chain
+        for stale in range(max(first.num - self._window, 0), last.num - self._window + 1):
+            hashes.pop(stale, None)
+        self.sent += len(emits)
+        self.head = last.num
+        self.head_weight = last.weight
+        for emit in emits[-2 * self.RETAIN :]:
+            self._keep(emit)
+
     def take(self, emit: Emit) -> list[Emit]:
         """Fork choice for one block in production order: the blocks to send now (maybe none)."""
         num, hash = emit.num, emit.hash

@@ -219,6 +219,8 @@ class TieredResumption:
                             f"history gap in the lake after block {expected - 1}",
                             public=HISTORY_GAP,
                         )
+                elif emits[0].num > sender.head:
+                    sender.extend(emits)
                 else:
                     for emit in emits:
                         sender.accept(emit.num, emit.hash, emit.weight, emit)

@@ -103,3 +103,41 @@ def test_sender_links_the_first_block_to_its_parent() -> None:
     assert s.take(first) == [first]
     child = Emit(11, "b11", "a10", ["y"], 0, 12)
     assert s.knows(9, "a9") and s.take(child) == [child]
+
+
+def _run(lo: int, hi: int, tag: str = "a") -> list[Emit]:
+    return [Emit(n, f"{tag}{n}", f"{tag}{n - 1}", [f"r{n}"], 0, n + 1) for n in range(lo, hi)]
+
+
+@pytest.mark.parametrize(
+    ("start", "pages", "window"), [(0, [5], 4), (3, [40, 300, 1], 64), (7, [600], 4096)]
+)
+def test_sender_extend_notes_a_run_as_accept_does_each(
+    start: int, pages: list[int], window: int
+) -> None:
+    one, bulk = Sender(start, window), Sender(start, window)
+    pos = start
+    for size in pages:
+        run = _run(pos, pos + size)
+        for emit in run:
+            assert one.accept(emit.num, emit.hash, emit.weight, emit) == 0
+        bulk.extend(run)
+        pos += size
+    assert (bulk.head, bulk.head_weight, bulk.sent) == (one.head, one.head_weight, one.sent)
+    assert bulk._hashes == one._hashes
+    recent = range(max(start, pos - Sender.RETAIN), pos)
+    assert all(bulk.knows(n, f"a{n}") and one.knows(n, f"a{n}") for n in recent)
+    assert len(bulk._blocks) <= 2 * Sender.RETAIN
+    # what follows is decided alike: a repeat, a heavier branch from below the head
+    fork = Emit(pos - 2, "b", f"a{pos - 3}", ["f"], 0, pos + 5)
+    assert bulk.take(Emit(pos - 1, f"a{pos - 1}", f"a{pos - 2}", [], 0, pos)) == []
+    assert bulk.take(fork) == one.take(fork)
+
+
+def test_sender_extend_refuses_what_is_not_a_run_above_the_head() -> None:
+    s = Sender(0)
+    s.extend(_run(0, 3))
+    with pytest.raises(ValueError, match="consecutive"):
+        s.extend(_run(2, 5))  # not above the head
+    with pytest.raises(ValueError, match="consecutive"):
+        s.extend([*_run(3, 5), *_run(6, 7)])  # a gap
