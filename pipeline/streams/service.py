@@ -192,11 +192,12 @@ class _Held:
     def take(self) -> Redis:
         return self._idle.pop() if self._idle else self.redis.client()
 
-    async def give(self, client: Redis) -> None:
+    def keep(self, client: Redis) -> bool:
+        """Hold ``client`` for the next take; False: close it (its connection goes back)."""
         if len(self._idle) < self.max_idle and not self._closed:
             self._idle.append(client)
-        else:
-            await client.aclose()  # its connection goes back to the pool
+            return True
+        return False
 
     async def aclose(self) -> None:
         self._closed = True
@@ -253,6 +254,7 @@ class StreamService(Worker):
         self._inline_pulls = 0
         self._waiting: collections.deque[tuple[_Origin, str, p.Pull, str]] = collections.deque()
         self._streams: dict[bytes, str] = {}
+        self._keys: dict[str, str] = {}
         #: Streams whose last pull was a full batch (bounded by the number of streams).
         self._busy: set[str] = set()
         self._push_sha: str | None = None
@@ -268,6 +270,15 @@ class StreamService(Worker):
     async def setup(self, wctx: WorkerContext) -> None:
         self._node = wctx.node
         self.name = wctx.name
+
+    def _key(self, stream: str) -> str:
+        """``keys.stream(stream)`` of a stream created here (kept: it is built per push and pull)."""
+        key = self._keys.get(stream)
+        if key is None:
+            key = keys.stream(stream)
+            if len(self._keys) < self.max_streams:
+                self._keys[stream] = key
+        return key
 
     def address_of(self, stream: str) -> str:
         """The local address that Push and Pull for ``stream`` go to."""
@@ -347,7 +358,7 @@ class StreamService(Worker):
                     origin, request.request_id, p.ErrorCode.NOT_FOUND, text
                 )
             elif isinstance(request, p.Push):
-                reply = (await self._push_replies([(origin, stream, request)]))[0]
+                reply = self._push_reply(origin, request, await self._push_one(stream, request))
             else:
                 index = request.index or "0-0"
                 if not INDEX_RE.match(index):
@@ -460,21 +471,35 @@ class StreamService(Worker):
             return [
                 self._fail(origin, req.request_id, code, text, exc) for origin, _, req in pushes
             ]
-        replies: list[p.StreamMessage] = []
-        for (origin, _, req), result in zip(pushes, results, strict=True):
-            if isinstance(result, Exception):
-                code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
-                replies.append(self._fail(origin, req.request_id, code, text, result))
-                continue
-            status, joined = result
-            indexes = tuple(_text(joined).split(",")) if joined else ()
-            self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
-            replies.append(
-                p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
-            )
-        return replies
+        return [
+            self._push_reply(origin, req, result)
+            for (origin, _, req), result in zip(pushes, results, strict=True)
+        ]
 
-    async def _run_pushes(self, pushes: list[tuple[Route, str, p.Push]]) -> list[Any]:
+    def _push_reply(self, origin: Route, req: p.Push, result: Any) -> p.StreamMessage:
+        """The reply to a push from what its script returned (or the error it raised)."""
+        if isinstance(result, Exception):
+            code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
+            return self._fail(origin, req.request_id, code, text, result)
+        status, joined = result
+        indexes = tuple(_text(joined).split(",")) if joined else ()
+        self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
+        return p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
+
+    async def _push_one(self, stream: str, req: p.Push) -> Any:
+        """One push (:meth:`_push_replies` for one, without its lists): what the script
+        returned, or the Redis error it raised."""
+        try:
+            result = (await self._run_pushes([(None, stream, req)]))[0]
+            if isinstance(result, NoScriptError):  # Redis restarted: see _push_replies
+                self._push_sha = None
+                result = (await self._run_pushes([(None, stream, req)]))[0]
+        except _REDIS_ERRORS as exc:
+            redisconn.checkpoint(exc)
+            return exc
+        return result
+
+    async def _run_pushes(self, pushes: Sequence[tuple[object, str, p.Push]]) -> list[Any]:
         """All pushes in one round trip (EVALSHA of the push script per push)."""
         if self._push_sha is None:
             self._push_sha = _text(await self.redis.script_load(_PUSH))
@@ -485,7 +510,7 @@ class StreamService(Worker):
                 result = await redis.evalsha(
                     self._push_sha,
                     2,
-                    keys.stream(stream),
+                    self._key(stream),
                     keys.push_dedup(stream, req.request_id),
                     self.dedup_ttl_ms,
                     FIELD,
@@ -494,7 +519,8 @@ class StreamService(Worker):
             except NoScriptError as exc:
                 return [exc]
             finally:
-                await self._held.give(redis)
+                if not self._held.keep(redis):
+                    await redis.aclose()
             return [result]
         async with self.redis.pipeline(transaction=False) as pipe:
             for _, stream, req in pushes:
@@ -554,7 +580,7 @@ class StreamService(Worker):
         self, origin: Route, stream: str, req: p.Pull, index: str
     ) -> p.StreamMessage:
         """The reply to one pull: its entries, or an error."""
-        key = keys.stream(stream)
+        key = self._key(stream)
         limit = max(1, min(req.limit, self.max_pull))
         wait = max(0, min(req.wait_ms, self.max_wait_ms))
         redis = self._held.take()
@@ -591,7 +617,8 @@ class StreamService(Worker):
             code, text = p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR
             return self._fail(origin, req.request_id, code, text, exc)
         finally:
-            await self._held.give(redis)
+            if not self._held.keep(redis):
+                await redis.aclose()
         self._count("pulled", len(messages))
         return p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
 
