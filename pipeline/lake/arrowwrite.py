@@ -519,11 +519,13 @@ _SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
 
 def _hash_keys(hashes: pa.Array) -> np.ndarray[Any, Any]:
     """The first 8 bytes of each hash (64 hex digits) as uint64, for a distinctness check."""
-    hashes = pa.concat_arrays([hashes])  # rebase a slice's buffers
     n = len(hashes)
+    if n == 0:
+        return np.empty(0, np.uint64)
+    hashes = pa.concat_arrays([hashes])  # rebase a slice's buffers
     _, offsets_buf, values_buf = hashes.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1)
-    if n == 0 or not np.all(np.diff(offsets) == 64):
+    if not np.all(np.diff(offsets) == 64):
         raise AssertionError("block hashes are 64 hex digits")  # the source checks 32 bytes
     digits = np.frombuffer(values_buf, dtype=np.uint8, count=int(offsets[-1]))
     first = digits[offsets[0] :].reshape(n, 64)[:, :16]

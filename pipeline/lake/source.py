@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from pipeline.errors import ArchiveError, BadBatch
-from pipeline.lake.blockhead import HeadReader
+from pipeline.lake.blockhead import HeadReader, page_heads
 from pipeline.lake.redisread import (
     StreamId,
     bounds,
@@ -110,7 +110,6 @@ def raw_to_batch(
     in their order). Only the block's head is decoded
     (:mod:`pipeline.lake.blockhead`); ids are split and hashes hex-encoded in Arrow.
     """
-    from pipeline.chain.batch import ENTRY_FIELD
 
     n = len(page)
     ids = pa.array([e[0] for e in page], pa.binary()).cast(pa.string())
@@ -127,46 +126,93 @@ def raw_to_batch(
         nulls = pa.nulls(n)
         columns = [nulls.cast(t) for t in _BLOCK_TYPES]
         return _batch(ids, ms, seq, offsets, keys, values, columns)
-    head = (heads or HeadReader()).head
-    valid: list[bool] = [False] * n
-    nums: list[int | None] = [None] * n
-    hashes: list[bytes | None] = [None] * n
-    parents: list[bytes | None] = [None] * n
+    return _chain_batch(page, ids, ms, seq, split, heads or HeadReader())
+
+
+def _chain_batch(
+    page: Sequence[Sequence[Any]],
+    ids: pa.Array,
+    ms: pa.Array,
+    seq: pa.Array,
+    split: bool,
+    heads: HeadReader,
+) -> pa.RecordBatch:
+    """:func:`raw_to_batch` of a chain stream: heads read a page at a time
+    (:func:`~pipeline.lake.blockhead.page_heads`), one by one only where that cannot."""
+    from pipeline.chain.batch import ENTRY_FIELD, HASH_LEN, WEIGHT_BYTES
+
+    n = len(page)
+    flats = [e[1] for e in page]
+    datas: list[bytes | None] = [
+        f[1] if len(f) == 2 and f[0] == ENTRY_FIELD else None for f in flats
+    ]
+    one = np.ones(n, dtype=np.bool_)
+    # Rare: several fields (a repeated name counts once, as in a dict).
+    for i in [i for i, flat in enumerate(flats) if len(flat) != 2]:
+        pairs = dict(zip(flats[i][::2], flats[i][1::2], strict=True))
+        datas[i], one[i] = pairs.get(ENTRY_FIELD), len(pairs) == 1
+    payloads = pa.array(datas, pa.binary())
+    found = page_heads(payloads)
+    valid, nums, has_weight = found.ok.copy(), found.num.copy(), found.has_weight.copy()
+    hashes, parents, weights = found.hash.copy(), found.parent.copy(), found.weight.copy()
     errors: list[str | None] = [None] * n
-    payloads: list[bytes | None] = [None] * n
-    weights: list[bytes | None] = [None] * n
-    for i, (_, flat) in enumerate(page):
-        if len(flat) == 2:  # the common entry: one field
-            data = flat[1] if flat[0] == ENTRY_FIELD else None
-            one = True
-        else:
-            pairs = dict(zip(flat[::2], flat[1::2], strict=True))
-            data, one = pairs.get(ENTRY_FIELD), len(pairs) == 1
+    for i in np.flatnonzero(~found.ok).tolist():
+        data = datas[i]
         if data is None:
             errors[i] = "entry has no 'block' field"
-        else:
-            try:
-                nums[i], hashes[i], parents[i], weights[i] = head(data)
-            except BadBatch as exc:
-                errors[i] = str(exc)[:500]
-            else:
-                valid[i] = True
-                payloads[i] = data
-                if split and one:
-                    offsets.append(len(keys))  # the block lives in ``payload`` alone
-                    continue
-        _add_fields(flat, keys, values)
-        offsets.append(len(keys))
+            continue
+        try:
+            num, block_hash, parent, weight = heads.head(data)
+        except BadBatch as exc:
+            errors[i] = str(exc)[:500]
+            continue
+        valid[i], nums[i] = True, num
+        hashes[i] = np.frombuffer(block_hash, dtype=np.uint8)
+        parents[i] = np.frombuffer(parent, dtype=np.uint8)
+        if weight is not None:
+            has_weight[i] = True
+            weights[i] = np.frombuffer(weight, dtype=np.uint8)
+    keep = ~(valid & one) if split else np.ones(n, dtype=np.bool_)
+    counts = np.zeros(n, dtype=np.int32)
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for i in np.flatnonzero(keep).tolist():
+        before = len(keys)
+        _add_fields(flats[i], keys, values)
+        counts[i] = len(keys) - before
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    invalid = ~valid
     columns = [
         pa.array(valid, pa.bool_()),
-        pa.array(nums, pa.int64()),
-        hex_array(pa.array(hashes, pa.binary())),
-        hex_array(pa.array(parents, pa.binary())),
+        pa.array(nums, pa.int64(), mask=invalid),
+        _hex_rows(hashes, invalid, HASH_LEN),
+        _hex_rows(parents, invalid, HASH_LEN),
         pa.array(errors, pa.string()),
-        pa.array(payloads, pa.binary()),
-        pa.array(weights, pa.binary()),
+        pc.if_else(pa.array(valid), payloads, pa.scalar(None, pa.binary())),
+        _binary_rows(weights, ~has_weight, WEIGHT_BYTES),
     ]
     return _batch(ids, ms, seq, offsets, keys, values, columns)
+
+
+def _binary_rows(rows: np.ndarray[Any, Any], null: np.ndarray[Any, Any], width: int) -> pa.Array:
+    """Each row of an (n, width) uint8 array as one binary value (null where ``null``)."""
+    n = len(rows)
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    values = pa.BinaryArray.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows.tobytes())]
+    )
+    return pc.if_else(pa.array(~null), values, pa.scalar(None, pa.binary()))
+
+
+def _hex_rows(rows: np.ndarray[Any, Any], null: np.ndarray[Any, Any], width: int) -> pa.Array:
+    """Lower-case hex of each row of an (n, width) uint8 array (null where ``null``)."""
+    n = len(rows)
+    offsets = np.arange(0, (n + 1) * 2 * width, 2 * width, dtype=np.int32)
+    values = pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(_HEX[rows].tobytes())
+    )
+    return pc.if_else(pa.array(~null), values, pa.scalar(None, pa.string()))
 
 
 def _add_fields(flat: Sequence[bytes], keys: list[bytes], values: list[bytes]) -> None:
@@ -206,7 +252,7 @@ def _batch(
     ids: pa.Array,
     ms: pa.Array,
     seq: pa.Array,
-    offsets: list[int],
+    offsets: list[int] | np.ndarray[Any, Any],
     keys: list[bytes],
     values: list[bytes],
     columns: list[pa.Array],

@@ -6,9 +6,11 @@ Metrics (JSON lines via Report), all in one run with their baselines:
   (the Connect server in front of a standalone master with two workers on this
   machine): N entries (~300 B block payloads) of one stream archived by
   ``archive_interval``, measured after the session is up; baseline = raw paged
-  ``XRANGE`` of the same entries in Python, same run. ``stages`` holds the
-  per-stage split (check, entries = read + decode + write of stream_entries,
-  stats, blocks, log).
+  ``XRANGE`` of the same entries in Python (redis-py), same run. ``writer`` says
+  which writer ran (``arrow``: :mod:`pipeline.lake.arrowwrite`); ``stages`` holds
+  the per-stage split (see ``ArchiveResult.stages``).
+- ``archive_entries_per_s_spark_writer``: local mode with ``SLUICE_ARCHIVE_WRITER=spark``
+  (the Spark writer), for comparison, same run.
 - ``archive_job_overhead_s``: a whole ``sluice lake archive`` child process (what an
   Airflow task runs) against an interval with nothing in Redis, through Connect.
 - ``spark_session_start_s``: the local one-JVM session with Delta (cached jars),
@@ -83,15 +85,28 @@ def _raw_xrange(client: redis.Redis) -> tuple[int, float, list[Any]]:
     return count, time.perf_counter() - began, pages
 
 
+def _raw_pages(url: str) -> tuple[float, list[Any]]:
+    """Seconds of the archive's own paged read (raw ``XRANGE`` replies), and its pages."""
+    from pipeline.lake.redisread import raw_connect, read_raw_pages
+
+    client = raw_connect(url)
+    try:
+        began = time.perf_counter()
+        pages = list(read_raw_pages(client, keys.stream(STREAM), (0, 0), (2**63, 0), PAGE))
+        return time.perf_counter() - began, pages
+    finally:
+        client.close()
+
+
 def _decode(pages: list[Any]) -> float:
-    """Seconds the source's decode (block heads, Arrow pages) takes for ``pages`` in one process."""
+    """Seconds the archive's decode (block heads, Arrow pages) takes for ``pages`` in one process."""
     from pipeline.lake.blockhead import HeadReader
-    from pipeline.lake.source import entries_to_batch
+    from pipeline.lake.source import raw_to_batch
 
     heads = HeadReader()
     began = time.perf_counter()
     for page in pages:
-        entries_to_batch(page, True, split=True, heads=heads)
+        raw_to_batch(page, True, split=True, heads=heads)
     return time.perf_counter() - began
 
 
@@ -221,12 +236,15 @@ def main() -> int:
             count, raw_s, pages = _raw_xrange(client)
             assert count == n, (count, n)
             raw_rate = n / raw_s
+            del pages
+            read_s, pages = _raw_pages(server.url)
             decode_s = _decode(pages)
             del pages
-            # The per-entry work outside Spark, one process: read (paged XRANGE) and decode.
-            report.emit("archive_read_decode_us_per_entry", (raw_s + decode_s) / n * 1e6,
-                        read_us=round(raw_s / n * 1e6, 2), decode_us=round(decode_s / n * 1e6, 2),
-                        load=_load())  # fmt: skip
+            # The per-entry work outside Spark, one process: the archive's read (paged XRANGE,
+            # raw replies) and decode; xrange_us is the baseline's (redis-py's dict per entry).
+            report.emit("archive_read_decode_us_per_entry", (read_s + decode_s) / n * 1e6,
+                        read_us=round(read_s / n * 1e6, 2), decode_us=round(decode_s / n * 1e6, 2),
+                        xrange_us=round(raw_s / n * 1e6, 2), load=_load())  # fmt: skip
 
             base_env = {
                 "SLUICE_CONFIG": os.devnull,
@@ -250,18 +268,22 @@ def main() -> int:
             warm = f"{w_start}:{w_end}"
             archive_args = ["--child-archive", STREAM, str(start_ms), str(end_ms), warm]
 
-            def archive(mode: str, metric: str, remote: str = "") -> None:
-                env = {**base_env, "SLUICE_LAKE_URI": str(tmp / f"lake-{mode}"),
-                       "SLUICE_SPARK_REMOTE": remote}  # fmt: skip
+            def archive(mode: str, metric: str, remote: str = "", writer: str = "arrow") -> None:
+                env = {**base_env, "SLUICE_LAKE_URI": str(tmp / f"lake-{mode}-{writer}"),
+                       "SLUICE_SPARK_REMOTE": remote, "SLUICE_ARCHIVE_WRITER": writer}  # fmt: skip
                 load = _load()
                 doc = _child(archive_args, env)
                 assert doc["entries"] == n, doc
+                used = "arrow" if "commit_entries" in doc["stages"] else "spark"
+                assert used == writer, doc
                 report.emit(metric, n / doc["seconds"], raw_rate, entries=n, mode=mode,
-                            archive_s=round(doc["seconds"], 2), xrange_s=round(raw_s, 2),
-                            stages=doc["stages"], load=[load, _load()])  # fmt: skip
+                            writer=used, archive_s=round(doc["seconds"], 2),
+                            xrange_s=round(raw_s, 2), stages=doc["stages"],
+                            load=[load, _load()])  # fmt: skip
 
             if "local" in modes:
                 archive("local", "archive_entries_per_s")
+                archive("local", "archive_entries_per_s_spark_writer", writer="spark")
             settings = Settings.load(config_path=os.devnull, spark_master="local[*]")
             if "connect" in modes:
                 with ConnectServer(
@@ -269,7 +291,8 @@ def main() -> int:
                 ) as connect:
                     archive("connect", "archive_entries_per_s_connect", connect.url)
                     # A whole job child (what a task runs) for an interval with nothing in Redis.
-                    env = {**os.environ, **base_env, "SLUICE_LAKE_URI": str(tmp / "lake-connect"),
+                    env = {**os.environ, **base_env,
+                           "SLUICE_LAKE_URI": str(tmp / "lake-connect-arrow"),
                            "SLUICE_SPARK_REMOTE": connect.url}  # fmt: skip
                     empty = [str(end_ms + 1), str(end_ms + 2)]
                     began = time.perf_counter()
@@ -294,7 +317,7 @@ def main() -> int:
                         _stop(proc)
 
             if "local" in modes:
-                _reads(report, str(tmp / "lake-local"), n)
+                _reads(report, str(tmp / "lake-local-arrow"), n)
         finally:
             server.stop()
     report.save()
