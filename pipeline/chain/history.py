@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.chain.resumption import History
+from pipeline.chain.planning import History
 
 
 class SharedHistory:

@@ -65,10 +65,8 @@ from pipeline.chain.live import LIVE_ATTEMPTS, LiveListener, live_emit
 from pipeline.chain.planning import (
     BlockSink,
     Emit,
-    Entries,
     History,
     Plan,
-    Reason,
     Sender,
     TailIndex,
     TailReads,
@@ -373,18 +371,4 @@ class TieredResumption:
             self._hub.discard(listener)
 
 
-__all__ = [
-    "BlockSink",
-    "Emit",
-    "Entries",
-    "History",
-    "Plan",
-    "Reason",
-    "Resumption",
-    "Sender",
-    "SharedTail",
-    "TailIndex",
-    "TieredResumption",
-    "checkpoint",
-    "decode_servable",
-]
+__all__ = ["HISTORY_GAP", "Resumption", "TieredResumption"]
