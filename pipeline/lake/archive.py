@@ -81,8 +81,8 @@ class ArchiveResult:
     #: True when the run found the interval archived and read nothing
     skipped: bool = False
     #: seconds per stage, in order. Arrow writer: check, read, decode, write (each the mean
-    #: seconds of one Spark task, overlapping in parallel tasks), files (the tasks' wall
-    #: time), plan, commit_blocks, commit_entries, log. Spark writer: check, scan (read +
+    #: seconds of one Spark task, overlapping in parallel tasks), slowest_task (its wall
+    #: seconds), files (the Spark job's wall seconds), plan, commit_blocks, commit_entries, log. Spark writer: check, scan (read +
     #: decode, chain streams), plan, blocks, entries, stats (a read-back, when the lake
     #: held part of the interval), log.
     stages: dict[str, float] = field(default_factory=dict)

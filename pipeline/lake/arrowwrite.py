@@ -68,7 +68,7 @@ RESULT_DDL = (
     "blocks_path STRING, blocks_size BIGINT, blocks_stats STRING, mtime BIGINT, "
     "entries BIGINT, valid BIGINT, invalid BIGINT, invalid_ids STRING, first_id STRING, "
     "last_id STRING, num_lo BIGINT, num_hi BIGINT, hash_keys BINARY, "
-    "read_s DOUBLE, decode_s DOUBLE, write_s DOUBLE"
+    "read_s DOUBLE, decode_s DOUBLE, write_s DOUBLE, task_s DOUBLE"
 )
 RESULT_ARROW = pa.schema(
     [
@@ -92,6 +92,7 @@ RESULT_ARROW = pa.schema(
         ("read_s", pa.float64()),
         ("decode_s", pa.float64()),
         ("write_s", pa.float64()),
+        ("task_s", pa.float64()),
     ]
 )
 
@@ -153,7 +154,8 @@ class Written:
     #: True when the valid blocks' hashes are pairwise distinct (by their first 8 bytes:
     #: two different hashes sharing them make this False, which only costs the fast path)
     distinct: bool
-    #: mean seconds per task spent reading Redis, decoding, and writing files
+    #: mean seconds per task spent reading Redis, decoding, and writing files, and the
+    #: wall seconds of the slowest task
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -236,8 +238,11 @@ def _collect(rows: pa.Table, part: str = "") -> Written:
         num_hi=max(highs) if highs else None,
         distinct=len(np.unique(every)) == blocks,
         stages={
-            name: round(sum(d[f"{name}_s"] for d in docs) / tasks, 3)
-            for name in ("read", "decode", "write")
+            **{
+                name: round(sum(d[f"{name}_s"] for d in docs) / tasks, 3)
+                for name in ("read", "decode", "write")
+            },
+            "slowest_task": round(max((d["task_s"] for d in docs), default=0.0), 3),
         },
     )
 
@@ -377,6 +382,7 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     from pipeline.lake.redisread import raw_connect, read_raw_pages
     from pipeline.lake.source import raw_to_batch
 
+    began_task = time.perf_counter()
     lo, hi = task.ranges[index]
     archived_at = pa.scalar(task.archived_at_us, pa.timestamp("us", tz="UTC"))
     entries_file = _File(
@@ -458,6 +464,7 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
         "read_s": read_s,
         "decode_s": decode_s,
         "write_s": write_s,
+        "task_s": time.perf_counter() - began_task,
     }
     return pa.RecordBatch.from_pylist([row], schema=RESULT_ARROW)
 
