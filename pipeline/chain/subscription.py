@@ -208,6 +208,11 @@ class Subscription:
         """Encoded notification texts; ``shared``: reuse the live cache's (live blocks only)."""
         prefix = self._prefix
         suffix = self._suffix
+        self.blocks += len(emits)
+        if not (shared or self.cardinal or (self.params.reorgs and any(e.reorg for e in emits))):
+            # catch-up in the seed dialect, nothing to announce: one pass (a lake page
+            # costs 0.15 us less a block; catchup_blocks_per_s of make bench B=resume)
+            return [(prefix + r + suffix).encode() for emit in emits for r in emit.results]
         out: list[bytes] = []
         for emit in emits:
             if self.cardinal:
@@ -226,7 +231,6 @@ class Subscription:
                 out.extend([_live_text(prefix, r, suffix) for r in emit.results])
             else:
                 out.extend([(prefix + r + suffix).encode() for r in emit.results])
-        self.blocks += len(emits)
         return out
 
     async def put(self, emits: list[Emit]) -> None:
