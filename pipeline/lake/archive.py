@@ -31,6 +31,15 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
 
 Every step is one atomic Delta commit and is idempotent, so a job killed at
 any point leaves nothing half-written visible and a rerun completes it.
+
+Steps 2 to 5 have two writers (``settings.lake.archive_writer``). The Spark
+writer is described above. The Arrow writer (:mod:`pipeline.lake.arrowwrite`,
+the default) takes the common interval, one the lake holds nothing of: Spark
+tasks read their id ranges, decode and write the Parquet files of both tables
+with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
+when ``blocks`` holds nothing of the read's num range and every valid hash is
+new and seen once (the plan of step 3 with nothing to mark). Otherwise it
+deletes its files and the Spark writer runs. Both write the same rows.
 """
 
 from __future__ import annotations
