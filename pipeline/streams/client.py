@@ -180,9 +180,10 @@ class StreamClient:
         self.timeout_s = timeout_s
         self._pending: dict[str, asyncio.Future[p.StreamMessage]] = {}
         self._pulls: set[str] = set()
-        #: Pulls the service serves in the calling task (serve_now), and those aborted.
+        #: Pulls the service serves in the calling task (serve_now), and how many times
+        #: abort_pulls cancelled each.
         self._running: dict[str, asyncio.Task[Any]] = {}
-        self._aborted: set[str] = set()
+        self._aborted: dict[str, int] = {}
         self._slots = asyncio.Semaphore(max_pending)
 
     def abort_pulls(self) -> None:
@@ -192,20 +193,34 @@ class StreamClient:
             if future is not None and not future.done():
                 future.set_exception(PullAborted("pull aborted: the consumer is stopping"))
         # A pull served in its caller's task waits on Redis there: cancel that wait
-        # (pull() turns this cancellation, and only this one, into PullAborted).
-        for rid, task in self._running.items():
+        # (pull() turns these cancellations, and only these, into PullAborted).
+        for rid in self._running:
             if rid not in self._aborted:
-                self._aborted.add(rid)
-                task.cancel()
+                self._aborted[rid] = 0
+                self._cancel_pull(rid)
+
+    def _cancel_pull(self, rid: str) -> None:
+        """Cancel the task of a running pull, again every 20 ms while it still runs:
+        redis-py may swallow a cancellation that lands while it sends a command (then
+        the long poll would run its course)."""
+        task = self._running.get(rid)
+        if task is None or rid not in self._aborted:
+            return
+        self._aborted[rid] += 1
+        task.cancel()
+        asyncio.get_running_loop().call_later(0.02, self._cancel_pull, rid)
 
     def _took_abort(self, rid: str) -> bool:
-        """Was pull ``rid`` aborted by :meth:`abort_pulls`? Takes back its cancellation."""
-        if rid not in self._aborted:
+        """Was pull ``rid`` aborted by :meth:`abort_pulls`? Takes back its cancellations."""
+        cancels = self._aborted.pop(rid, None)
+        if cancels is None:
             return False
-        self._aborted.discard(rid)
         task = asyncio.current_task()
-        if task is not None and task.uncancel() > 0:
-            raise asyncio.CancelledError  # cancelled by someone else too: that one wins
+        if task is not None:
+            for _ in range(cancels):
+                task.uncancel()
+            if task.cancelling() > 0:
+                raise asyncio.CancelledError  # cancelled by someone else too: that one wins
         return True
 
     def intercept(self, message: TransportMessage) -> bool:

@@ -391,6 +391,7 @@ class StreamService(Worker):
         """
         if self._closing:
             return False
+        self._count("served_direct")
         await self.handle_batch([request])
         return True
 
@@ -546,6 +547,7 @@ class StreamService(Worker):
         if self._active_pulls() < self.max_pulls:
             self._spawn_pull(ctx, stream, req, index)
         elif len(self._waiting) < self.max_waiting_pulls:
+            self._count("pulls_waited")
             self._waiting.append((ctx, stream, req, index))  # started when a slot frees up
         else:
             self._count("pulls_refused")

@@ -45,6 +45,7 @@ async def make_node(redis_url: str) -> AsyncIterator[MakeNode]:
         max_payload: int = 1 << 20,
         max_failures: int = 3,
         service_max_payload: int | None = None,
+        **service: int,
     ) -> tuple[Node, StreamTransport]:
         redis = connect(url or redis_url)
         node = Node(name, max_payload=max_payload, trace_size=1000)
@@ -55,7 +56,7 @@ async def make_node(redis_url: str) -> AsyncIterator[MakeNode]:
             StreamService(
                 redis,
                 max_payload=service_max_payload or max_payload + 65536,
-                max_wait_ms=500,
+                **{"max_wait_ms": 500, **service},
             ),
         )
         await node.start()
