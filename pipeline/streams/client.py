@@ -87,6 +87,29 @@ def new_request_id() -> str:
     return os.urandom(12).hex()
 
 
+#: Bytes a push adds to its entries when encoded: per entry, and once (request id, headers).
+PUSH_ENTRY_OVERHEAD = 5
+PUSH_OVERHEAD = 64
+
+
+def split_pushes(data: list[bytes], max_bytes: int) -> list[list[bytes]]:
+    """``data`` in order, cut into pushes that each encode to at most ``max_bytes``
+    (an entry too large alone is a push of its own, which the service refuses)."""
+    chunks: list[list[bytes]] = []
+    chunk: list[bytes] = []
+    size = PUSH_OVERHEAD
+    for item in data:
+        grown = size + len(item) + PUSH_ENTRY_OVERHEAD
+        if chunk and grown > max_bytes:
+            chunks.append(chunk)
+            chunk, grown = [], PUSH_OVERHEAD + len(item) + PUSH_ENTRY_OVERHEAD
+        chunk.append(item)
+        size = grown
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 def _direct_size(request: p.StreamMessage) -> int | None:
     """An upper bound of ``request``'s encoded size when it is a well-formed push or pull
     (what :func:`~pipeline.streams.protocol.decode` would accept, entries included);
@@ -509,9 +532,11 @@ class Publisher(Worker):
 
     async def handle_batch(self, batch: list[Context]) -> None:
         assert self._pusher is not None
+        node = batch[0].node
         data = [self.encode(ctx) for ctx in batch]
-        confirm = await self._pusher.push(data)
-        self.counters_add(batch[0].node, len(confirm.indexes))
+        for chunk in split_pushes(data, node.max_payload):  # each push fits the node's limit
+            confirm = await self._pusher.push(chunk)
+            self.counters_add(node, len(confirm.indexes))
 
     def counters_add(self, node: Node, n: int) -> None:
         node.counters[f"publisher.{self.stream}.pushed"] += n

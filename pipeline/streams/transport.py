@@ -26,7 +26,13 @@ from typing import Any
 from pipeline.errors import LocalProtocolError, RemoteProtocolError, SluiceError, StreamError
 from pipeline.routing.message import Address, AddressType, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker
-from pipeline.streams.client import Consumer, StreamClient, StreamPusher
+from pipeline.streams.client import (
+    PUSH_ENTRY_OVERHEAD,
+    PUSH_OVERHEAD,
+    Consumer,
+    StreamClient,
+    StreamPusher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +54,19 @@ class _ReplyWorker(Worker):
 
 
 class _Batcher:
-    """Queues encoded messages for one stream and pushes them many at a time."""
+    """Queues encoded messages for one stream and pushes them many at a time: at most
+    ``max_batch`` per push, and at most ``max_bytes`` once encoded (the node's limit),
+    so messages that fit one by one never fail for being sent together."""
 
-    def __init__(self, pusher: StreamPusher, *, max_batch: int, max_queue: int) -> None:
+    def __init__(
+        self, pusher: StreamPusher, *, max_batch: int, max_queue: int, max_bytes: int
+    ) -> None:
         self.pusher = pusher
         self.max_batch = max_batch
+        self.max_bytes = max_bytes
         self.queue: asyncio.Queue[tuple[bytes, asyncio.Future[None]]] = asyncio.Queue(max_queue)
+        #: Taken from the queue but left for the next push (it did not fit this one).
+        self._carry: tuple[bytes, asyncio.Future[None]] | None = None
         self.busy = False
         self.task = asyncio.create_task(self._loop(), name=f"push:{pusher.stream}")
 
@@ -72,9 +85,16 @@ class _Batcher:
 
     async def _loop(self) -> None:
         while True:
-            items = [await self.queue.get()]
+            first, self._carry = self._carry or await self.queue.get(), None
+            items = [first]
+            size = PUSH_OVERHEAD + len(first[0]) + PUSH_ENTRY_OVERHEAD
             while len(items) < self.max_batch and not self.queue.empty():
-                items.append(self.queue.get_nowait())
+                item = self.queue.get_nowait()
+                size += len(item[0]) + PUSH_ENTRY_OVERHEAD
+                if size > self.max_bytes:
+                    self._carry = item
+                    break
+                items.append(item)
             try:
                 await self.pusher.push([data for data, _ in items])
             except SluiceError as exc:  # any failure of this batch fails its senders, not the loop
@@ -93,6 +113,9 @@ class _Batcher:
     async def stop(self) -> None:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
+        if self._carry is not None:
+            self._carry[1].cancel()
+            self._carry = None
         while not self.queue.empty():
             self.queue.get_nowait()[1].cancel()
 
@@ -187,7 +210,12 @@ class StreamTransport:
                 raise StreamError(f"more than {self.max_streams} onward streams")
             assert self._client is not None
             pusher = StreamPusher(self._client, stream)
-            batcher = _Batcher(pusher, max_batch=self.max_batch, max_queue=self.max_queue)
+            batcher = _Batcher(
+                pusher,
+                max_batch=self.max_batch,
+                max_queue=self.max_queue,
+                max_bytes=self.node.max_payload,
+            )
             self._batchers[stream] = batcher
         return batcher
 
