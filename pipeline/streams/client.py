@@ -95,6 +95,8 @@ PUSH_OVERHEAD = 64
 def split_pushes(data: list[bytes], max_bytes: int) -> list[list[bytes]]:
     """``data`` in order, cut into pushes that each encode to at most ``max_bytes``
     (an entry too large alone is a push of its own, which the service refuses)."""
+    if PUSH_OVERHEAD + sum(map(len, data)) + PUSH_ENTRY_OVERHEAD * len(data) <= max_bytes:
+        return [data] if data else []  # the usual case, without a loop in Python
     chunks: list[list[bytes]] = []
     chunk: list[bytes] = []
     size = PUSH_OVERHEAD
@@ -116,7 +118,7 @@ def _direct_size(request: p.StreamMessage) -> int | None:
     None for anything else, which then goes through the codec."""
     if isinstance(request, p.Push):
         data = request.data
-        if not 0 < len(data) <= p.MAX_BATCH or not all(type(d) is bytes for d in data):
+        if not 0 < len(data) <= p.MAX_BATCH or set(map(type, data)) != {bytes}:
             return None
         # msgpack: at most 5 header bytes per bin, 3 for the array, small ints and short strs.
         return sum(map(len, data)) + 5 * len(data) + len(request.request_id) + 16

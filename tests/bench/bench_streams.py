@@ -9,7 +9,11 @@
   loop (so one core does all the Python work of both sides).
 * ``rtt_p50_ms`` / ``rtt_p99_ms``: request/response through the stream
   transport (seed 001) to an echo worker. Baseline: raw ping-pong over two
-  streams with ``XREAD BLOCK``.
+  streams with ``XREAD BLOCK``. Both sides on one event loop, so the figure is
+  the Python work of both per round trip.
+* ``rtt_p50_ms_two_processes``: the same with node B (the echo) in its own
+  process, as two ``sluice node`` run; its baseline is the raw ping-pong with
+  the ponging side in its own process too.
 
 Run: ``.venv/bin/python tests/bench/bench_streams.py`` (own private redis-server).
 """
@@ -22,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -204,6 +209,92 @@ async def raw_rtt(url: str) -> list[float]:
     return samples
 
 
+async def raw_pong_process(url: str) -> None:
+    """The raw ping-pong's ponging side in its own process (until ``bench:pong:stop``)."""
+    server_read, server = Redis.from_url(url), Redis.from_url(url)
+    ping, pong = "bench:raw:ping", "bench:raw:pong"
+    await server.rpush("bench:b:ready", 1)
+    index: bytes | str = "0-0"
+    while True:
+        found = await server_read.xread({ping: index}, count=100, block=200)
+        if not found and await server.exists("bench:pong:stop"):
+            break  # checked only when idle: the same commands per ping as in one process
+        for _, entries in found:
+            for entry_id, fields in entries:
+                index = entry_id
+                await server.xadd(pong, {b"data": fields[b"data"]})
+    for r in (server_read, server):
+        await r.aclose()
+
+
+async def echo_b_process(url: str) -> None:
+    """Node B with the stream transport and an echo worker (until ``bench:pong:stop``)."""
+    node_b, redis_b, transport_b = await make_node("B", url)
+    consumer = await transport_b.subscribe("rtt_b")
+    await asyncio.wait_for(consumer.ready.wait(), 30)
+    await node_b.add_worker("echo", Echo())
+    await redis_b.rpush("bench:b:ready", 1)
+    await redis_b.blpop(["bench:pong:stop"], timeout=600)
+    await node_b.stop()
+    await redis_b.aclose()
+
+
+async def in_child(url: str, mode: str, measure: Any) -> list[float]:
+    """Run ``measure()`` here while the other side runs as ``--<mode>`` in a child process."""
+    redis = Redis.from_url(url)
+    await redis.delete("bench:b:ready", "bench:pong:stop", "bench:raw:ping", "bench:raw:pong")
+    child = await asyncio.create_subprocess_exec(sys.executable, __file__, f"--{mode}", url)
+    try:
+        if not await redis.blpop(["bench:b:ready"], timeout=60):
+            raise RuntimeError(f"{mode} did not start")
+        samples: list[float] = await measure()
+        await redis.rpush("bench:pong:stop", 1)
+        await asyncio.wait_for(child.wait(), 30)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        await redis.aclose()
+    return samples
+
+
+async def raw_ping(url: str) -> list[float]:
+    """The pinging side of the raw ping-pong (the other side in another process)."""
+    client, client_read = Redis.from_url(url), Redis.from_url(url)
+    index: bytes | str = "0-0"
+    samples: list[float] = []
+    for i in range(RTT_N + 100):
+        start = time.perf_counter()
+        await client.xadd("bench:raw:ping", {b"data": PAYLOAD})
+        found = await client_read.xread({"bench:raw:pong": index}, count=1, block=5000)
+        index = found[0][1][-1][0]
+        if i >= 100:
+            samples.append((time.perf_counter() - start) * 1000)
+    for r in (client, client_read):
+        await r.aclose()
+    return samples
+
+
+async def sluice_ping(url: str) -> list[float]:
+    """Node A: requests through the stream transport to node B's echo (in another process)."""
+    node_a, redis_a, _ = await make_node("A", url)
+    waiter = Waiter()
+    await node_a.add_worker("waiter", waiter)
+    route = Route([StreamAddress("rtt_b", "rtt_a").to_address(), "echo"])
+    loop = asyncio.get_running_loop()
+    samples: list[float] = []
+    for i in range(RTT_N + 100):
+        waiter.future = loop.create_future()
+        start = time.perf_counter()
+        await node_a.deliver(TransportMessage(route, Route(["waiter"]), PAYLOAD))
+        await asyncio.wait_for(waiter.future, 10)
+        if i >= 100:
+            samples.append((time.perf_counter() - start) * 1000)
+    await node_a.stop()
+    await redis_a.aclose()
+    return samples
+
+
 async def sluice_rtt(url: str) -> list[float]:
     node_a, redis_a, _ = await make_node("A", url)
     node_b, redis_b, transport_b = await make_node("B", url)
@@ -260,11 +351,24 @@ async def main() -> None:
                 percentile(raw_samples, q),
                 samples=len(our_samples),
             )
+        raw_samples = await in_child(server.url, "raw-pong", lambda: raw_ping(server.url))
+        our_samples = await in_child(server.url, "echo-b", lambda: sluice_ping(server.url))
+        report.emit(
+            "rtt_p50_ms_two_processes",
+            percentile(our_samples, 50),
+            percentile(raw_samples, 50),
+            samples=len(our_samples),
+            nodes="B (the echo) in its own process",
+        )
     report.save()
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--node-b"]:
         asyncio.run(node_b_process(sys.argv[2], int(sys.argv[3])))
+    elif sys.argv[1:2] == ["--raw-pong"]:
+        asyncio.run(raw_pong_process(sys.argv[2]))
+    elif sys.argv[1:2] == ["--echo-b"]:
+        asyncio.run(echo_b_process(sys.argv[2]))
     else:
         asyncio.run(main())
