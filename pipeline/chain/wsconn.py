@@ -236,27 +236,34 @@ class Connection:
         is left to the writer to finish before anything else is sent; what
         follows it is queued.
         """
-        ws = self.ws
-        if self._busy or self._pending is not None or ws.closed:
+        if self._busy or self._pending is not None or self.ws.closed:
             return 0
-        sent = 0
         try:
-            with _corked(self._sock if len(texts) > 1 else None):
-                for text in texts:
-                    step = ws.send_frame(text, WSMsgType.TEXT)
-                    sent += 1
-                    try:
-                        first = step.send(None)
-                    except StopIteration:
-                        continue
-                    self._pending = _Rest(step, first)
-                    self.outbox.wake()
-                    break
+            if len(texts) == 1:  # live fan-out: one text a subscriber, no cork to set
+                sent = self._send_steps(texts)
+            else:
+                with _corked(self._sock):
+                    sent = self._send_steps(texts)
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
             return len(texts)  # the connection is closing: nothing more goes out
-        finally:
-            self.metrics.inc("sluice_serve_messages_sent_total", sent)
+        self.metrics.inc("sluice_serve_messages_sent_total", sent)
+        return sent
+
+    def _send_steps(self, texts: list[bytes]) -> int:
+        """Run the first step of ``send_frame`` for each text until one suspends; how many sent."""
+        send, text_op = self.ws.send_frame, WSMsgType.TEXT
+        sent = 0
+        for text in texts:
+            step = send(text, text_op)
+            sent += 1
+            try:
+                first = step.send(None)
+            except StopIteration:
+                continue
+            self._pending = _Rest(step, first)  # flow control: the writer finishes it
+            self.outbox.wake()
+            break
         return sent
 
     async def _read(self) -> None:

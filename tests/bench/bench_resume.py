@@ -9,6 +9,11 @@
 - ``fanout_p50_ms`` / ``fanout_p99_ms``: 500 subscribers, 100 blocks/s
   produced, latency from XADD to each client; baseline: a raw aiohttp server
   that XREADs the stream and sends each entry to every socket.
+- ``catchup_cpu_us_per_block`` / ``fanout_cpu_us_per_message``: CPU time
+  (user + system) of the server process per block sent in catch-up and per
+  notification received in fan-out, against the raw servers' own: on a
+  loaded machine these move much less than the wall-clock figures (Linux:
+  read from ``/proc``; left out elsewhere).
 
 The servers run in child processes so server and clients use both cores.
 """
@@ -161,6 +166,23 @@ app.router.add_get("/ws", ws)
 print("READY", flush=True)
 web.run_app(app, host="127.0.0.1", port=port, print=None)
 """
+
+
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) used so far by process ``pid``; None without ``/proc``."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per(pid: int, before: float | None, count: int) -> float | None:
+    """Microseconds of CPU of ``pid`` since ``before`` per unit of ``count``."""
+    after = cpu_s(pid)
+    if before is None or after is None or not count:
+        return None
+    return (after - before) / count * 1e6
 
 
 def spawn(
@@ -330,7 +352,9 @@ async def main() -> None:
             proc = spawn(["-c", BASELINE_SERVER, lake_uri, STREAM, str(base_port)], ready="READY")
             procs.append(proc)
             await wait_port(base_port)
+            cpu0 = cpu_s(proc.pid)
             baseline = await catchup(base_port, N)
+            base_cpu = cpu_per(proc.pid, cpu0, N)
             proc.terminate()
             proc.wait(30)
 
@@ -338,8 +362,12 @@ async def main() -> None:
             server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=env)
             procs.append(server)
             await wait_port(port)
+            cpu0 = cpu_s(server.pid)
             value = await catchup(port, N)
+            serve_cpu = cpu_per(server.pid, cpu0, N)
             report.emit("catchup_blocks_per_s", value, baseline, blocks=N)
+            if serve_cpu is not None and base_cpu is not None:
+                report.emit("catchup_cpu_us_per_block", serve_cpu, base_cpu, blocks=N)
 
             samples = 100
             firsts = await first_blocks(port, samples)
@@ -351,7 +379,9 @@ async def main() -> None:
                 "first_block_p99_ms", percentile(firsts, 99), percentile(raw, 99), samples=samples
             )
 
+            cpu0 = cpu_s(server.pid)
             lat = await fanout(port, redis_server.url, FANOUT_SUBS)
+            fan_cpu = cpu_per(server.pid, cpu0, len(lat))
             server.terminate()
             server.wait(30)
 
@@ -362,11 +392,16 @@ async def main() -> None:
             )
             procs.append(proc)
             await wait_port(fport)
+            cpu0 = cpu_s(proc.pid)
             raw_lat = await fanout(fport, redis_server.url, FANOUT_SUBS)
+            raw_fan_cpu = cpu_per(proc.pid, cpu0, len(raw_lat))
             report.emit("fanout_p50_ms", percentile(lat, 50), percentile(raw_lat, 50),
                         subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
             report.emit("fanout_p99_ms", percentile(lat, 99), percentile(raw_lat, 99),
                         subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
+            if fan_cpu is not None and raw_fan_cpu is not None:
+                report.emit("fanout_cpu_us_per_message", fan_cpu, raw_fan_cpu,
+                            subscribers=FANOUT_SUBS, samples=len(lat))  # fmt: skip
         finally:
             for proc in procs:
                 if proc.poll() is None:
