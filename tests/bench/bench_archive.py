@@ -128,7 +128,14 @@ def _child(args: list[str], env: dict[str, str], timeout: float = 3600) -> dict[
         check=False,
     )
     if out.returncode != 0:
-        raise RuntimeError(f"bench child {args} failed: {out.stderr[-3000:]}")
+        causes = [
+            line[:300]
+            for line in out.stderr.splitlines()
+            if "Exception" in line or "Error:" in line
+        ]
+        raise RuntimeError(
+            f"bench child {args} failed: {out.stderr[-3000:]}\ncauses:\n" + "\n".join(causes[:20])
+        )
     doc: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return doc
 
