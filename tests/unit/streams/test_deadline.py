@@ -1,4 +1,4 @@
-"""The stream client's hot-path deadline keeps ``asyncio.timeout``'s contract."""
+"""The stream client's hot-path deadlines keep ``asyncio.timeout``'s contract."""
 
 from __future__ import annotations
 
@@ -7,31 +7,39 @@ import asyncio
 import pytest
 
 from pipeline.errors import LocalProtocolError
-from pipeline.streams.client import _Deadline
+from pipeline.streams.client import _Deadlines
 
 
 async def test_expiry_surfaces_as_timeout_error_and_leaves_no_cancellation() -> None:
+    deadlines = _Deadlines()
     task = asyncio.current_task()
     assert task is not None
-    with pytest.raises(TimeoutError), _Deadline(0.01):
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError), deadlines.guard(0.01):
         await asyncio.Event().wait()
+    assert loop.time() - started < 0.01 + _Deadlines.TICK_S + 0.5
     assert task.cancelling() == 0
+    assert not deadlines.calls
     await asyncio.sleep(0)  # no cancellation left pending for the next await
 
 
-async def test_finishing_in_time_cancels_the_timer() -> None:
-    with _Deadline(0.05) as task:
+async def test_finishing_in_time_leaves_nothing_to_fire() -> None:
+    deadlines = _Deadlines()
+    with deadlines.guard(0.05) as task:
         await asyncio.sleep(0)
     assert task is asyncio.current_task()
-    await asyncio.sleep(0.1)  # past the deadline: the timer must not fire any more
+    assert not deadlines.calls
+    await asyncio.sleep(_Deadlines.TICK_S * 2)  # past the deadline and a check
     assert task.cancelling() == 0
 
 
 async def test_another_cancellation_passes_through() -> None:
+    deadlines = _Deadlines()
     started = asyncio.Event()
 
     async def guarded() -> None:
-        with _Deadline(10):
+        with deadlines.guard(10):
             started.set()
             await asyncio.Event().wait()
 
@@ -40,17 +48,30 @@ async def test_another_cancellation_passes_through() -> None:
     job.cancel()
     with pytest.raises(asyncio.CancelledError):
         await job
+    assert not deadlines.calls
 
 
-async def test_nested_deadlines_each_own_their_expiry() -> None:
-    with _Deadline(10):
-        with pytest.raises(TimeoutError), _Deadline(0.01):
+async def test_each_call_owns_its_expiry() -> None:
+    deadlines = _Deadlines()
+    with deadlines.guard(10):
+        with pytest.raises(TimeoutError), deadlines.guard(0.01):
             await asyncio.Event().wait()
         await asyncio.sleep(0)  # the outer one is still fine
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0
 
+    async def slow() -> None:
+        with deadlines.guard(0.01):
+            await asyncio.sleep(5)
+
+    async def quick() -> None:
+        with deadlines.guard(10):
+            await asyncio.sleep(_Deadlines.TICK_S * 2)
+
+    results = await asyncio.gather(slow(), quick(), return_exceptions=True)
+    assert isinstance(results[0], TimeoutError) and results[1] is None
+
 
 def test_outside_a_task_it_is_refused() -> None:
     with pytest.raises((LocalProtocolError, RuntimeError)):
-        _Deadline(1)
+        _Deadlines().guard(1)
