@@ -4,7 +4,13 @@
 return route is the owning worker's address, and matches replies by
 ``request_id`` in the worker's :meth:`~pipeline.routing.node.Worker.intercept`
 (so a worker waiting for an answer never waits on its own mailbox). Every
-call has a timeout; at most ``max_pending`` calls are in flight.
+call has a timeout; at most ``max_pending`` calls wait for a routed reply. A
+push or pull to the stream service of the client's own node is served in the
+calling task instead (:meth:`StreamService.serve_now
+<pipeline.streams.service.StreamService.serve_now>`: no routed message, task,
+future or codec), the stream transport's round trip; its timeout is checked
+by one timer per client (:class:`_Deadlines`), and stopping a consumer
+cancels such a pull's Redis wait (:class:`PullAborted`, as for any pull).
 
 :class:`Publisher` pushes what it receives to one stream, many messages per
 ``Push`` (its mailbox is drained in batches), retrying a failed push with the

@@ -13,10 +13,16 @@ are sent to; Redis is the store shared between nodes.
   Redis packs with cmsgpack (one bulk reply per batch, bounded in bytes, nil
   when the stream is gone); a caught-up one (or an empty fetch) gets
   ``XREAD BLOCK wait_ms`` (bounded by ``max_wait_ms``; an empty answer checks
-  the stream still exists). Each pull runs in its own task, at most
-  ``max_pulls`` at once; further pulls wait in a queue of ``max_waiting_pulls``
-  (started as slots free up, answered ``unavailable`` beyond it), so held long
-  polls never stall a push, even one in the same batch.
+  the stream still exists). Each pull runs in its own task, or in its
+  client's task when the client is on this node (:meth:`StreamService.serve_now`),
+  at most ``max_pulls`` at once either way; further pulls wait in a queue of
+  ``max_waiting_pulls`` (started as slots free up, answered ``unavailable``
+  beyond it), so held long polls never stall a push, even one in the same batch.
+* A client on this node is served in its own task (``serve_now`` for pushes
+  and pulls, ``serve_direct`` for the rest): the same checks, errors and
+  counters as a routed request, without its message, mailbox hop and codec.
+  The hot commands (a single push, a pull) run on single-connection clients
+  of the service's pool held between commands (:class:`_Held`).
 * SaveIndex is monotonic (Lua compare of entry ids); GetIndex returns ``""``
   when nothing was saved.
 * Leases (``Lease`` / ``Release``) as in ``lease.py``; ``DeadLetter`` appends

@@ -12,7 +12,8 @@ It creates the onward stream, subscribes to the return stream (a
 :class:`~pipeline.streams.client.Consumer` at ``consumer:<stream>``) on first
 send, and pushes the wire-encoded message (the same codec as TCP) through the
 stream service with return route ``[<node>:transport]``. Sends to one stream
-are batched into multi-entry pushes; ``send`` returns once the message is in
+are batched into multi-entry pushes (at most ``max_batch`` entries and the
+node's ``max_payload`` bytes each); ``send`` returns once the message is in
 Redis. Subscribed consumers decode each entry and route it on the node
 unchanged (the sender already traced the route).
 """
