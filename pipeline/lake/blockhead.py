@@ -235,8 +235,12 @@ def page_heads(payloads: pa.Array) -> PageHeads:
     updates = pos + len(_UPDATES_KEY)
     ok &= _MAP_FIRST[buf[np.minimum(updates, last)]]
     ok &= updates < end
-    # Step over each updates map in C; where it ends the layout's last bytes must follow.
-    after = _skip_maps(values_buf, updates, end, ok)
+    # Step over each updates map (small ones in numpy, the rest in C); where it ends
+    # the layout's last bytes must follow.
+    after = _walk_maps(buf, size, updates, end, ok)
+    rest = ok & (after < 0)
+    if rest.any():
+        after = np.where(rest, _skip_maps(values_buf, updates, end, rest), after)
     ok &= after >= 0
     tail_end = after + len(_TAIL)
     ok &= tail_end <= end
@@ -258,6 +262,55 @@ def page_heads(payloads: pa.Array) -> PageHeads:
         weight=weight.astype(np.uint8),
         has_weight=weighted & ok,
     )
+
+
+#: Longest ``updates`` map :func:`_walk_maps` steps over (one numpy pass per pair).
+_WALK_MAX = 8
+
+
+def _walk_maps(
+    buf: np.ndarray[Any, Any],
+    size: int,
+    starts: np.ndarray[Any, Any],
+    ends: np.ndarray[Any, Any],
+    ok: np.ndarray[Any, Any],
+) -> np.ndarray[Any, Any]:
+    """Where the map at ``starts[i]`` ends, for maps msgpack's grammar reads one way only:
+    a fixmap of at most :data:`_WALK_MAX` pairs of fixstr/str8 keys and bin8/16/32 values
+    (what :func:`encode_block` writes for a small ``updates``). -1 for any other row
+    (:func:`_skip_maps` decides those)."""
+    n = len(starts)
+    after = np.full(n, -1, dtype=np.int64)
+    top = size + _PAD - 5
+
+    def byte(pos: np.ndarray[Any, Any], k: int = 0) -> np.ndarray[Any, Any]:
+        picked: np.ndarray[Any, Any] = buf[np.clip(pos + k, 0, top)].astype(np.int64)
+        return picked
+
+    header = byte(starts)
+    count = np.where((header & 0xF0) == 0x80, header & 0x0F, -1)
+    good = ok & (count >= 0) & (count <= _WALK_MAX)
+    pos = starts + 1
+    for pair in range(int(count[good].max(initial=0))):
+        step = good & (pair < count)
+        key = byte(pos)
+        fixstr = (key & 0xE0) == 0xA0
+        key_len = np.where(fixstr, key & 0x1F, np.where(key == 0xD9, byte(pos, 1), -1))
+        good &= ~step | (key_len >= 0)
+        pos = np.where(step, pos + np.where(fixstr, 1, 2) + np.maximum(key_len, 0), pos)
+        kind = byte(pos)
+        b1, b2, b3, b4 = byte(pos, 1), byte(pos, 2), byte(pos, 3), byte(pos, 4)
+        value_len = np.select(
+            [kind == 0xC4, kind == 0xC5, kind == 0xC6],
+            [b1, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4],
+            -1,
+        )
+        head = np.select([kind == 0xC4, kind == 0xC5], [2, 3], 5)
+        good &= ~step | (value_len >= 0)
+        pos = np.where(step, pos + head + np.maximum(value_len, 0), pos)
+        good &= pos <= ends
+    after[good] = pos[good]
+    return after
 
 
 def _skip_maps(
