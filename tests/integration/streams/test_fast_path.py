@@ -13,7 +13,7 @@ from pipeline.routing.message import Route, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.routing.workers import Echo
 from pipeline.streams.client import Consumer, StreamClient, StreamPusher
-from pipeline.streams.service import StreamService
+from pipeline.streams.service import HELD_IDLE, StreamService
 
 from .conftest import MakeNode, Recorder, eventually
 
@@ -205,3 +205,16 @@ async def test_a_sender_that_vanishes_mid_round_trip_gets_its_reply_after_its_re
     await eventually(lambda: len(a2.got) == 1)
     assert a2.got[0].payload == b"re:ping"
     assert a2.got[0].return_route[0] == StreamAddress("stream_b", "stream_a").to_address()
+
+
+async def test_held_clients_are_bounded(
+    make_node: MakeNode, redis_client: sync_redis.Redis
+) -> None:
+    node, _ = await make_node("A")
+    worker = Client()
+    await node.add_worker("w", worker)
+    pushers = [StreamPusher(worker.client, f"s{i}") for i in range(3 * HELD_IDLE)]
+    confirms = await asyncio.gather(*(pusher.push([b"x"]) for pusher in pushers))
+    assert all(len(confirm.indexes) == 1 for confirm in confirms)
+    assert all(redis_client.xlen(keys.stream(f"s{i}")) == 1 for i in range(3 * HELD_IDLE))
+    assert len(service_of(node)._held._idle) <= HELD_IDLE  # the others went back to the pool
