@@ -60,7 +60,13 @@ from pipeline.chain.batch import (
     raw_weight,
 )
 from pipeline.chain.cardinal import encode_results
-from pipeline.chain.lakepages import close_pages, next_page, refresh_history
+from pipeline.chain.lakepages import (
+    ENCODE_ROWS,
+    close_pages,
+    next_page,
+    page_emits,
+    refresh_history,
+)
 from pipeline.chain.live import LIVE_ATTEMPTS, LiveListener, live_emit
 from pipeline.chain.planning import (
     BlockSink,
@@ -196,15 +202,25 @@ class TieredResumption:
         else:
             pages = self._locator.history_pages(history, pos, stop)
             first = None
+        # The Arrow read (parquet, in C++) runs in a thread; the page is encoded here, in
+        # slices of ENCODE_ROWS. Encoding in the thread as well made the decoding thread and
+        # the writer (one send per frame) trade the GIL at every frame:
+        # catchup_blocks_per_s of make bench B=resume, about 15% lower.
+        table: pa.Table | None = None
         try:
             while True:
                 if first is not None:
-                    emits: list[Emit] | None = first
+                    emits = first
                     first = None
                 else:
-                    emits = await asyncio.to_thread(next_page, pages, keep)
-                if emits is None:
-                    return pos
+                    if table is None or table.num_rows == 0:
+                        table = await asyncio.to_thread(next, pages, None)
+                        if table is None:
+                            return pos
+                    emits = page_emits(table.slice(0, ENCODE_ROWS), keep)
+                    table = table.slice(ENCODE_ROWS)
+                if not emits:
+                    continue  # every block of the slice was skipped (see page_emits)
                 expected = pos if sender.sent else emits[0].num
                 if emits[0].num != expected or emits[-1].num - expected + 1 != len(emits):
                     emits = [
