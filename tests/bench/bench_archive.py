@@ -290,7 +290,12 @@ def main() -> int:
 
             if "local" in modes:
                 archive("local", "archive_entries_per_s")
-                archive("local", "archive_entries_per_s_spark_writer", writer="spark")
+                try:
+                    archive("local", "archive_entries_per_s_spark_writer", writer="spark")
+                except RuntimeError as exc:  # reported, and the other modes still run
+                    cause = str(exc).rsplit("causes:\n", 1)[-1].splitlines()
+                    report.emit("archive_entries_per_s_spark_writer", 0.0, raw_rate,
+                                writer="spark", error=(cause or ["?"])[-1][:300])  # fmt: skip
             settings = Settings.load(config_path=os.devnull, spark_master="local[*]")
             if "connect" in modes:
                 with ConnectServer(
