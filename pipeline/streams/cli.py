@@ -23,7 +23,7 @@ from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
 from pipeline.routing.workers import Echo, Requester
 from pipeline.settings import Settings
-from pipeline.streams.service import StreamService, connect
+from pipeline.streams.service import StreamService, connect, connect_hot
 from pipeline.streams.transport import StreamTransport
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,11 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
     try:
         await node.add_worker(
             "stream_service",
-            StreamService(redis, max_payload=settings.max_payload + ENTRY_OVERHEAD),
+            StreamService(
+                redis,
+                max_payload=settings.max_payload + ENTRY_OVERHEAD,
+                hot=connect_hot(settings.redis.url),
+            ),
         )
         await node.start()
         stream_transport = node.transport(2)

@@ -142,6 +142,19 @@ def connect(url: str, *, max_connections: int | None = None, block_s: float = 5.
     )
 
 
+def connect_hot(url: str) -> Redis:
+    """The client for the pushes and pulls the service serves in its own node's clients'
+    tasks (:meth:`StreamService.serve_now`; role STREAM_HOT, no socket timeout).
+
+    Every command on it runs under the calling client's deadline (a push's or
+    pull's timeout), so it needs no socket timeout of its own, whose
+    per-command ``asyncio.wait_for`` costs about 20 us (``rtt_p50_ms`` of
+    ``make bench B=streams``). Pass it as ``StreamService(redis, hot=...)``,
+    which closes it when it stops (``redis`` stays the caller's to close).
+    """
+    return redisconn.connect(url, redisconn.Role.STREAM_HOT)
+
+
 def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
@@ -179,14 +192,15 @@ class Direct:
 
 
 class _Held:
-    """Single-connection clients of the service's pool, kept between commands (LIFO).
+    """Single-connection clients of the service's hot pool, kept between commands (LIFO).
 
     Why: a command through the role's ``BlockingConnectionPool`` pays its
     condition and wait timeout twice per command (about 15-20 us here), four
     times per stream-transport round trip (``tests/bench/bench_streams.py``,
     ``rtt_p50_ms``); a held client (``Redis.client()``) pays only its lock. The
-    connections still come from that pool and count against its size; at
-    most ``max_idle`` stay held while unused, the others go back to it.
+    connections still come from the pool of ``redis`` (the service's ``hot``
+    client, else its own) and count against its size; at most ``max_idle``
+    stay held while unused, the others go back to it.
     """
 
     def __init__(self, redis: Redis, max_idle: int) -> None:
@@ -246,6 +260,7 @@ class StreamService(Worker):
         max_waiting_pulls: int = 4096,
         max_streams: int = 4096,
         dedup_ttl_ms: int = 600_000,
+        hot: Redis | None = None,
     ) -> None:
         self.redis = redis
         self.max_payload = max_payload
@@ -268,7 +283,11 @@ class StreamService(Worker):
         self._fetch_script = redis.register_script(_FETCH)
         self._save_script = redis.register_script(_SAVE_INDEX)
         self._leases = Leases(redis)
-        self._held = _Held(redis, HELD_IDLE)
+        #: Clients for requests served in a local client's task, under its deadline
+        #: (``hot``: see :func:`connect_hot`; else ``redis``, with its socket timeout).
+        #: Routed requests have no caller's deadline here: they use ``redis``.
+        self._held = _Held(hot if hot is not None else redis, HELD_IDLE)
+        self._hot = hot
         self._node: Node | None = None
         self._closing = False
         self.name = "stream_service"
@@ -375,7 +394,7 @@ class StreamService(Worker):
                 else:
                     self._inline_pulls += 1
                     try:
-                        reply = await self._pull_reply(origin, stream, request, index)
+                        reply = await self._pull_reply(origin, stream, request, index, True)
                     finally:
                         self._inline_pulls -= 1
                         self._start_waiting()
@@ -497,22 +516,25 @@ class StreamService(Worker):
         """One push (:meth:`_push_replies` for one, without its lists): what the script
         returned, or the Redis error it raised."""
         try:
-            result = (await self._run_pushes([(None, stream, req)]))[0]
+            result = (await self._run_pushes([(None, stream, req)], held=True))[0]
             if isinstance(result, NoScriptError):  # Redis restarted: see _push_replies
                 self._push_sha = None
-                result = (await self._run_pushes([(None, stream, req)]))[0]
+                result = (await self._run_pushes([(None, stream, req)], held=True))[0]
         except _REDIS_ERRORS as exc:
             redisconn.checkpoint(exc)
             return exc
         return result
 
-    async def _run_pushes(self, pushes: Sequence[tuple[object, str, p.Push]]) -> list[Any]:
-        """All pushes in one round trip (EVALSHA of the push script per push)."""
+    async def _run_pushes(
+        self, pushes: Sequence[tuple[object, str, p.Push]], *, held: bool = False
+    ) -> list[Any]:
+        """All pushes in one round trip (EVALSHA of the push script per push); ``held``:
+        one push served in a local client's task, on a held client (see ``_held``)."""
         if self._push_sha is None:
             self._push_sha = _text(await self.redis.script_load(_PUSH))
         if len(pushes) == 1:  # no pipeline for one push: fewer loop hops, lower latency
             _, stream, req = pushes[0]
-            redis = self._held.take()
+            redis = self._held.take() if held else self.redis
             try:
                 result = await redis.evalsha(
                     self._push_sha,
@@ -526,7 +548,7 @@ class StreamService(Worker):
             except NoScriptError as exc:
                 return [exc]
             finally:
-                if not self._held.keep(redis):
+                if held and not self._held.keep(redis):
                     await redis.aclose()
             return [result]
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -585,13 +607,14 @@ class StreamService(Worker):
         await self._answer(ctx, await self._pull_reply(_return_route(ctx), stream, req, index))
 
     async def _pull_reply(
-        self, origin: Route, stream: str, req: p.Pull, index: str
+        self, origin: Route, stream: str, req: p.Pull, index: str, held: bool = False
     ) -> p.StreamMessage:
-        """The reply to one pull: its entries, or an error."""
+        """The reply to one pull: its entries, or an error (``held``: served in a local
+        client's task, on a held client; see ``_held``)."""
         key = self._key(stream)
         limit = max(1, min(req.limit, self.max_pull))
         wait = max(0, min(req.wait_ms, self.max_wait_ms))
-        redis = self._held.take()
+        redis = self._held.take() if held else self.redis
         try:
             entries: list[tuple[bytes, bytes]] | None = []
             if stream in self._busy or not wait:
@@ -625,7 +648,7 @@ class StreamService(Worker):
             code, text = p.ErrorCode.BAD_REQUEST, INTERNAL_ERROR
             return self._fail(origin, req.request_id, code, text, exc)
         finally:
-            if not self._held.keep(redis):
+            if held and not self._held.keep(redis):
                 await redis.aclose()
         self._count("pulled", len(messages))
         return p.Messages(request_id=req.request_id, messages=messages, next_index=next_index)
@@ -788,6 +811,8 @@ class StreamService(Worker):
             task.cancel()
         await asyncio.gather(*self._pulls, return_exceptions=True)
         await self._held.aclose()
+        if self._hot is not None:
+            await self._hot.aclose()
 
 
 _ControlHandler = Callable[[StreamService, _Origin, Any], Awaitable[p.StreamMessage | None]]

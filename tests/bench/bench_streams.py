@@ -39,7 +39,7 @@ from pipeline.routing.message import Route, StreamAddress, TransportMessage  # n
 from pipeline.routing.node import Context, Node, Worker  # noqa: E402
 from pipeline.routing.workers import Echo  # noqa: E402
 from pipeline.streams.bidirectional import ReturnRegistry, bidirectional_consumer  # noqa: E402
-from pipeline.streams.service import StreamService, connect  # noqa: E402
+from pipeline.streams.service import StreamService, connect, connect_hot  # noqa: E402
 from pipeline.streams.transport import StreamTransport  # noqa: E402
 
 N = int(os.environ.get("BENCH_STREAMS_N", "200000"))
@@ -77,7 +77,8 @@ async def make_node(name: str, url: str) -> tuple[Node, Redis, StreamTransport]:
     node = Node(name)
     transport = StreamTransport(lease_ttl_ms=10_000)
     node.register_transport(transport)
-    await node.add_worker("stream_service", StreamService(redis, max_payload=(1 << 20) + 65536))
+    service = StreamService(redis, max_payload=(1 << 20) + 65536, hot=connect_hot(url))
+    await node.add_worker("stream_service", service)
     await node.start()
     return node, redis, transport
 

@@ -24,7 +24,12 @@ def test_every_role_has_a_bounded_pool(role: Role) -> None:
     pool = client.connection_pool
     assert isinstance(pool, redis.BlockingConnectionPool)
     assert pool.max_connections == BOUNDS[role].max_connections
-    assert pool.connection_kwargs["socket_timeout"] >= BOUNDS[role].socket_timeout_s
+    limit = BOUNDS[role].socket_timeout_s
+    if limit is None:  # the caller's deadline bounds each command (Role.STREAM_HOT)
+        assert pool.connection_kwargs["socket_timeout"] is None
+    else:
+        assert pool.connection_kwargs["socket_timeout"] >= limit
+    assert pool.connection_kwargs["socket_connect_timeout"] == BOUNDS[role].connect_timeout_s
 
 
 def test_socket_timeout_outlasts_the_longest_blocking_wait() -> None:

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from pipeline.routing.node import Context, Node, Worker
-from pipeline.streams.service import StreamService, connect
+from pipeline.streams.service import StreamService, connect, connect_hot
 from pipeline.streams.transport import StreamTransport
 
 MakeNode = Callable[..., Awaitable[tuple[Node, StreamTransport]]]
@@ -56,6 +56,7 @@ async def make_node(redis_url: str) -> AsyncIterator[MakeNode]:
             StreamService(
                 redis,
                 max_payload=service_max_payload or max_payload + 65536,
+                hot=connect_hot(url or redis_url),
                 **{"max_wait_ms": 500, **service},
             ),
         )

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import redis as sync_redis
 
 from pipeline import keys
+from pipeline.errors import StreamError
 from pipeline.routing.message import Route, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.routing.workers import Echo
-from pipeline.streams.client import Consumer, StreamClient, StreamPusher
+from pipeline.streams.client import Consumer, StreamClient, StreamPusher, new_request_id
 from pipeline.streams.service import HELD_IDLE, StreamService
 
 from .conftest import MakeNode, Recorder, eventually
@@ -218,3 +220,35 @@ async def test_held_clients_are_bounded(
     assert all(len(confirm.indexes) == 1 for confirm in confirms)
     assert all(redis_client.xlen(keys.stream(f"s{i}")) == 1 for i in range(3 * HELD_IDLE))
     assert len(service_of(node)._held._idle) <= HELD_IDLE  # the others went back to the pool
+
+
+class HurriedClient(Client):
+    """A client whose calls time out after 0.3 s."""
+
+    async def setup(self, wctx: WorkerContext) -> None:
+        self.client = StreamClient(wctx.node, wctx.address, timeout_s=0.3)
+
+
+async def test_a_stalled_redis_is_bounded_by_the_callers_deadline_not_a_socket_timeout(
+    make_node: MakeNode, redis_client: sync_redis.Redis
+) -> None:
+    # The service's hot client has no socket timeout (Role.STREAM_HOT): the local
+    # client's deadline is what ends a command Redis does not answer.
+    node, _ = await make_node("A")
+    assert service_of(node)._held.redis.connection_pool.connection_kwargs["socket_timeout"] is None
+    worker = HurriedClient()
+    await node.add_worker("w", worker)
+    address = (await worker.client.create("stalled")).address
+    rid = new_request_id()
+    redis_client.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+    try:
+        began = time.monotonic()
+        with pytest.raises(StreamError, match="did not answer Push in time"):
+            await worker.client.push(address, [b"x"], rid)
+        assert time.monotonic() - began < 1.2  # 0.3 s and the deadline timer's tick
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+    confirm = await worker.client.push(address, [b"x"], rid)  # the same push, retried
+    assert len(confirm.indexes) in (0, 1)  # pushed now, or already by the stalled one
+    assert redis_client.xlen(keys.stream("stalled")) == 1
+    assert (await worker.client.push(address, [b"y"], new_request_id())).status == 1
