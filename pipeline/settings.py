@@ -162,9 +162,6 @@ class LakeSettings:
         _check(self)
         if not self.uri:
             raise _invalid(self, "uri", "must not be empty")
-        if self.archive_writer not in ("arrow", "spark"):
-            problem = f"must be arrow or spark, got {self.archive_writer!r}"
-            raise _invalid(self, "archive_writer", problem)
         if "://" not in self.uri or self.uri.startswith("file://"):
             path = Path(self.uri.removeprefix("file://")).expanduser().absolute()
             object.__setattr__(self, "uri", str(path))

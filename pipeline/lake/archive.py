@@ -54,7 +54,13 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline import keys
-from pipeline.errors import ArchiveError, LakeError, LakePathError, RedisUnavailable
+from pipeline.errors import (
+    ArchiveError,
+    ConfigError,
+    LakeError,
+    LakePathError,
+    RedisUnavailable,
+)
 from pipeline.lake import source, tables
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
 from pipeline.lake.redisread import MAX_SEQ, connect
@@ -275,7 +281,7 @@ def _write(
     lake = settings.lake
     ensure_entries_columns(lake)
     empty = not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1)
-    if empty and _arrow_writer(lake):
+    if _arrow_writer(lake) and empty:
         written = _write_arrow(
             spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap
         )
@@ -320,6 +326,11 @@ def _arrow_writer(lake: LakeSettings) -> bool:
     """
     from deltalake import DeltaTable
 
+    if lake.archive_writer not in ("arrow", "spark"):
+        raise ConfigError(
+            f"setting 'archive_writer' (SLUICE_ARCHIVE_WRITER) must be arrow or spark, "
+            f"got {lake.archive_writer!r}"
+        )
     if lake.archive_writer != "arrow" or "://" in lake.uri:
         return False
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):

@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from pipeline.errors import ConfigError
+from pipeline.lake.archive import _arrow_writer
 from pipeline.lake.arrowwrite import (
     ENTRIES_FILE,
     ROW_GROUP_ROWS,
@@ -16,6 +19,7 @@ from pipeline.lake.arrowwrite import (
     _hash_keys,
     partition_dir,
 )
+from pipeline.settings import LakeSettings
 
 
 def test_partition_dir_escapes_like_spark() -> None:
@@ -77,3 +81,9 @@ def test_file_writes_row_groups_and_delta_stats(tmp_path: Path) -> None:
         "blocks_stats": None,
     }
     assert not Path(empty.path).exists()
+
+
+def test_a_bad_writer_setting_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="SLUICE_ARCHIVE_WRITER"):
+        _arrow_writer(LakeSettings(uri=str(tmp_path), archive_writer="fast"))
+    assert not _arrow_writer(LakeSettings(uri="s3://bucket/lake"))  # object stores: Spark
