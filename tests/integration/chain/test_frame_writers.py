@@ -10,7 +10,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from pipeline.chain import wsconn
+from pipeline.chain import resumption, wsconn
 from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
@@ -79,3 +79,16 @@ async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_orde
         got += await sub.blocks(len(blocks) - 1, wait_s=60)
     await mux.close()
     assert [b.num for b in got] == list(range(len(blocks))) and got == blocks
+
+
+async def test_lake_pages_encoded_in_slices_arrive_whole_and_in_order(
+    settings, serve, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lake page longer than ENCODE_ROWS is encoded slice by slice: no block lost or repeated."""
+    monkeypatch.setattr(resumption, "ENCODE_ROWS", 100)  # pages of the server are 512 rows
+    chain = SyntheticChain(seed=8)
+    write_lake(settings.lake.uri, chain.take(1100))
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(0, chain.canonical[0].hash)
+        got = await client.blocks(1100)
+    assert got == chain.canonical[:1100]
