@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from pipeline.demo import airflowdb
 from pipeline.localredis import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +110,7 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        **airflowdb.ENV,
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
     }
     os.environ.update(env)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pipeline.demo import airflowdb
 from pipeline.demo.procs import MARKER
 from pipeline.demo.supervisor import Component, Probe
 from pipeline.localredis import free_port
@@ -162,6 +163,7 @@ class Plan:
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.root / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.root / "plugins"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            **airflowdb.ENV,
             "AIRFLOW__CORE__PARALLELISM": str(self.airflow_parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__API__HOST": "127.0.0.1",

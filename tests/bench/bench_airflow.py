@@ -42,6 +42,7 @@ from common import Report  # noqa: E402
 
 from pipeline import keys  # noqa: E402
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
+from pipeline.demo import airflowdb  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +118,7 @@ def _airflow_env(home: Path, env: dict[str, str]) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        **airflowdb.ENV,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
 

@@ -28,6 +28,7 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from pipeline.demo import airflowdb
 from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
 from pipeline.localredis import LocalRedis, free_port
 
@@ -90,6 +91,7 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str) -> dict[str, s
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            **airflowdb.ENV,
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
             ),
