@@ -30,11 +30,14 @@ one run per interval since ``start_date`` on a fresh deployment, and a
 skipped interval would still cost a whole DAG run.
 
 One task per stream (mapped), not one Spark job for all streams: measured
-with ``make bench B=airflow`` (``archive_streams_per_task_s``), four streams
-archived as four job children took 20.0 s against 19.7 s in one process and
-session (load 5 on 2 cores; 130 s against 101 s at load 20): the per-task
-cost is small next to the archive itself, and a task per stream keeps
-per-stream retries, logs and results in Airflow.
+with ``make bench B=airflow`` (``archive_streams_per_task_s``). With the
+Spark writer, four streams archived as four job children took 20.0 s against
+19.7 s in one process and session (load 5 on 2 cores). With the Arrow writer
+the archive itself costs about half a second, so the child and session per
+task now dominate: 4.7 s against 2.2 s (load 1.3), about 0.6 s more per
+stream and run. That is 0.2% of a 5-minute interval per stream; a task per
+stream keeps per-stream retries, logs and results in Airflow. A job for all
+streams would pay once there are hundreds of streams per run.
 
 Retries back off exponentially: 30 s, 1 min, 2 min, ... capped at 10 min
 (``SLUICE_LAKE_TASK_RETRIES`` retries).
