@@ -33,7 +33,7 @@ Every step is one atomic Delta commit and is idempotent, so a job killed at
 any point leaves nothing half-written visible and a rerun completes it.
 
 Steps 2 to 5 have two writers (``settings.lake.archive_writer``). The Spark
-writer is described above. The Arrow writer (:mod:`pipeline.lake.arrowwrite`,
+writer (:mod:`pipeline.lake.sparkwrite`) is described above. The Arrow writer (:mod:`pipeline.lake.arrowwrite`,
 the default) takes the common interval, one the lake holds nothing of: Spark
 tasks read their id ranges, decode and write the Parquet files of both tables
 with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
@@ -61,16 +61,13 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import source, tables
-from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
+from pipeline.lake import source, sparkwrite, tables
+from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
+from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
-from pipeline.lake.session import is_connect
 from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
-
-#: At most this many invalid entry ids are returned (the count is always exact).
-MAX_REPORTED_INVALID = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,9 +94,9 @@ class ArchiveResult:
     skipped: bool = False
     #: seconds per stage, in order. Arrow writer: check, read, decode, write (each the mean
     #: seconds of one Spark task, overlapping in parallel tasks), slowest_task (its wall
-    #: seconds), files (the Spark job's wall seconds), plan, commit_blocks, commit_entries, log. Spark writer: check, scan (read +
-    #: decode, chain streams), plan, blocks, entries, stats (a read-back, when the lake
-    #: held part of the interval), log.
+    #: seconds), files (the Spark job's wall seconds), plan, commit_blocks, commit_entries,
+    #: log. Spark writer: check, scan (read + decode, chain streams), plan, blocks, entries,
+    #: stats (a read-back, when the lake held part of the interval), log.
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -157,7 +154,11 @@ def archive_interval(
 
     def work() -> ArchiveResult:
         nonlocal read, skipped
-        stats = _stats(lake, stream, start_ms, end_ms) if done is not None or not in_redis else None
+        stats = (
+            interval_stats(lake, stream, start_ms, end_ms)
+            if done is not None or not in_redis
+            else None
+        )
         if stats is not None and (stats.entries == done or not in_redis):
             skipped = stats.entries == done
             if skipped:
@@ -236,30 +237,6 @@ def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_m
     return bool(first)
 
 
-def _interval_predicate(stream: str, start_ms: int, end_ms: int) -> str:
-    return f"stream = '{_sql_str(stream)}' AND entry_ms >= {start_ms} AND entry_ms < {end_ms}"
-
-
-def _sql_str(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'")
-
-
-def _read(spark: Any, settings: Settings, key: str, start_ms: int, end_ms: int, chain: bool) -> Any:
-    """The interval's entries as read by the ``redis-streams`` source (block payloads split off)."""
-    source.register(spark)
-    return (
-        spark.read.format(source.NAME)
-        .option("url", settings.redis.url)
-        .option("key", key)
-        .option("start", f"{start_ms}-0")
-        .option("end", f"{end_ms}-0")
-        .option("partitions", str(settings.lake.archive_partitions))
-        .option("chain", "true" if chain else "false")
-        .option("splitPayload", "true" if chain else "false")
-        .load()
-    )
-
-
 def _write(
     spark: Any,
     settings: Settings,
@@ -270,7 +247,7 @@ def _write(
     chain: bool,
     archived_at: datetime,
     lap: Callable[..., None],
-) -> _Stats:
+) -> Stats:
     """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
 
     Returns what ``stream_entries`` holds for the interval afterwards. The
@@ -280,42 +257,16 @@ def _write(
     """
     lake = settings.lake
     ensure_entries_columns(lake)
-    empty = not _any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1)
+    empty = not any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1)
     if _arrow_writer(lake) and empty:
         written = _write_arrow(
             spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap
         )
         if written is not None:
             return written
-    raw = _read(spark, settings, key, start_ms, end_ms, chain)
-    if not chain:
-        _write_entries(spark, lake, stream, start_ms, end_ms, raw, None, empty, archived_at)
-        lap("entries")
-        stats = _stats(lake, stream, start_ms, end_ms)
-        lap("stats")
-        return stats
-    # Under Spark Connect a persisted Python data source read is not matched by the
-    # next plans (each re-reads Redis); a local checkpoint is, in both modes.
-    raw = raw.localCheckpoint() if is_connect(spark) else raw.persist()
-    try:
-        small = raw.select(*_STAT_COLUMNS).toArrow()
-        lap("scan")
-        read = _stats_of(small)
-        plan = _plan_blocks(lake, stream, small, read)
-        marks = spark.createDataFrame(plan.marks) if plan.marks is not None else None
-        lap("plan")
-        if plan.write:
-            _write_blocks(spark, lake, stream, raw, marks, plan, archived_at)
-            lap("blocks")
-        _write_entries(spark, lake, stream, start_ms, end_ms, raw, marks, empty, archived_at)
-        lap("entries")
-    finally:
-        _release(raw)
-    if empty:
-        return read  # the lake held nothing of the interval: it now holds exactly what was read
-    stats = _stats(lake, stream, start_ms, end_ms)
-    lap("stats")
-    return stats
+    return sparkwrite.write(
+        spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap, empty
+    )
 
 
 def _arrow_writer(lake: LakeSettings) -> bool:
@@ -353,7 +304,7 @@ def _write_arrow(
     chain: bool,
     archived_at: datetime,
     lap: Callable[..., None],
-) -> _Stats | None:
+) -> Stats | None:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; they are committed only when
@@ -386,7 +337,7 @@ def _write_arrow(
     lap("files")
     if written.blocks and (
         not written.distinct
-        or _any_rows(
+        or any_rows(
             lake, tables.BLOCKS, stream, "num", int(written.num_lo or 0), int(written.num_hi or 0)
         )
     ):
@@ -405,7 +356,7 @@ def _write_arrow(
     lap("commit_blocks")
     arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream)
     lap("commit_entries")
-    return _Stats(
+    return Stats(
         entries=written.entries,
         blocks=written.blocks,
         invalid=written.invalid,
@@ -418,268 +369,6 @@ def _write_arrow(
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _release(raw: Any) -> None:
-    """Drop the cached read; a session that is already gone took its cache with it.
-
-    (A local checkpoint is freed when its DataFrame is garbage-collected.)
-    """
-    try:
-        raw.unpersist()
-    except Exception as exc:  # noqa: BLE001 (cleanup: the job's own error, if any, propagates)
-        log.debug("could not release the cached read: %s", exc)
-
-
-def _write_entries(
-    spark: Any,
-    lake: LakeSettings,
-    stream: str,
-    start_ms: int,
-    end_ms: int,
-    raw: Any,
-    marks: Any,
-    empty: bool,
-    archived_at: datetime,
-) -> None:
-    """Insert the read entries into ``stream_entries`` (see :data:`tables.PAYLOAD_COLUMN`).
-
-    A valid block entry whose one field is the block keeps it out of
-    ``fields`` (``payload_in_blocks``) when ``blocks`` holds it from this very
-    entry; one marked ``dup`` (``blocks`` holds its hash from another entry)
-    gets its field back. Non-chain entries have ``payload_in_blocks`` null.
-    """
-    from pyspark.sql import functions as F
-
-    # The source emptied the fields of each valid entry whose one field is its block.
-    split = F.col("valid_block") & (F.size("fields") == 0)
-    if marks is not None:
-        raw = raw.join(F.broadcast(marks), "entry_id", "left")
-        in_blocks = split & F.coalesce(F.col("mark") != F.lit(_DUP), F.lit(True))
-        fields = F.when(
-            split & ~in_blocks, F.create_map(F.lit(_BLOCK_KEY), F.col("payload"))
-        ).otherwise(F.col("fields"))
-    else:
-        in_blocks = split
-        fields = F.col("fields")
-    entries = raw.select(
-        F.lit(stream).alias("stream"),
-        "entry_id",
-        "entry_ms",
-        "entry_seq",
-        fields.alias("fields"),
-        "valid_block",
-        "block_num",
-        "block_hash",
-        "block_parent",
-        "block_error",
-        F.lit(archived_at).alias("archived_at"),
-        in_blocks.alias(tables.PAYLOAD_COLUMN),
-    )
-    _insert_rows(
-        spark,
-        entries,
-        lake,
-        tables.STREAM_ENTRIES,
-        replace_where=_interval_predicate(stream, start_ms, end_ms),
-        empty=empty,
-        match=f"t.stream = s.stream AND t.entry_ms >= {start_ms} AND t.entry_ms < {end_ms} "
-        "AND t.entry_id = s.entry_id",
-    )
-
-
-def _insert_rows(
-    spark: Any,
-    rows: Any,
-    lake: LakeSettings,
-    table: str,
-    *,
-    replace_where: str,
-    empty: bool,
-    match: str,
-) -> None:
-    """Insert ``rows`` into ``table`` in one atomic Delta commit, never rewriting a row.
-
-    When the lake holds nothing under ``replace_where`` a plain ``replaceWhere``
-    write is enough (and cheapest); otherwise an insert-only MERGE on ``match``
-    (``t`` the table, ``s`` the new rows) adds just the missing rows.
-    """
-    if empty:
-        # No sort: rows arrive in entry order, so per-file stats stay tight and
-        # readers sort each file's rows themselves.
-        (
-            rows.write.format("delta")
-            .mode("overwrite")
-            .option("replaceWhere", replace_where)
-            .save(lake.table(table))
-        )
-        return
-    view = f"sluice_new_{table}"
-    rows.createOrReplaceTempView(view)
-    spark.sql(
-        f"MERGE INTO {table_sql(lake, table)} t USING {view} s "
-        f"ON {match} WHEN NOT MATCHED THEN INSERT *"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Stats:
-    entries: int
-    blocks: int
-    invalid: int
-    invalid_ids: tuple[str, ...]
-    lo: int | None
-    hi: int | None
-    first_id: str | None
-    last_id: str | None
-
-
-_STAT_COLUMNS = ["entry_id", "entry_ms", "entry_seq", "valid_block", "block_num", "block_hash"]
-#: ``mark`` of an entry whose hash ``blocks`` holds from another entry (keeps its payload)
-_DUP = "dup"
-#: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
-_PRESENT = "present"
-_BLOCK_KEY = "block"
-
-
-def _interval_scan(
-    lake: LakeSettings, name: str, stream: str, column: str, lo: int, hi: int, columns: list[str]
-) -> pa.Table:
-    """Rows of ``stream`` with ``lo <= column <= hi`` (delta-rs, files pruned by stats)."""
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
-
-    dataset = DeltaTable(lake.table(name)).to_pyarrow_dataset(
-        file_pruning_predicate=[("stream", "=", stream), (column, ">=", lo), (column, "<=", hi)]
-    )
-    expr = (pc.field("stream") == stream) & (pc.field(column) >= lo) & (pc.field(column) <= hi)
-    table: pa.Table = dataset.to_table(columns=columns, filter=expr)
-    return table
-
-
-def _any_rows(lake: LakeSettings, name: str, stream: str, column: str, lo: int, hi: int) -> bool:
-    return bool(_interval_scan(lake, name, stream, column, lo, hi, [column]).num_rows > 0)
-
-
-def _stats(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> _Stats:
-    """Counts of what ``stream_entries`` holds for the interval, read back with delta-rs."""
-    table = _interval_scan(
-        lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1, _STAT_COLUMNS
-    )
-    return _stats_of(table)
-
-
-def _stats_of(table: pa.Table) -> _Stats:
-    """Counts of entry rows with :data:`_STAT_COLUMNS` (any order)."""
-    import pyarrow.compute as pc
-
-    if table.num_rows == 0:
-        return _Stats(0, 0, 0, (), None, None, None, None)
-    table = table.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
-    flag = table.column("valid_block")
-    valid = table.filter(pc.fill_null(flag, False))
-    bad = table.filter(pc.fill_null(pc.invert(flag), False))
-    nums = valid.column("block_num")
-    return _Stats(
-        entries=table.num_rows,
-        blocks=valid.num_rows,
-        invalid=bad.num_rows,
-        invalid_ids=tuple(bad.column("entry_id").slice(0, MAX_REPORTED_INVALID).to_pylist()),
-        lo=pc.min(nums).as_py() if valid.num_rows else None,
-        hi=pc.max(nums).as_py() if valid.num_rows else None,
-        first_id=table.column("entry_id")[0].as_py(),
-        last_id=table.column("entry_id")[-1].as_py(),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _BlocksPlan:
-    #: rows of ``blocks`` to write (0: nothing to write)
-    write: int
-    #: True when ``blocks`` holds no row of the interval's num range (replaceWhere is safe)
-    empty: bool
-    lo: int
-    hi: int
-    #: ``(entry_id, mark)`` of the valid entries that are not plain new blocks, or None
-    marks: pa.Table | None
-
-
-def _plan_blocks(lake: LakeSettings, stream: str, small: pa.Table, read: _Stats) -> _BlocksPlan:
-    """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
-
-    The common interval (every hash new and seen once) needs no marks. Else
-    each other valid entry is marked ``present`` (``blocks`` holds its row
-    from this very entry: a rerun) or ``dup`` (``blocks`` holds the hash from
-    another entry, whose payload may differ: this entry keeps its own).
-    """
-    import pyarrow.compute as pc
-
-    if not read.blocks:
-        return _BlocksPlan(0, True, 0, 0, None)
-    lo, hi = int(read.lo or 0), int(read.hi or 0)
-    present = _interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash", "entry_id"])
-    valid = small.filter(pc.fill_null(small.column("valid_block"), False))
-    hashes = valid.column("block_hash")
-    if not present.num_rows and pc.count_distinct(hashes).as_py() == valid.num_rows:
-        return _BlocksPlan(valid.num_rows, True, lo, hi, None)
-    valid = valid.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
-    owners = dict(
-        zip(present.column("hash").to_pylist(), present.column("entry_id").to_pylist(), strict=True)
-    )
-    seen: set[str] = set()
-    ids: list[str] = []
-    marks: list[str] = []
-    for entry_id, block_hash in zip(
-        valid.column("entry_id").to_pylist(), valid.column("block_hash").to_pylist(), strict=True
-    ):
-        owner = owners.get(block_hash)
-        if owner is not None or block_hash in seen:
-            ids.append(entry_id)
-            marks.append(_PRESENT if owner == entry_id else _DUP)
-        else:
-            seen.add(block_hash)
-    table = pa.table({"entry_id": pa.array(ids, pa.string()), "mark": pa.array(marks, pa.string())})
-    return _BlocksPlan(len(seen), not present.num_rows, lo, hi, table if ids else None)
-
-
-def _write_blocks(
-    spark: Any,
-    lake: LakeSettings,
-    stream: str,
-    raw: Any,
-    marks: Any,
-    plan: _BlocksPlan,
-    archived_at: datetime,
-) -> None:
-    """Insert the planned new blocks (payload and weight as read) into ``blocks``."""
-    from pyspark.sql import functions as F
-
-    valid = raw.where(F.col("valid_block"))
-    if marks is not None:
-        valid = valid.join(F.broadcast(marks), "entry_id", "left_anti")
-    rows = valid.select(
-        F.lit(stream).alias("stream"),
-        F.col("block_num").alias("num"),
-        F.col("block_hash").alias("hash"),
-        F.col("block_parent").alias("parent"),
-        F.lit(False).alias("canonical"),
-        "entry_id",
-        "entry_ms",
-        "payload",
-        F.lit(archived_at).alias("archived_at"),
-        F.col("weight").alias(tables.WEIGHT_COLUMN),
-    )
-    lo, hi = plan.lo, plan.hi
-    _insert_rows(
-        spark,
-        rows,
-        lake,
-        tables.BLOCKS,
-        replace_where=f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}",
-        empty=plan.empty,
-        match=f"t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
-        "AND t.num = s.num AND t.hash = s.hash",
-    )
 
 
 def ensure_entries_columns(lake: LakeSettings) -> None:

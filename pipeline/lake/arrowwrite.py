@@ -473,7 +473,7 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
 def _entry_rows(batch: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch:
     """``stream_entries`` rows of a :data:`pipeline.lake.source.ARROW_SCHEMA` batch.
 
-    The same values the Spark writer derives (``archive._write_entries`` with no
+    The same values the Spark writer derives (``sparkwrite._write_entries`` with no
     marks): ``payload_in_blocks = valid_block AND size(fields) = 0``, SQL's
     three-valued AND (null for a chain row cannot occur; false for plain streams).
     """

@@ -1,0 +1,307 @@
+"""The archive's Spark writer: Delta writes of Spark DataFrames read by the ``redis-streams`` source.
+
+What :mod:`pipeline.lake.archive` runs when the Arrow writer
+(:mod:`pipeline.lake.arrowwrite`) does not take the interval: the lake holds
+part of it already, a hash repeats or its blocks are in the lake (insert-only
+MERGEs then), ``SLUICE_ARCHIVE_WRITER=spark``, or a lake on object storage.
+Steps 2 to 5 of the archive's theory of operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.lake import source, tables
+from pipeline.lake.intervalstats import (
+    STAT_COLUMNS,
+    Stats,
+    interval_scan,
+    interval_stats,
+    stats_of,
+)
+from pipeline.lake.jobs import table_sql
+from pipeline.lake.session import is_connect
+from pipeline.settings import LakeSettings, Settings
+
+log = logging.getLogger(__name__)
+
+#: ``mark`` of an entry whose hash ``blocks`` holds from another entry (keeps its payload)
+_DUP = "dup"
+#: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
+_PRESENT = "present"
+_BLOCK_KEY = "block"
+
+
+def read_interval(
+    spark: Any, settings: Settings, key: str, start_ms: int, end_ms: int, chain: bool
+) -> Any:
+    """The interval's entries as read by the ``redis-streams`` source (block payloads split off)."""
+    source.register(spark)
+    return (
+        spark.read.format(source.NAME)
+        .option("url", settings.redis.url)
+        .option("key", key)
+        .option("start", f"{start_ms}-0")
+        .option("end", f"{end_ms}-0")
+        .option("partitions", str(settings.lake.archive_partitions))
+        .option("chain", "true" if chain else "false")
+        .option("splitPayload", "true" if chain else "false")
+        .load()
+    )
+
+
+def write(
+    spark: Any,
+    settings: Settings,
+    stream: str,
+    key: str,
+    start_ms: int,
+    end_ms: int,
+    chain: bool,
+    archived_at: datetime,
+    lap: Callable[..., None],
+    empty: bool,
+) -> Stats:
+    """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
+
+    Returns what ``stream_entries`` holds for the interval afterwards. A chain
+    stream's read is cached in Spark for its two writes (and released after),
+    so Redis is read and each payload's head decoded once. ``empty``: the lake
+    holds no entry of the interval (plain writes instead of MERGE).
+    """
+    lake = settings.lake
+    raw = read_interval(spark, settings, key, start_ms, end_ms, chain)
+    if not chain:
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, None, empty, archived_at)
+        lap("entries")
+        stats = interval_stats(lake, stream, start_ms, end_ms)
+        lap("stats")
+        return stats
+    # Under Spark Connect a persisted Python data source read is not matched by the
+    # next plans (each re-reads Redis); a local checkpoint is, in both modes.
+    raw = raw.localCheckpoint() if is_connect(spark) else raw.persist()
+    try:
+        small = raw.select(*STAT_COLUMNS).toArrow()
+        lap("scan")
+        read = stats_of(small)
+        plan = _plan_blocks(lake, stream, small, read)
+        marks = spark.createDataFrame(plan.marks) if plan.marks is not None else None
+        lap("plan")
+        if plan.write:
+            _write_blocks(spark, lake, stream, raw, marks, plan, archived_at)
+            lap("blocks")
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, marks, empty, archived_at)
+        lap("entries")
+    finally:
+        _release(raw)
+    if empty:
+        return read  # the lake held nothing of the interval: it now holds exactly what was read
+    stats = interval_stats(lake, stream, start_ms, end_ms)
+    lap("stats")
+    return stats
+
+
+def _release(raw: Any) -> None:
+    """Drop the cached read; a session that is already gone took its cache with it.
+
+    (A local checkpoint is freed when its DataFrame is garbage-collected.)
+    """
+    try:
+        raw.unpersist()
+    except Exception as exc:  # noqa: BLE001 (cleanup: the job's own error, if any, propagates)
+        log.debug("could not release the cached read: %s", exc)
+
+
+def _write_entries(
+    spark: Any,
+    lake: LakeSettings,
+    stream: str,
+    start_ms: int,
+    end_ms: int,
+    raw: Any,
+    marks: Any,
+    empty: bool,
+    archived_at: datetime,
+) -> None:
+    """Insert the read entries into ``stream_entries`` (see :data:`tables.PAYLOAD_COLUMN`).
+
+    A valid block entry whose one field is the block keeps it out of
+    ``fields`` (``payload_in_blocks``) when ``blocks`` holds it from this very
+    entry; one marked ``dup`` (``blocks`` holds its hash from another entry)
+    gets its field back. Non-chain entries have ``payload_in_blocks`` null.
+    """
+    from pyspark.sql import functions as F
+
+    # The source emptied the fields of each valid entry whose one field is its block.
+    split = F.col("valid_block") & (F.size("fields") == 0)
+    if marks is not None:
+        raw = raw.join(F.broadcast(marks), "entry_id", "left")
+        in_blocks = split & F.coalesce(F.col("mark") != F.lit(_DUP), F.lit(True))
+        fields = F.when(
+            split & ~in_blocks, F.create_map(F.lit(_BLOCK_KEY), F.col("payload"))
+        ).otherwise(F.col("fields"))
+    else:
+        in_blocks = split
+        fields = F.col("fields")
+    entries = raw.select(
+        F.lit(stream).alias("stream"),
+        "entry_id",
+        "entry_ms",
+        "entry_seq",
+        fields.alias("fields"),
+        "valid_block",
+        "block_num",
+        "block_hash",
+        "block_parent",
+        "block_error",
+        F.lit(archived_at).alias("archived_at"),
+        in_blocks.alias(tables.PAYLOAD_COLUMN),
+    )
+    _insert_rows(
+        spark,
+        entries,
+        lake,
+        tables.STREAM_ENTRIES,
+        replace_where=_interval_predicate(stream, start_ms, end_ms),
+        empty=empty,
+        match=f"t.stream = s.stream AND t.entry_ms >= {start_ms} AND t.entry_ms < {end_ms} "
+        "AND t.entry_id = s.entry_id",
+    )
+
+
+def _insert_rows(
+    spark: Any,
+    rows: Any,
+    lake: LakeSettings,
+    table: str,
+    *,
+    replace_where: str,
+    empty: bool,
+    match: str,
+) -> None:
+    """Insert ``rows`` into ``table`` in one atomic Delta commit, never rewriting a row.
+
+    When the lake holds nothing under ``replace_where`` a plain ``replaceWhere``
+    write is enough (and cheapest); otherwise an insert-only MERGE on ``match``
+    (``t`` the table, ``s`` the new rows) adds just the missing rows.
+    """
+    if empty:
+        # No sort: rows arrive in entry order, so per-file stats stay tight and
+        # readers sort each file's rows themselves.
+        (
+            rows.write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", replace_where)
+            .save(lake.table(table))
+        )
+        return
+    view = f"sluice_new_{table}"
+    rows.createOrReplaceTempView(view)
+    spark.sql(
+        f"MERGE INTO {table_sql(lake, table)} t USING {view} s "
+        f"ON {match} WHEN NOT MATCHED THEN INSERT *"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _BlocksPlan:
+    #: rows of ``blocks`` to write (0: nothing to write)
+    write: int
+    #: True when ``blocks`` holds no row of the interval's num range (replaceWhere is safe)
+    empty: bool
+    lo: int
+    hi: int
+    #: ``(entry_id, mark)`` of the valid entries that are not plain new blocks, or None
+    marks: pa.Table | None
+
+
+def _plan_blocks(lake: LakeSettings, stream: str, small: pa.Table, read: Stats) -> _BlocksPlan:
+    """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
+
+    The common interval (every hash new and seen once) needs no marks. Else
+    each other valid entry is marked ``present`` (``blocks`` holds its row
+    from this very entry: a rerun) or ``dup`` (``blocks`` holds the hash from
+    another entry, whose payload may differ: this entry keeps its own).
+    """
+    import pyarrow.compute as pc
+
+    if not read.blocks:
+        return _BlocksPlan(0, True, 0, 0, None)
+    lo, hi = int(read.lo or 0), int(read.hi or 0)
+    present = interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash", "entry_id"])
+    valid = small.filter(pc.fill_null(small.column("valid_block"), False))
+    hashes = valid.column("block_hash")
+    if not present.num_rows and pc.count_distinct(hashes).as_py() == valid.num_rows:
+        return _BlocksPlan(valid.num_rows, True, lo, hi, None)
+    valid = valid.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
+    owners = dict(
+        zip(present.column("hash").to_pylist(), present.column("entry_id").to_pylist(), strict=True)
+    )
+    seen: set[str] = set()
+    ids: list[str] = []
+    marks: list[str] = []
+    for entry_id, block_hash in zip(
+        valid.column("entry_id").to_pylist(), valid.column("block_hash").to_pylist(), strict=True
+    ):
+        owner = owners.get(block_hash)
+        if owner is not None or block_hash in seen:
+            ids.append(entry_id)
+            marks.append(_PRESENT if owner == entry_id else _DUP)
+        else:
+            seen.add(block_hash)
+    table = pa.table({"entry_id": pa.array(ids, pa.string()), "mark": pa.array(marks, pa.string())})
+    return _BlocksPlan(len(seen), not present.num_rows, lo, hi, table if ids else None)
+
+
+def _write_blocks(
+    spark: Any,
+    lake: LakeSettings,
+    stream: str,
+    raw: Any,
+    marks: Any,
+    plan: _BlocksPlan,
+    archived_at: datetime,
+) -> None:
+    """Insert the planned new blocks (payload and weight as read) into ``blocks``."""
+    from pyspark.sql import functions as F
+
+    valid = raw.where(F.col("valid_block"))
+    if marks is not None:
+        valid = valid.join(F.broadcast(marks), "entry_id", "left_anti")
+    rows = valid.select(
+        F.lit(stream).alias("stream"),
+        F.col("block_num").alias("num"),
+        F.col("block_hash").alias("hash"),
+        F.col("block_parent").alias("parent"),
+        F.lit(False).alias("canonical"),
+        "entry_id",
+        "entry_ms",
+        "payload",
+        F.lit(archived_at).alias("archived_at"),
+        F.col("weight").alias(tables.WEIGHT_COLUMN),
+    )
+    lo, hi = plan.lo, plan.hi
+    _insert_rows(
+        spark,
+        rows,
+        lake,
+        tables.BLOCKS,
+        replace_where=f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}",
+        empty=plan.empty,
+        match=f"t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
+        "AND t.num = s.num AND t.hash = s.hash",
+    )
+
+
+def _interval_predicate(stream: str, start_ms: int, end_ms: int) -> str:
+    return f"stream = '{_sql_str(stream)}' AND entry_ms >= {start_ms} AND entry_ms < {end_ms}"
+
+
+def _sql_str(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
