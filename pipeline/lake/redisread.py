@@ -110,27 +110,6 @@ def read_raw_pages(
         start = "(" + entries[-1][0].decode()
 
 
-def read_pages(
-    client: Any, key: str, lo: StreamId, hi: StreamId, page: int
-) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
-    """Paged ``XRANGE key lo hi``; each page has at most ``page`` entries."""
-    import redis
-
-    start = format_id(lo)
-    end = format_id(hi)
-    while True:
-        try:
-            entries = client.xrange(key, start, end, count=page)
-        except redis.ConnectionError as exc:
-            raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
-        if not entries:
-            return
-        yield entries
-        if len(entries) < page:
-            return
-        start = "(" + entries[-1][0].decode()
-
-
 def bounds(client: Any, key: str, lo: StreamId, hi: StreamId) -> tuple[StreamId, StreamId] | None:
     """The first and last ids actually present in ``[lo, hi]``, or None if there are none."""
     import redis
