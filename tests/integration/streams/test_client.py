@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +15,7 @@ from pipeline.localredis import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Node
 from pipeline.streams.client import Consumer, Publisher
+from tests.support.poll import until
 
 from .conftest import MakeNode, eventually
 
@@ -123,8 +125,20 @@ async def test_lease_is_renewed_while_the_consumer_lives(
     node_b, _ = await make_node("B")
     a = await start_consumer(node_a, Sink(), holder="A", lease_ttl_ms=300)
     await asyncio.wait_for(a.ready.wait(), 5)
-    await asyncio.sleep(0.8)  # well past one TTL: only renewals keep the lease alive
-    assert redis_client.get(keys.consumer_lease("s")) == b"A"
+    # Watch the lease's TTL go back up (a renewal) until it has outlived several TTLs:
+    # only renewals keep it alive that long.
+    lease = keys.consumer_lease("s")
+    began, last, renewals = time.monotonic(), redis_client.pttl(lease), 0
+
+    def renewed_past_ttls() -> bool:
+        nonlocal last, renewals
+        assert redis_client.get(lease) == b"A", "the lease expired or changed hands"
+        ttl = redis_client.pttl(lease)
+        renewals += ttl > last
+        last = ttl
+        return renewals >= 3 and time.monotonic() - began > 3 * 0.3
+
+    await until(renewed_past_ttls, "three renewals of the lease, past three TTLs")
     b = await start_consumer(node_b, Sink(), holder="B", lease_ttl_ms=300)
     await eventually(lambda: b.refused is not None)
     assert not b.ready.is_set()
