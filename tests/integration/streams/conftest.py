@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ from redis.asyncio import Redis
 from pipeline.routing.node import Context, Node, Worker
 from pipeline.streams.service import StreamService, connect, connect_hot
 from pipeline.streams.transport import StreamTransport
+from tests.support.poll import until
 
 MakeNode = Callable[..., Awaitable[tuple[Node, StreamTransport]]]
 
@@ -27,10 +27,8 @@ class Recorder(Worker):
 
 
 async def eventually(check: Callable[[], bool], limit_s: float = 10.0) -> None:
-    """Poll ``check`` until true (short sleeps, bounded)."""
-    async with asyncio.timeout(limit_s):
-        while not check():  # noqa: ASYNC110 - polls counters and Redis, which have no event
-            await asyncio.sleep(0.01)
+    """Poll ``check`` until true (:func:`tests.support.poll.until`, ``limit_s`` its deadline)."""
+    await until(check, within_s=limit_s)
 
 
 @pytest.fixture
