@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ import redis as sync_redis
 from pipeline import keys
 from pipeline.settings import Settings
 from pipeline.streams import cli
+from tests.support.poll import until_sync
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,12 +92,8 @@ def replies(path: Path) -> list[str]:
     return [line for line in path.read_text().splitlines() if line]
 
 
-def wait_until(check: object, limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+def wait_until(check: Callable[[], object], limit_s: float, what: str) -> None:
+    until_sync(check, what, within_s=limit_s, every_s=0.02)
 
 
 def counters(proc: Proc) -> dict[str, int]:

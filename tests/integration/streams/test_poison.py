@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
@@ -18,6 +19,7 @@ import redis as sync_redis
 from pipeline import keys
 from pipeline.localredis import free_port
 from pipeline.routing.message import Address, Route, StreamAddress, TransportMessage
+from tests.support.poll import until_sync
 
 from .test_cli import Proc, env, procs  # noqa: F401 - fixtures
 
@@ -56,12 +58,14 @@ def reply_payloads(client: sync_redis.Redis) -> list[bytes]:
     return out
 
 
-def wait_until(check: object, limit_s: float, what: str, proc: Proc) -> None:
-    deadline = time.monotonic() + limit_s
-    while not check():  # type: ignore[operator]
+def wait_until(check: Callable[[], object], limit_s: float, what: str, proc: Proc) -> None:
+    def alive_and_done() -> object:
         assert proc.proc.poll() is None, f"node died:\n{proc.text()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{proc.text()[-3000:]}"
-        time.sleep(0.05)
+        return check()
+
+    until_sync(
+        alive_and_done, what, within_s=limit_s, every_s=0.05, detail=lambda: proc.text()[-3000:]
+    )
 
 
 def tcp_abuse(port: int) -> None:
