@@ -276,9 +276,8 @@ async def raw_ping(url: str) -> list[float]:
     return samples
 
 
-async def sluice_ping(url: str) -> list[float]:
-    """Node A: requests through the stream transport to node B's echo (in another process)."""
-    node_a, redis_a, _ = await make_node("A", url)
+async def _pings(node_a: Node) -> list[float]:
+    """Round trips (ms) from node A through the stream transport to ``echo`` (first 100 warm up)."""
     waiter = Waiter()
     await node_a.add_worker("waiter", waiter)
     route = Route([StreamAddress("rtt_b", "rtt_a").to_address(), "echo"])
@@ -291,6 +290,13 @@ async def sluice_ping(url: str) -> list[float]:
         await asyncio.wait_for(waiter.future, 10)
         if i >= 100:
             samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+async def sluice_ping(url: str) -> list[float]:
+    """Node A: requests through the stream transport to node B's echo (in another process)."""
+    node_a, redis_a, _ = await make_node("A", url)
+    samples = await _pings(node_a)
     await node_a.stop()
     await redis_a.aclose()
     return samples
@@ -302,18 +308,7 @@ async def sluice_rtt(url: str) -> list[float]:
     consumer = await transport_b.subscribe("rtt_b")
     await asyncio.wait_for(consumer.ready.wait(), 10)
     await node_b.add_worker("echo", Echo())
-    waiter = Waiter()
-    await node_a.add_worker("waiter", waiter)
-    route = Route([StreamAddress("rtt_b", "rtt_a").to_address(), "echo"])
-    loop = asyncio.get_running_loop()
-    samples: list[float] = []
-    for i in range(RTT_N + 100):
-        waiter.future = loop.create_future()
-        start = time.perf_counter()
-        await node_a.deliver(TransportMessage(route, Route(["waiter"]), PAYLOAD))
-        await asyncio.wait_for(waiter.future, 10)
-        if i >= 100:
-            samples.append((time.perf_counter() - start) * 1000)
+    samples = await _pings(node_a)
     for node, redis in ((node_a, redis_a), (node_b, redis_b)):
         await node.stop()
         await redis.aclose()
