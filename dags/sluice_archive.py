@@ -2,10 +2,13 @@
 
 Each run owns exactly its data interval ``[data_interval_start,
 data_interval_end)``; Redis entry ids are milliseconds, so the interval is an
-id range. Per stream (one mapped task each): archive the range into
-``stream_entries`` / ``blocks`` / ``archive_log``; then mark the canonical
-chain of every chain stream; then trim Redis below what ``archive_log``
-proves archived and older than the hot-retention window. Every step is
+id range. ``archive_streams`` archives the range of every stream into
+``stream_entries`` / ``blocks`` / ``archive_log`` in one lake job (one
+process and Spark session for all streams); ``archive`` (mapped, one task per
+stream) is each stream's result, and archives the stream again on its own
+when it failed in the shared job, with its own retries. Then the canonical
+chain of every chain stream is marked, and Redis trimmed below what
+``archive_log`` proves archived and older than the hot-retention window. Every step is
 idempotent for its interval, so re-runs, retries and Airflow 3 backfills
 (``airflow backfill create --dag-id sluice_archive ...``) just work.
 
@@ -15,11 +18,11 @@ archiving is what a user deploying Sluice expects to start.
 
 No interval is ever left out. Airflow's catchup is off and one run is active
 at a time, so when a run overruns its interval the scheduler skips the
-intervals in between and starts the newest one. Each archive task therefore
-archives, before its own interval, the holes ``archive_log`` shows for its
+intervals in between and starts the newest one. Each run therefore
+archives, per stream and before its own interval, the holes ``archive_log`` shows for its
 stream since the stream's first row (skipped intervals, or intervals whose
 run failed), oldest first, in interval-wide steps, at most
-``CATCHUP_MAX_STEPS`` (12) per task; what is left waits for the next run,
+``CATCHUP_MAX_STEPS`` (12) per stream; what is left waits for the next run,
 which again takes the oldest. Coverage thus stays contiguous, which is what
 lets trim advance. Chain streams too: the canonical job walks down through
 marked blocks to any height left unmarked, so blocks filled in below
@@ -29,22 +32,23 @@ not chased: backfill it (below). Catchup=True was rejected: it would start
 one run per interval since ``start_date`` on a fresh deployment, and a
 skipped interval would still cost a whole DAG run.
 
-One task per stream (mapped), not one Spark job for all streams: measured
-with ``make bench B=airflow`` (``archive_streams_per_task_s``). With the
-Spark writer, four streams archived as four job children took 20.0 s against
-19.7 s in one process and session (load 5 on 2 cores). With the Arrow writer
-the archive itself costs about half a second, so the child and session per
-task now dominate: 4.7 s against 2.2 s (load 1.3), about 0.6 s more per
-stream and run. That is 0.2% of a 5-minute interval per stream; a task per
-stream keeps per-stream retries, logs and results in Airflow. A job for all
-streams would pay once there are hundreds of streams per run.
+One lake job for all streams, and a mapped task per stream for the results:
+measured with ``make bench B=airflow`` (``archive_streams_per_task_s``), four
+streams archived as four job children took 4.7 s against 2.2 s in one job
+(load 1.3): each child pays for its process and Spark session (about 0.6 s
+per stream and run through Connect, seconds more in local mode), while the
+archive itself costs about half a second. The mapped per-stream tasks start
+no job when their stream succeeded in the shared one, so results, warnings,
+failures and retries stay visible per stream (a stream failing there is
+archived again by its own task; a retry of that task runs its own job too).
 
 Retries back off exponentially: 30 s, 1 min, 2 min, ... capped at 10 min
 (``SLUICE_LAKE_TASK_RETRIES`` retries).
 
 The lake jobs run as child processes (plugins/sluice_lake_job.py) through
-``LakeJobOperator``, whose ``on_kill`` stops the job at once when the task is
-marked failed. With ``SLUICE_SPARK_REMOTE`` (a ``sluice spark`` server, or
+``LakeJobOperator`` and its archive subclasses, whose ``on_kill`` stops the
+job at once when the task is marked failed (marking ``archive_streams``
+failed stops the shared job, and the per-stream tasks after it do not run). With ``SLUICE_SPARK_REMOTE`` (a ``sluice spark`` server, or
 the Connect service of docker/) each child is a thin client: a task costs
 seconds. An interval already archived (a manual trigger repeats the last
 scheduled interval) or with no entry in Redis never touches Spark.
@@ -70,7 +74,7 @@ from typing import Any
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 from sluice_dag_common import LAKE_BLOCKS, default_args, interval_ms, load_settings
-from sluice_lake_operator import LakeJobOperator
+from sluice_lake_operator import ArchiveStreamsOperator, LakeJobOperator, StreamArchiveOperator
 
 _settings = load_settings()
 
@@ -98,11 +102,9 @@ def sluice_archive() -> None:
         settings = load_settings()
         return [name for name in settings.lake.chain_streams if name in settings.lake.streams]
 
-    archive = LakeJobOperator.partial(
+    archive = StreamArchiveOperator.partial(
         task_id="archive",
-        job="archive",
-        interval=True,
-        catchup=True,
+        batch_task_id="archive_streams",
         max_active_tis_per_dag=_settings.lake.archive_parallelism,
     )
     canonical = LakeJobOperator.partial(
@@ -135,7 +137,15 @@ def sluice_archive() -> None:
         return summary
 
     names = streams()
+    # One job for every stream (a retry of it skips what it archived already), then
+    # each stream's result; a stream that failed in the job is archived by its task.
+    shared = ArchiveStreamsOperator(
+        task_id="archive_streams",
+        streams=names,
+        max_active_tis_per_dag=_settings.lake.archive_parallelism,
+    )
     archived = archive.expand(stream=names)
+    shared >> archived
     marked = canonical.expand(stream=chain_streams())
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed

@@ -16,36 +16,35 @@ Arguments: ``job`` (``archive``, ``canonical``, ``trim``, ``maintain``...),
 The job's JSON result is the task's XCom; its WARNING lines are task-log
 warnings and their count is logged once more at the end.
 
-``catchup`` (with ``interval``, for ``archive``): before its own interval the
-task archives the holes ``archive_log`` shows for the stream since its first
-row, oldest first, at most :data:`sluice_dag_common.CATCHUP_MAX_STEPS` per
-task, one job per interval-wide step (see
-:func:`sluice_dag_common.archive_steps`). So an interval the scheduler skipped
-(``catchup=False`` skips the intervals a long run overran) or whose run
-failed is archived by the next run, and coverage has no hole that would stop
-trim (chain streams too: the canonical walk marks blocks filled in below
-canonical ones). Backfill runs archive only their own interval (the backfill covers the
-rest). The XCom is then the own interval's result with ``caught_up`` (one
-summary per earlier step) and ``warnings`` summed over all steps.
+The archive DAG's two operators (see ``dags/sluice_archive.py``):
+
+- :class:`ArchiveStreamsOperator` archives the run's data interval of every
+  stream in one job (``sluice lake archive-streams``: one process, one Spark
+  session), with ``--catchup`` on scheduled and manual runs (each stream's
+  earlier holes in ``archive_log`` first, oldest first, at most
+  :data:`pipeline.lake.catchup.CATCHUP_MAX_STEPS` per stream; backfill runs
+  archive only their own interval). A stream that fails there does not fail
+  the task: the job reports it, and the task logs it as a warning.
+- :class:`StreamArchiveOperator`, mapped over the streams, is each stream's
+  result in Airflow: on its first try it takes the stream's result from that
+  job (no job of its own); when the stream failed there, and on every retry,
+  it archives the stream in a job of its own and fails with the stream's
+  error if that fails too. So results, failures and retries stay per stream.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from sluice_dag_common import archive_steps, interval_ms, job_env, load_settings
+from sluice_dag_common import interval_ms, job_env, load_settings
 from sluice_lake_job import CLI_MODULE, run_lake_job, stop_running_jobs
 
 from pipeline.errors import LakeJobError
 
 log = logging.getLogger(__name__)
-
-#: What the XCom keeps of each catch-up step.
-CAUGHT_UP_FIELDS = ("start_ms", "end_ms", "read", "entries", "blocks", "invalid", "warnings")
 
 
 class LakeJobOperator(BaseOperator):
@@ -60,7 +59,6 @@ class LakeJobOperator(BaseOperator):
         job: str,
         stream: str | None = None,
         interval: bool = False,
-        catchup: bool = False,
         extra_args: Sequence[str] = (),
         report_codes: Sequence[int] = (),
         module: str = CLI_MODULE,
@@ -70,83 +68,41 @@ class LakeJobOperator(BaseOperator):
         self.job = job
         self.stream = stream
         self.interval = interval
-        self.catchup = catchup
         self.extra_args = list(extra_args)
         self.report_codes = tuple(report_codes)
         #: the module the child runs (tests substitute a stand-in job)
         self.module = module
         self._killed = False
 
-    def job_args(self, context: Any, step: tuple[int, int] | None = None) -> list[str]:
-        """The job's arguments; ``step`` replaces the run's data interval (a catch-up step)."""
+    def job_args(self, context: Any) -> list[str]:
+        """The job's arguments."""
         args: list[str] = []
         if self.stream:
             args += ["--stream", str(self.stream)]
         if self.interval:
-            start_ms, end_ms = step or interval_ms(
+            start_ms, end_ms = interval_ms(
                 context.get("data_interval_start"), context.get("data_interval_end")
             )
             args += ["--start-ms", str(start_ms), "--end-ms", str(end_ms)]
             args += ["--run-id", str(context["run_id"])]
         return args + [str(a) for a in self.extra_args]
 
-    def steps(self, context: Any, settings: Any) -> list[tuple[int, int]] | None:
-        """The catch-up steps of this task (own interval last), or None when it has none."""
-        if not (self.catchup and self.interval and self.stream):
-            return None
-        run_type = getattr(context.get("dag_run"), "run_type", None)
-        if str(getattr(run_type, "value", run_type)) == "backfill":
-            return None  # the backfill's own runs cover the other intervals
-        from pipeline.lake.trim import logged_intervals
-
-        start_ms, end_ms = interval_ms(
-            context.get("data_interval_start"), context.get("data_interval_end")
-        )
-        return archive_steps(logged_intervals(settings.lake, str(self.stream)), start_ms, end_ms)
-
     def execute(self, context: Any) -> Any:
-        settings = load_settings()
-        steps = self.steps(context, settings)
-        if steps is not None and len(steps) > 1:
-            log.info(
-                "stream %s: archiving %d earlier interval(s) no run archived yet, first [%d, %d)",
-                self.stream, len(steps) - 1, *steps[0],
-            )  # fmt: skip
-        caught_up: list[dict[str, Any]] = []
-        warnings = 0
-        earlier: list[tuple[int, int]] = list(steps[:-1]) if steps else []
-        own: tuple[int, int] | None = steps[-1] if steps else None
-        # Catching up must not eat the task's execution timeout (job limit + 120 s):
-        # past half the job limit the remaining earlier steps wait for the next run.
-        budget = time.monotonic() + settings.lake.job_timeout_s / 2
-        for done, step in enumerate(earlier):
-            if time.monotonic() > budget:
-                log.warning(
-                    "stream %s: %d earlier interval(s) left for the next run (time budget)",
-                    self.stream, len(earlier) - done,
-                )  # fmt: skip
-                break
-            result = self._run(context, settings, step)
-            if isinstance(result, dict):
-                warnings += int(result.get("warnings") or 0)
-                caught_up.append({k: result.get(k) for k in CAUGHT_UP_FIELDS})
-        result = self._run(context, settings, own)
-        if isinstance(result, dict):
-            warnings += int(result.get("warnings") or 0)
-        if isinstance(result, dict) and steps is not None:
-            result = {**result, "caught_up": caught_up, "warnings": warnings}
-        if warnings:
-            log.warning("lake job %s logged %d warning(s); see above", self.job, warnings)
+        result = self.run_job(context)
+        if isinstance(result, dict) and result.get("warnings"):
+            log.warning("lake job %s logged %d warning(s); see above", self.job, result["warnings"])
         return result
 
-    def _run(self, context: Any, settings: Any, step: tuple[int, int] | None) -> Any:
-        if self._killed:  # killed between two steps: start no further job
+    def run_job(self, context: Any) -> Any:
+        """Run this task's job with :meth:`job_args`; its JSON result."""
+        if self._killed:  # killed before the job started: start none
             raise LakeJobError(
                 f"lake job {self.job!r} was stopped (task killed)", returncode=None, stderr_tail=""
             )
+        settings = load_settings()
         return run_lake_job(
             self.job,
-            self.job_args(context, step),
+            self.job_args(context),
             env=job_env(settings),
             timeout_s=float(settings.lake.job_timeout_s),
             report_codes=frozenset(self.report_codes),
@@ -157,6 +113,107 @@ class LakeJobOperator(BaseOperator):
         self._killed = True
         stopped = stop_running_jobs()
         log.warning("task killed: stopped %d running lake job(s)", stopped)
+
+
+def _is_backfill(context: Any) -> bool:
+    run_type = getattr(context.get("dag_run"), "run_type", None)
+    return str(getattr(run_type, "value", run_type)) == "backfill"
+
+
+class ArchiveStreamsOperator(LakeJobOperator):
+    """``sluice lake archive-streams`` of the run's data interval; see the module docstring.
+
+    ``streams`` is templated (an XComArg of the streams read at run start
+    works). The XCom is the job's result: ``streams`` (each stream's result or
+    ``error``) and ``failed``.
+    """
+
+    template_fields: Sequence[str] = ("streams", "extra_args")
+
+    def __init__(self, *, streams: Any = (), catchup: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("report_codes", (1,))  # some stream failed: the result still counts
+        super().__init__(job="archive-streams", interval=True, **kwargs)
+        self.streams = streams
+        self.catchup = catchup
+
+    def names(self) -> list[str]:
+        """The streams this task archives."""
+        streams = self.streams
+        return [streams] if isinstance(streams, str) else [str(name) for name in streams or ()]
+
+    def job_args(self, context: Any) -> list[str]:
+        names = self.names()
+        if not names:
+            raise ValueError(f"task {self.task_id}: no stream to archive")
+        start_ms, end_ms = interval_ms(
+            context.get("data_interval_start"), context.get("data_interval_end")
+        )
+        args = [a for name in names for a in ("--stream", name)]
+        args += ["--start-ms", str(start_ms), "--end-ms", str(end_ms)]
+        args += ["--run-id", str(context["run_id"]), *map(str, self.extra_args)]
+        # Backfill runs archive only their own interval: the backfill covers the others.
+        return args + (["--catchup"] if self.catchup and not _is_backfill(context) else [])
+
+    def execute(self, context: Any) -> Any:
+        result = super().execute(context)
+        failed = result.get("failed") if isinstance(result, dict) else None
+        if failed:
+            log.warning(
+                "%d stream(s) failed in this job: %s; each one's archive task archives it again",
+                len(failed), ", ".join(failed),
+            )  # fmt: skip
+        return result
+
+
+class StreamArchiveOperator(ArchiveStreamsOperator):
+    """One stream's archive of the run, mapped over ``stream``; see the module docstring.
+
+    ``batch_task_id`` names the :class:`ArchiveStreamsOperator` task of the
+    run. The XCom is the stream's own result (``caught_up`` and ``warnings``
+    included), the same whether the shared job or this task's job archived it.
+    """
+
+    template_fields: Sequence[str] = ("stream", "extra_args")
+
+    def __init__(self, *, batch_task_id: str = "archive_streams", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batch_task_id = batch_task_id
+
+    def names(self) -> list[str]:
+        return [str(self.stream)]
+
+    def execute(self, context: Any) -> Any:
+        stream = str(self.stream)
+        ti = context.get("ti")
+        if ti is not None and int(getattr(ti, "try_number", 1) or 1) <= 1:
+            shared = ti.xcom_pull(task_ids=self.batch_task_id, map_indexes=-1)
+            mine = _stream_result(shared, stream)
+            if mine is not None and "error" not in mine:
+                log.info(
+                    "stream %s: archived by %s: %s entries read, %s in the lake for the interval, "
+                    "%s blocks, %s invalid", stream, self.batch_task_id, mine.get("read"),
+                    mine.get("entries"), mine.get("blocks"), mine.get("invalid"),
+                )  # fmt: skip
+                if mine.get("warnings"):
+                    log.warning("stream %s: %d warning(s), see %s", stream, mine["warnings"],
+                                self.batch_task_id)  # fmt: skip
+                return mine
+            why = mine["error"] if mine is not None else "no result for it"
+            log.warning("stream %s: %s: %s; archiving it here", stream, self.batch_task_id, why)
+        mine = _stream_result(LakeJobOperator.execute(self, context), stream)
+        if mine is None or "error" in mine:
+            raise LakeJobError(
+                f"archive of {stream!r} failed: {(mine or {}).get('error', 'no result')}",
+                returncode=1,
+                stderr_tail="",
+            )
+        return mine
+
+
+def _stream_result(result: Any, stream: str) -> dict[str, Any] | None:
+    streams = result.get("streams") if isinstance(result, dict) else None
+    mine = streams.get(stream) if isinstance(streams, dict) else None
+    return mine if isinstance(mine, dict) else None
 
 
 class AuditOperator(LakeJobOperator):
@@ -199,7 +256,7 @@ class ReplayOperator(LakeJobOperator):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(job="replay", **kwargs)
 
-    def job_args(self, context: Any, step: tuple[int, int] | None = None) -> list[str]:
+    def job_args(self, context: Any) -> list[str]:
         params = context["params"]
         stream, target = str(params["stream"]), str(params.get("target") or "")
         from_num, to_num = int(params["from_num"]), int(params["to_num"])

@@ -1,6 +1,8 @@
 """``sluice lake JOB ...``: run one lake job and print its result as one JSON line.
 
 Jobs: ``archive --stream S --start-ms A --end-ms B [--run-id R] [--force]``,
+``archive-streams --stream S [--stream T ...] --start-ms A --end-ms B [--run-id R]
+[--catchup]`` (several streams in one job: :mod:`pipeline.lake.batch`),
 ``canonical --stream S``, ``trim --stream S [--now-ms N]``,
 ``replay --stream S --from N --to M [--target T]``, ``audit --stream S``,
 ``maintain [--retain-hours H]``, ``backfill --stream S [--since ISO |
@@ -44,7 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -56,7 +58,7 @@ from pipeline.settings import Settings
 
 log = logging.getLogger("pipeline.lake.job")
 
-SPARK_JOBS = frozenset({"archive", "canonical", "maintain", "backfill"})
+SPARK_JOBS = frozenset({"archive", "archive-streams", "canonical", "maintain", "backfill"})
 #: Jobs that write one stream's lake rows or Redis entries and so hold its archive lock.
 LOCKED_JOBS = frozenset({"archive", "canonical", "trim"})
 #: The debug log is rotated (one old copy kept) when it grows past this size.
@@ -78,6 +80,18 @@ def _parser() -> argparse.ArgumentParser:
     archive.add_argument("--run-id")
     archive.add_argument(
         "--force", action="store_true", help="re-read Redis even if archive_log has the interval"
+    )
+    many = jobs.add_parser(
+        "archive-streams", help="archive one interval of several streams in one job"
+    )
+    many.add_argument("--stream", dest="streams", action="append", required=True)
+    many.add_argument("--start-ms", type=int, required=True)
+    many.add_argument("--end-ms", type=int, required=True)
+    many.add_argument("--run-id")
+    many.add_argument(
+        "--catchup",
+        action="store_true",
+        help="archive each stream's earlier holes in archive_log first (oldest first)",
     )
     canonical = jobs.add_parser("canonical", help="mark the canonical chain of a stream")
     canonical.add_argument("--stream", required=True)
@@ -304,12 +318,37 @@ def run(
     spark: Any = None,
     guard: Callable[[], None] | None = None,
     stopper: Stopper | None = None,
+    counter: _Counter | None = None,
 ) -> tuple[Any, bool]:
     """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`;
     ``guard`` is called before a job's last commit (the archive lock's check);
-    ``stopper`` (backfill) is told each interval's lock so a stop releases it."""
+    ``stopper`` (backfill, archive-streams) is told each stream's lock so a stop
+    releases it; ``counter`` counts the job's warnings (archive-streams splits
+    them per stream)."""
     if args.job == "backfill":
         return _backfill(args, settings, spark, stopper or Stopper(spark)), True
+    if args.job == "archive-streams":
+        from pipeline.lake.batch import archive_streams
+
+        stopper = stopper or Stopper(spark)
+
+        def story(result: dict[str, Any], seconds: float) -> None:
+            for line in summary_lines("archive", result, seconds):
+                log.info("%s", line)
+
+        return archive_streams(
+            spark,
+            settings,
+            args.streams,
+            args.start_ms,
+            args.end_ms,
+            run_id=args.run_id,
+            catchup=bool(args.catchup),
+            locked=lambda stream: _stream_lock(settings, stopper, stream, "archive"),
+            check=stopper.check,
+            warnings=(lambda: counter.count) if counter is not None else (lambda: 0),
+            report=story,
+        )
     if args.job == "archive":
         from pipeline.lake.archive import archive_interval
 
@@ -357,9 +396,25 @@ def run(
     return report, report.ok
 
 
+@contextmanager
+def _stream_lock(settings: Settings, stopper: Stopper, stream: str, owner: str) -> Iterator[Any]:
+    """Hold ``stream``'s archive lock; the stopper knows it, so a stop releases it."""
+    from pipeline.lake.lock import StreamLock
+
+    with StreamLock(
+        settings.redis.url, stream, owner=owner, wait_s=settings.lake.lock_wait_s
+    ) as lock:
+        if lock.waited_s > 0.5:
+            log.info("waited %.1fs for the archive lock of %s", lock.waited_s, stream)
+        stopper.lock = lock
+        try:
+            yield lock
+        finally:
+            stopper.lock = None
+
+
 def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper: Stopper) -> Any:
     from pipeline.lake import backfill
-    from pipeline.lake.lock import StreamLock
 
     logged, oldest_ms, now_ms = backfill.read_state(settings, args.stream)
     until_ms = getattr(args, "until_ms", None)
@@ -385,16 +440,8 @@ def _backfill(args: argparse.Namespace, settings: Settings, spark: Any, stopper:
         todo.covered,
     )
 
-    @contextmanager
-    def locked() -> Iterator[StreamLock]:
-        with StreamLock(
-            settings.redis.url, args.stream, owner="backfill", wait_s=settings.lake.lock_wait_s
-        ) as lock:
-            stopper.lock = lock
-            try:
-                yield lock
-            finally:
-                stopper.lock = None
+    def locked() -> AbstractContextManager[Any]:
+        return _stream_lock(settings, stopper, args.stream, "backfill")
 
     # One INFO line per interval from the archive job would drown the progress in
     # the story (they stay in the debug file); its warnings still show.
@@ -426,7 +473,9 @@ def describe(args: argparse.Namespace) -> str:
     """The job in one phrase: ``archive of chain:demo [2026-..Z, 2026-..Z)``."""
     stream = getattr(args, "stream", None)
     text = str(args.job) + (f" of {stream}" if stream else "")
-    if args.job == "archive":
+    if args.job == "archive-streams":
+        text = f"archive of {len(args.streams)} stream(s) ({', '.join(args.streams)})"
+    if args.job in ("archive", "archive-streams"):
         text += f" [{_iso(args.start_ms)}, {_iso(args.end_ms)}) ms [{args.start_ms}, {args.end_ms})"
     return text
 
@@ -452,6 +501,17 @@ def summary_lines(job: str, result: dict[str, Any], seconds: float) -> list[str]
         shown = f"{rate:,.0f}" if rate >= 10 or rate == 0 else f"{rate:.2g}"
         lines.append(f"done in {seconds:.2f}s ({shown} entries/s)")
         return lines
+    if job == "archive-streams":
+        streams = result.get("streams") or {}
+        failed = list(result.get("failed") or [])
+        done = [r for r in streams.values() if "error" not in r]
+        read = sum(int(r.get("read", 0)) for r in done)
+        return [
+            f"{len(done)} of {len(streams)} stream(s) archived"
+            + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "")
+            + f"; {read} entries read, {sum(int(r.get('blocks', 0)) for r in done)} blocks",
+            f"done in {seconds:.2f}s",
+        ]
     if job == "backfill":
         start, end = int(result.get("start_ms", 0)), int(result.get("end_ms", 0))
         return [
@@ -501,23 +561,12 @@ def _main(
     )
     stopper = Stopper(spark)
     restore = stopper.install()
-    lock = None
     try:
-        if args.job in LOCKED_JOBS:
-            from pipeline.lake.lock import StreamLock
-
-            lock = StreamLock(
-                settings.redis.url,
-                args.stream,
-                owner=f"{args.job}",
-                wait_s=settings.lake.lock_wait_s,
-            )
-            lock.__enter__()
-            stopper.lock = lock
-            if lock.waited_s > 0.5:
-                log.info("waited %.1fs for the archive lock of %s", lock.waited_s, args.stream)
-        result, ok = run(args, settings, spark, stopper.check, stopper)
-        stopper.check()
+        with ExitStack() as held:
+            if args.job in LOCKED_JOBS:
+                held.enter_context(_stream_lock(settings, stopper, args.stream, args.job))
+            result, ok = run(args, settings, spark, stopper.check, stopper, counter)
+            stopper.check()
     except JobCancelled as exc:
         log.error("%s", exc)
         return EXIT_CANCELLED
@@ -528,8 +577,6 @@ def _main(
         return 1
     finally:
         restore()
-        if lock is not None:
-            lock.release()
         if spark is not None:
             spark.close()
     seconds = time.perf_counter() - began
@@ -605,4 +652,11 @@ class Stopper:
 if __name__ == "__main__":
     from pipeline.cli import main as sluice_main
 
-    sys.exit(sluice_main(["lake", *sys.argv[1:]]))
+    code = sluice_main(["lake", *sys.argv[1:]])
+    # The job's result is out and its logs are closed: leave without the
+    # interpreter's teardown. Native thread pools (gRPC of the Connect client,
+    # Arrow) torn down at exit have aborted a finished job ("terminate called
+    # without an active exception", exit -6) after it printed its result.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,20 +1,23 @@
 """Benchmark of the archive through Airflow: one task's cost next to the bare job, and streams per job.
 
 Metrics (JSON lines via Report), each in one run with its baseline:
-- ``airflow_archive_task_s``: the ``archive`` task of ``sluice_archive`` for one
-  5-minute interval of a 10 blocks/s chain stream (3,000 blocks of ~300 B),
-  run by ``airflow dags test`` against a ``sluice spark`` Connect server (the
-  task instance's duration from Airflow's database: child start, Connect
-  session, archive, result). Baseline: the same archive as one
-  ``sluice lake archive`` child (``python -m pipeline.lake.cli archive``)
-  against the same server, into its own lake. Goal: <= 10 s.
-  ``dags_test_s`` is the whole ``dags test`` (all tasks, parsing, DB).
-- ``archive_streams_per_task_s``: ``SLUICE_BENCH_STREAMS`` (default 4) streams
-  of one interval, archived the way the DAG does it (one ``sluice lake archive``
-  child per stream, in sequence); baseline ``archive_streams_one_session_s``:
-  the same archives in one process through one Connect session (what one
-  Spark job per DAG run for all streams could save at most: the per-task
-  child and session cost).
+- ``airflow_archive_task_s``: the ``archive_streams`` task of ``sluice_archive``
+  (the one that runs the lake job) for one 5-minute interval of a 10 blocks/s
+  chain stream (3,000 blocks of ~300 B), run by ``airflow dags test`` against
+  a ``sluice spark`` Connect server (the task instance's duration from
+  Airflow's database: child start, Connect session, archive, result).
+  Baseline: the same archive as one ``sluice lake archive`` child
+  (``python -m pipeline.lake.cli archive``) against the same server, into its
+  own lake. Goal: <= 10 s. ``stream_task_s`` is the stream's mapped
+  ``archive`` task (its result, taken from the shared job), ``dags_test_s``
+  the whole ``dags test`` (all tasks, parsing, DB).
+- ``archive_streams_one_job_s``: ``SLUICE_BENCH_STREAMS`` (default 4) streams
+  of one interval archived by one ``sluice lake archive-streams`` child (what
+  the DAG runs now); baseline: the same archives as one ``sluice lake
+  archive`` child per stream, in sequence (what a task per stream ran before).
+- ``airflow_archive_streams_task_s``: the ``archive_streams`` task of a
+  ``dags test`` run with those streams (``SLUICE_STREAMS``); baseline the same
+  child-per-stream total. ``stream_tasks_s`` lists the mapped tasks' durations.
 
 The Connect server is warmed up first (one untimed archive), as a deployment's
 long-lived server is.
@@ -91,21 +94,21 @@ def _job(
     return seconds, json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _one_session(streams: list[str], start_ms: int, end_ms: int) -> None:
-    """Child: archive every stream through one session; prints the seconds (session included)."""
-    from pipeline.lake.archive import archive_interval
-    from pipeline.lake.session import build_session, close_session
-    from pipeline.settings import Settings
-
+def _one_job(env: dict[str, str], streams: list[str], start_ms: int, end_ms: int) -> float:
+    """One ``sluice lake archive-streams`` child for every stream; its wall seconds."""
+    args = [a for stream in streams for a in ("--stream", stream)]
     began = time.perf_counter()
-    settings = Settings.load()
-    spark = build_session(settings, app_name="sluice-bench-streams")
-    try:
-        for stream in streams:
-            archive_interval(spark, settings, stream, start_ms, end_ms)
-    finally:
-        close_session(spark)
-    print(json.dumps({"seconds": time.perf_counter() - began}))
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.lake.cli", "archive-streams", *args,
+         "--start-ms", str(start_ms), "--end-ms", str(end_ms)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    seconds = time.perf_counter() - began
+    if out.returncode != 0:
+        raise RuntimeError(f"sluice lake archive-streams failed: {out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["failed"] == [] and list(result["streams"]) == streams, result
+    return seconds
 
 
 def _airflow_env(home: Path, env: dict[str, str]) -> dict[str, str]:
@@ -144,9 +147,6 @@ def _task_seconds(home: Path, task_id: str) -> list[float]:
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["--one-session"]:
-        _one_session(sys.argv[4:], int(sys.argv[2]), int(sys.argv[3]))
-        return 0
     from pipeline.lake.sparkserver import ConnectServer, free_port
     from pipeline.settings import Settings
 
@@ -199,16 +199,17 @@ def main() -> int:
                 )  # fmt: skip
                 _airflow(af_env, "db", "migrate")
                 dags_test_s = _airflow(af_env, "dags", "test", "sluice_archive", end.isoformat())
-                (task_s,) = _task_seconds(home, "archive")
+                (task_s,) = _task_seconds(home, "archive_streams")
+                (stream_task_s,) = _task_seconds(home, "archive")
                 report.emit(
                     "airflow_archive_task_s", task_s, direct_s, entries=n, goal_s=10.0,
                     job_s=result.get("job_seconds"), stages=result.get("stages"),
-                    dags_test_s=round(dags_test_s, 2),
+                    stream_task_s=round(stream_task_s, 2), dags_test_s=round(dags_test_s, 2),
                     canonical_task_s=round(_task_seconds(home, "canonical")[0], 2),
                     load=[load, _load()],
                 )  # fmt: skip
 
-                # Several streams: a job child per stream (the mapped tasks) vs one session.
+                # Several streams: a job child per stream (the old mapped tasks) vs one job.
                 load = _load()
                 per_task = 0.0
                 for stream in others:
@@ -217,18 +218,33 @@ def main() -> int:
                         stream, start_ms, end_ms,
                     )  # fmt: skip
                     per_task += seconds
-                began = time.perf_counter()
-                out = subprocess.run(
-                    [sys.executable, __file__, "--one-session", str(start_ms), str(end_ms), *others],
-                    env={**env, "SLUICE_LAKE_URI": str(tmp / "lake-streams-b")},
-                    cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
-                )  # fmt: skip
-                if out.returncode != 0:
-                    raise RuntimeError(f"one-session child failed: {out.stderr[-3000:]}")
-                one_s = time.perf_counter() - began
+                one_s = _one_job(
+                    {**env, "SLUICE_LAKE_URI": str(tmp / "lake-streams-b")},
+                    others,
+                    start_ms,
+                    end_ms,
+                )
                 report.emit(
-                    "archive_streams_per_task_s", per_task, one_s, streams=n_streams,
+                    "archive_streams_one_job_s", one_s, per_task, streams=n_streams,
                     entries_per_stream=n // 10, load=[load, _load()],
+                )  # fmt: skip
+
+                # The same streams through the DAG: one archive_streams task, light mapped ones.
+                load = _load()
+                home = tmp / "airflow-streams"
+                home.mkdir()
+                af_env = _airflow_env(
+                    home, {**env, "SLUICE_LAKE_URI": str(tmp / "lake-streams-c"),
+                           "SLUICE_STREAMS": ",".join(others),
+                           "SLUICE_CHAIN_STREAMS": ",".join(others)},
+                )  # fmt: skip
+                _airflow(af_env, "db", "migrate")
+                dags_test_s = _airflow(af_env, "dags", "test", "sluice_archive", end.isoformat())
+                (shared_s,) = _task_seconds(home, "archive_streams")
+                report.emit(
+                    "airflow_archive_streams_task_s", shared_s, per_task, streams=n_streams,
+                    stream_tasks_s=[round(x, 2) for x in _task_seconds(home, "archive")],
+                    dags_test_s=round(dags_test_s, 2), load=[load, _load()],
                 )  # fmt: skip
         finally:
             server.stop()

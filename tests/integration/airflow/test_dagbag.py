@@ -36,9 +36,12 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
     assert dag.timetable.serialize()["expression"] == "*/5 * * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert {t.task_id for t in dag.tasks} == {
-        "streams", "chain_streams", "archive", "canonical", "trim", "publish",
+        "streams", "chain_streams", "archive_streams", "archive", "canonical", "trim", "publish",
     }  # fmt: skip
     archive, canonical, trim = (dag.get_task(t) for t in ("archive", "canonical", "trim"))
+    # one job for every stream, then each stream's result
+    assert dag.get_task("archive_streams").downstream_task_ids == {"archive"}
+    assert "streams" in dag.get_task("archive_streams").upstream_task_ids
     assert "canonical" in archive.downstream_task_ids
     assert "trim" in canonical.downstream_task_ids and "trim" in archive.downstream_task_ids
     assert [o.uri for o in dag.get_task("publish").outlets] == ["sluice://lake/blocks"]

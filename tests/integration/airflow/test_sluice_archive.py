@@ -29,7 +29,8 @@ def test_both_runs_succeed_for_exactly_the_interval(archived: Any) -> None:
     for (states, start, end), streams in ((archived["first"], 2), (archived["second"], 1)):
         assert all(state == "success" for state in states.values()), states
         assert (start, end) == (sc.START, sc.END)
-        # one mapped archive and trim per configured stream...
+        # one job for all streams, then one mapped archive and trim per configured stream...
+        assert states["archive_streams[-1]"] == "success"
         assert [states.get(f"archive[{i}]") for i in range(streams + 1)] == [
             *["success"] * streams, None,
         ]  # fmt: skip

@@ -180,6 +180,29 @@ def _log_rows(lake: str) -> list[tuple[int, int, int]]:
     return sorted((r["start_ms"], r["end_ms"], r["entries"]) for r in rows if r["stream"] == STREAM)
 
 
+def _failures(http: httpx.Client, runs: list[dict[str, Any]]) -> list[str]:
+    """Each failed run's failed tasks with the end of their log (what a failure report needs)."""
+    out = []
+    for run in runs:
+        if run["state"] == "success":
+            continue
+        base = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
+        for ti in _get(http, base)["task_instances"]:
+            if ti["state"] == "success":
+                continue
+            path = f"{base}/{ti['task_id']}/logs/{max(1, ti['try_number'])}"
+            reply = http.get(path, params={"map_index": ti["map_index"], "full_content": "true"})
+            content = reply.json().get("content", []) if reply.status_code == 200 else []
+            lines = [
+                f"{e.get('level', '')} {e.get('event', '')}" for e in content if isinstance(e, dict)
+            ]
+            tail = "\n".join(lines[-40:])
+            out.append(
+                f"{run['dag_run_id']} {ti['task_id']}[{ti['map_index']}] {ti['state']}:\n{tail}"
+            )
+    return out
+
+
 def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> None:
     began = time.monotonic()
     first = system.today - BACKFILL_DAYS * DAY - DAY
@@ -224,7 +247,9 @@ def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> N
             assert _get(http, f"/api/v2/dags/{dag_id}")["is_paused"] is False, dag_id
         # The maintenance DAG runs at 03:00 only: starting Airflow did not run it.
         assert _get(http, "/api/v2/dags/sluice_maintenance/dagRuns")["total_entries"] == 0
+        failed = _failures(http, [*backfill, *scheduled])
     log.info("backfill of %d intervals: %.1fs", BACKFILL_DAYS, time.monotonic() - began)
+    assert not failed, "\n\n".join(failed)
     assert {r["state"] for r in backfill} == {"success"}, backfill
     assert [r["state"] for r in scheduled] == ["success"], scheduled
     starts = sorted(r["data_interval_start"] for r in backfill)
@@ -249,13 +274,16 @@ def test_task_log_tells_the_job_story_without_spark_noise(system: System) -> Non
             if r["run_type"] == "backfill"
             and _ms(datetime.fromisoformat(r["data_interval_start"])) == lo
         )
-        base = (
-            f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances/archive"
-        )
-        content = _get(http, f"{base}/logs/1", map_index=0, full_content="true")["content"]
-        result = _get(http, f"{base}/xcomEntries/return_value", map_index=0)["value"]
+        base = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
+        # the story is the shared job's (archive_streams); the stream's task has its result
+        content = _get(http, f"{base}/archive_streams/logs/1", map_index=-1, full_content="true")[
+            "content"
+        ]
+        mine = _get(http, f"{base}/archive/logs/1", map_index=0, full_content="true")["content"]
+        result = _get(http, f"{base}/archive/xcomEntries/return_value", map_index=0)["value"]
     events = [str(e.get("event", "")) for e in content if isinstance(e, dict)]
     text = "\n".join(events)
+    told = "\n".join(str(e.get("event", "")) for e in mine if isinstance(e, dict))
     # The job's story: what ran on which Spark, what it read and wrote, stages, rate.
     assert f"sluice lake archive of {STREAM}" in text and "Spark Connect" in text, text[-3000:]
     entries = len(system.ids[-5])
@@ -266,6 +294,7 @@ def test_task_log_tells_the_job_story_without_spark_noise(system: System) -> Non
         assert noise not in text.lower(), noise
     assert len(events) < 60, f"{len(events)} log lines"
     assert isinstance(result, dict) and result["entries"] == entries and result["warnings"] == 0
+    assert f"stream {STREAM}: archived by archive_streams: {entries} entries read" in told, told
     assert "caught_up" not in result  # a backfill run archives only its own interval
 
 
@@ -308,7 +337,7 @@ def test_mark_failed_stops_the_job_at_once_and_nothing_is_committed(system: Syst
             assert _alive(pid)
             marked = time.monotonic()
             reply = http.patch(
-                f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances/archive/0",
+                f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances/archive_streams",
                 json={"new_state": "failed"},
             )
             assert reply.status_code == 200, reply.text
@@ -329,8 +358,12 @@ def test_mark_failed_stops_the_job_at_once_and_nothing_is_committed(system: Syst
             ),
         )
         assert run["state"] == "failed"
-        base = f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances/archive"
-        content = _get(http, f"{base}/logs/1", map_index=0, full_content="true")["content"]
+        base = f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances/archive_streams"
+        content = _get(http, f"{base}/logs/1", map_index=-1, full_content="true")["content"]
+        # the per-stream tasks after the stopped job did not run (nothing archived them)
+        after = _get(http, f"/api/v2/dags/{DAG}/dagRuns/manual__mark-failed/taskInstances")
+        states = {t["task_id"]: t["state"] for t in after["task_instances"]}
+        assert states.get("archive") == "upstream_failed", states
     text = "\n".join(str(e.get("event", "")) for e in content if isinstance(e, dict))
     assert "task killed: stopped 1 running lake job(s)" in text, text[-3000:]
     # Nothing of the interval was committed, then or later.

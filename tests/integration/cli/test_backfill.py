@@ -9,11 +9,6 @@ its progress the same way.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,44 +21,19 @@ from pipeline.lake import tables
 from pipeline.lake.backfill import parse_time
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import append_blocks, chain
+from tests.support.lakejob import job_env, run_job
 
-ROOT = Path(__file__).resolve().parents[3]
 T0 = parse_time("2026-01-01T00:00:00Z", "t")
 MIN = 60_000
 
 
 def env_for(redis_url: str, lake_uri: str, tmp_path: Path, remote: str = "") -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
-        "SLUICE_REDIS_URL": redis_url,
-        "SLUICE_LAKE_URI": lake_uri,
-        "SLUICE_VAR_DIR": str(tmp_path / "var"),
-        "SLUICE_SPARK_REMOTE": remote,
-        "SLUICE_STREAMS": "c",
-        "SLUICE_CHAIN_STREAMS": "c",
-        "SLUICE_ARCHIVE_CRON": "* * * * *",
-        "SLUICE_ARCHIVE_PARTITIONS": "2",
-        "SLUICE_LAKE_LOCK_WAIT_S": "5",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
-    }
+    return job_env(redis_url, lake_uri, tmp_path, remote, SLUICE_ARCHIVE_CRON="* * * * *")
 
 
 def sluice(env: dict[str, str], *args: str, timeout: float = 240) -> tuple[int, Any, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "lake", *args],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    with proc:  # closes the pipes however the wait ends (timeout, test interrupted)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    lines = out.strip().splitlines()
-    assert len(lines) <= 1, out  # stdout: the JSON result only
-    return proc.returncode, json.loads(lines[0]) if lines else None, err
+    """``sluice lake ARGS`` as a person types it."""
+    return run_job(env, "lake", *args, timeout=timeout, module="pipeline.cli")
 
 
 def log_rows(lake_uri: str, stream: str) -> list[tuple[int, int, int]]:

@@ -7,11 +7,8 @@ process (pyspark switches its functions module per process).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,50 +20,17 @@ from pipeline.lake import tables
 from pipeline.lake.sparkserver import free_port
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish
+from tests.support.lakejob import job_env as _job_env
+from tests.support.lakejob import run_job, start_job
 
 pytestmark = [pytest.mark.spark]
 
-ROOT = Path(__file__).resolve().parents[3]
-NOISE = ("ivy", "log4j", ":: ", "WARN NativeCodeLoader", "py4j", "SparkContext")
-
 
 def job_env(redis_url: str, lake_uri: str, tmp_path: Path, remote: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SLUICE_REDIS_URL": redis_url,
-        "SLUICE_LAKE_URI": lake_uri,
-        "SLUICE_VAR_DIR": str(tmp_path / "var"),
-        "SLUICE_SPARK_REMOTE": remote,
-        "SLUICE_CHAIN_STREAMS": "c",
-        "SLUICE_STREAMS": "c",
-        "SLUICE_ARCHIVE_PARTITIONS": "2",
-        "SLUICE_LAKE_LOCK_WAIT_S": "2",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
-    }
+    return _job_env(redis_url, lake_uri, tmp_path, remote, SLUICE_LAKE_LOCK_WAIT_S="2")
 
 
-def start_job(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.lake.cli", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def run_job(env: dict[str, str], *args: str, timeout: float = 180) -> tuple[int, Any, str]:
-    with start_job(env, *args) as proc:  # closes the pipes however the wait ends
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    doc = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
-    return proc.returncode, doc, err
+NOISE = ("ivy", "log4j", ":: ", "WARN NativeCodeLoader", "py4j", "SparkContext")
 
 
 def log_rows(lake_uri: str) -> int:

@@ -20,6 +20,17 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("log noise on stdout\n")
         sys.stdout.write(json.dumps({"job": "ok", "args": args, "env": os.environ.get("SLUICE_X")}))
         return 0
+    if what == "archive-streams":
+        # each --stream archived, or failed when SLUICE_X=fail (exit 1 with the result)
+        names = [args[i + 1] for i, a in enumerate(args) if a == "--stream"]
+        error = os.environ.get("SLUICE_X") == "fail"
+        streams = {
+            n: {"stream": n, "error": "it broke"} if error else {"stream": n, "entries": 2}
+            for n in names
+        }
+        failed = names if error else []
+        sys.stdout.write(json.dumps({"streams": streams, "failed": failed, "args": args}))
+        return 1 if error else 0
     if what == "pretty":
         sys.stdout.write(json.dumps({"rows": [1, 2, 3]}, indent=2))
         return 0

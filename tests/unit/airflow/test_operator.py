@@ -110,50 +110,96 @@ def test_job_lines_keep_their_level(
     assert caplog.records[-1].getMessage() == line.split(" ", 1)[1]
 
 
-class _Steps:
-    """A LakeJobOperator whose catch-up steps are given (no lake to read)."""
-
-    @staticmethod
-    def make(steps: list[tuple[int, int]]) -> object:
-        sys.path.insert(0, PLUGINS)
-        sys.path.insert(0, HERE)
-        from sluice_lake_operator import LakeJobOperator
-
-        class Op(LakeJobOperator):
-            def steps(self, context: object, settings: object) -> list[tuple[int, int]]:
-                return steps
-
-        return Op(task_id="archive", job="ok", stream="s", interval=True, module="job_child")
-
-
-def test_catch_up_runs_one_job_per_step_and_reports_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def _context(run_type: str = "scheduled", **extra: Any) -> dict[str, Any]:
     from datetime import UTC, datetime
+    from types import SimpleNamespace
 
-    monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
-    op: Any = _Steps.make([(100, 200), (200, 300), (300, 400)])
-    context = {
+    return {
         "data_interval_start": datetime.fromtimestamp(0.3, UTC),
         "data_interval_end": datetime.fromtimestamp(0.4, UTC),
         "run_id": "r1",
+        "dag_run": SimpleNamespace(run_type=run_type),
+        **extra,
     }
-    result = op.execute(context)
-    # the last job archived the run's own interval; two earlier steps are reported
-    assert result["args"][:6] == ["--stream", "s", "--start-ms", "300", "--end-ms", "400"]
-    assert len(result["caught_up"]) == 2 and result["warnings"] == 0
-    # killed between two steps: no further job starts
+
+
+def _operators() -> Any:
+    sys.path.insert(0, PLUGINS)
+    sys.path.insert(0, HERE)
+    import sluice_lake_operator
+
+    return sluice_lake_operator
+
+
+def test_one_job_archives_every_stream_with_catch_up_except_in_backfills() -> None:
+    ops = _operators()
+    op = ops.ArchiveStreamsOperator(task_id="archive_streams", streams=["a", "b"])
+    args = ["--stream", "a", "--stream", "b", "--start-ms", "300", "--end-ms", "400"]
+    assert op.job_args(_context()) == [*args, "--run-id", "r1", "--catchup"]
+    # a backfill's own runs cover the other intervals: no catch-up steps
+    assert op.job_args(_context("backfill")) == [*args, "--run-id", "r1"]
+    assert ops.StreamArchiveOperator(task_id="archive", stream="b").job_args(_context())[:2] == [
+        "--stream",
+        "b",
+    ]
+
+
+class _TI:
+    """What a task gets as ``context["ti"]``: its try number and the shared job's XCom."""
+
+    def __init__(self, try_number: int, shared: Any) -> None:
+        self.try_number = try_number
+        self.shared = shared
+        self.pulled: list[tuple[str, int]] = []
+
+    def xcom_pull(self, *, task_ids: str, map_indexes: int) -> Any:
+        self.pulled.append((task_ids, map_indexes))
+        return self.shared
+
+
+def test_a_stream_task_takes_its_result_from_the_shared_job_or_archives_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
+    ops = _operators()
+    op = ops.StreamArchiveOperator(task_id="archive", stream="b", module="job_child")
+    done = {"streams": {"b": {"stream": "b", "entries": 7, "warnings": 0}}, "failed": []}
+    ti = _TI(1, done)
+    # first try, archived by the shared job: its result, and no job of its own
+    assert op.execute(_context(ti=ti)) == done["streams"]["b"]
+    assert ti.pulled == [("archive_streams", -1)]
+    # it failed there (or the job left no result): this task archives the stream itself
+    failed = {"streams": {"b": {"stream": "b", "error": "boom"}}, "failed": ["b"]}
+    for shared in (failed, None):
+        assert op.execute(_context(ti=_TI(1, shared))) == {"stream": "b", "entries": 2}
+    # a retry always runs its own job, whatever the shared job said
+    ti = _TI(2, done)
+    assert op.execute(_context(ti=ti)) == {"stream": "b", "entries": 2} and ti.pulled == []
+    # its own job fails for the stream: the task fails with the stream's error
+    monkeypatch.setenv("SLUICE_X", "fail")
+    with pytest.raises(Exception, match="archive of 'b' failed: it broke"):
+        op.execute(_context(ti=_TI(2, done)))
+
+
+def test_the_shared_job_reports_failed_streams_without_failing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
+    monkeypatch.setenv("SLUICE_X", "fail")
+    ops = _operators()
+    op = ops.ArchiveStreamsOperator(
+        task_id="archive_streams", streams=["a", "b"], module="job_child"
+    )
+    caplog.set_level("INFO")
+    result = op.execute(_context())
+    assert result["failed"] == ["a", "b"]
+    assert any(
+        r.levelname == "WARNING" and "2 stream(s) failed in this job: a, b" in r.getMessage()
+        for r in caplog.records
+    )
+    # killed before the job started: none starts
     op.on_kill()
     with pytest.raises(Exception, match="stopped"):
-        op.execute(context)
-
-
-def test_backfill_runs_archive_only_their_own_interval() -> None:
-    from types import SimpleNamespace
-
-    sys.path.insert(0, PLUGINS)
-    from airflow.utils.types import DagRunType
-    from sluice_lake_operator import LakeJobOperator
-
-    op = LakeJobOperator(task_id="archive", job="archive", stream="s", interval=True, catchup=True)
-    context = {"dag_run": SimpleNamespace(run_type=DagRunType.BACKFILL_JOB)}
-    assert op.steps(context, settings=None) is None  # never reads the lake
+        op.execute(_context())

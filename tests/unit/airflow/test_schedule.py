@@ -17,14 +17,14 @@ S = 1_780_000_200_000  # a run's data_interval_start (on the 5-minute grid)
 
 
 def archive_steps(*args: Any, **kwargs: Any) -> list[tuple[int, int]]:
-    from sluice_dag_common import archive_steps as steps
+    from pipeline.lake.catchup import archive_steps as steps
 
     result: list[tuple[int, int]] = steps(*args, **kwargs)
     return result
 
 
 def test_the_catch_up_bound_is_the_documented_one() -> None:
-    from sluice_dag_common import CATCHUP_MAX_STEPS as bound
+    from pipeline.lake.catchup import CATCHUP_MAX_STEPS as bound
 
     assert bound == CATCHUP_MAX_STEPS
 
