@@ -333,7 +333,9 @@ def run(
         stopper = stopper or Stopper(spark)
 
         def story(result: dict[str, Any], seconds: float) -> None:
-            for line in summary_lines("archive", result, seconds):
+            lines = summary_lines("archive", result, seconds)
+            lines[-1] = f"stream {result.get('stream')}: {lines[-1]}"  # not the job's "done in"
+            for line in lines:
                 log.info("%s", line)
 
         return archive_streams(
@@ -474,7 +476,10 @@ def describe(args: argparse.Namespace) -> str:
     stream = getattr(args, "stream", None)
     text = str(args.job) + (f" of {stream}" if stream else "")
     if args.job == "archive-streams":
-        text = f"archive of {len(args.streams)} stream(s) ({', '.join(args.streams)})"
+        names = list(dict.fromkeys(args.streams))
+        text = "archive of " + (
+            names[0] if len(names) == 1 else f"{len(names)} streams ({', '.join(names)})"
+        )
     if args.job in ("archive", "archive-streams"):
         text += f" [{_iso(args.start_ms)}, {_iso(args.end_ms)}) ms [{args.start_ms}, {args.end_ms})"
     return text

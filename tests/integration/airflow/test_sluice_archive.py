@@ -154,3 +154,50 @@ def test_redis_down_fails_the_archive_and_trims_nothing(
     assert trims and set(trims.values()) == {"upstream_failed"}, states
     assert states["publish[-1]"] == "upstream_failed"
     assert not (lake / "archive_log").exists() or sc.table_rows(str(lake), "archive_log") == []
+
+
+def test_a_stream_failing_in_the_shared_job_fails_only_its_own_task(
+    dag_runner: DagRunner,
+    lake_redis: Any,
+    lake_redis_url: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pipeline import keys
+
+    good, broken = "events:good", "events:broken"
+    day = timedelta(days=1)
+    ids = [f"{sc.START_MS + 86_400_000 + 1000 * i}-0" for i in range(1, 6)]
+    for entry_id in ids:
+        lake_redis.xadd(keys.stream(good), {b"n": entry_id.encode()}, id=entry_id)
+    lake_redis.set(keys.stream(broken), b"not a stream")  # its archive fails, every time
+    caplog.set_level("INFO", logger="sluice_lake_operator")
+    caplog.set_level("INFO", logger="sluice_lake_job")
+    lake = tmp_path / "lake"
+    env = {
+        "SLUICE_REDIS_URL": lake_redis_url,
+        "SLUICE_LAKE_URI": str(lake),
+        "SLUICE_STREAMS": f"{broken},{good}",
+        "SLUICE_CHAIN_STREAMS": "",
+    }
+    try:
+        run = dag_runner.run("sluice_archive", sc.END + day, env=env)
+    finally:
+        lake_redis.delete(keys.stream(good), keys.stream(broken))
+    states = task_states(run)
+    # the shared job ran both streams and reported the broken one without failing...
+    assert states["archive_streams[-1]"] == "success", states
+    assert f"1 stream(s) failed in this job: {broken}" in caplog.text
+    # ...whose own task archived it again, and failed with its error; the good one did not
+    assert (states["archive[0]"], states["archive[1]"]) == ("failed", "success"), states
+    failures = [
+        r for r in caplog.records if r.getMessage().startswith(f"stream {broken}: archive failed")
+    ]
+    # logged twice at ERROR (the shared job, then its own task's job), with the cause
+    assert [r.levelname for r in failures] == ["ERROR", "ERROR"], caplog.text
+    assert all("is a string, not a stream" in r.getMessage() for r in failures)
+    assert str(run.state) == "failed"
+    rows = sc.table_rows(str(lake), "archive_log")
+    assert [(r["stream"], r["entries"]) for r in rows] == [(good, 5)]
+    entries = sc.table_rows(str(lake), "stream_entries")
+    assert sorted(r["entry_id"] for r in entries) == sorted(ids)
