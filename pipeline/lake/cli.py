@@ -47,13 +47,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 from pipeline.errors import ConfigError, JobCancelled, SluiceError
+from pipeline.lake.joblog import WarningCounter, job_logging
+from pipeline.lake.lazyspark import LazySpark
 from pipeline.lake.progress import reporter
+from pipeline.lake.story import describe, summary_lines
 from pipeline.settings import Settings
 
 log = logging.getLogger("pipeline.lake.job")
@@ -61,10 +63,6 @@ log = logging.getLogger("pipeline.lake.job")
 SPARK_JOBS = frozenset({"archive", "archive-streams", "canonical", "maintain", "backfill"})
 #: Jobs that write one stream's lake rows or Redis entries and so hold its archive lock.
 LOCKED_JOBS = frozenset({"archive", "canonical", "trim"})
-#: The debug log is rotated (one old copy kept) when it grows past this size.
-DEBUG_LOG_MAX = 64 << 20
-#: Loggers whose INFO chatter belongs in the debug file, not the story.
-NOISY = ("py4j", "pyspark", "grpc", "urllib3", "deltalake", "asyncio")
 EXIT_CANCELLED = 143
 #: Longest a stopped job takes to exit (interrupt, lock release), in seconds.
 STOP_GRACE_S = 5.0
@@ -151,164 +149,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-# --- the Spark session, started only when a job touches it ------------------------------
-
-
-class LazySpark:
-    """Stands in for a SparkSession and builds the real one on first use.
-
-    Jobs receive it where they take ``spark``; a job that never touches Spark
-    (an interval already archived, a job that finds nothing to do) never
-    starts a JVM or opens a Connect channel. On a Connect server every
-    operation of this job carries :attr:`tag`, so :meth:`interrupt` stops this
-    job's work and nobody else's.
-    """
-
-    def __init__(self, settings: Settings, app_name: str) -> None:
-        self._settings = settings
-        self._app_name = app_name
-        self._session: Any = None
-        self.tag = ""
-        #: seconds it took to get the session (0 when never started)
-        self.start_s = 0.0
-
-    @property
-    def started(self) -> bool:
-        """True once the session was built (and still after :meth:`close`)."""
-        return self.start_s > 0
-
-    @property
-    def mode(self) -> str:
-        if self._settings.spark.remote:
-            return "Spark Connect " + str(self._settings.spark.remote)
-        return "local Spark " + str(self._settings.spark.master)
-
-    def get(self) -> Any:
-        if self._session is None:
-            from pipeline.lake.session import build_session, is_connect, job_tag
-
-            began = time.perf_counter()
-            session = build_session(self._settings, app_name=self._app_name)
-            if is_connect(session):
-                self.tag = job_tag()
-                session.addTag(self.tag)
-            self._session = session
-            self.start_s = max(time.perf_counter() - began, 1e-6)
-            log.info("%s session ready in %.2fs", self.mode, self.start_s)
-        return self._session
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # copy/pickle probes: never start Spark for them
-            raise AttributeError(name)
-        return getattr(self.get(), name)
-
-    def interrupt(self) -> None:
-        """Stop this job's running Spark operations (best effort, bounded by the client's retries)."""
-        session = self._session
-        if session is None:
-            return
-        try:
-            if self.tag:
-                session.interruptTag(self.tag)
-            else:
-                session.sparkContext.cancelAllJobs()
-        except Exception as exc:  # the job is failing already; say why the interrupt did not land
-            log.warning("could not interrupt the Spark work: %s", str(exc).splitlines()[0][:200])
-
-    def close(self) -> None:
-        session, self._session = self._session, None
-        if session is None:
-            return
-        from pipeline.lake.session import close_session
-
-        try:
-            close_session(session)
-        except Exception as exc:  # closing a channel to a dead server must not hide the result
-            log.debug("closing the Spark session failed: %s", exc)
-
-
-# --- logging: the story on stderr, Spark's noise in a debug file ----------------------
-
-
-class _Counter(logging.Handler):
-    """Counts WARNING-or-worse records (the ``warnings`` of the result)."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.WARNING)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
-
-
-def debug_log_path(settings: Settings) -> Path:
-    return Path(settings.var_dir).expanduser().absolute() / "logs" / "lake-jobs.log"
-
-
-@contextmanager
-def job_logging(settings: Settings, job: str) -> Iterator[tuple[_Counter, Path | None]]:
-    """Route logs for one job; see the module docstring. Restores everything on exit."""
-    path: Path | None = debug_log_path(settings)
-    debug: TextIO | None = None
-    saved_fd: int | None = None
-    story = sys.stderr
-    try:
-        assert path is not None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > DEBUG_LOG_MAX:
-            path.replace(path.with_suffix(".log.1"))
-        debug = path.open("a", buffering=1)
-        debug.write(
-            f"\n==== {datetime.now(UTC).isoformat()} sluice lake {job} (pid {os.getpid()})\n"
-        )
-        sys.stderr.flush()
-        # Children (the local JVM, Python workers) inherit fd 2: point it at the
-        # debug file and keep the story on a copy of the original stderr.
-        saved_fd = os.dup(2)
-        os.dup2(debug.fileno(), 2)
-        story = os.fdopen(os.dup(saved_fd), "w", buffering=1)
-    except OSError:
-        path = None  # no writable var dir: keep everything on stderr
-    root = logging.getLogger()
-    saved = (root.level, list(root.handlers), sys.stderr)
-    for handler in saved[1]:
-        root.removeHandler(handler)
-    out = logging.StreamHandler(story)
-    out.setLevel(logging.INFO)
-    out.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    out.addFilter(lambda r: r.levelno >= logging.WARNING or not r.name.startswith(NOISY))
-    counter = _Counter()
-    counter.addFilter(lambda r: not r.name.startswith(NOISY))
-    root.addHandler(out)
-    root.addHandler(counter)
-    if debug is not None:
-        file_handler = logging.StreamHandler(debug)
-        file_handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        )
-        root.addHandler(file_handler)
-    root.setLevel(logging.DEBUG if debug is not None else logging.INFO)
-    for name in NOISY:
-        logging.getLogger(name).setLevel(logging.INFO)
-    sys.stderr = story
-    try:
-        yield counter, path
-    finally:
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        root.setLevel(saved[0])
-        for handler in saved[1]:
-            root.addHandler(handler)
-        sys.stderr = saved[2]
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-        if story is not saved[2]:
-            story.close()
-        if debug is not None:
-            debug.close()
-
-
 # --- running one job ----------------------------------------------------------------
 
 
@@ -318,7 +158,7 @@ def run(
     spark: Any = None,
     guard: Callable[[], None] | None = None,
     stopper: Stopper | None = None,
-    counter: _Counter | None = None,
+    counter: WarningCounter | None = None,
 ) -> tuple[Any, bool]:
     """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`;
     ``guard`` is called before a job's last commit (the archive lock's check);
@@ -471,67 +311,6 @@ def _quiet_archive(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.WARNING or not record.name.startswith("pipeline.lake.archive")
 
 
-def describe(args: argparse.Namespace) -> str:
-    """The job in one phrase: ``archive of chain:demo [2026-..Z, 2026-..Z)``."""
-    stream = getattr(args, "stream", None)
-    text = str(args.job) + (f" of {stream}" if stream else "")
-    if args.job == "archive-streams":
-        names = list(dict.fromkeys(args.streams))
-        text = "archive of " + (
-            names[0] if len(names) == 1 else f"{len(names)} streams ({', '.join(names)})"
-        )
-    if args.job in ("archive", "archive-streams"):
-        text += f" [{_iso(args.start_ms)}, {_iso(args.end_ms)}) ms [{args.start_ms}, {args.end_ms})"
-    return text
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def summary_lines(job: str, result: dict[str, Any], seconds: float) -> list[str]:
-    """The few lines that tell what a job did (logged at INFO after it ran)."""
-    if job == "archive":
-        entries = int(result.get("entries", 0))
-        read = result.get("read", entries)
-        lines = [
-            f"stream {result.get('stream')}: {read} entries read, {entries} in the lake for the "
-            f"interval, {result.get('blocks', 0)} blocks, {result.get('invalid', 0)} invalid"
-            + (" (interval archived already: nothing read)" if result.get("skipped") else "")
-        ]
-        stages = result.get("stages") or {}
-        if stages:
-            lines.append("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items()))
-        rate = (float(read) / seconds) if seconds > 0 and read else 0.0
-        shown = f"{rate:,.0f}" if rate >= 10 or rate == 0 else f"{rate:.2g}"
-        lines.append(f"done in {seconds:.2f}s ({shown} entries/s)")
-        return lines
-    if job == "archive-streams":
-        streams = result.get("streams") or {}
-        failed = list(result.get("failed") or [])
-        done = [r for r in streams.values() if "error" not in r]
-        read = sum(int(r.get("read", 0)) for r in done)
-        return [
-            f"{len(done)} of {len(streams)} stream(s) archived"
-            + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "")
-            + f"; {read} entries read, {sum(int(r.get('blocks', 0)) for r in done)} blocks",
-            f"done in {seconds:.2f}s",
-        ]
-    if job == "backfill":
-        start, end = int(result.get("start_ms", 0)), int(result.get("end_ms", 0))
-        return [
-            f"stream {result.get('stream')} [{_iso(start)}, {_iso(end)}): "
-            f"{result.get('intervals', 0)} intervals archived, "
-            f"{result.get('covered', 0)} were archived already; {result.get('entries', 0)} "
-            f"entries ({result.get('read', 0)} read from Redis), {result.get('blocks', 0)} blocks",
-            f"done in {seconds:.2f}s",
-        ]
-    fields = ", ".join(
-        f"{k} {v}" for k, v in result.items() if isinstance(v, int | float | str) and k != "stream"
-    )
-    return [f"{job}: {fields}"[:400], f"done in {seconds:.2f}s"]
-
-
 def main(argv: Sequence[str]) -> int:
     try:
         args = _parser().parse_args(list(argv))
@@ -551,7 +330,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _main(
-    args: argparse.Namespace, settings: Settings, counter: _Counter, debug_path: Path | None
+    args: argparse.Namespace, settings: Settings, counter: WarningCounter, debug_path: Path | None
 ) -> int:
     began = time.perf_counter()
     spark = (
