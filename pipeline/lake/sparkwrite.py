@@ -15,16 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import pyarrow as pa
-
 from pipeline.lake import source, tables
-from pipeline.lake.intervalstats import (
-    STAT_COLUMNS,
-    Stats,
-    interval_scan,
-    interval_stats,
-    stats_of,
-)
+from pipeline.lake.intervalstats import MAX_REPORTED_INVALID, Stats, any_rows, interval_stats
 from pipeline.lake.jobs import table_sql
 from pipeline.lake.session import is_connect
 from pipeline.settings import LakeSettings, Settings
@@ -36,6 +28,9 @@ _DUP = "dup"
 #: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
 _PRESENT = "present"
 _BLOCK_KEY = "block"
+#: Marks of at most this many entries are broadcast to the writes' joins (a broadcast
+#: relation is built whole on the driver); more are joined by a shuffle instead.
+MAX_BROADCAST_MARKS = 100_000
 
 
 def read_interval(
@@ -74,6 +69,12 @@ def write(
     stream's read is cached in Spark for its two writes (and released after),
     so Redis is read and each payload's head decoded once. ``empty``: the lake
     holds no entry of the interval (plain writes instead of MERGE).
+
+    The driver never collects the read's rows: counts, the num range and the
+    first and last ids come from one Spark aggregate, the invalid ids from a
+    ``limit`` of :data:`MAX_REPORTED_INVALID`, and the marks stay in Spark. (The
+    whole read's small columns collected at once, ~110 MB per million entries,
+    lost task results in a 1g local driver; see issue 9.)
     """
     lake = settings.lake
     raw = read_interval(spark, settings, key, start_ms, end_ms, chain)
@@ -83,28 +84,82 @@ def write(
         stats = interval_stats(lake, stream, start_ms, end_ms)
         lap("stats")
         return stats
-    # Under Spark Connect a persisted Python data source read is not matched by the
-    # next plans (each re-reads Redis); a local checkpoint is, in both modes.
-    raw = raw.localCheckpoint() if is_connect(spark) else raw.persist()
+    raw = _keep(spark, raw)
+    marks = None
     try:
-        small = raw.select(*STAT_COLUMNS).toArrow()
+        read, distinct = _scan(raw)
         lap("scan")
-        read = stats_of(small)
-        plan = _plan_blocks(lake, stream, small, read)
-        marks = spark.createDataFrame(plan.marks) if plan.marks is not None else None
+        plan = _plan_blocks(spark, lake, stream, raw, read, distinct)
+        marks = plan.marks
         lap("plan")
         if plan.write:
-            _write_blocks(spark, lake, stream, raw, marks, plan, archived_at)
+            _write_blocks(spark, lake, stream, raw, plan, archived_at)
             lap("blocks")
-        _write_entries(spark, lake, stream, start_ms, end_ms, raw, marks, empty, archived_at)
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, plan, empty, archived_at)
         lap("entries")
     finally:
+        if marks is not None:
+            _release(marks)
         _release(raw)
     if empty:
         return read  # the lake held nothing of the interval: it now holds exactly what was read
     stats = interval_stats(lake, stream, start_ms, end_ms)
     lap("stats")
     return stats
+
+
+def _keep(spark: Any, frame: Any) -> Any:
+    """``frame`` cached for the plans that follow (lazily, unless under Spark Connect)."""
+    # Under Spark Connect a persisted Python data source read is not matched by the
+    # next plans (each re-reads Redis); a local checkpoint is, in both modes.
+    return frame.localCheckpoint() if is_connect(spark) else frame.persist()
+
+
+def _scan(raw: Any) -> tuple[Stats, int]:
+    """What the read holds (as :func:`~pipeline.lake.intervalstats.stats_of` counts it),
+    and how many distinct hashes its valid blocks have.
+
+    One aggregate job (the first over the cached read: it reads Redis) and, when
+    there are invalid entries, a ``limit`` of their first ids: the driver gets a
+    few rows whatever the interval's size.
+    """
+    from pyspark.sql import functions as F
+
+    valid = F.col("valid_block")
+    order = F.struct("entry_ms", "entry_seq", "entry_id")  # min/max: the first and last entry
+    row = raw.agg(
+        F.count(F.lit(1)).alias("entries"),
+        F.count_if(valid).alias("blocks"),
+        F.count_if(~valid).alias("invalid"),
+        F.min(F.when(valid, F.col("block_num"))).alias("lo"),
+        F.max(F.when(valid, F.col("block_num"))).alias("hi"),
+        F.min(order).alias("first"),
+        F.max(order).alias("last"),
+        F.count_distinct(F.when(valid, F.col("block_hash"))).alias("distinct"),
+    ).collect()[0]
+    if not row["entries"]:
+        return Stats(0, 0, 0, (), None, None, None, None), 0
+    invalid_ids: tuple[str, ...] = ()
+    if row["invalid"]:
+        first_bad = (
+            raw.where(~valid)
+            .orderBy("entry_ms", "entry_seq")
+            .limit(MAX_REPORTED_INVALID)
+            .select("entry_id")
+            .collect()
+        )
+        invalid_ids = tuple(r["entry_id"] for r in first_bad)
+    stats = Stats(
+        entries=int(row["entries"]),
+        blocks=int(row["blocks"]),
+        invalid=int(row["invalid"]),
+        invalid_ids=invalid_ids,
+        lo=row["lo"],
+        hi=row["hi"],
+        first_id=row["first"]["entry_id"],
+        last_id=row["last"]["entry_id"],
+    )
+    return stats, int(row["distinct"])
 
 
 def _release(raw: Any) -> None:
@@ -125,7 +180,7 @@ def _write_entries(
     start_ms: int,
     end_ms: int,
     raw: Any,
-    marks: Any,
+    plan: _BlocksPlan | None,
     empty: bool,
     archived_at: datetime,
 ) -> None:
@@ -140,8 +195,8 @@ def _write_entries(
 
     # The source emptied the fields of each valid entry whose one field is its block.
     split = F.col("valid_block") & (F.size("fields") == 0)
-    if marks is not None:
-        raw = raw.join(F.broadcast(marks), "entry_id", "left")
+    if plan is not None and plan.marks is not None:
+        raw = raw.join(plan.joinable(), "entry_id", "left")
         in_blocks = split & F.coalesce(F.col("mark") != F.lit(_DUP), F.lit(True))
         fields = F.when(
             split & ~in_blocks, F.create_map(F.lit(_BLOCK_KEY), F.col("payload"))
@@ -217,46 +272,78 @@ class _BlocksPlan:
     empty: bool
     lo: int
     hi: int
-    #: ``(entry_id, mark)`` of the valid entries that are not plain new blocks, or None
-    marks: pa.Table | None
+    #: ``(entry_id, mark)`` of the valid entries that are not plain new blocks (a
+    #: cached DataFrame, never collected), or None when there is none
+    marks: Any = None
+    #: rows of ``marks``
+    marked: int = 0
+
+    def joinable(self) -> Any:
+        """``marks`` for a join: broadcast when small (:data:`MAX_BROADCAST_MARKS`), else as is."""
+        from pyspark.sql import functions as F
+
+        return F.broadcast(self.marks) if self.marked <= MAX_BROADCAST_MARKS else self.marks
 
 
-def _plan_blocks(lake: LakeSettings, stream: str, small: pa.Table, read: Stats) -> _BlocksPlan:
+def _plan_blocks(
+    spark: Any, lake: LakeSettings, stream: str, raw: Any, read: Stats, distinct: int
+) -> _BlocksPlan:
     """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
 
     The common interval (every hash new and seen once) needs no marks. Else
     each other valid entry is marked ``present`` (``blocks`` holds its row
     from this very entry: a rerun) or ``dup`` (``blocks`` holds the hash from
-    another entry, whose payload may differ: this entry keeps its own).
+    another entry, whose payload may differ: this entry keeps its own). The
+    marks are computed and cached in Spark; the driver only counts them.
     """
-    import pyarrow.compute as pc
-
     if not read.blocks:
-        return _BlocksPlan(0, True, 0, 0, None)
+        return _BlocksPlan(0, True, 0, 0)
     lo, hi = int(read.lo or 0), int(read.hi or 0)
-    present = interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, ["hash", "entry_id"])
-    valid = small.filter(pc.fill_null(small.column("valid_block"), False))
-    hashes = valid.column("block_hash")
-    if not present.num_rows and pc.count_distinct(hashes).as_py() == valid.num_rows:
-        return _BlocksPlan(valid.num_rows, True, lo, hi, None)
-    valid = valid.sort_by([("entry_ms", "ascending"), ("entry_seq", "ascending")])
-    owners = dict(
-        zip(present.column("hash").to_pylist(), present.column("entry_id").to_pylist(), strict=True)
+    present = any_rows(lake, tables.BLOCKS, stream, "num", lo, hi)
+    if not present and distinct == read.blocks:
+        return _BlocksPlan(read.blocks, True, lo, hi)
+    marks = _keep(spark, _marks(spark, lake, stream, raw, lo, hi, present))
+    marked = int(marks.count())
+    if not marked:
+        _release(marks)
+        return _BlocksPlan(read.blocks, not present, lo, hi)
+    return _BlocksPlan(read.blocks - marked, not present, lo, hi, marks, marked)
+
+
+def _marks(
+    spark: Any, lake: LakeSettings, stream: str, raw: Any, lo: int, hi: int, present: bool
+) -> Any:
+    """``(entry_id, mark)`` of the valid entries of ``raw`` that do not add a ``blocks`` row.
+
+    In entry order per hash, the first entry of a hash ``blocks`` does not hold
+    is new (unmarked) and any later one is ``dup``; an entry whose hash
+    ``blocks`` holds is ``present`` when that row is its own, else ``dup``.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy("block_hash").orderBy("entry_ms", "entry_seq")
+    ranked = (
+        raw.where(F.col("valid_block"))
+        .select("entry_id", "entry_ms", "entry_seq", "block_hash")
+        .withColumn("nth", F.row_number().over(order))
     )
-    seen: set[str] = set()
-    ids: list[str] = []
-    marks: list[str] = []
-    for entry_id, block_hash in zip(
-        valid.column("entry_id").to_pylist(), valid.column("block_hash").to_pylist(), strict=True
-    ):
-        owner = owners.get(block_hash)
-        if owner is not None or block_hash in seen:
-            ids.append(entry_id)
-            marks.append(_PRESENT if owner == entry_id else _DUP)
-        else:
-            seen.add(block_hash)
-    table = pa.table({"entry_id": pa.array(ids, pa.string()), "mark": pa.array(marks, pa.string())})
-    return _BlocksPlan(len(seen), not present.num_rows, lo, hi, table if ids else None)
+    if not present:
+        return ranked.where(F.col("nth") > 1).select("entry_id", F.lit(_DUP).alias("mark"))
+    owners = (
+        spark.read.format("delta")
+        .load(lake.table(tables.BLOCKS))
+        .where((F.col("stream") == F.lit(stream)) & F.col("num").between(lo, hi))
+        .groupBy(F.col("hash").alias("block_hash"))
+        .agg(F.collect_set("entry_id").alias("owners"))
+    )
+    owned = F.col("owners").isNotNull()
+    mark = F.when(owned & F.array_contains("owners", F.col("entry_id")), F.lit(_PRESENT))
+    return (
+        ranked.join(owners, "block_hash", "left")
+        .where(owned | (F.col("nth") > 1))
+        .select("entry_id", mark.otherwise(F.lit(_DUP)).alias("mark"))
+    )
 
 
 def _write_blocks(
@@ -264,7 +351,6 @@ def _write_blocks(
     lake: LakeSettings,
     stream: str,
     raw: Any,
-    marks: Any,
     plan: _BlocksPlan,
     archived_at: datetime,
 ) -> None:
@@ -272,8 +358,8 @@ def _write_blocks(
     from pyspark.sql import functions as F
 
     valid = raw.where(F.col("valid_block"))
-    if marks is not None:
-        valid = valid.join(F.broadcast(marks), "entry_id", "left_anti")
+    if plan.marks is not None:
+        valid = valid.join(plan.joinable(), "entry_id", "left_anti")
     rows = valid.select(
         F.lit(stream).alias("stream"),
         F.col("block_num").alias("num"),
