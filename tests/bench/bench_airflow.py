@@ -78,35 +78,33 @@ def _fill(client: redis.Redis, stream: str, start_ms: int, n: int, step_ms: int)
     pipe.execute()
 
 
-def _job(
-    env: dict[str, str], stream: str, start_ms: int, end_ms: int
-) -> tuple[float, dict[str, Any]]:
-    """One ``sluice lake archive`` child, as a task runs it; (wall seconds, its result)."""
+def _cli(env: dict[str, str], job: str, *args: str) -> tuple[float, dict[str, Any]]:
+    """One ``sluice lake JOB`` child, as a task runs it; (wall seconds, its result)."""
     began = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "pipeline.lake.cli", "archive", "--stream", stream,
-         "--start-ms", str(start_ms), "--end-ms", str(end_ms)],
+        [sys.executable, "-m", "pipeline.lake.cli", job, *args],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     seconds = time.perf_counter() - began
     if out.returncode != 0:
-        raise RuntimeError(f"sluice lake archive failed: {out.stderr[-3000:]}")
+        raise RuntimeError(f"sluice lake {job} failed: {out.stderr[-3000:]}")
     return seconds, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _job(
+    env: dict[str, str], stream: str, start_ms: int, end_ms: int
+) -> tuple[float, dict[str, Any]]:
+    """One ``sluice lake archive`` child (one stream)."""
+    return _cli(env, "archive", "--stream", stream, "--start-ms", str(start_ms), "--end-ms",
+                str(end_ms))  # fmt: skip
 
 
 def _one_job(env: dict[str, str], streams: list[str], start_ms: int, end_ms: int) -> float:
     """One ``sluice lake archive-streams`` child for every stream; its wall seconds."""
     args = [a for stream in streams for a in ("--stream", stream)]
-    began = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "pipeline.lake.cli", "archive-streams", *args,
-         "--start-ms", str(start_ms), "--end-ms", str(end_ms)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    seconds = time.perf_counter() - began
-    if out.returncode != 0:
-        raise RuntimeError(f"sluice lake archive-streams failed: {out.stderr[-3000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    seconds, result = _cli(
+        env, "archive-streams", *args, "--start-ms", str(start_ms), "--end-ms", str(end_ms)
+    )
     assert result["failed"] == [] and list(result["streams"]) == streams, result
     return seconds
 

@@ -19,6 +19,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def log_rows(lake_uri: str, stream: str) -> list[tuple[int, int, int]]:
+    """``(start_ms, end_ms, entries)`` of every ``archive_log`` row of ``stream``, in order."""
+    from deltalake import DeltaTable
+
+    from pipeline.lake import tables
+    from pipeline.settings import LakeSettings
+
+    uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
+    if not DeltaTable.is_deltatable(uri):
+        return []
+    t = DeltaTable(uri).to_pyarrow_table(columns=["stream", "start_ms", "end_ms", "entries"])
+    rows = zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True)
+    return sorted((a, b, n) for s, a, b, n in rows if s == stream)
+
+
 def job_env(
     redis_url: str, lake_uri: str, tmp_path: Path, remote: str = "", **extra: str
 ) -> dict[str, str]:

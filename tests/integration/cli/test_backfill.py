@@ -13,15 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 
 from pipeline import keys
 from pipeline.chain.batch import encode_block
-from pipeline.lake import tables
 from pipeline.lake.backfill import parse_time
-from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import append_blocks, chain
-from tests.support.lakejob import job_env, run_job
+from tests.support.lakejob import job_env, log_rows, run_job
 
 T0 = parse_time("2026-01-01T00:00:00Z", "t")
 MIN = 60_000
@@ -34,15 +31,6 @@ def env_for(redis_url: str, lake_uri: str, tmp_path: Path, remote: str = "") -> 
 def sluice(env: dict[str, str], *args: str, timeout: float = 240) -> tuple[int, Any, str]:
     """``sluice lake ARGS`` as a person types it."""
     return run_job(env, "lake", *args, timeout=timeout, module="pipeline.cli")
-
-
-def log_rows(lake_uri: str, stream: str) -> list[tuple[int, int, int]]:
-    uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
-    if not DeltaTable.is_deltatable(uri):
-        return []
-    t = DeltaTable(uri).to_pyarrow_table(columns=["stream", "start_ms", "end_ms", "entries"])
-    rows = zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True)
-    return sorted((a, b, n) for s, a, b, n in rows if s == stream)
 
 
 @pytest.mark.spark

@@ -17,7 +17,7 @@ from pipeline.lake import tables
 from pipeline.lake.sparkserver import free_port
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish
-from tests.support.lakejob import job_env, run_job
+from tests.support.lakejob import job_env, log_rows, run_job
 
 pytestmark = [pytest.mark.spark]
 
@@ -43,15 +43,6 @@ def _lake_ids(lake_uri: str, stream: str) -> list[str]:
     pairs = zip(t.column("stream").to_pylist(), t.column("entry_id").to_pylist(), strict=True)
     rows = [i for s, i in pairs if s == stream]
     return sorted(rows, key=lambda i: tuple(map(int, i.split("-"))))
-
-
-def _log(lake_uri: str, stream: str) -> list[tuple[int, int, int]]:
-    uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
-    if not DeltaTable.is_deltatable(uri):
-        return []
-    t = DeltaTable(uri).to_pyarrow_table(columns=["stream", "start_ms", "end_ms", "entries"])
-    rows = zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True)
-    return sorted((a, b, n) for s, a, b, n in rows if s == stream)
 
 
 def _plain(client: Any, stream: str, ms: list[int]) -> list[str]:
@@ -82,8 +73,8 @@ def test_every_stream_in_one_job_and_a_failing_one_does_not_stop_the_others(
     assert doc["warnings"] >= 1
     # the lake holds exactly what Redis holds of the two good streams, each logged once
     assert _lake_ids(lake_uri, "c") == chain_ids and _lake_ids(lake_uri, "p") == plain_ids
-    assert _log(lake_uri, "c") == [(0, W, 40)] and _log(lake_uri, "p") == [(0, W, 3)]
-    assert _log(lake_uri, "bad") == []
+    assert log_rows(lake_uri, "c") == [(0, W, 40)] and log_rows(lake_uri, "p") == [(0, W, 3)]
+    assert log_rows(lake_uri, "bad") == []
     # the story: one line per stream's result, the failure at ERROR, the total
     assert "stream c: 40 entries read, 40 in the lake for the interval, 40 blocks" in err, err
     assert "stream p: 3 entries read, 3 in the lake for the interval" in err, err
@@ -95,7 +86,7 @@ def test_every_stream_in_one_job_and_a_failing_one_does_not_stop_the_others(
     assert code == 0, err
     assert again["failed"] == []
     assert [again["streams"][s]["skipped"] for s in ("c", "p")] == [True, True]
-    assert _log(lake_uri, "c") == [(0, W, 40)] and _log(lake_uri, "p") == [(0, W, 3)]
+    assert log_rows(lake_uri, "c") == [(0, W, 40)] and log_rows(lake_uri, "p") == [(0, W, 3)]
 
 
 def test_catchup_fills_each_streams_holes_before_its_interval(
@@ -116,7 +107,7 @@ def test_catchup_fills_each_streams_holes_before_its_interval(
         (2 * W, 3 * W, 1),
     ]
     assert doc["streams"]["c"]["caught_up"] == []
-    assert _log(lake_uri, "p") == [(k * W, (k + 1) * W, 1) for k in range(4)]
+    assert log_rows(lake_uri, "p") == [(k * W, (k + 1) * W, 1) for k in range(4)]
     assert _lake_ids(lake_uri, "p") == ids and _lake_ids(lake_uri, "c") == other
     assert "stream p: archiving 2 earlier interval(s) no run archived yet" in err, err
 
@@ -136,4 +127,4 @@ def test_a_lost_spark_server_fails_the_rest_without_trying_them(
     first = doc["streams"]["p"]["error"]
     assert url.removeprefix("sc://") in first or url in first, first
     assert doc["streams"]["c"]["error"] == f"not tried: {first}"
-    assert _log(lake_uri, "p") == [] and _log(lake_uri, "c") == []
+    assert log_rows(lake_uri, "p") == [] and log_rows(lake_uri, "c") == []
