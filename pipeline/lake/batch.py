@@ -14,7 +14,9 @@ session: see the DAG's docstring for the figures). Per stream, in the order give
 - a stream that fails is recorded with its error and the job goes on with the
   next one. After the Spark server or Redis was lost, the streams not tried
   yet are recorded as failed with that cause (each would wait and fail the
-  same way).
+  same way); so are the streams left when 90% of the job's time limit has
+  passed (the limit kills the job as a whole, and what it finished must
+  still be reported).
 
 What a caller can rely on: the result names every stream it was given, each
 with its own archive result (what ``sluice lake archive`` prints, plus
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: Errors after which the streams not tried yet are not tried (they would fail the same way).
 FATAL = (SparkUnavailable, RedisUnavailable)
+#: Share of the job's time limit after which no further stream is started.
+START_WITHIN = 0.9
 
 
 def archive_streams(
@@ -74,7 +78,9 @@ def archive_streams(
     if not 0 <= start_ms < end_ms:
         raise SluiceError(f"bad interval [{start_ms}, {end_ms})")
     names = list(dict.fromkeys(streams))
-    budget = time.monotonic() + settings.lake.job_timeout_s / 2
+    began_job = time.monotonic()
+    budget = began_job + settings.lake.job_timeout_s / 2
+    last_start = began_job + settings.lake.job_timeout_s * START_WITHIN
     results: dict[str, dict[str, Any]] = {}
     fatal: str | None = None
 
@@ -84,6 +90,11 @@ def archive_streams(
         return dataclasses.asdict(result), warnings() - before
 
     for stream in names:
+        if fatal is None and time.monotonic() > last_start:
+            fatal = f"{START_WITHIN:.0%} of the job's {settings.lake.job_timeout_s}s limit passed"
+            log.warning(
+                "%s: %d stream(s) left to their own tasks", fatal, len(names) - len(results)
+            )
         if fatal is not None:
             results[stream] = {"stream": stream, "error": f"not tried: {fatal}", "warnings": 0}
             continue

@@ -6,6 +6,7 @@ against the session's Spark Connect server.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,33 @@ def test_a_lost_spark_server_fails_the_rest_without_trying_them(
     assert url.removeprefix("sc://") in first or url in first, first
     assert doc["streams"]["c"]["error"] == f"not tried: {first}"
     assert log_rows(lake_uri, "p") == [] and log_rows(lake_uri, "c") == []
+
+
+def test_streams_left_near_the_time_limit_are_reported_not_started(
+    redis_client: Any, redis_url: str, lake_uri: str
+) -> None:
+    from contextlib import contextmanager
+
+    from pipeline.lake.batch import archive_streams
+    from tests.integration.lake.helpers import settings_for
+
+    for name in ("p", "q", "r"):
+        _plain(redis_client, name, [W + 1])  # nothing inside [0, W): no Spark needed
+    settings = settings_for(redis_url, lake_uri, lake_job_timeout_s=1)
+    waits = []
+
+    @contextmanager
+    def slow_lock(stream: str) -> Any:
+        waits.append(stream)
+        time.sleep(1.0)  # this stream's lock took the job past 90% of its 1 s limit
+        yield
+
+    result, ok = archive_streams(
+        None, settings, ["p", "q", "r"], 0, W, locked=slow_lock, check=lambda: None
+    )
+
+    assert not ok and waits == ["p"]
+    assert result["streams"]["p"]["entries"] == 0 and "error" not in result["streams"]["p"]
+    assert result["failed"] == ["q", "r"]
+    assert result["streams"]["q"]["error"].startswith("not tried: 90% of the job's 1s limit")
+    assert log_rows(lake_uri, "p") == [(0, W, 0)] and log_rows(lake_uri, "q") == []
