@@ -168,7 +168,8 @@ def _scan(raw: Any) -> tuple[Stats, int]:
 
 
 def _release(raw: Any) -> None:
-    """Drop the cached read; a session that is already gone took its cache with it.
+    """Drop a cached frame (the read, the marks); a session that is already gone took its
+    cache with it.
 
     (A local checkpoint is freed when its DataFrame is garbage-collected.)
     """
