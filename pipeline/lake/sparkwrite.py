@@ -10,10 +10,12 @@ Steps 2 to 5 of the archive's theory of operation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import pyarrow as pa
 
 from pipeline.lake import source, tables
 from pipeline.lake.intervalstats import MAX_REPORTED_INVALID, Stats, any_rows, interval_stats
@@ -87,9 +89,9 @@ def write(
     raw = _keep(spark, raw)
     marks = None
     try:
-        read, distinct = _scan(raw)
+        read, repeats = _scan(raw)
         lap("scan")
-        plan = _plan_blocks(spark, lake, stream, raw, read, distinct)
+        plan = _plan_blocks(spark, lake, stream, raw, read, repeats)
         marks = plan.marks
         lap("plan")
         if plan.write:
@@ -109,16 +111,25 @@ def write(
 
 
 def _keep(spark: Any, frame: Any) -> Any:
-    """``frame`` cached for the plans that follow (lazily, unless under Spark Connect)."""
+    """``frame`` cached on local disk for the plans that follow (lazily, unless under
+    Spark Connect).
+
+    On disk only: a cache level that tries memory first unrolls each partition in
+    the heap before it spills, and a 3M-entry read (~1.4 GB) ran a 1g driver out of
+    heap that way; from disk (the page cache, mostly) each use streams batch by batch.
+    """
+    from pyspark import StorageLevel
+
     # Under Spark Connect a persisted Python data source read is not matched by the
     # next plans (each re-reads Redis); a local checkpoint is, in both modes.
-    return frame.localCheckpoint() if is_connect(spark) else frame.persist()
+    if is_connect(spark):
+        return frame.localCheckpoint(storageLevel=StorageLevel.DISK_ONLY)
+    return frame.persist(StorageLevel.DISK_ONLY)
 
 
 def _scan(raw: Any) -> tuple[Stats, int]:
     """What the read holds (as :func:`~pipeline.lake.intervalstats.stats_of` counts it),
-    and a count of its valid blocks' distinct hashes that equals ``blocks`` only when
-    every hash is distinct (it may be lower when they are).
+    and :func:`_repeats` of it (0 when every valid hash is distinct).
 
     Two aggregate jobs (the first over the cached read reads Redis) and, when
     there are invalid entries, a ``limit`` of their first ids: the driver gets a
@@ -139,11 +150,7 @@ def _scan(raw: Any) -> tuple[Stats, int]:
     ).collect()[0]
     if not row["entries"]:
         return Stats(0, 0, 0, (), None, None, None, None), 0
-    # A job of its own: beside the aggregates above, a distinct count keeps their buffers
-    # per distinct key (2x slower at 1M entries). 8-byte keys shuffle lighter than 64-char
-    # hashes; a collision only costs the exact marks of _plan_blocks (which find none).
-    keys = F.count_distinct(F.when(valid, F.xxhash64("block_hash")))
-    distinct = raw.agg(keys).collect()[0][0] if row["blocks"] else 0
+    repeats = _repeats(raw) if row["blocks"] else 0
     invalid_ids: tuple[str, ...] = ()
     if row["invalid"]:
         first_bad = (
@@ -164,7 +171,42 @@ def _scan(raw: Any) -> tuple[Stats, int]:
         first_id=row["first"]["entry_id"],
         last_id=row["last"]["entry_id"],
     )
-    return stats, int(distinct)
+    return stats, repeats
+
+
+#: Partitions of the repeated-hash check: each Python task holds 8 bytes per valid
+#: entry of its share (3M entries: ~3 MB a task).
+REPEAT_PARTITIONS = 8
+
+
+def _repeats(raw: Any) -> int:
+    """How many valid entries of ``raw`` repeat an earlier 64-bit key of their hash
+    (0 when every hash is distinct; > 0 also on a key collision, which only costs the
+    exact marks of :func:`_plan_blocks`, which then find none).
+
+    The keys are shuffled by value and counted in Python tasks. (A Spark distinct
+    count keeps a hash map of every key of its input partition on the JVM heap: at
+    3M entries in two partitions it ran a 1g local driver out of heap.)
+    """
+    from pyspark.sql import functions as F
+
+    keys = (
+        raw.where(F.col("valid_block"))
+        .select(F.xxhash64("block_hash").alias("key"))
+        .repartition(REPEAT_PARTITIONS, "key")
+    )
+    total = keys.mapInArrow(count_repeats, "repeats BIGINT").agg(F.sum("repeats")).collect()
+    return int(total[0][0] or 0)
+
+
+def count_repeats(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: one row, the keys of this partition minus its distinct keys."""
+    import numpy as np
+
+    parts = [batch.column(0).to_numpy(zero_copy_only=False) for batch in batches]
+    keys = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    repeats = len(keys) - len(np.unique(keys))
+    yield pa.RecordBatch.from_pydict({"repeats": pa.array([repeats], pa.int64())})
 
 
 def _release(raw: Any) -> None:
@@ -292,7 +334,7 @@ class _BlocksPlan:
 
 
 def _plan_blocks(
-    spark: Any, lake: LakeSettings, stream: str, raw: Any, read: Stats, distinct: int
+    spark: Any, lake: LakeSettings, stream: str, raw: Any, read: Stats, repeats: int
 ) -> _BlocksPlan:
     """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
 
@@ -306,7 +348,7 @@ def _plan_blocks(
         return _BlocksPlan(0, True, 0, 0)
     lo, hi = int(read.lo or 0), int(read.hi or 0)
     present = any_rows(lake, tables.BLOCKS, stream, "num", lo, hi)
-    if not present and distinct == read.blocks:
+    if not present and not repeats:
         return _BlocksPlan(read.blocks, True, lo, hi)
     marks = _keep(spark, _marks(spark, lake, stream, raw, lo, hi, present))
     try:
