@@ -115,8 +115,9 @@ def _keep(spark: Any, frame: Any) -> Any:
     Spark Connect).
 
     On disk only: a cache level that tries memory first unrolls each partition in
-    the heap before it spills, and a 3M-entry read (~1.4 GB) ran a 1g driver out of
-    heap that way; from disk (the page cache, mostly) each use streams batch by batch.
+    the heap before it spills (260 MiB a partition before it gave up), and a
+    3M-entry read ran a 1g local driver out of heap that way; from disk (the page
+    cache, mostly) each use streams batch by batch.
     """
     from pyspark import StorageLevel
 
