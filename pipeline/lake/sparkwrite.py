@@ -132,9 +132,9 @@ def _scan(raw: Any) -> tuple[Stats, int]:
     """What the read holds (as :func:`~pipeline.lake.intervalstats.stats_of` counts it),
     and :func:`_repeats` of it (0 when every valid hash is distinct).
 
-    Two aggregate jobs (the first over the cached read reads Redis) and, when
-    there are invalid entries, a ``limit`` of their first ids: the driver gets a
-    few rows whatever the interval's size.
+    An aggregate (the first job over the cached read: it reads Redis), the
+    repeated-hash count and, when there are invalid entries, a ``limit`` of their
+    first ids: the driver gets a few rows whatever the interval's size.
     """
     from pyspark.sql import functions as F
 
