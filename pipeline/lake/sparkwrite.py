@@ -30,6 +30,11 @@ _DUP = "dup"
 #: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
 _PRESENT = "present"
 _BLOCK_KEY = "block"
+#: Entries a task of the Spark writer reads, caches and writes, at most (as estimated by
+#: :func:`read_partitions`): the Delta write sorts each task's rows by the table's partition
+#: column on the heap, beside Parquet's row-group buffers, and 1.5M entries a task ran a
+#: 1g local driver out of heap (3M entries in 16 tasks passed).
+MAX_TASK_ENTRIES = 250_000
 #: Marks of at most this many entries are broadcast to the writes' joins (a broadcast
 #: relation is built whole on the driver); more are joined by a shuffle instead.
 MAX_BROADCAST_MARKS = 100_000
@@ -40,17 +45,56 @@ def read_interval(
 ) -> Any:
     """The interval's entries as read by the ``redis-streams`` source (block payloads split off)."""
     source.register(spark)
+    partitions = read_partitions(settings, key, start_ms, end_ms)
     return (
         spark.read.format(source.NAME)
         .option("url", settings.redis.url)
         .option("key", key)
         .option("start", f"{start_ms}-0")
         .option("end", f"{end_ms}-0")
-        .option("partitions", str(settings.lake.archive_partitions))
+        .option("partitions", str(partitions))
         .option("chain", "true" if chain else "false")
         .option("splitPayload", "true" if chain else "false")
         .load()
     )
+
+
+def read_partitions(settings: Settings, key: str, start_ms: int, end_ms: int) -> int:
+    """``settings.lake.archive_partitions``, or more when the interval holds more than
+    :data:`MAX_TASK_ENTRIES` entries a partition by the stream's mean density
+    (``XINFO STREAM``: its length over the span of its ids; a burst in a long quiet
+    stream is underestimated)."""
+    from pipeline.lake.redisread import connect
+
+    client = connect(settings.redis.url)
+    try:
+        info = client.xinfo_stream(key)
+    finally:
+        client.close()
+    first, last = info.get("first-entry"), info.get("last-entry")
+    if not first or not last:
+        return settings.lake.archive_partitions
+    return partitions_for(
+        int(info["length"]),
+        int(first[0].split(b"-")[0]),
+        int(last[0].split(b"-")[0]),
+        start_ms,
+        end_ms,
+        settings.lake.archive_partitions,
+    )
+
+
+def partitions_for(
+    length: int, first_ms: int, last_ms: int, start_ms: int, end_ms: int, least: int
+) -> int:
+    """Partitions for ``[start_ms, end_ms)`` of a stream of ``length`` entries with ids from
+    ``first_ms`` to ``last_ms``: at least ``least``, at most :data:`source.MAX_PARTITIONS`."""
+    overlap = min(end_ms, last_ms + 1) - max(start_ms, first_ms)
+    if length <= 0 or overlap <= 0:
+        return least
+    estimate = min(length, -(-length * overlap // (last_ms - first_ms + 1)))
+    wanted = -(-estimate // MAX_TASK_ENTRIES)
+    return max(least, min(wanted, source.MAX_PARTITIONS))
 
 
 def write(

@@ -24,3 +24,18 @@ def test_repeats_across_batches_are_counted_once_per_extra_entry() -> None:
 def test_an_empty_partition_has_no_repeats() -> None:
     assert _count() == 0
     assert _count([]) == 0
+
+
+def test_partitions_grow_with_the_interval_s_estimated_entries() -> None:
+    from pipeline.lake.source import MAX_PARTITIONS
+    from pipeline.lake.sparkwrite import MAX_TASK_ENTRIES, partitions_for
+
+    # 1M entries over ids 0..999 ms: the whole span, half of it, none of it.
+    n = 4 * MAX_TASK_ENTRIES
+    assert partitions_for(n, 0, 999, 0, 1000, 2) == 4
+    assert partitions_for(n * 4, 0, 999, 0, 1000, 2) == 16
+    assert partitions_for(n, 0, 999, 500, 2000, 2) == 2
+    assert partitions_for(n, 0, 999, 5000, 6000, 2) == 2
+    assert partitions_for(10, 0, 999, 0, 1000, 3) == 3
+    assert partitions_for(10**12, 0, 0, 0, 1, 2) == MAX_PARTITIONS
+    assert partitions_for(0, 0, 0, 0, 1, 2) == 2
