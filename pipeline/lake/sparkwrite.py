@@ -33,7 +33,7 @@ _BLOCK_KEY = "block"
 #: Entries a task of the Spark writer reads, caches and writes, at most (as estimated by
 #: :func:`read_partitions`): the Delta write sorts each task's rows by the table's partition
 #: column on the heap, beside Parquet's row-group buffers, and 1.5M entries a task ran a
-#: 1g local driver out of heap (3M entries in 16 tasks passed).
+#: 1g local driver out of heap (3M entries in 12 or 16 tasks passed).
 MAX_TASK_ENTRIES = 250_000
 #: Marks of at most this many entries are broadcast to the writes' joins (a broadcast
 #: relation is built whole on the driver); more are joined by a shuffle instead.
