@@ -8,10 +8,13 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
 2. Read ids ``[A-0, B-0)`` once through the ``redis-streams`` data source,
    which decodes only each chain block's head (num, hash, parent, weight) and
    hands a valid block's payload over in its own column. For a chain stream
-   the read is cached in Spark for the two writes below and released after.
-3. Plan on the driver from the read's small columns (ids, flags, nums,
-   hashes) and the ``blocks`` rows of that num range (delta-rs): a block is
-   new when its hash is not in ``blocks`` and this is its first entry.
+   the read is cached in Spark (on disk) for the two writes below and
+   released after.
+3. Plan in Spark from the read and the ``blocks`` rows of that num range: a
+   block is new when its hash is not in ``blocks`` and this is its first
+   entry. The driver gets only aggregates (counts, num range, first and last
+   ids, at most 100 invalid ids); the marks stay in Spark and are joined into
+   both writes (:mod:`pipeline.lake.sparkwrite`).
 4. Write the new blocks to ``blocks`` (payload and weight as read,
    ``canonical = false``; :mod:`pipeline.lake.canonical` marks them): a
    ``replaceWhere`` on ``(stream, num range)`` when that range is empty, else
