@@ -68,6 +68,7 @@ from pipeline.lake import source, sparkwrite, tables
 from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
+from pipeline.lake.writejob import WriteJob
 from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,11 @@ def archive_interval(
                 )
         else:
             before = stats.entries if stats is not None else 0
-            stats = _write(spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap)
+            job = WriteJob(
+                settings=settings, stream=stream, key=key, start_ms=start_ms, end_ms=end_ms,
+                chain=chain, archived_at=archived_at, lap=lap,
+            )  # fmt: skip
+            stats = _write(spark, job)
             read = stats.entries - before if force else stats.entries
         if stats.invalid_ids:
             log.warning(
@@ -240,17 +245,7 @@ def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_m
     return bool(first)
 
 
-def _write(
-    spark: Any,
-    settings: Settings,
-    stream: str,
-    key: str,
-    start_ms: int,
-    end_ms: int,
-    chain: bool,
-    archived_at: datetime,
-    lap: Callable[..., None],
-) -> Stats:
+def _write(spark: Any, job: WriteJob) -> Stats:
     """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
 
     Returns what ``stream_entries`` holds for the interval afterwards. The
@@ -258,18 +253,16 @@ def _write(
     chain stream's read is cached in Spark for its two writes (and released
     after), so Redis is read and each payload's head decoded once.
     """
-    lake = settings.lake
+    lake = job.settings.lake
     ensure_entries_columns(lake)
-    empty = not any_rows(lake, tables.STREAM_ENTRIES, stream, "entry_ms", start_ms, end_ms - 1)
+    empty = not any_rows(
+        lake, tables.STREAM_ENTRIES, job.stream, "entry_ms", job.start_ms, job.end_ms - 1
+    )
     if _arrow_writer(lake) and empty:
-        written = _write_arrow(
-            spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap
-        )
+        written = _write_arrow(spark, job)
         if written is not None:
             return written
-    return sparkwrite.write(
-        spark, settings, stream, key, start_ms, end_ms, chain, archived_at, lap, empty
-    )
+    return sparkwrite.write(spark, job, empty)
 
 
 def _arrow_writer(lake: LakeSettings) -> bool:
@@ -297,17 +290,7 @@ def _arrow_writer(lake: LakeSettings) -> bool:
     return True
 
 
-def _write_arrow(
-    spark: Any,
-    settings: Settings,
-    stream: str,
-    key: str,
-    start_ms: int,
-    end_ms: int,
-    chain: bool,
-    archived_at: datetime,
-    lap: Callable[..., None],
-) -> Stats | None:
+def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; they are committed only when
@@ -319,13 +302,16 @@ def _write_arrow(
     """
     from pipeline.lake import arrowwrite
 
+    settings, stream, key, start_ms, end_ms, lap = (
+        job.settings, job.stream, job.key, job.start_ms, job.end_ms, job.lap
+    )  # fmt: skip
     lake = settings.lake
-    micros = (archived_at - _EPOCH) // timedelta(microseconds=1)
+    micros = (job.archived_at - _EPOCH) // timedelta(microseconds=1)
     written = arrowwrite.write_files(
         spark,
         url=settings.redis.url,
         key=key,
-        chain=chain,
+        chain=job.chain,
         first=(start_ms, 0),
         last=(end_ms - 1, MAX_SEQ),
         partitions=lake.archive_partitions,

@@ -10,7 +10,7 @@ Steps 2 to 5 of the archive's theory of operation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +21,7 @@ from pipeline.lake import source, tables
 from pipeline.lake.intervalstats import MAX_REPORTED_INVALID, Stats, any_rows, interval_stats
 from pipeline.lake.jobs import table_sql
 from pipeline.lake.session import is_connect
+from pipeline.lake.writejob import WriteJob
 from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -97,18 +98,7 @@ def partitions_for(
     return max(least, min(wanted, source.MAX_PARTITIONS))
 
 
-def write(
-    spark: Any,
-    settings: Settings,
-    stream: str,
-    key: str,
-    start_ms: int,
-    end_ms: int,
-    chain: bool,
-    archived_at: datetime,
-    lap: Callable[..., None],
-    empty: bool,
-) -> Stats:
+def write(spark: Any, job: WriteJob, empty: bool) -> Stats:
     """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
 
     Returns what ``stream_entries`` holds for the interval afterwards. A chain
@@ -122,9 +112,10 @@ def write(
     whole read's small columns collected at once, ~110 MB per million entries,
     lost task results in a 1g local driver; see issue 9.)
     """
-    lake = settings.lake
-    raw = read_interval(spark, settings, key, start_ms, end_ms, chain)
-    if not chain:
+    settings, stream, start_ms, end_ms = job.settings, job.stream, job.start_ms, job.end_ms
+    archived_at, lap, lake = job.archived_at, job.lap, job.settings.lake
+    raw = read_interval(spark, settings, job.key, start_ms, end_ms, job.chain)
+    if not job.chain:
         _write_entries(spark, lake, stream, start_ms, end_ms, raw, None, empty, archived_at)
         lap("entries")
         stats = interval_stats(lake, stream, start_ms, end_ms)
