@@ -1,4 +1,4 @@
-"""The SQLite busy timeout of the one-machine Airflow (the demo's, the tests', the benchmarks').
+"""SQLite waits of the one-machine Airflow (the demo's, the tests', the benchmarks').
 
 Airflow's scheduler, API server and task runners share one SQLite file, which
 lets one writer in at a time; the others wait up to the busy timeout, 5 s by
@@ -7,6 +7,16 @@ lock longer, and the API server answered a DAG run's or a backfill's creation
 with 500 "Database error" after exactly 5 s (``database is locked``; seen in
 tests/integration/airflow_view/test_scheduler.py at load 2 to 5). Airflow
 imports these arguments by the dotted paths in :data:`ENV`.
+
+The wait must stay well below what Airflow's own clients wait for the API
+server, or a task dies of it: with a 60 s busy timeout, a backfill's creation
+in the API server held the write lock while its action-log INSERT waited on a
+second connection for that same lock (60 s, then 500), every other API call
+waited behind it, a task runner's calls timed out (5 s default, 5 retries) and
+its supervisor killed the task: a run failed (the CI failure of stop 16). So:
+a busy timeout of :data:`BUSY_TIMEOUT_S`, and task runners that wait
+:data:`EXECUTION_API_TIMEOUT_S` for each API call (a cold API server on a
+busy machine answered a task's first call in 18 s).
 """
 
 from __future__ import annotations
@@ -14,7 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 #: How long an Airflow process waits for SQLite's write lock, in seconds.
-BUSY_TIMEOUT_S = 60
+BUSY_TIMEOUT_S = 15
+#: How long a task runner waits for one answer of the execution API, in seconds (> the above).
+EXECUTION_API_TIMEOUT_S = 60
 
 #: ``connect_args`` of Airflow's engines (Airflow adds ``check_same_thread`` to it).
 CONNECT_ARGS: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S}
@@ -24,4 +36,5 @@ CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S}
 ENV = {
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.CONNECT_ARGS",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.CONNECT_ARGS_ASYNC",
+    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(EXECUTION_API_TIMEOUT_S),
 }

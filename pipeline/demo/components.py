@@ -174,9 +174,6 @@ class Plan:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_ports[1]),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
-            # a cold API server on a busy machine answered a task's first call in 18 s;
-            # at the 5 s default the task runner retried it, got 400 and the task failed
-            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         }
 
     def admin_password(self) -> str | None:

@@ -224,7 +224,7 @@ def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> N
         reply = _wait(
             "a backfill the database accepts",
             lambda: not locked(r := http.post("/api/v2/backfills", json=body)) and r,
-            deadline_s=60,
+            deadline_s=120,  # a locked attempt answers after the 15 s busy timeout
         )
         assert reply.status_code == 200, reply.text
 
