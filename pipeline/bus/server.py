@@ -104,26 +104,45 @@ class BusServer:
                 if not popped:
                     continue
                 source, items = cast(bytes, popped[0]).decode(), cast(list[bytes], popped[1])
-                replies = await asyncio.gather(*(self._answer(raw) for raw in items))
-                sent = [(target, reply) for target, reply in replies if target]
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for target, reply in sent:
-                        pipe.rpush(target, reply)
-                    for (target, why), raw in zip(replies, items, strict=True):
-                        if not target:  # set aside, with the reason
-                            pipe.lpush(keys.bus_dead(), dead.entry(source, why.decode(), raw))
-                            pipe.ltrim(keys.bus_dead(), 0, dead.LIST_MAX - 1)
-                    results = await pipe.execute(raise_on_error=False)
-                for (target, _), result in zip(sent, results[: len(sent)], strict=True):
-                    if isinstance(result, redis.exceptions.ResponseError):
-                        # One bad target (WRONGTYPE) must not cost the other replies.
-                        log.error("bus server: reply to %s not delivered: %s", target, result)
+                await self._answer_batch(source, items)
                 pause = 0.1
             except (redis.exceptions.RedisError, OSError) as exc:
                 reraise_if_cancelling(exc)
                 log.warning("bus server: redis error %r, retrying in %.1fs", exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
+
+    async def _answer_batch(self, source: str, items: list[bytes]) -> None:
+        """Run the handlers of one popped batch; send each reply once its handler is done.
+
+        Replies finished together go out in one pipeline (with fast handlers, the
+        whole batch); a slow handler delays no other request's reply.
+        """
+        raws = {asyncio.create_task(self._answer(raw)): raw for raw in items}
+        pending: set[asyncio.Task[tuple[str, bytes]]] = set(raws)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                await self._deliver(source, [(*task.result(), raws[task]) for task in done])
+        finally:  # cancelled, or Redis failed: the handlers still running stop too
+            for task in pending:
+                task.cancel()
+
+    async def _deliver(self, source: str, replies: list[tuple[str, bytes, bytes]]) -> None:
+        """Push ``(target, reply, raw)`` replies; set aside those with no target."""
+        sent = [(target, reply) for target, reply, _ in replies if target]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for target, reply in sent:
+                pipe.rpush(target, reply)
+            for target, why, raw in replies:
+                if not target:  # set aside, with the reason
+                    pipe.lpush(keys.bus_dead(), dead.entry(source, why.decode(), raw))
+                    pipe.ltrim(keys.bus_dead(), 0, dead.LIST_MAX - 1)
+            results = await pipe.execute(raise_on_error=False)
+        for (target, _), result in zip(sent, results[: len(sent)], strict=True):
+            if isinstance(result, redis.exceptions.ResponseError):
+                # One bad target (WRONGTYPE) must not cost the other replies.
+                log.error("bus server: reply to %s not delivered: %s", target, result)
 
     async def _answer(self, raw: bytes) -> tuple[str, bytes]:
         """``(target, reply)``; ``("", reason)`` for a request that does not decode."""

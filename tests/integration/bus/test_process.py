@@ -205,6 +205,37 @@ async def test_handler_error_and_server_keeps_serving(twins):
         await stop(task)
 
 
+async def test_a_slow_handler_delays_no_other_reply_of_its_batch(twins):
+    (a,) = twins(1)
+    held = asyncio.Event()
+
+    async def mixed(data: bytes, request: Envelope) -> bytes:
+        if data == b"hold":
+            await held.wait()
+        return b"done:" + data
+
+    _, task = serve(a, mixed=mixed)  # default batch: all ten are popped together
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        docs = [seed_request("mixed", [a.id], b"hold" if i == 0 else b"%d" % i, src=a.id)
+                for i in range(10)]  # fmt: skip
+        await ra.rpush(keys.bus_command("mixed"), *[json.dumps(d) for d in docs])
+        answered = set()
+        for _ in docs[1:]:  # answered while the first of the batch is still held
+            popped = await ra.blpop([keys.BUS_REPLY], timeout=10)
+            assert popped is not None, "a reply waited for the held handler"
+            answered.add(base64.b64decode(json.loads(popped[1])["dat"]))
+        assert answered == {b"done:%d" % i for i in range(1, 10)}
+        assert await ra.llen(keys.BUS_REPLY) == 0
+        held.set()
+        popped = await ra.blpop([keys.BUS_REPLY], timeout=10)
+        assert popped is not None
+        assert base64.b64decode(json.loads(popped[1])["dat"]) == b"done:hold"
+    finally:
+        await stop(task)
+        await ra.aclose()
+
+
 async def test_expiry_when_nobody_handles(twins):
     a, b = twins(2)
     await a.start_bus()
