@@ -13,20 +13,15 @@ import time
 from pathlib import Path
 
 from pipeline.errors import ConfigError, RedisUnavailable
+from pipeline.ports import free_port
+
+__all__ = ["LocalRedis", "free_port"]
 
 INSTALL_HINT = (
     "redis-server was not found on PATH. Install it (Debian/Ubuntu: "
     "'apt-get install redis-server', macOS: 'brew install redis') or point "
     "SLUICE_REDIS_URL / SLUICE_TEST_REDIS_URL at a running server."
 )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class LocalRedis:

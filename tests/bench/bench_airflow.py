@@ -145,7 +145,8 @@ def _task_seconds(home: Path, task_id: str) -> list[float]:
 
 
 def main() -> int:
-    from pipeline.lake.sparkserver import ConnectServer, free_port
+    from pipeline.lake.sparkserver import ConnectServer
+    from pipeline.ports import free_port
     from pipeline.settings import Settings
 
     n_streams = int(os.environ.get("SLUICE_BENCH_STREAMS", "4"))

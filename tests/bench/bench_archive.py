@@ -223,7 +223,8 @@ def main() -> int:
     if sys.argv[1:2] == ["--child-archive"]:
         _child_archive(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
-    from pipeline.lake.sparkserver import ConnectServer, free_port
+    from pipeline.lake.sparkserver import ConnectServer
+    from pipeline.ports import free_port
     from pipeline.settings import Settings
 
     scale = float(os.environ.get("SLUICE_BENCH_SCALE", "1"))

@@ -15,6 +15,7 @@ import pytest
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.transport import TcpTransport, parse_host_port
 from pipeline.errors import ConfigError
+from pipeline.ports import free_port
 from pipeline.routing.message import Address, AddressType, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker
 from pipeline.routing.workers import Echo
@@ -146,12 +147,6 @@ def test_bad_listen_address() -> None:
     assert parse_host_port("[::1]:80") == ("::1", 80)
     made = TcpTransport.from_settings(Settings().replace(node_listen="127.0.0.1:0"))
     assert made.listen == "127.0.0.1:0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_two_sluice_node_processes_talk_over_tcp(redis_url: str, tmp_path: Path) -> None:

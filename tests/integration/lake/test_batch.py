@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from pipeline import keys
 from pipeline.lake import tables
-from pipeline.lake.sparkserver import free_port
+from pipeline.ports import free_port
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish
 from tests.support.lakejob import job_env, log_rows, run_job

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline.lake import tables
-from pipeline.lake.sparkserver import free_port
+from pipeline.ports import free_port
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish
 from tests.support.lakejob import job_env as _job_env

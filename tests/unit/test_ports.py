@@ -1,0 +1,31 @@
+"""free_port: a port is never handed out twice by one process."""
+
+from __future__ import annotations
+
+import socket
+
+from pipeline.ports import free_port
+
+
+def test_ports_are_distinct_and_bindable() -> None:
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    with socket.socket() as sock:  # the last one is free now
+        sock.bind(("127.0.0.1", ports[-1]))
+
+
+def test_a_port_the_kernel_offers_again_is_skipped(monkeypatch) -> None:
+    import pipeline.ports as ports
+
+    first = free_port()
+    offered = iter([first, first, 0])
+    real_socket = socket.socket
+
+    class Repeating(real_socket):  # type: ignore[misc]
+        def getsockname(self):  # the kernel offering `first` twice more, then a fresh one
+            port = next(offered)
+            return ("127.0.0.1", port or super().getsockname()[1])
+
+    monkeypatch.setattr(ports.socket, "socket", Repeating)
+    second = free_port()
+    assert second != first
