@@ -21,6 +21,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from pipeline.bus.config import reraise_if_cancelling
+
 #: Adds exactly one command to the pipeline it is given.
 Command = Callable[[Any], Awaitable[Any] | Any]
 #: Loads the Lua scripts the commands run by EVALSHA.
@@ -73,6 +75,9 @@ class Coalescer:
                 for i, result in zip(missing, again, strict=True):
                     results[i] = result
         except (redis.exceptions.RedisError, OSError) as exc:
+            # A cancel turned into a connection error must still end run(): nothing
+            # else would wake its queue.get() once the bus is stopping.
+            reraise_if_cancelling(exc)
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)

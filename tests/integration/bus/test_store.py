@@ -6,8 +6,10 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from pipeline import keys
+from pipeline.bus.coalesce import Coalescer
 from pipeline.bus.envelope import Envelope, answer_parts
 from pipeline.bus.store import BusStore
 
@@ -116,4 +118,31 @@ async def test_a_request_for_a_queue_that_is_not_a_list_is_set_aside_and_remembe
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
             await runner
+        await client.aclose()
+
+
+async def test_coalescer_stops_when_redis_turns_its_cancel_into_a_connection_error(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    coalescer = Coalescer(client)
+    runner = asyncio.create_task(coalescer.run())
+    started = asyncio.Event()
+
+    async def stuck(pipe: object) -> None:  # as redis-py may do when cancelled mid-command
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise redis.exceptions.ConnectionError("Connection closed by server.") from None
+
+    caller = asyncio.create_task(coalescer.call(stuck))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(runner, 2)  # not back to waiting on its queue
+        with pytest.raises(asyncio.CancelledError):  # its caller is told, as on any stop
+            await asyncio.wait_for(caller, 2)
+    finally:
+        runner.cancel()
+        caller.cancel()
         await client.aclose()
