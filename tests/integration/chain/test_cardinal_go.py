@@ -303,8 +303,18 @@ async def test_go_producer_feeds_sluice_consumer_and_cli(go_run, settings) -> No
             "--url", url, "--count", str(count),
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        async with asyncio.timeout(60):
-            out, err = await cli.communicate()
+        try:
+            async with asyncio.timeout(60):
+                out, err = await cli.communicate()
+        except TimeoutError:
+            raise AssertionError(
+                f"sluice subscribe: no end within 60 s (producer exit code "
+                f"{producer.proc.returncode})"
+            ) from None
+        finally:
+            if cli.returncode is None:
+                cli.kill()
+                await cli.communicate()
         assert cli.returncode == 0, err.decode()
         lines = [json.loads(line) for line in out.decode().splitlines()]
         assert [(line["added"], line["hash"]) for line in lines] == [
