@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math/big"
 	"os"
+	"runtime"
 	"sync"
 
 	log "github.com/inconshreveable/log15"
@@ -97,6 +98,12 @@ func main() {
 	port := flag.Int("port", 0, "port to serve the websocket on")
 	threshold := flag.Int64("threshold", 64, "reorg threshold of the resumer")
 	flag.Parse()
+	// cardinal-rpc v1.1.0 (the newest the module proxy serves) changes its registry's
+	// maps with no lock: registry.Disconnect deletes while another connection subscribes
+	// or leaves. On several OS threads a loaded machine saw "fatal error: concurrent map
+	// writes" kill this producer. On one thread a map operation is never interleaved
+	// (the runtime is not preempted inside it).
+	runtime.GOMAXPROCS(1)
 	// The library logs to stdout by default; stdout is this program's output.
 	log.Root().SetHandler(log.LvlFilterHandler(log.LvlWarn, log.StreamHandler(os.Stderr, log.LogfmtFormat())))
 	c := &chain{blocks: make(map[int64]*delivery.PendingBatch), head: -1, threshold: *threshold}

@@ -316,12 +316,6 @@ def go_run(go_programs: dict[str, str]) -> Callable[..., Any]:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=None,  # inherited: the library's warnings show in a failing test's output
-            # cardinal-rpc v1.1.0 (the newest the proxy serves) changes its registry's
-            # maps with no lock (registry.Disconnect deletes while another connection
-            # subscribes or leaves): on several OS threads a loaded machine sees "fatal
-            # error: concurrent map writes" and the producer dies. On one thread a map
-            # operation is never interleaved (the runtime is not preempted inside it).
-            env={**os.environ, "GOMAXPROCS": "1"},
         )
         program = GoProcess(proc)
         try:
