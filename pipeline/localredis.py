@@ -15,8 +15,6 @@ from pathlib import Path
 from pipeline.errors import ConfigError, RedisUnavailable
 from pipeline.ports import free_port
 
-__all__ = ["LocalRedis", "free_port"]
-
 INSTALL_HINT = (
     "redis-server was not found on PATH. Install it (Debian/Ubuntu: "
     "'apt-get install redis-server', macOS: 'brew install redis') or point "

@@ -24,7 +24,7 @@ import aiohttp
 from pipeline.demo import airflowdb
 from pipeline.demo.procs import MARKER
 from pipeline.demo.supervisor import Component, Probe
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 
 STREAM = "chain:demo"
 RPC_CMD = "demo.ping"

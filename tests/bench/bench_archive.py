@@ -186,7 +186,7 @@ def _child_archive(stream: str, start_ms: int, end_ms: int, warm: str) -> None:
 
 
 def _standalone(tmp: Path, workers: int = 2) -> tuple[str, list[subprocess.Popen[bytes]]]:
-    from pipeline.localredis import free_port
+    from pipeline.ports import free_port
     from tests.e2e.test_standalone_cluster import _cluster_env, _start, _wait_for, spark_home
 
     env = _cluster_env(tmp)

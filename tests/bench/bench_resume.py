@@ -42,7 +42,8 @@ from common import Report, percentile  # noqa: E402
 from pipeline import keys  # noqa: E402
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
 from pipeline.lake.tables import BLOCKS, BLOCKS_ARROW  # noqa: E402
-from pipeline.localredis import LocalRedis, free_port  # noqa: E402
+from pipeline.localredis import LocalRedis  # noqa: E402
+from pipeline.ports import free_port  # noqa: E402
 
 STREAM = "chain:bench"
 N = int(os.environ.get("BENCH_RESUME_BLOCKS", "1000000"))

@@ -26,7 +26,7 @@ import redis
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD, encode_block
 from pipeline.chain.generator import SyntheticChain
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

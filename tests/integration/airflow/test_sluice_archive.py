@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pipeline.chain.batch import encode_block
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 from tests.integration.airflow import scenario as sc
 from tests.integration.airflow.conftest import AIRFLOW_WARNINGS, DagRunner, task_states
 

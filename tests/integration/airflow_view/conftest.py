@@ -30,7 +30,8 @@ import pytest
 
 from pipeline.demo import airflowdb
 from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
-from pipeline.localredis import LocalRedis, free_port
+from pipeline.localredis import LocalRedis
+from pipeline.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 VIEW_REDIS_DB = 11

@@ -32,7 +32,7 @@ from pipeline.chain.ordered import Added, Removed
 from pipeline.chain.planning import TailIndex
 from pipeline.chain.server import create_app
 from pipeline.lake.reader import LakeReader
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
 
 ZERO = "0x" + "00" * 32

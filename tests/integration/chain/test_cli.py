@@ -11,7 +11,7 @@ import time
 import redis
 
 from pipeline import keys
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 
 from .conftest import STREAM
 

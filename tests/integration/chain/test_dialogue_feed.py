@@ -11,7 +11,7 @@ from pipeline.chain.dialogue_feed import subscribe_dialogue
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import BlockAssembler
 from pipeline.errors import DuplexError
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 
 from .conftest import STREAM, write_lake
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.demo.supervisor import sweep
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 from tests.support.poll import until_sync
 
 ROOT = Path(__file__).resolve().parents[3]

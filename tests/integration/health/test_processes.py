@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.localredis import LocalRedis, free_port
+from pipeline.localredis import LocalRedis
+from pipeline.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 SLUICE = [sys.executable, "-m", "pipeline.cli"]

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 
 from .cdp import chromium, chromium_path
 

@@ -17,7 +17,7 @@ import msgpack
 import redis as sync_redis
 
 from pipeline import keys
-from pipeline.localredis import free_port
+from pipeline.ports import free_port
 from pipeline.routing.message import Address, Route, StreamAddress, TransportMessage
 from tests.support.poll import until_sync
 
