@@ -220,6 +220,20 @@ class ResumptionError(ChainError):
     public_message = "cannot resume"
 
 
+class NotFound(ChainError):
+    """A block or subscription a request names does not exist; ``code`` is its JSON-RPC code.
+
+    cardinal-rpc answers a method's own error with code -1 and an unknown
+    subscription with -32000; the server keeps those codes in that dialect.
+    """
+
+    public_message = "not found"
+
+    def __init__(self, message: str = "", *, code: int = -32000) -> None:
+        super().__init__(message, public=message or None)
+        self.code = code
+
+
 class SlowConsumer(ChainError):
     """A subscriber fell behind its bounded send buffer."""
 
@@ -242,6 +256,12 @@ class OrderingError(ChainError):
     """Too many blocks held out of order: resume from the last complete block."""
 
     public_message = "too many out-of-order blocks"
+
+
+class ChainGap(OrderingError):
+    """A block past the head links to nothing held: blocks were skipped, resume from the head now."""
+
+    public_message = "blocks missing before the one received"
 
 
 class MuxError(ChainError):

@@ -74,11 +74,13 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
     await runner.setup()
     site = web.TCPSite(runner, settings.serve.host, settings.serve.port)
     await site.start()
+    base = f"ws://{settings.serve.host}:{settings.serve.port}"
     log.info(
-        "serving %s on ws://%s:%d/ws",
+        "serving %s on %s/ws (the seed's JSON-RPC dialect) and %s/cardinal "
+        "(the cardinal-streams library's dialect: its Go consumer's URL)",
         settings.serve.stream,
-        settings.serve.host,
-        settings.serve.port,
+        base,
+        base,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -39,7 +39,7 @@ from pipeline.chain.cardinal import (
     parse_cardinal_subbatch,
 )
 from pipeline.chain.ordered import BlockAssembler, ChainUpdate, OrderedChain
-from pipeline.errors import BadBatch, BadParams, OrderingError, SubscriptionLost
+from pipeline.errors import BadBatch, BadParams, ChainGap, OrderingError, SubscriptionLost
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ async def subscribe(
     """Ordered updates from block ``from_num`` on (``from_hash`` None: no block known yet)."""
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
-    chain = OrderedChain(head=None if from_hash is None else (from_num, from_hash), window=window)
+    chain = OrderedChain(
+        head=None if from_hash is None else (from_num, from_hash), window=window, gaps=True
+    )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     failures = 0
     async with aiohttp.ClientSession() as session:
@@ -91,6 +93,13 @@ async def subscribe(
                             got_any = True
                             yield update
                     log.info("subscription closed by the server: code %s", ws.close_code)
+            except ChainGap as exc:
+                # The producer skipped blocks (the library's producer does while a
+                # subscriber catches up): resume from the head at once, no backoff.
+                log.info("resubscribing from the head: %s", exc)
+                if got_any:
+                    failures = 0
+                    continue
             except (aiohttp.ClientError, ConnectionError, TimeoutError, OrderingError) as exc:
                 log.warning("subscription interrupted: %r", exc)
             failures = 0 if got_any else failures + 1

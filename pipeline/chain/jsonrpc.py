@@ -24,6 +24,9 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 #: Server-defined (-32000 to -32099): the request was valid but cannot be served.
 SERVER_ERROR = -32000
+#: cardinal-rpc's code for an error a method returned (e.g. ``cardinal_streamsBlock``'s
+#: "block not found").
+HANDLER_ERROR = -1
 UNAUTHORIZED = -32001
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode

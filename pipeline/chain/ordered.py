@@ -22,9 +22,18 @@ and turns each whole block into updates:
 - right after :meth:`OrderedChain.expect_rewind` the server's first block
   that is not a duplicate is taken as it comes when its parent is in the
   chain or below what the chain remembers (the server chose where to resume);
-- anything else (a gap, or a branch block whose parent has not arrived yet)
-  is held too. At most ``max_pending`` blocks are held; more raises
-  :class:`OrderingError` and the caller resumes from :attr:`OrderedChain.head`.
+- a branch block whose parent has not arrived yet is held too;
+- with ``gaps=True`` (a feed that sends in order: the subscriber library), a
+  block above ``head + 1`` whose parent is neither in the chain nor held
+  (the producer skipped blocks, as the cardinal library's producer does
+  while a subscriber catches up) raises :class:`ChainGap` at once, and the
+  caller resumes from :attr:`OrderedChain.head`; without it such a block is
+  held until its parent comes. At most ``max_pending`` blocks are held; more
+  raises :class:`OrderingError`, handled the same way.
+
+Held blocks are indexed by parent hash: a block that joins the chain (or is
+held) wakes only its own held children, so holding ``n`` blocks costs time
+linear in ``n``, not a rescan of every held block on each new one.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from pipeline.chain.batch import BatchHeader, Block, SubBatch, assemble, effective_weight
-from pipeline.errors import OrderingError
+from pipeline.errors import ChainGap, OrderingError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,8 +78,13 @@ class OrderedChain:
         head: tuple[int, bytes] | tuple[int, bytes, int] | None = None,
         window: int = 4096,
         max_pending: int = 4096,
+        gaps: bool = False,
     ) -> None:
-        """``head``: (num, hash) or (num, hash, weight) of the block the subscriber has."""
+        """``head``: (num, hash) or (num, hash, weight) of the block the subscriber has.
+
+        ``gaps``: raise :class:`ChainGap` on a block past the head that links to
+        nothing (see the module doc) instead of holding it.
+        """
         if window < 1 or max_pending < 1:
             raise ValueError("window and max_pending must be positive")
         self._window = window
@@ -80,6 +94,11 @@ class OrderedChain:
         self._head_weight = 0
         #: blocks held: parent unknown yet, or side blocks not heavier than the head
         self._pending: dict[bytes, Block] = {}
+        #: parent hash -> hashes of the held blocks with that parent
+        self._children: dict[bytes, set[bytes]] = {}
+        #: the head when held blocks far below it were last dropped
+        self._swept = 0
+        self._gaps = gaps
         #: blocks added in the last RETAIN heights: a reorg holds those it removes again,
         #: so a later, heavier block on their branch brings them back
         self._recent: dict[bytes, Block] = {}
@@ -146,20 +165,47 @@ class OrderedChain:
         self._head = num
         self._head_weight = -1
         self._rewind_ok = False
-        self._drain(out)
+        self._drain(out, [hash])
         return out
 
     def accept(self, block: Block) -> list[ChainUpdate]:
         out: list[ChainUpdate] = []
         if self._place(block, out):
-            self._drain(out)
+            self._drain(out, [])
         elif block.hash not in self._pending:
+            head = self._head
+            if (
+                self._gaps
+                and head is not None
+                and block.num > head + 1
+                and block.parent not in self._pending
+                and not self._in_chain(block.num - 1, block.parent)
+            ):
+                raise ChainGap(
+                    f"block {block.num} does not link to anything held (head {head}): "
+                    "blocks were skipped"
+                )
             if len(self._pending) >= self._max_pending:
                 raise OrderingError(
                     f"{len(self._pending)} blocks held out of order after head {self._head}"
                 )
-            self._pending[block.hash] = block
+            self._hold(block)
+            self._drain(out, [block.hash])  # held children may now form a heavier branch
         return out
+
+    def _hold(self, block: Block) -> None:
+        self._pending[block.hash] = block
+        self._children.setdefault(block.parent, set()).add(block.hash)
+
+    def _unhold(self, hash: bytes) -> None:
+        block = self._pending.pop(hash, None)
+        if block is None:
+            return
+        kids = self._children.get(block.parent)
+        if kids is not None:
+            kids.discard(hash)
+            if not kids:
+                del self._children[block.parent]
 
     def _in_chain(self, num: int, hash: bytes) -> bool:
         return self._hashes.get(num) == hash
@@ -196,7 +242,7 @@ class OrderedChain:
             return False  # a lighter (or equally heavy, later) branch: held
         ancestor = branch[0].num - 1
         for b in branch[:-1]:
-            self._pending.pop(b.hash, None)
+            self._unhold(b.hash)
         self._reorg_to(ancestor, branch, out)
         return True
 
@@ -231,7 +277,7 @@ class OrderedChain:
                     out.append(Removed(num=num, hash=old))
                     removed = self._recent.pop(old, None)
                     if hold and removed is not None and len(self._pending) < self._max_pending:
-                        self._pending[old] = removed
+                        self._hold(removed)
         self._head = ancestor if ancestor in hashes else None
         for block in branch:
             self._add(block, out)
@@ -258,18 +304,39 @@ class OrderedChain:
             for num in [n for n in self._hashes if n <= stale]:
                 del self._hashes[num]
 
-    def _drain(self, out: list[ChainUpdate]) -> None:
-        progress = True
-        while progress and self._pending:
-            progress = False
-            for key, block in list(self._pending.items()):
-                if key in self._pending and self._place(block, out):
-                    self._pending.pop(key, None)
-                    progress = True
-            head = self._head
-            if head is not None:
-                for key in [k for k, b in self._pending.items() if b.num < head - self._window]:
-                    del self._pending[key]
+    def _drain(self, out: list[ChainUpdate], roots: list[bytes]) -> None:
+        """Place the held blocks that ``out``'s additions (and ``roots``) may have unblocked.
+
+        Only the held children of a block that joined the chain or was held
+        are tried: each try either places the block (its own additions wake
+        its children in turn) or leaves it held.
+        """
+        scanned = 0
+        while True:
+            while scanned < len(out):
+                update = out[scanned]
+                scanned += 1
+                if isinstance(update, Added):
+                    roots.append(update.block.hash)
+            if not roots:
+                break
+            kids = self._children.get(roots.pop())
+            if not kids:
+                continue
+            for key in list(kids):
+                block = self._pending.get(key)
+                if block is not None and self._place(block, out):
+                    self._unhold(key)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop held blocks far below the head (at most once per quarter window of progress)."""
+        head = self._head
+        if head is None or head - self._swept < max(self._window // 4, 1) or not self._pending:
+            return
+        self._swept = head
+        for key in [k for k, b in self._pending.items() if b.num < head - self._window]:
+            self._unhold(key)
 
 
 class BlockAssembler:

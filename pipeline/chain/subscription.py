@@ -174,11 +174,19 @@ class Subscription:
     """The :class:`~pipeline.chain.planning.BlockSink` of one websocket subscription.
 
     ``dialect`` is ``"seed"`` or ``"cardinal"`` (:mod:`pipeline.chain.cardinal`).
-    In the cardinal dialect ``ready`` is always sent, every reorg is announced
-    by a ``reorg`` result naming the common ancestor before the replacing
-    blocks, and with ``announce`` the first block is announced that way too
-    (the server did not start where the subscriber said it was: its ``lastHash``
-    must move to the block below the first one sent).
+    In the cardinal dialect ``ready`` is always sent, and a reorg is sent the
+    way the library's own producer sends one: the blocks of the heavier branch,
+    each with its weight, from the common ancestor up. The library's
+    ``OrderedMessageProcessor`` finds the reorg itself, in order, and reports
+    the replaced blocks in ``ChainUpdate.Removed()``. A ``reorg`` result is sent
+    only where the library's producer would call ``Reorg``: for a reorg deeper
+    than ``deep_reorg`` blocks (the library's consumer forgets blocks beyond
+    twice its threshold, so weights alone cannot take it there), and with
+    ``announce`` before the first block (the server did not start where the
+    subscriber said it was: its ``lastHash`` must move to the block below the
+    first one sent). The library applies a ``reorg`` result at once, on its
+    reader, ahead of blocks still queued behind it: sent for every reorg during
+    a catch-up burst, it made the library drop whole runs of heights.
     """
 
     def __init__(
@@ -190,6 +198,7 @@ class Subscription:
         envelope: bool = True,
         dialect: str = SEED,
         announce: bool = False,
+        deep_reorg: int = 64,
     ) -> None:
         self.id = sub_id
         self.params = params
@@ -197,6 +206,7 @@ class Subscription:
         self.keep = encoding_for(params.keep, dialect, params.weight)
         self.cardinal = dialect == CARDINAL
         self._announce = announce and self.cardinal
+        self._deep_reorg = deep_reorg
         self._outbox = outbox
         # Without the envelope each text is the bare result object (the Dialogue feed).
         self._prefix = jsonrpc.notification_prefix(METHOD, sub_id) if envelope else ""
@@ -216,7 +226,7 @@ class Subscription:
         out: list[bytes] = []
         for emit in emits:
             if self.cardinal:
-                if emit.reorg or self._announce:
+                if emit.reorg > self._deep_reorg or self._announce:
                     self._announce = False
                     ancestor = reorg_text(max(emit.num - 1, 0), emit.parent)
                     out.append((prefix + ancestor + suffix).encode())

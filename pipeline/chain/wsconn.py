@@ -33,7 +33,7 @@ from pipeline.chain.cardinal import (
 )
 from pipeline.chain.planning import Reason
 from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
-from pipeline.errors import BadBatch, BadParams, ResumptionError, SlowConsumer, SluiceError
+from pipeline.errors import BadBatch, BadParams, NotFound, SlowConsumer, SluiceError
 
 log = logging.getLogger(__name__)
 
@@ -350,6 +350,8 @@ class Connection:
         except BadParams as exc:
             self._log_refusal("request %s: invalid params: %s", req.method[:64], exc)
             self._error(req.id, jsonrpc.INVALID_PARAMS, exc.public_message)
+        except NotFound as exc:
+            self._error(req.id, exc.code, exc.public_message)
         except SluiceError as exc:
             log.info("request %s refused: %r", req.method, exc)
             self._error(req.id, jsonrpc.SERVER_ERROR, exc.public_message)
@@ -386,7 +388,14 @@ class Connection:
             0,
             bytes(32),
         )
-        sub = Subscription(sub_id, parsed, self.outbox, dialect=self.dialect, announce=moved)
+        sub = Subscription(
+            sub_id,
+            parsed,
+            self.outbox,
+            dialect=self.dialect,
+            announce=moved,
+            deep_reorg=self.settings.lake.reorg_threshold,
+        )
         self._pending_start = (sub, plan)
         return sub_id
 
@@ -421,6 +430,8 @@ class Connection:
             raise BadParams('params must be ["0xID"]')
         entry = self.subs.pop(params[0], None)
         if entry is None:
+            if self.dialect == CARDINAL:
+                raise NotFound("subscription not found")  # as cardinal-rpc answers
             return False
         entry[1].cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -437,8 +448,16 @@ class Connection:
         num = _block_number(params)
         found = await self.resumption.get_block_raw(num)
         if found is None:
-            raise ResumptionError("block not found", public="block not found")
+            raise NotFound("block not found", code=jsonrpc.HANDLER_ERROR)
         return whole_block_result(*found)
+
+    async def rpc_modules(self, params: Any) -> dict[str, str]:
+        """``rpc_modules``, as cardinal-rpc answers it: every namespace served, at "1.0"."""
+        return {name.split("_", 1)[0]: "1.0" for name in _METHODS}
+
+    async def rpc_methods(self, params: Any) -> list[str]:
+        """``rpc_methods``: every method name served."""
+        return sorted(_METHODS)
 
 
 def _block_number(params: Any) -> int:
@@ -459,4 +478,6 @@ _METHODS: dict[str, Callable[[Connection, Any], Any]] = {
     "cardinal_unsubscribe": Connection.unsubscribe,
     "cardinal_getBlock": Connection.get_block,
     STREAMS_BLOCK: Connection.streams_block,
+    "rpc_modules": Connection.rpc_modules,
+    "rpc_methods": Connection.rpc_methods,
 }

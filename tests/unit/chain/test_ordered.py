@@ -7,7 +7,7 @@ import pytest
 from pipeline.chain.batch import BatchHeader, Block, SubBatch
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, Removed
-from pipeline.errors import OrderingError
+from pipeline.errors import ChainGap, OrderingError
 
 
 def apply(chain: OrderedChain, blocks) -> list:
@@ -149,3 +149,57 @@ def test_child_not_heavier_than_its_parent_does_not_extend() -> None:
     chain = OrderedChain()
     apply(chain, main)
     assert chain.accept(flat) == [] and chain.head == (2, main[-1].hash)
+
+
+def test_a_gap_past_the_head_raises_at_once_with_gaps_on() -> None:
+    blocks = SyntheticChain(seed=11).take(20)
+    chain = OrderedChain(gaps=True)
+    apply(chain, blocks[:10])
+    with pytest.raises(ChainGap):
+        chain.accept(blocks[15])  # 10..14 skipped: nothing it could wait for
+    assert chain.head == (9, blocks[9].hash) and chain.pending == 0
+    assert [u.block.num for u in apply(chain, blocks[10:])] == list(range(10, 20))
+
+
+def test_a_gap_is_held_with_gaps_off() -> None:
+    blocks = SyntheticChain(seed=12).take(20)
+    chain = OrderedChain()
+    apply(chain, blocks[:10])
+    assert chain.accept(blocks[15]) == [] and chain.pending == 1
+    ups = apply(chain, blocks[10:15])
+    assert [u.block.num for u in ups] == list(range(10, 16))
+
+
+def test_a_held_child_heavier_than_the_head_wins_when_its_lighter_parent_comes() -> None:
+    gen = SyntheticChain(seed=13)
+    main = gen.take(10)
+    base = main[7]
+    side1 = Block(num=8, hash=b"\x71" * 32, parent=base.hash, weight=base.weight + 1)  # type: ignore[operator]
+    side2 = Block(num=9, hash=b"\x72" * 32, parent=side1.hash, weight=main[-1].weight + 5)  # type: ignore[operator]
+    chain = OrderedChain()
+    apply(chain, main)
+    assert chain.accept(side2) == []  # its parent has not come: held
+    ups = chain.accept(side1)  # lighter than the head alone, but its held child is heavier
+    assert [u.num for u in ups if isinstance(u, Removed)] == [9, 8]
+    assert [u.block.hash for u in ups if isinstance(u, Added)] == [side1.hash, side2.hash]
+
+
+def test_held_blocks_are_woken_by_their_parent_only() -> None:
+    """Blocks in reverse order: each arrival tries only its own held child (linear, not n^2)."""
+    blocks = SyntheticChain(seed=14).take(3000)
+    chain = OrderedChain(max_pending=5000)
+    chain.accept(blocks[0])
+    calls = 0
+    place = chain._place
+
+    def counting(block: Block, out: list) -> bool:
+        nonlocal calls
+        calls += 1
+        return place(block, out)
+
+    chain._place = counting  # type: ignore[method-assign]
+    ups = apply(chain, blocks[:0:-1])
+    assert [u.block.num for u in ups] == list(range(1, 3000))
+    assert chain.head == (2999, blocks[-1].hash)
+    # one try on arrival, one when its parent is held, one when its parent lands
+    assert calls <= 3 * len(blocks)
