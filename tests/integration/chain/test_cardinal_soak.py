@@ -1,0 +1,196 @@
+"""The real cardinal-streams consumer catches up through ``sluice serve`` and loses nothing.
+
+23 of the library's own websocket consumers (Go, v1.5.1) follow ``/cardinal``
+while blocks come at 50 a second with a reorg every 30 (depths 1 to 5, and
+one to a shorter, heavier chain in each round): one from block 0 (history
+from the lake, then the Redis tail, then live), one from N with the right
+hash, one with a wrong hash, and 20 from random heights, all at once. After
+every one is ready, 60 s of live blocks, across two ``kill -9`` restarts of
+``sluice serve``. Each consumer's final chain (its ChainUpdates applied in
+order: removed, then added) is compared height by height with the heaviest
+chain in Redis and the lake: no hole, no stale block, no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis
+
+from pipeline.chain.batch import effective_weight
+from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.ports import free_port
+from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
+from tests.integration.chain.test_cardinal_go import _listening, sluice_canonical
+
+RATE = 50  # blocks a second
+LIVE_S = 60.0  # of live blocks after every consumer is ready
+THRESHOLD = 64  # sluice serve's default reorg threshold: a wrong hash rewinds this far
+ROUND = [(1, None), (2, None), (3, None), (4, None), (5, None), (4, 2)]  # (depth, length)
+
+
+def final_chain(proc: GoProcess) -> dict[int, str]:
+    """The consumer's chain: each ChainUpdate applied in order (removed, then added)."""
+    state: dict[int, str] = {}
+    for line in proc.lines:
+        if line["event"] != "update":
+            continue
+        for b in line["removed"]:
+            if state.get(b["num"]) == b["hash"]:
+                del state[b["num"]]
+        for b in line["added"]:
+            state[b["num"]] = b["hash"]
+    return state
+
+
+def faults(state: dict[int, str], canonical: dict[int, str], first: int) -> dict[str, Any]:
+    """Holes (heights missing), stale blocks (not the heaviest chain's) and extra heights."""
+    head = max(canonical)
+    holes = [n for n in range(first, head + 1) if n not in state]
+    stale = [n for n in range(first, head + 1) if n in state and state[n] != canonical[n]]
+    extra = [n for n in state if n > head]
+    return {"holes": len(holes), "stale": len(stale), "extra": len(extra), "first_holes": holes[:5]}
+
+
+class Producer:
+    """Writes the chain into Redis at RATE blocks a second, a reorg every 30 steps."""
+
+    def __init__(self, client: redis.Redis, gen: SyntheticChain) -> None:
+        self.client = client
+        self.gen = gen
+        self._stop = asyncio.Event()
+        self.task = asyncio.create_task(self._run(), name="soak-producer")
+
+    async def _run(self) -> None:
+        steps = 0
+        reorgs = 0
+        while not self._stop.is_set():
+            steps += 1
+            if steps % 30 == 0:
+                depth, length = ROUND[reorgs % len(ROUND)]
+                reorgs += 1
+                blocks = self.gen.reorg(depth, length)
+            else:
+                blocks = self.gen.take(1)
+            write_blocks(self.client, STREAM, blocks)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 1 / RATE)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await self.task
+
+
+class Serve:
+    """``sluice serve`` in its own process, killed with SIGKILL and started again on its port."""
+
+    def __init__(self, env: dict[str, str], port: int) -> None:
+        self.env = env
+        self.port = port
+        self.proc: asyncio.subprocess.Process | None = None
+        self.starts = 0
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pipeline.cli", "serve", "--port", str(self.port),
+            env=self.env, stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        self.starts += 1
+        await _listening(self.port, 60)
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                async with asyncio.timeout(15):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def running_serve(env: dict[str, str]) -> AsyncIterator[Serve]:
+    serve = Serve(env, free_port())
+    await serve.start()
+    try:
+        yield serve
+    finally:
+        await serve.stop()
+
+
+async def test_go_consumers_catch_up_and_follow_with_no_hole(
+    settings, go_run, redis_client: redis.Redis, redis_url: str
+) -> None:
+    gen = SyntheticChain(seed=71, prefixes=("s/", "t/"))
+    write_lake(settings.lake.uri, gen.take(200))  # history: the lake only
+    write_blocks(redis_client, STREAM, gen.take(200))  # the Redis tail
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_LAKE_URI": settings.lake.uri,
+        "SLUICE_SERVE_STREAM": STREAM,
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    rng = random.Random(72)
+    async with running_serve(env) as serve:
+        url = f"ws://127.0.0.1:{serve.port}/cardinal"
+        producer = Producer(redis_client, gen)
+        try:
+            await asyncio.sleep(2)  # the tail grows and reorgs while the consumers come
+            starts: list[tuple[int, list[str]]] = [(0, [])]
+            n = 150
+            right = gen.canonical[n]
+            weight = hex(effective_weight(n, right.weight))
+            starts.append((n + 1, ["-from", str(n), "-hash", "0x" + right.hash.hex(), "-weight", weight]))
+            starts.append((n - THRESHOLD, ["-from", str(n), "-hash", "0x" + "77" * 32, "-weight", weight]))
+            for height in sorted(rng.sample(range(1, len(gen.canonical) - 10), 20)):
+                block = gen.canonical[height]
+                w = hex(effective_weight(height, block.weight))
+                starts.append(
+                    (height + 1, ["-from", str(height), "-hash", "0x" + block.hash.hex(), "-weight", w])
+                )
+            async with contextlib.AsyncExitStack() as stack:
+                procs = [
+                    (first, await stack.enter_async_context(go_run("consumer", "-url", url, *args)))
+                    for first, args in starts
+                ]
+                for _, proc in procs:
+                    await proc.wait_for(
+                        lambda p=proc: any(line["event"] == "ready" for line in p.lines),
+                        60,
+                        "ready",
+                    )
+                for _ in range(2):
+                    await asyncio.sleep(LIVE_S / 3)
+                    await serve.kill()
+                    await serve.start()  # the library redials by itself, from its last block
+                await asyncio.sleep(LIVE_S / 3)
+                await producer.stop()
+                head = "0x" + gen.canonical[-1].hash.hex()
+                for _, proc in procs:
+                    await proc.wait_for(
+                        lambda p=proc: final_chain(p).get(gen.canonical[-1].num) == head,
+                        60,
+                        "at the head after the producer stopped",
+                    )
+                canonical = {b.num: "0x" + b.hash.hex() for b in gen.canonical}
+                assert sluice_canonical(redis_url, settings.lake.uri) == canonical
+                report = {first: faults(final_chain(p), canonical, first) for first, p in procs}
+                bad = {k: v for k, v in report.items() if v["holes"] or v["stale"] or v["extra"]}
+                assert not bad, f"consumers with faults (by first height): {bad}"
+                assert serve.starts == 3 and gen.canonical[-1].num > 400 + LIVE_S * RATE * 0.5
+        finally:
+            if not producer.task.done():
+                await producer.stop()
