@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import sys
@@ -28,6 +29,7 @@ from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.ports import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
 from tests.integration.chain.test_cardinal_go import _listening, sluice_canonical
+from tests.support.poll import until
 
 RATE = 50  # blocks a second
 LIVE_S = 60.0  # of live blocks after every consumer is ready
@@ -153,13 +155,20 @@ async def test_go_consumers_catch_up_and_follow_with_no_hole(
             n = 150
             right = gen.canonical[n]
             weight = hex(effective_weight(n, right.weight))
-            starts.append((n + 1, ["-from", str(n), "-hash", "0x" + right.hash.hex(), "-weight", weight]))
-            starts.append((n - THRESHOLD, ["-from", str(n), "-hash", "0x" + "77" * 32, "-weight", weight]))
+            starts.append(
+                (n + 1, ["-from", str(n), "-hash", "0x" + right.hash.hex(), "-weight", weight])
+            )
+            starts.append(
+                (n - THRESHOLD, ["-from", str(n), "-hash", "0x" + "77" * 32, "-weight", weight])
+            )
             for height in sorted(rng.sample(range(1, len(gen.canonical) - 10), 20)):
                 block = gen.canonical[height]
                 w = hex(effective_weight(height, block.weight))
                 starts.append(
-                    (height + 1, ["-from", str(height), "-hash", "0x" + block.hash.hex(), "-weight", w])
+                    (
+                        height + 1,
+                        ["-from", str(height), "-hash", "0x" + block.hash.hex(), "-weight", w],
+                    )
                 )
             async with contextlib.AsyncExitStack() as stack:
                 procs = [
@@ -194,3 +203,115 @@ async def test_go_consumers_catch_up_and_follow_with_no_hole(
         finally:
             if not producer.task.done():
                 await producer.stop()
+
+
+#: How long the library's producer feeds ``sluice subscribe`` (the issue's 3 minutes).
+FEED_S = float(os.environ.get("SLUICE_CARDINAL_FEED_S", "180"))
+
+
+class Subscriber:
+    """``sluice subscribe --dialect cardinal`` in its own process; its chain and each block's arrival."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.state: dict[int, str] = {}
+        self.arrived: dict[str, float] = {}
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        import json
+
+        assert self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        async for raw in self.proc.stdout:
+            line = json.loads(raw)
+            if "added" in line:
+                self.state[line["added"]] = line["hash"]
+                self.arrived.setdefault(line["hash"], loop.time())
+            elif self.state.get(line["removed"]) == line["hash"]:
+                del self.state[line["removed"]]
+
+
+async def test_sluice_subscribe_keeps_up_with_the_library_producer(go_run, settings) -> None:
+    from tests.integration.chain.test_cardinal_go import _command
+
+    gen = SyntheticChain(seed=73, prefixes=("s/",))
+    port = free_port()
+    loop = asyncio.get_running_loop()
+    produced: dict[str, float] = {}
+    async with go_run("producer", "-port", str(port), "-threshold", "64") as producer:
+        await _listening(port)
+
+        async def send(blocks: list[Any], ancestor: Any = None) -> None:
+            if ancestor is not None:  # a producer may name the common ancestor of a reorg
+                await producer.send(
+                    {"op": "reorg", "num": ancestor.num, "hash": "0x" + ancestor.hash.hex()}
+                )
+            for block in blocks:
+                await producer.send(_command(block))
+                produced["0x" + block.hash.hex()] = loop.time()
+
+        await send(gen.take(600))  # the producer is ahead when the subscriber comes
+        env = {**os.environ, "SLUICE_LOG_LEVEL": os.environ.get("SOAK_LOG", "WARNING")}
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pipeline.cli", "subscribe", "--dialect", "cardinal",
+            "--url", f"ws://127.0.0.1:{port}",
+            env=env, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        sub = Subscriber(cli)
+        try:
+            steps = reorgs = 0
+            end = loop.time() + FEED_S
+            while loop.time() < end:
+                steps += 1
+                if steps % 30 == 0:
+                    depth, length = ROUND[reorgs % len(ROUND)]
+                    # Named only in the last round: a named ancestor lets a consumer holding
+                    # blocks past a gap move on, which would hide the gap this test looks for.
+                    ancestor = gen.canonical[-depth - 1] if loop.time() > end - 10 else None
+                    reorgs += 1
+                    await send(gen.reorg(depth, length), ancestor)
+                else:
+                    await send(gen.take(1))
+                await asyncio.sleep(1 / RATE)
+            head = gen.canonical[-1]
+
+            def at_head() -> bool:
+                assert not sub.reader.done(), f"sluice subscribe ended ({cli.returncode})"
+                top = max(sub.state, default=-1)
+                return top == head.num and sub.state[top] == "0x" + head.hash.hex()
+
+            await until(
+                at_head,
+                "sluice subscribe at the producer's head",
+                within_s=30,
+                every_s=0.1,
+                detail=lambda: (
+                    f"producer head {head.num}, subscriber head {max(sub.state, default=None)}"
+                ),
+            )
+            canonical = {b.num: "0x" + b.hash.hex() for b in gen.canonical}
+            assert sub.state == canonical  # the producer's heaviest chain, every height, no stale
+            # The subscriber's delay behind the producer, per canonical block, once caught up
+            # (the first 600 blocks were made before it came).
+            lags = sorted(
+                sub.arrived[h] - produced[h]
+                for n, h in canonical.items()
+                if n >= 600 and h in sub.arrived
+            )
+            assert lags, "no live block reached the subscriber"
+            p99 = lags[int(len(lags) * 0.99)]
+            logging.getLogger(__name__).warning(
+                f"live blocks {len(lags)}, delay p50 {lags[len(lags) // 2]:.3f} s, p99 {p99:.3f} s, max {lags[-1]:.3f} s"
+            )
+            # The goal is 2 s; the bound leaves room for a loaded CI machine but not for a stall
+            # (before the fix: nothing for 130 s after block ~670).
+            assert lags[-1] < 10, f"the subscriber fell {lags[-1]:.1f} s behind the producer"
+        finally:
+            if cli.returncode is None:
+                cli.terminate()
+                await cli.wait()
+            sub.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sub.reader
+    assert all(line == {"event": "ok"} for line in producer.lines), producer.lines[-3:]
