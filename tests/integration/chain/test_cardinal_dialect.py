@@ -114,3 +114,44 @@ async def test_shapes_per_dialect_and_streams_block(settings, serve, redis_clien
             await ws.send_str(json.dumps(call))
             reply = json.loads((await ws.receive(timeout=10)).data)
             assert reply["error"]["message"] == "block not found"
+
+
+PARITY_CALLS = [
+    {"method": "rpc_modules", "params": []},
+    {"method": "cardinal_streamsBlock", "params": ["0x99"]},
+    {"method": "cardinal_unsubscribe", "params": ["0x9"]},
+]
+
+
+async def _answers(url: str) -> list[Any]:
+    """What a server answers to PARITY_CALLS: each result, or each error's (code, message)."""
+    out: list[Any] = []
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        for i, call in enumerate(PARITY_CALLS):
+            await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": i + 1, **call}))
+            reply = json.loads((await ws.receive(timeout=10)).data)
+            assert reply["id"] == i + 1, reply
+            error = reply.get("error")
+            out.append(reply["result"] if error is None else (error["code"], error["message"]))
+    return out
+
+
+async def test_json_rpc_answers_as_the_library_producer_does(
+    settings, serve, redis_client, go_run
+) -> None:
+    from pipeline.ports import free_port
+    from tests.integration.chain.test_cardinal_go import _listening
+
+    write_blocks(redis_client, STREAM, SyntheticChain(seed=74).take(3))
+    port = free_port()
+    async with go_run("producer", "-port", str(port)), serve(settings) as (base, _app):
+        await _listening(port)
+        library = await _answers(f"ws://127.0.0.1:{port}")
+        assert library == [
+            {"cardinal": "1.0", "rpc": "1.0"},
+            (-1, "block not found"),
+            (-32000, "subscription not found"),
+        ]
+        assert await _answers(base.replace("http://", "ws://") + "/cardinal") == library
+        seed = await _answers(base.replace("http://", "ws://") + "/ws")
+        assert seed[2] is False  # the seed dialect keeps its answer to an unknown id
