@@ -38,6 +38,7 @@ import aiohttp  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import redis  # noqa: E402
 from common import Report, percentile  # noqa: E402
+from ordered_drain import run as ordered_drain  # noqa: E402
 
 from pipeline import keys  # noqa: E402
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
@@ -333,6 +334,7 @@ async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
 
 async def main() -> None:
     report = Report("resume")
+    ordered_drain(report)  # pure code, first: nothing else runs yet
     with tempfile.TemporaryDirectory() as tmp:
         lake_uri = f"{tmp}/lake"
         t = time.perf_counter()
