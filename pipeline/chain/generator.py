@@ -63,6 +63,30 @@ class SyntheticChain:
     def head(self) -> Block | None:
         return self.canonical[-1] if self.canonical else None
 
+    def continue_from(self, recent: Sequence[Block]) -> Block | None:
+        """Go on from the heaviest of ``recent`` blocks (a stream's last entries), not from 0.
+
+        The chain below the head is rebuilt from ``recent`` by parent links (as
+        deep as they reach, so reorgs have blocks to replace). Returns the head,
+        or None when ``recent`` is empty (the chain starts at block 0). New
+        hashes never repeat an earlier run's: the head's hash joins the salt.
+        """
+        if not recent:
+            return None
+        head = recent[0]
+        for block in recent[1:]:  # heaviest wins, ties to the latest written (last in the list)
+            if effective_weight(block.num, block.weight) >= effective_weight(head.num, head.weight):
+                head = block
+        by_hash = {b.hash: b for b in recent}
+        chain = [head]
+        while (parent := by_hash.get(chain[-1].parent)) is not None and parent.num == chain[
+            -1
+        ].num - 1:
+            chain.append(parent)
+        self.canonical = chain[::-1]
+        self._salt = hashlib.blake2b(self._salt + head.hash, digest_size=8).digest()
+        return head
+
     def _kv(self, prefix: str) -> tuple[dict[str, bytes], tuple[str, ...]]:
         rng = self._rng
         updates = {

@@ -16,18 +16,21 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
 
 from redis.exceptions import RedisError
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
+from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.cli import non_negative
-from pipeline.errors import ProducerGaveUp
+from pipeline.errors import BadBatch, ProducerGaveUp
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: XADD unless the stream's last entry is this very block (a retried write that had landed).
 _APPEND = """
@@ -41,6 +44,8 @@ end
 return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
 """
 
+#: Entries read back to go on from a stream's head (enough for reorgs below it).
+RESUME_ENTRIES = 256
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 2.0
 
@@ -52,24 +57,34 @@ def _parser() -> argparse.ArgumentParser:
         "--rate",
         type=non_negative(float),
         default=10.0,
-        help="blocks per second (0: as fast as possible)",
+        help="blocks per second (0: as fast as possible; default: %(default)s)",
     )
     p.add_argument(
         "--count",
         type=non_negative(int),
         default=100,
-        help="blocks to produce (0: until interrupted)",
+        help="blocks to produce (0: until interrupted; default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keys", type=int, default=64, help="key space size")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--keys", type=int, default=64, help="key space size (default: %(default)s)")
     p.add_argument("--prefix", action="append", help="sub-batch prefix (repeat; default s/)")
-    p.add_argument("--reorg-every", type=int, default=0, help="a reorg every N steps (0: never)")
-    p.add_argument("--reorg-depth", type=int, default=2, help="maximum reorg depth")
+    p.add_argument(
+        "--reorg-every", type=int, default=0, help="a reorg every N steps (default 0: never)"
+    )
+    p.add_argument(
+        "--reorg-depth", type=int, default=2, help="maximum reorg depth (default: %(default)s)"
+    )
+    p.add_argument(
+        "--from-genesis",
+        action="store_true",
+        help="start at block 0 even if the stream holds a chain (default: go on from its head)",
+    )
     p.add_argument(
         "--retry-for",
         type=non_negative(float),
         default=600.0,
-        help="seconds to keep retrying while Redis is unreachable before giving up",
+        help="seconds to keep retrying while Redis is unreachable before giving up "
+        "(default: %(default)s)",
     )
     return p
 
@@ -87,18 +102,25 @@ class _Writer:
     async def append(self, block: Block) -> bool:
         """Write one block; True if an outage was ridden out on the way."""
         data = encode_block(block)
+        _, rode_out = await self._retrying(
+            lambda: self.script(keys=[self.key], args=[ENTRY_FIELD, data]), f"block {block.num}"
+        )
+        return rode_out
+
+    async def _retrying(self, op: Callable[[], Awaitable[T]], what: str) -> tuple[T, bool]:
+        """``op()``'s result, retried through outages; and whether one was ridden out."""
         down_since: float | None = None
         delay = BACKOFF_START_S
         while True:
             try:
-                await self.script(keys=[self.key], args=[ENTRY_FIELD, data])
+                result = await op()
             except UNAVAILABLE as exc:
                 checkpoint(exc)
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
                     self.outages += 1
-                    log.warning("redis unavailable (%s); retrying block %d", exc, block.num)
+                    log.warning("redis unavailable (%s); retrying %s", exc, what)
                 elif now - down_since > self.retry_for:
                     raise ProducerGaveUp(
                         f"redis unavailable for {self.retry_for:.0f}s: {exc}"
@@ -108,7 +130,20 @@ class _Writer:
                 continue
             if down_since is not None:
                 log.warning("redis is back after %.1fs", time.monotonic() - down_since)
-            return down_since is not None
+            return result, down_since is not None
+
+    async def recent(self, count: int) -> list[Block]:
+        """The stream's last ``count`` valid blocks, oldest first (entries that do not decode skipped)."""
+        entries, _ = await self._retrying(
+            lambda: self.client.xrevrange(self.key, count=count), "reading the stream's head"
+        )
+        blocks = []
+        for _, fields in reversed(entries or []):
+            try:
+                blocks.append(decode_block(cast(bytes, (fields or {})[ENTRY_FIELD])))
+            except (BadBatch, KeyError, TypeError):
+                continue
+        return blocks
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -122,10 +157,18 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         reorg_every=args.reorg_every,
         reorg_depth=args.reorg_depth,
     )
-    writer = _Writer(settings.redis.url, args.stream or settings.serve.stream, args.retry_for)
+    stream = args.stream or settings.serve.stream
+    writer = _Writer(settings.redis.url, stream, args.retry_for)
     sent = 0
     start = time.monotonic()
     try:
+        if not args.from_genesis:
+            resumed = chain.continue_from(await writer.recent(RESUME_ENTRIES))
+            if resumed is not None:
+                log.warning(
+                    "%s holds a chain: going on from its head, block %d (0x%s)",
+                    stream, resumed.num, resumed.hash.hex()[:16],
+                )  # fmt: skip
         while not args.count or sent < args.count:
             for block in chain.step():
                 if await writer.append(block) and args.rate > 0:

@@ -56,3 +56,36 @@ def test_produce_serve_subscribe(settings, redis_client: redis.Redis) -> None:
     finally:
         server.terminate()
         assert server.wait(20) == 0
+
+
+def test_produce_goes_on_from_the_streams_head(settings, redis_client: redis.Redis) -> None:
+    from pipeline.chain.batch import ENTRY_FIELD, decode_block
+    from pipeline.chain.planning import TailIndex
+
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_SERVE_STREAM": STREAM,
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    produce = [sys.executable, "-m", "pipeline.cli", "produce", "--rate", "0", "--count", "30",
+               "--reorg-every", "7", "--reorg-depth", "3"]  # fmt: skip
+    first = subprocess.run(produce, env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert "going on" not in first.stderr  # an empty stream: from block 0
+    again = subprocess.run(produce, env=env, capture_output=True, text=True, timeout=60, check=True)
+    tail = TailIndex()
+    for entry_id, fields in redis_client.xrange(keys.stream(STREAM)):
+        b = decode_block(fields[ENTRY_FIELD])
+        tail.add(b.num, b.hash.hex(), b.parent.hex(), entry_id, b.weight)
+    head = max(tail.chain)
+    assert "going on from its head" in again.stderr, again.stderr
+    assert sorted(tail.chain) == list(range(head + 1))  # one chain from 0, no second genesis
+    for num in range(1, head + 1):
+        assert tail.chain[num][1] == tail.chain[num - 1][0]  # parent-linked across both runs
+    assert len(tail.seen) == redis_client.xlen(keys.stream(STREAM))  # no hash written twice
+    assert (
+        "default: 100"
+        in subprocess.run(
+            [*produce[:4], "--help"], env=env, capture_output=True, text=True, timeout=60
+        ).stdout
+    )
