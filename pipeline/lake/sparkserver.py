@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -198,6 +199,17 @@ class ConnectServer:
         self.stop()
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on (``host``, ``port``): a bind there succeeds."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -236,6 +248,10 @@ def main(argv: Sequence[str]) -> int:
         args = _parser(settings).parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
+    if not port_free(args.host, args.port):
+        # The readiness check is a TCP connect: it would take the other program for ours.
+        _say(f"sluice spark: port {args.port} on {args.host} is in use; choose another with --port")
+        return 2
     server = ConnectServer(
         settings, host=args.host, port=args.port, master=args.master, log_path=args.log_file
     )
