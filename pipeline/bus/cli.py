@@ -48,6 +48,9 @@ def _keygen(argv: list[str]) -> int:
     except FileExistsError:
         print(f"sluice bus keygen: {args.out} exists, not overwriting", file=sys.stderr)
         return 1
+    except OSError as exc:  # a missing directory, no permission
+        print(f"sluice bus keygen: cannot create {args.out}: {exc.strerror}", file=sys.stderr)
+        return 2
     print(signer.public_key)
     return 0
 
@@ -70,8 +73,16 @@ def _register(argv: list[str]) -> int:
         finally:
             await client.aclose()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except redisconn.UNAVAILABLE as exc:
+        return _redis_down("register", exc)
     return 0
+
+
+def _redis_down(command: str, exc: BaseException) -> int:
+    print(f"sluice bus {command}: redis unavailable: {exc}", file=sys.stderr)
+    return 1
 
 
 def _dead(argv: list[str]) -> int:
@@ -84,6 +95,8 @@ def _dead(argv: list[str]) -> int:
     client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, max(args.count, 1) - 1))
+    except redisconn.UNAVAILABLE as exc:
+        return _redis_down("dead", exc)
     finally:
         client.close()
     for index, raw in enumerate(entries):
@@ -118,6 +131,14 @@ def _requeue(argv: list[str]) -> int:
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, -1))
         chosen = range(len(entries)) if args.all else args.index
+        unknown = [i for i in chosen if not 0 <= i < len(entries)]
+        if unknown:
+            print(
+                f"sluice bus requeue: no dead letter at index {', '.join(map(str, unknown))} "
+                f"({len(entries)} held; see 'sluice bus dead')",
+                file=sys.stderr,
+            )
+            return 2
         for index in chosen:
             raw = entries[index]
             letter = dead.parse(raw)
@@ -129,6 +150,8 @@ def _requeue(argv: list[str]) -> int:
                 pipe.rpush(letter.queue, letter.body)
                 pipe.execute()
             moved += 1
+    except redisconn.UNAVAILABLE as exc:
+        return _redis_down("requeue", exc)
     finally:
         client.close()
     print(f"requeued {moved}")
@@ -165,6 +188,8 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     code = 0
     try:
+        if not await _until_redis(bus.redis, stop):
+            return 0  # stopped while waiting: nothing was started
         await bus.start()
         print(f"sluice bus: twin {config.twin} listening on {config.host}:{bus.port}", flush=True)
         async with health.serving(
@@ -188,6 +213,28 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         if client is not None:
             await client.aclose()
     return code
+
+
+async def _until_redis(client: aioredis.Redis, stop: asyncio.Event) -> bool:
+    """Wait until Redis answers (one line when it does not); False if stopped meanwhile."""
+    delay = 0.2
+    waiting = False
+    while not stop.is_set():
+        try:
+            await client.ping()
+        except redisconn.UNAVAILABLE as exc:
+            redisconn.checkpoint(exc)
+            if not waiting:
+                print(f"sluice bus: waiting for redis: {exc}", file=sys.stderr, flush=True)
+                waiting = True
+        else:
+            if waiting:
+                print("sluice bus: redis is up", file=sys.stderr, flush=True)
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, 5.0)
+    return False
 
 
 def main(argv: list[str]) -> int:

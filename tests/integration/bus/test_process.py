@@ -278,3 +278,50 @@ async def test_retries_while_remote_bus_is_down(twins):
             await client.call("echo", dst=[b.id], data=b"never", retries=1)
     finally:
         await stop(task)
+
+
+def test_requeue_past_the_end_is_one_line(redis_url, capsys) -> None:
+    from pipeline.bus import cli
+
+    assert cli.main(["requeue", "--index", "3", "--redis", redis_url]) == 2
+    err = capsys.readouterr().err
+    assert err == "sluice bus requeue: no dead letter at index 3 (0 held; see 'sluice bus dead')\n"
+
+
+def test_the_bus_waits_for_its_redis(tmp_path) -> None:
+    """``sluice bus`` started before its Redis says so in one line, then serves once Redis is up."""
+    import subprocess
+    import sys
+
+    from pipeline.localredis import LocalRedis
+    from pipeline.ports import free_port
+
+    server = LocalRedis(tmp_path / "redis")
+    env = {
+        **__import__("os").environ,
+        "SLUICE_REDIS_URL": server.url,
+        "SLUICE_BUS_LEGACY_PEERS": "1",
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    (tmp_path / "twins.json").write_text("{}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "bus", "--twin", "9",
+         "--listen", f"127.0.0.1:{free_port()}", "--directory", str(tmp_path / "twins.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        first = proc.stderr.readline()
+        assert first.startswith("sluice bus: waiting for redis:"), first
+        server.start()
+        assert proc.stderr.readline() == "sluice bus: redis is up\n"
+        assert proc.stdout.readline().startswith("sluice bus: twin 9 listening on 127.0.0.1:")
+        proc.terminate()
+        _, rest = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert "Traceback" not in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        server.stop()

@@ -22,3 +22,26 @@ def test_bus_needs_twin_and_key(monkeypatch):
         cli.main([])
     with pytest.raises(ConfigError, match="private key"):
         cli.main(["--twin", "5"])
+
+
+def test_keygen_into_a_missing_directory_is_one_line(tmp_path, capsys):
+    out = tmp_path / "no" / "such" / "k"
+    assert cli.main(["keygen", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot create {out}" in err and "Traceback" not in err
+
+
+def test_dead_and_register_with_redis_down_are_one_line(capsys):
+    from pipeline.ports import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    assert cli.main(["dead", "--redis", url]) == 1
+    assert cli.main(["register", "--twin", "7", "--url", "http://x", "--redis", url]) == 1
+    assert cli.main(["requeue", "--all", "--redis", url]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in err] == [
+        "sluice bus dead",
+        "sluice bus register",
+        "sluice bus requeue",
+    ]
+    assert all("redis unavailable" in line for line in err)
