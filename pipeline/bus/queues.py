@@ -286,19 +286,35 @@ class UidCounters:
     ``INCRBY msgbus.system.counter.<dst> BLOCK`` reserves the next BLOCK values,
     handed out from memory; a restart skips the rest of a block, so uids stay
     unique (with gaps) without a Redis round trip per request.
+
+    The counter never goes below the current time in microseconds: a sender
+    whose Redis lost the counter (wiped, or a crash that rolled back an RDB
+    snapshot) goes on above every uid it issued before instead of reusing
+    them, which its peers would refuse as replayed for the whole replay window.
     """
 
     BLOCK = 100
     MAX_TWINS = 10_000
+    #: INCRBY, lifted to ARGV[2] + BLOCK first when the counter is below that floor.
+    _RESERVE = """
+local top = redis.call('INCRBY', KEYS[1], ARGV[1])
+if top < tonumber(ARGV[2]) then
+  top = tonumber(ARGV[2]) + tonumber(ARGV[1])
+  redis.call('SET', KEYS[1], top)
+end
+return top
+"""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
         self._ranges: dict[int, list[int]] = {}  # dst -> [next, end)
+        self._reserve = client.register_script(self._RESERVE)
 
     async def next(self, dst: int) -> int:
         span = self._ranges.get(dst)
         if span is None or span[0] >= span[1]:
-            top = int(await self._redis.incrby(keys.bus_counter(dst), self.BLOCK))
+            floor = time.time_ns() // 1000
+            top = int(await self._reserve(keys=[keys.bus_counter(dst)], args=[self.BLOCK, floor]))
             if len(self._ranges) >= self.MAX_TWINS:
                 self._ranges.clear()
             span = self._ranges[dst] = [top - self.BLOCK + 1, top + 1]

@@ -91,7 +91,8 @@ async def test_raw_seed_client_call_between_two_twins(twins):
     assert answer["err"] == ""
     assert base64.b64decode(answer["dat"]) == b"echo:GA7O"
     assert answer["src"] == b.id and answer["dst"] == [a.id]
-    assert answer["uid"] == f"{b.id}.1"
+    dst, counter = answer["uid"].split(".")
+    assert dst == str(b.id) and int(counter) > 0  # the seed's dst.counter
     # the backlog is cleaned once answered; the counter moved
     ra = aioredis.Redis.from_url(a.url)
     assert await ra.hlen(keys.BUS_BACKLOG) == 0
@@ -325,3 +326,30 @@ def test_the_bus_waits_for_its_redis(tmp_path) -> None:
             proc.kill()
         proc.communicate()
         server.stop()
+
+
+async def test_a_sender_that_lost_its_redis_issues_fresh_uids(twins):
+    """After the sender's Redis is wiped, new calls are not refused as replays of old uids."""
+    a, b = twins(2)
+    await a.start_bus()
+    await b.start_bus()
+    _, task = serve(b, wallet_balance=echo)
+    try:
+        first = [
+            (await raw_call(a.url, seed_request("wallet.balance", [b.id], b"x"), 1))[0]
+            for _ in range(3)
+        ]
+        await a.stop_bus()
+        wiped = aioredis.Redis.from_url(a.url)
+        await wiped.flushall()  # the counter (and everything else) is gone
+        await wiped.aclose()
+        await a.start_bus()
+        again = [
+            (await raw_call(a.url, seed_request("wallet.balance", [b.id], b"y"), 1))[0]
+            for _ in range(3)
+        ]
+    finally:
+        await stop(task)
+    assert [doc["err"] for doc in first + again] == [""] * 6
+    old = {doc["uid"] for doc in first}
+    assert not old & {doc["uid"] for doc in again}
