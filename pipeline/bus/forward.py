@@ -83,7 +83,18 @@ class Kind(StrEnum):
 class Outcome(Enum):
     DELIVERED = "delivered"
     REFUSED = "refused"  # the peer said no: final
-    UNREACHABLE = "unreachable"  # retries or time ran out
+    UNREACHABLE = "unreachable"  # never reached the peer (it cannot have acted on it)
+    UNKNOWN = "unknown"  # an attempt may have reached the peer: it may have acted on it
+
+
+#: What a caller's ``err`` starts with when a request could not be delivered in time.
+#: "remote unreachable": no attempt reached the peer; retrying cannot run it twice.
+#: "delivery unknown": an attempt may have reached it (sent, then the connection broke or
+#: the answer timed out); retry only a request that is safe to run twice.
+UNREACHABLE_TEXT = "remote unreachable"
+UNKNOWN_TEXT = "delivery unknown"
+#: Seconds between log lines of one failure class (a dead peer fails every request).
+LOG_EVERY_S = 10.0
 
 
 @dataclass(order=True, slots=True)
@@ -101,6 +112,8 @@ class Outbound:
     resent: bool = field(default=False, compare=False)
     attempt: int = field(default=0, compare=False)
     last_error: str = field(default="", compare=False)
+    #: An attempt may have reached the peer (or the item was pending at a restart).
+    maybe_delivered: bool = field(default=False, compare=False)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -127,6 +140,7 @@ class Outbound:
             tries=int(doc["tries"]),
             uid=str(doc["uid"]),
             resent=True,
+            maybe_delivered=True,
         )
 
 
@@ -185,6 +199,11 @@ class Forwarder:
         self.sent = 0  # envelopes that got an answer
         self.posts = 0  # POSTs that got an answer
         self.retried = 0
+        #: Final outcomes by (kind, outcome value), e.g. ("remote", "unreachable").
+        self.outcomes: dict[tuple[str, str], int] = {}
+        #: Peers whose last POST got no answer, and since when (epoch seconds).
+        self.unreachable_since: dict[int, float] = {}
+        self._logged: dict[str, float] = {}
 
     async def run(self) -> None:
         """Send until cancelled. Owns its session and POST tasks."""
@@ -274,7 +293,7 @@ class Forwarder:
             outcomes = await self._send(key[0], key[1], items)
         except Exception:  # the boundary: one POST (or a directory outage) never ends sending
             log.exception("bus: sending %d item(s) to twin %s failed", len(items), key[0])
-            failed = (Outcome.UNREACHABLE, "remote unreachable: internal error")
+            failed = (Outcome.UNKNOWN, "internal error")
             outcomes = [failed] * len(items)
         finally:
             lane.inflight -= 1
@@ -282,28 +301,70 @@ class Forwarder:
             for item in items:
                 self._enqueue(item)
         else:
+            self._note_peer(key[0], outcomes)
             finals: list[Final] = []
             for item, out in zip(items, outcomes, strict=True):
                 final = self._settle(item, *out)
                 if final is not None:
                     finals.append((item, *final))
+                    self._count(item, final)
             if finals:
                 await self._record(finals)
         self._schedule(key)
 
     def _settle(self, item: Outbound, outcome: Outcome, text: str) -> tuple[Outcome, str] | None:
-        """The final outcome of ``item``, or None when it was scheduled for a retry."""
-        if outcome is Outcome.UNREACHABLE:
-            pause = self.backoff(item.attempt)
-            item.attempt += 1
-            item.last_error = text
-            if item.attempt <= item.tries and time.time() + pause < item.deadline:
-                self.retried += 1
-                item.due = time.time() + pause
-                heapq.heappush(self._delayed, item)
-                self._wake.set()
-                return None
-        return outcome, text
+        """The final outcome of ``item``, or None when it was scheduled for a retry.
+
+        A request that did not reach its peer is retried with capped backoff
+        until its own deadline (its ``try`` budget only sets how many quick
+        retries come first: a short outage must not fail requests that still
+        have minutes to live). The final failure says whether any attempt may
+        have reached the peer (:data:`UNKNOWN_TEXT`) or none did
+        (:data:`UNREACHABLE_TEXT`).
+        """
+        if outcome not in (Outcome.UNREACHABLE, Outcome.UNKNOWN):
+            return outcome, text
+        item.maybe_delivered |= outcome is Outcome.UNKNOWN
+        pause = self.backoff(item.attempt) if item.attempt < item.tries else self._cap
+        item.attempt += 1
+        item.last_error = text
+        if time.time() + pause < item.deadline:
+            self.retried += 1
+            item.due = time.time() + pause
+            heapq.heappush(self._delayed, item)
+            self._wake.set()
+            return None
+        if item.maybe_delivered:
+            return Outcome.UNKNOWN, f"{UNKNOWN_TEXT}: {text}"
+        return Outcome.UNREACHABLE, f"{UNREACHABLE_TEXT}: {text}"
+
+    def _note_peer(self, to: int, outcomes: list[tuple[Outcome, str]]) -> None:
+        """Track whether ``to`` answers (per-peer reachability for /metrics and /healthz)."""
+        if all(o in (Outcome.UNREACHABLE, Outcome.UNKNOWN) for o, _ in outcomes):
+            if to not in self.unreachable_since:
+                self.unreachable_since[to] = time.time()
+                log.warning("bus: twin %s unreachable: %s", to, outcomes[0][1])
+        elif to in self.unreachable_since:
+            down = time.time() - self.unreachable_since.pop(to)
+            log.warning("bus: twin %s reachable again after %.1fs", to, down)
+
+    def _count(self, item: Outbound, final: tuple[Outcome, str]) -> None:
+        outcome, text = final
+        key = (item.kind.value, outcome.value)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if outcome is Outcome.DELIVERED:
+            return
+        # One line per failure class and peer every LOG_EVERY_S: a dead peer fails everything.
+        cls = f"{item.kind.value}:{outcome.value}:{item.to}"
+        now = time.monotonic()
+        if now - self._logged.get(cls, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[cls] = now
+            if len(self._logged) > 1024:
+                self._logged.clear()
+            log.warning(
+                "bus: %s %s to twin %s failed: %s (more of this kind counted in /metrics)",
+                item.kind.value, item.uid, item.to, text,
+            )  # fmt: skip
 
     async def _record(self, finals: list[Final]) -> None:
         for _ in finals:
@@ -338,7 +399,11 @@ class Forwarder:
         live = [item for item, result in zip(items, results, strict=True) if result is None]
         if not live:
             return [result for result in results if result is not None]
-        peer = await self._directory.lookup(to)
+        try:
+            peer = await self._directory.lookup(to)
+        except Exception as exc:  # the directory's outage: nothing was sent
+            failed = (Outcome.UNREACHABLE, f"directory lookup failed: {type(exc).__name__}")
+            return [result or failed for result in results]
         if peer is None:
             return [(Outcome.REFUSED, "destination not found")] * len(items)
         path = REMOTE_PATH if kind is Kind.REQUEST else REPLY_PATH
@@ -364,8 +429,12 @@ class Forwarder:
                 status = resp.status
                 advertised = resp.headers.get(BATCH_HEADER) == "1"
                 raw = await _read_bounded(resp.content, MAX_RESPONSE)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            failed = (Outcome.UNREACHABLE, f"cannot connect: {type(exc).__name__}")
+            return [result or failed for result in results]
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            failed = (Outcome.UNREACHABLE, f"remote unreachable: {type(exc).__name__}")
+            # Connected, then no (whole) answer: the peer may have taken the POST.
+            failed = (Outcome.UNKNOWN, f"no answer: {type(exc).__name__}")
             return [result or failed for result in results]
         self.posts += 1
         if advertised:
@@ -377,7 +446,7 @@ class Forwarder:
         if batch and status == 200:
             judged = _batch_results(raw, len(live))
             if judged is None:
-                bad = (Outcome.UNREACHABLE, "remote answered a batch without its results")
+                bad = (Outcome.UNKNOWN, "remote answered a batch without its results")
                 judged_out = [bad] * len(live)
             else:
                 judged_out = [
@@ -397,8 +466,10 @@ def _judge(item: Outbound, status: int, text: str) -> tuple[Outcome, str]:
         return Outcome.DELIVERED, ""
     if status == 409 and (item.resent or item.attempt > 0):
         return Outcome.DELIVERED, ""  # an earlier attempt got through
-    if status >= 500:
+    if status == 503:  # a bus that could not take it (redis down, busy): not acted on
         return Outcome.UNREACHABLE, f"remote unavailable: HTTP {status}"
+    if status >= 500:  # a proxy's 502/504, a crash: the peer may have acted on it
+        return Outcome.UNKNOWN, f"remote failed: HTTP {status}"
     if status == 410:
         return Outcome.REFUSED, "request expired"
     return Outcome.REFUSED, f"remote refused: {_error_text(text) or status}"

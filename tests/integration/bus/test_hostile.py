@@ -347,9 +347,9 @@ async def test_a_failing_directory_lookup_does_not_end_the_forwarder(twins):
     bus = BusProcess(a.config(), redis_url=a.url, directory=Flaky(), signer=a.signer)
     await bus.start()
     try:
-        doc = seed_request("echo", [b.id], b"", **{"try": 1})
+        doc = seed_request("echo", [b.id], b"", **{"try": 1, "exp": 3})
         [answer] = await raw_call(a.url, doc, 1)
-        assert answer["err"].startswith("remote unreachable")
+        assert answer["err"].startswith("remote unreachable")  # retried until exp, never sent
         assert all(not task.done() for task in bus._tasks)
         _, task = serve(a, echo=echo)
         try:
