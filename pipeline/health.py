@@ -361,3 +361,44 @@ __all__ = [
     "render",
     "serving",
 ]
+
+
+def forwarder_samples(
+    outcomes: Mapping[tuple[str, str], int], retried: int, unreachable: Mapping[int, float]
+) -> list[Sample]:
+    """A bus's outbound outcomes (by kind and outcome), retries, and peers not answering."""
+    out = [
+        Sample(
+            name="sluice_bus_outbound_total",
+            value=float(count),
+            kind="counter",
+            labels={"kind": kind, "outcome": outcome},
+            help="requests and replies POSTed to peers, by final outcome",
+        )
+        for (kind, outcome), count in sorted(outcomes.items())
+    ]
+    out.append(
+        Sample(
+            name="sluice_bus_retries_total",
+            value=float(retried),
+            kind="counter",
+            help="POST attempts retried after a peer did not answer",
+        )
+    )
+    out.append(
+        Sample(
+            name="sluice_bus_peers_unreachable",
+            value=float(len(unreachable)),
+            help="peers whose last POST got no answer",
+        )
+    )
+    out.extend(
+        Sample(
+            name="sluice_bus_peer_unreachable_seconds",
+            value=round(seconds, 1),
+            labels={"twin": str(twin)},
+            help="seconds since a peer stopped answering",
+        )
+        for twin, seconds in sorted(unreachable.items())
+    )
+    return out

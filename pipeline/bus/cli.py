@@ -192,11 +192,28 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
             return 0  # stopped while waiting: nothing was started
         await bus.start()
         print(f"sluice bus: twin {config.twin} listening on {config.host}:{bus.port}", flush=True)
+
+        async def samples() -> list[health.Sample]:
+            forwarder = bus.forwarder
+            return [
+                *await health.bus_samples(bus.redis),
+                *health.forwarder_samples(
+                    forwarder.outcomes, forwarder.retried, forwarder.unreachable()
+                ),
+            ]
+
+        async def peers() -> None:
+            down = bus.forwarder.unreachable()
+            if down:
+                raise ConnectionError(
+                    ", ".join(f"twin {t} unreachable for {s:.0f}s" for t, s in sorted(down.items()))
+                )
+
         async with health.serving(
             settings.bus.health_listen,
             "sluice_bus",
-            checks={"redis": bus.redis.ping},
-            samples=lambda: health.bus_samples(bus.redis),
+            checks={"redis": bus.redis.ping, "peers": peers},
+            samples=samples,
         ):
             stopping = asyncio.create_task(stop.wait())
             failing = asyncio.create_task(bus.wait())

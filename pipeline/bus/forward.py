@@ -95,6 +95,8 @@ UNREACHABLE_TEXT = "remote unreachable"
 UNKNOWN_TEXT = "delivery unknown"
 #: Seconds between log lines of one failure class (a dead peer fails every request).
 LOG_EVERY_S = 10.0
+#: A peer whose last failed POST is older than this no longer counts as unreachable.
+STALE_S = 60.0
 
 
 @dataclass(order=True, slots=True)
@@ -204,6 +206,7 @@ class Forwarder:
         #: Peers whose last POST got no answer, and since when (epoch seconds).
         self.unreachable_since: dict[int, float] = {}
         self._logged: dict[str, float] = {}
+        self._last_failure: dict[int, float] = {}
 
     async def run(self) -> None:
         """Send until cancelled. Owns its session and POST tasks."""
@@ -223,6 +226,19 @@ class Forwarder:
         """Hand over one item (already in the outbox); waits while too many are pending."""
         await self._room.acquire()
         self._enqueue(item)
+
+    def unreachable(self) -> dict[int, float]:
+        """Peers that answer no POST now, with the seconds since they stopped answering.
+
+        A peer counts while a POST to it failed in the last :data:`STALE_S`
+        (with nothing left to send to it, nothing more is known about it).
+        """
+        now = time.time()
+        return {
+            twin: now - since
+            for twin, since in self.unreachable_since.items()
+            if now - self._last_failure.get(twin, 0.0) <= STALE_S
+        }
 
     def backoff(self, attempt: int) -> float:
         return float(min(self._cap, self._base * (2 ** min(attempt, 30))))
@@ -341,6 +357,9 @@ class Forwarder:
     def _note_peer(self, to: int, outcomes: list[tuple[Outcome, str]]) -> None:
         """Track whether ``to`` answers (per-peer reachability for /metrics and /healthz)."""
         if all(o in (Outcome.UNREACHABLE, Outcome.UNKNOWN) for o, _ in outcomes):
+            self._last_failure[to] = time.time()
+            if len(self._last_failure) > 10_000:
+                self._last_failure = {t: self._last_failure[t] for t in self.unreachable_since}
             if to not in self.unreachable_since:
                 self.unreachable_since[to] = time.time()
                 log.warning("bus: twin %s unreachable: %s", to, outcomes[0][1])

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
@@ -84,7 +85,14 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
     ).stdout.strip()  # fmt: skip
     bus_port, health_port = free_port(), free_port()
     directory = tmp_path / "twins.json"
-    directory.write_text(json.dumps({"7": {"url": f"http://127.0.0.1:{bus_port}", "key": public}}))
+    directory.write_text(
+        json.dumps(
+            {
+                "7": {"url": f"http://127.0.0.1:{bus_port}", "key": public},
+                "8": {"url": f"http://127.0.0.1:{free_port()}", "key": public},  # nobody there
+            }
+        )
+    )
     env = _env(local, tmp_path, SLUICE_BUS_HEALTH_LISTEN=f"127.0.0.1:{health_port}")
     log = tmp_path / "bus.log"
     proc = start(
@@ -94,12 +102,36 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
     try:
         base = f"http://127.0.0.1:{health_port}"
         body = json.loads(wait_for(f"{base}/healthz", 200))
-        assert body["status"] == "ok" and body["checks"] == {"redis": "ok"}
+        assert body["status"] == "ok" and body["checks"] == {"redis": "ok", "peers": "ok"}
         code, text = curl(f"{base}/metrics")
         assert code == 200
         assert "sluice_bus_up 1" in text
         assert 'sluice_bus_queue_length{queue="msgbus.system.remote"} 0' in text
         assert "sluice_bus_backlog_size" in text and "sluice_bus_outbox_size" in text
+        # A call to a peer that is down: /healthz degraded with the peer named, counted,
+        # and once its exp is up the caller is told it never reached the peer.
+        client = redis.Redis.from_url(local.url)
+        try:
+            request = {
+                "ver": 1, "uid": "", "cmd": "echo", "exp": 3, "try": 2, "dat": "", "src": 0,
+                "dst": [8], "ret": "caller.ret", "shm": "", "now": int(time.time()), "err": "",
+            }  # fmt: skip
+            client.rpush("msgbus.system.local", json.dumps(request))
+            body = json.loads(wait_for(f"{base}/healthz", 503))
+            assert "twin 8 unreachable" in body["checks"]["peers"]
+            assert body["checks"]["redis"] == "ok"
+            popped = client.blpop(["caller.ret"], timeout=30)
+            assert popped is not None
+            assert json.loads(popped[1])["err"].startswith("remote unreachable: cannot connect")
+        finally:
+            client.close()
+        code, text = curl(f"{base}/metrics")
+        assert 'sluice_bus_outbound_total{kind="remote",outcome="unreachable"} 1' in text
+        assert "sluice_bus_peers_unreachable 1" in text
+        [retries] = [
+            line for line in text.splitlines() if line.startswith("sluice_bus_retries_total ")
+        ]
+        assert float(retries.split()[1]) >= 1
         local.kill()
         body = json.loads(wait_for(f"{base}/healthz", 503))
         assert body["status"] == "degraded" and body["checks"]["redis"] != "ok"
