@@ -155,7 +155,7 @@ def create_app(
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:
-        lake_uri = settings.lake.uri
+        lake = settings.lake
         cache_bytes = settings.serve.history_cache_mb << 20
         if cache_bytes < 0:
             raise ValueError("serve_history_cache_mb must be non-negative")
@@ -163,7 +163,7 @@ def create_app(
         def open_reader() -> History:
             from pipeline.lake.reader import LakeReader
 
-            return LakeReader(lake_uri, cache_bytes=cache_bytes)
+            return LakeReader(lake, cache_bytes=cache_bytes)
 
         # One reader (and its file cache) for every subscription of this server.
         history_factory = SharedHistory(open_reader)

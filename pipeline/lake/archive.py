@@ -64,7 +64,7 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import source, sparkwrite, tables
+from pipeline.lake import source, sparkwrite, store, tables
 from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
@@ -262,26 +262,36 @@ def _write(spark: Any, job: WriteJob) -> Stats:
         written = _write_arrow(spark, job)
         if written is not None:
             return written
+    if lake.remote:
+        raise LakeError(
+            f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE (the lake "
+            "holds part of it, or a block hash repeats), which only the Spark writer does, "
+            f"and Spark does not write a lake on object storage ({lake.uri})"
+        )
     return sparkwrite.write(spark, job, empty)
 
 
 def _arrow_writer(lake: LakeSettings) -> bool:
     """True when the Arrow writer may write this lake's tables (else the Spark writer does).
 
-    It needs ``archive_writer = arrow``, a local lake (tasks write files with
-    plain file I/O) and both tables in the layout it writes (:data:`tables.LAYOUT`).
+    It needs ``archive_writer = arrow`` and both tables in the layout it
+    writes (:data:`tables.LAYOUT`). A lake on object storage takes only the
+    Arrow writer (its commits go through delta-rs' conditional puts).
     """
-    from deltalake import DeltaTable
-
     if lake.archive_writer not in ("arrow", "spark"):
         raise ConfigError(
             f"setting 'archive_writer' (SLUICE_ARCHIVE_WRITER) must be arrow or spark, "
             f"got {lake.archive_writer!r}"
         )
-    if lake.archive_writer != "arrow" or "://" in lake.uri:
+    if lake.archive_writer != "arrow":
+        if lake.remote:
+            raise ConfigError(
+                "setting 'archive_writer' (SLUICE_ARCHIVE_WRITER) must be arrow for a lake on "
+                f"object storage ({lake.uri}): Spark does not write to it"
+            )
         return False
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
-        table = DeltaTable(lake.table(name))
+        table = store.open_table(lake, name)
         schema, partitions = tables.LAYOUT[name]
         if table.schema().to_arrow().names != schema.names:
             return False
@@ -320,18 +330,24 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
         blocks_table=lake.table(tables.BLOCKS),
         stream=stream,
         archived_at_us=micros,
+        storage_options=lake.storage_options(),
     )
     for name, seconds in written.stages.items():
         lap(name, seconds)
     lap("files")
-    if written.blocks and (
-        not written.distinct
-        or any_rows(
-            lake, tables.BLOCKS, stream, "num", int(written.num_lo or 0), int(written.num_hi or 0)
-        )
-    ):
-        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files)
-        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files)
+    options = lake.storage_options()
+    blocks_there = bool(written.blocks) and any_rows(
+        lake, tables.BLOCKS, stream, "num", int(written.num_lo or 0), int(written.num_hi or 0)
+    )
+    commit_blocks = not blocks_there
+    if blocks_there and written.distinct and _same_blocks(lake, stream, written):
+        # A rerun of a job that died between its two commits: blocks holds exactly the
+        # rows of these files, so only the entries are missing.
+        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
+        commit_blocks = False
+    elif written.blocks and (not written.distinct or blocks_there):
+        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
+        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
         log.info(
             "stream %s [%d, %d): blocks of the interval are in the lake already or repeat a "
             "hash; writing it with Spark (MERGE)",
@@ -341,9 +357,10 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
         return None
     lap("plan")
     # A row of stream_entries may say its payload is in blocks: blocks commits first.
-    arrowwrite.commit(lake.table(tables.BLOCKS), written.blocks_files, stream)
-    lap("commit_blocks")
-    arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream)
+    if commit_blocks:
+        arrowwrite.commit(lake.table(tables.BLOCKS), written.blocks_files, stream, options)
+        lap("commit_blocks")
+    arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream, options)
     lap("commit_entries")
     return Stats(
         entries=written.entries,
@@ -360,6 +377,35 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def _same_blocks(lake: LakeSettings, stream: str, written: Any) -> bool:
+    """True when ``blocks`` holds, in the written num range, exactly the written rows.
+
+    Compared as ``(num, hash, entry_id)`` sets: then every entry row that says
+    its payload is in ``blocks`` finds it there, as a committed blocks file of
+    this very interval would give it.
+    """
+    import pyarrow.parquet as pq
+
+    from pipeline.lake.intervalstats import interval_scan
+
+    there = interval_scan(
+        lake, tables.BLOCKS, stream, "num", int(written.num_lo), int(written.num_hi),
+        ["num", "hash", "entry_id"],
+    )  # fmt: skip
+    fs, root = store.filesystem(lake, lake.table(tables.BLOCKS))
+    ours = pq.read_table(
+        [f"{root}/{f.path}" for f in written.blocks_files],
+        columns=["num", "hash", "entry_id"],
+        filesystem=fs,
+    )
+
+    def rows(table: pa.Table) -> set[tuple[Any, ...]]:
+        columns = (table.column(c).to_pylist() for c in ("num", "hash", "entry_id"))
+        return set(zip(*columns, strict=True))
+
+    return there.num_rows == ours.num_rows and rows(there) == rows(ours)
+
+
 def ensure_entries_columns(lake: LakeSettings) -> None:
     """Bring tables created by older versions to the current layout (metadata-only commits).
 
@@ -373,14 +419,13 @@ def ensure_entries_columns(lake: LakeSettings) -> None:
 
 
 def _ensure_layout(lake: LakeSettings, name: str, column: str, kind: str) -> None:
-    from deltalake import DeltaTable
     from deltalake.schema import Field, PrimitiveType
 
     uri = lake.table(name)
     stats = {_STATS_KEY: tables.STATS_COLUMNS[name]}
 
     def add() -> None:
-        table = DeltaTable(uri)
+        table = store.open_table(lake, name)
         if column not in table.schema().to_arrow().names:
             table.alter.add_columns([Field(column, PrimitiveType(kind), nullable=True)])
         if table.metadata().configuration.get(_STATS_KEY) != stats[_STATS_KEY]:
@@ -395,10 +440,9 @@ _STATS_KEY = "delta.dataSkippingStatsColumns"
 def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> int | None:
     """The entry count ``archive_log`` records for exactly this interval, or None."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
     table = (
-        DeltaTable(lake.table(tables.ARCHIVE_LOG))
+        store.open_table(lake, tables.ARCHIVE_LOG)
         .to_pyarrow_dataset()
         .to_table(
             columns=["entries"],
@@ -414,8 +458,6 @@ def _write_log(
     lake: LakeSettings, result: ArchiveResult, run_id: str | None, archived_at: datetime
 ) -> None:
     """Insert the interval's row into ``archive_log`` (kept as is when already there)."""
-    from deltalake import DeltaTable
-
     row = pa.Table.from_pylist(
         [
             {
@@ -436,7 +478,7 @@ def _write_log(
 
     def merge() -> None:
         (
-            DeltaTable(lake.table(tables.ARCHIVE_LOG))
+            store.open_table(lake, tables.ARCHIVE_LOG)
             .merge(
                 row,
                 "t.stream = s.stream AND t.start_ms = s.start_ms AND t.end_ms = s.end_ms",
