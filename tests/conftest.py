@@ -19,6 +19,7 @@ import redis
 
 from pipeline.demo import airflowdb
 from pipeline.localredis import LocalRedis
+from pipeline.localstore import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,6 +95,29 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def lake_uri(tmp_path: Path) -> str:
     return str(tmp_path / "lake")
+
+
+#: The bucket of the session's S3 server that every object-store lake test uses.
+S3_BUCKET = "lake"
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStore]:
+    """The session's S3 server (versitygw serving a temporary directory), bucket created."""
+    store = LocalStore(tmp_path_factory.mktemp("s3") / "data").start()
+    try:
+        store.create_bucket(S3_BUCKET)
+        yield store
+    finally:
+        store.stop()
+
+
+@pytest.fixture
+def s3_lake(s3_store: LocalStore) -> dict[str, Any]:
+    """Flat settings of a fresh lake on the session's S3 server (its own prefix per test)."""
+    import uuid
+
+    return {"lake_uri": f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", **s3_store.lake_settings()}
 
 
 @pytest.fixture(scope="session")

@@ -40,13 +40,19 @@ writer (:mod:`pipeline.lake.sparkwrite`) is described above. The Arrow writer (:
 the default) takes the common interval, one the lake holds nothing of: Spark
 tasks read their id ranges, decode and write the Parquet files of both tables
 with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
-when ``blocks`` holds nothing of the read's num range and every valid hash is
-new and seen once (the plan of step 3 with nothing to mark). Otherwise it
+when every valid hash is new (not in ``blocks``) and seen once (the plan of
+step 3 with nothing to mark), or only the entries when ``blocks`` holds every
+written block from the same entry already (:func:`_arrow_plan`). Otherwise it
 deletes its files and the Spark writer runs. Both write the same rows.
+
+On object storage only the Arrow writer runs (Spark does not write there;
+docs/DESIGN.md says why): an interval that needs the Spark writer's MERGE is
+refused with one line.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -304,9 +310,8 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; they are committed only when
-    they hold exactly what the Spark writer would write with no marks: for a
-    chain stream, ``blocks`` holds nothing of the read's num range and every
-    valid hash is new and seen once. Otherwise the files are deleted and None
+    they hold exactly what the Spark writer would write with no marks
+    (:func:`_arrow_plan`). Otherwise the files are deleted and None
     returned (the caller takes the Spark writer, which MERGEs). Commits:
     ``blocks``, then ``stream_entries``, one atomic append each.
     """
@@ -336,25 +341,20 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
         lap(name, seconds)
     lap("files")
     options = lake.storage_options()
-    blocks_there = bool(written.blocks) and any_rows(
-        lake, tables.BLOCKS, stream, "num", int(written.num_lo or 0), int(written.num_hi or 0)
-    )
-    commit_blocks = not blocks_there
-    if blocks_there and written.distinct and _same_blocks(lake, stream, written):
-        # A rerun of a job that died between its two commits: blocks holds exactly the
-        # rows of these files, so only the entries are missing.
-        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
-        commit_blocks = False
-    elif written.blocks and (not written.distinct or blocks_there):
+    plan = _arrow_plan(lake, stream, written)
+    if plan is _Plan.FALLBACK:
         arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
         arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
         log.info(
-            "stream %s [%d, %d): blocks of the interval are in the lake already or repeat a "
-            "hash; writing it with Spark (MERGE)",
+            "stream %s [%d, %d): blocks of the interval are in the lake already from other "
+            "entries or repeat a hash; writing it with Spark (MERGE)",
             stream, start_ms, end_ms,
         )  # fmt: skip
         lap("plan")
         return None
+    commit_blocks = plan is _Plan.BOTH
+    if not commit_blocks:
+        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
     lap("plan")
     # A row of stream_entries may say its payload is in blocks: blocks commits first.
     if commit_blocks:
@@ -377,33 +377,51 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _same_blocks(lake: LakeSettings, stream: str, written: Any) -> bool:
-    """True when ``blocks`` holds, in the written num range, exactly the written rows.
+class _Plan(enum.Enum):
+    """What the Arrow writer commits of the files it wrote."""
 
-    Compared as ``(num, hash, entry_id)`` sets: then every entry row that says
-    its payload is in ``blocks`` finds it there, as a committed blocks file of
-    this very interval would give it.
+    BOTH = "both"  # every valid block is new: blocks, then stream_entries
+    ENTRIES = "entries"  # blocks holds every written block already, from the same entry
+    FALLBACK = "fallback"  # anything else: the Spark writer MERGEs
+
+
+def _arrow_plan(lake: LakeSettings, stream: str, written: Any) -> _Plan:
+    """Decide on the written files against the ``blocks`` rows of their num range.
+
+    The Spark writer's plan with nothing to mark: a block is new when its hash
+    is not in ``blocks`` and this is its first entry. So the files go in as
+    they are when the valid hashes are pairwise distinct and none is in
+    ``blocks`` (a first archive, or a fork of blocks archived before). When
+    ``blocks`` holds every written ``(num, hash, entry_id)`` already (a rerun
+    of a job that died between its two commits), only the entries go in:
+    each entry row that says its payload is in ``blocks`` finds it there.
     """
     import pyarrow.parquet as pq
 
     from pipeline.lake.intervalstats import interval_scan
 
-    there = interval_scan(
-        lake, tables.BLOCKS, stream, "num", int(written.num_lo), int(written.num_hi),
-        ["num", "hash", "entry_id"],
-    )  # fmt: skip
+    if not written.blocks:
+        return _Plan.BOTH
+    if not written.distinct:
+        return _Plan.FALLBACK
+    columns = ["num", "hash", "entry_id"]
+    lo, hi = int(written.num_lo), int(written.num_hi)
+    there = interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, columns)
+    if not there.num_rows:
+        return _Plan.BOTH
     fs, root = store.filesystem(lake, lake.table(tables.BLOCKS))
     ours = pq.read_table(
-        [f"{root}/{f.path}" for f in written.blocks_files],
-        columns=["num", "hash", "entry_id"],
-        filesystem=fs,
+        [f"{root}/{f.path}" for f in written.blocks_files], columns=columns, filesystem=fs
     )
 
     def rows(table: pa.Table) -> set[tuple[Any, ...]]:
-        columns = (table.column(c).to_pylist() for c in ("num", "hash", "entry_id"))
-        return set(zip(*columns, strict=True))
+        return set(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
 
-    return there.num_rows == ours.num_rows and rows(there) == rows(ours)
+    if not set(ours.column("hash").to_pylist()) & set(there.column("hash").to_pylist()):
+        return _Plan.BOTH
+    if rows(ours) <= rows(there):
+        return _Plan.ENTRIES
+    return _Plan.FALLBACK
 
 
 def ensure_entries_columns(lake: LakeSettings) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.lake import store, tables
+from pipeline.lake import tables
 from pipeline.lake.chainwalk import Node, Plan, pending, plan_walk
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
 from pipeline.settings import LakeSettings, Settings
@@ -83,24 +83,39 @@ def _changes(plan: Plan) -> Any:
 
 
 def _apply_delta(lake: LakeSettings, stream: str, plan: Plan) -> None:
-    """The same MERGE with delta-rs: a lake on object storage, where Spark does not write."""
+    """The same change with delta-rs (:mod:`pipeline.lake.rewrite`): a lake on object
+    storage, where Spark does not write. One commit."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    from pipeline.lake.rewrite import rewrite_partition_range
+
     frame = _changes(plan)
-    lo, hi = pc.min(frame.column("num")).as_py(), pc.max(frame.column("num")).as_py()
-    stream_sql = stream.replace("'", "''")
-    (
-        store.open_table(lake, tables.BLOCKS)
-        .merge(
-            frame,
-            f"t.stream = '{stream_sql}' AND t.num >= {lo} AND t.num <= {hi} "
-            "AND t.num = s.num AND t.hash = s.hash",
-            source_alias="s",
-            target_alias="t",
+    wanted = {
+        (n, h): c
+        for n, h, c in zip(
+            frame.column("num").to_pylist(),
+            frame.column("hash").to_pylist(),
+            frame.column("canonical").to_pylist(),
+            strict=True,
         )
-        .when_matched_update({"canonical": "s.canonical"}, predicate="t.canonical <> s.canonical")
-        .execute()
-    )
+    }
+
+    def change(rows: pa.Table) -> pa.Table | None:
+        old = rows.column("canonical").to_pylist()
+        new = [
+            wanted.get((n, h), c)
+            for n, h, c in zip(
+                rows.column("num").to_pylist(), rows.column("hash").to_pylist(), old, strict=True
+            )
+        ]
+        if new == old:
+            return None
+        index = rows.schema.get_field_index("canonical")
+        return rows.set_column(index, rows.schema.field(index), pa.array(new, pa.bool_()))
+
+    lo, hi = pc.min(frame.column("num")).as_py(), pc.max(frame.column("num")).as_py()
+    rewrite_partition_range(lake, tables.BLOCKS, stream, "num", lo, hi, change)
 
 
 def _apply(spark: Any, lake: LakeSettings, stream: str, plan: Plan) -> None:

@@ -52,6 +52,7 @@ from types import FrameType
 from typing import Any
 
 from pipeline.errors import ConfigError, JobCancelled, SluiceError
+from pipeline.lake import store
 from pipeline.lake.joblog import WarningCounter, job_logging
 from pipeline.lake.lazyspark import LazySpark
 from pipeline.lake.progress import reporter
@@ -358,6 +359,13 @@ def _main(
         if stopper.stopping.is_set():
             return EXIT_CANCELLED  # the interrupt made the Spark work fail: that is the stop
         print(f"sluice lake: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except store.store_errors() as exc:  # a lake read or write the job did not convert itself
+        print(
+            f"sluice lake: the lake at {settings.lake.uri} failed: {store.describe(exc)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     finally:
         restore()

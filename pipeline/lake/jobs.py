@@ -164,7 +164,15 @@ def _connect_lost(exc: BaseException, text: str) -> bool:
 
 
 def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
-    """Run a delta-rs write, retrying a bounded number of times on commit conflicts."""
+    """Run a delta-rs write, retrying a bounded number of times on commit conflicts.
+
+    A conflict is a lost race for the next table version: another writer's
+    commit got it first (a local rename, or an S3 conditional put, found the
+    version taken). delta-rs rebases what it can; what it cannot is retried
+    here on the new version, and raised as :class:`LakeError` when it keeps
+    losing: never dropped.
+    """
+    import random
     import time
 
     from deltalake.exceptions import CommitFailedError
@@ -175,5 +183,8 @@ def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
         except CommitFailedError as exc:
             if attempt == attempts - 1:
                 raise LakeError(f"{what}: commit kept conflicting: {exc}") from exc
-            time.sleep(0.05 * (2**attempt))
+            # jittered: writers that lost the same race do not meet again at once
+            time.sleep(0.05 * (2**attempt) * (0.5 + random.random()))
+        except OSError as exc:  # the store (or the disk) failed the commit: nothing was committed
+            raise LakePathError(f"{what}: {store.describe(exc)}") from exc
     raise AssertionError("unreachable")

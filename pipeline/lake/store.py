@@ -118,6 +118,13 @@ _REASONS = (
 )  # fmt: skip
 
 
+def store_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions a delta-rs or pyarrow call raises when the store fails it."""
+    from deltalake.exceptions import DeltaError
+
+    return (OSError, DeltaError)
+
+
 def describe(exc: BaseException) -> str:
     """One line saying why a store request failed, without the request's details."""
     text = str(exc)
@@ -136,4 +143,5 @@ __all__ = [
     "is_table",
     "open_table",
     "s3_filesystem",
+    "store_errors",
 ]
