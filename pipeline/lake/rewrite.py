@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,9 +56,10 @@ def rewrite_partition_range(
     stats = tables.STATS_COLUMNS[name].split(",")
     actions: list[AddAction | RemoveAction] = []
     now_ms = int(time.time() * 1000)
-    for index, (path, size) in enumerate(
+    for index, (logged, size) in enumerate(
         zip(chosen.column("path").to_pylist(), chosen.column("size_bytes").to_pylist(), strict=True)
     ):
+        path = unquote(logged)  # the log holds paths URI-encoded; actions take them plain
         rows = pq.read_table(f"{root}/{path}", filesystem=fs).select(file_schema.names)
         changed = change(rows.cast(file_schema))
         if changed is None:
