@@ -11,6 +11,7 @@ REDIS  := $(VENV)/.sluice-redis
 CHROMIUM := $(VENV)/.sluice-chromium
 COMPOSE := $(VENV)/.sluice-compose
 VERSITYGW := $(VENV)/.sluice-versitygw
+POSTGRES := $(VENV)/.sluice-postgres
 B      ?=
 PYTEST_ARGS ?=
 
@@ -51,7 +52,12 @@ $(VERSITYGW):
 	@bash scripts/ensure-versitygw.sh
 	@mkdir -p $(VENV) && touch $@
 
-install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE) $(VERSITYGW)
+# Debian's PostgreSQL: Airflow's metadata database in the real-scheduler tests (and the demo).
+$(POSTGRES):
+	@bash scripts/ensure-postgres.sh
+	@mkdir -p $(VENV) && touch $@
+
+install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE) $(VERSITYGW) $(POSTGRES)
 
 demo: install
 	$(VENV)/bin/sluice demo

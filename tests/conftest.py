@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from pipeline.demo import airflowdb
+from pipeline.localpostgres import LocalPostgres
 from pipeline.localredis import LocalRedis
 from pipeline.localstore import LocalStore
 
@@ -118,6 +119,28 @@ def s3_lake(s3_store: LocalStore) -> dict[str, Any]:
     import uuid
 
     return {"lake_uri": f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", **s3_store.lake_settings()}
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """The session's private PostgreSQL (Debian's server, a temporary cluster, a free port).
+
+    Every test that runs a real Airflow scheduler or API server keeps its metadata
+    there, one database each (:func:`airflow_database`), as Airflow is run for real.
+    """
+    server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_database(postgres: LocalPostgres) -> Callable[[], str]:
+    """Make a fresh, empty Airflow metadata database on the session's PostgreSQL; returns its URL."""
+    import uuid
+
+    return lambda: postgres.create_database("airflow_" + uuid.uuid4().hex[:12])
 
 
 @pytest.fixture(scope="session")
