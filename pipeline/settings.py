@@ -215,6 +215,16 @@ class LakeSettings:
                 )
 
     @property
+    def min_retain_hours(self) -> int:
+        """The least VACUUM retention that is safe beside running jobs, in whole hours.
+
+        VACUUM (full mode) deletes files no commit references once older than
+        the retention: an archive job's files are unreferenced until its commit,
+        and a job may run up to ``job_timeout_s``.
+        """
+        return max(1, math.ceil(self.job_timeout_s / 3600))
+
+    @property
     def remote(self) -> bool:
         """True when the lake is on object storage (``s3://``), not a local directory."""
         return self.uri.startswith(OBJECT_STORE_SCHEMES)

@@ -122,6 +122,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace, settings: Settings) -> None:
     """Refuse bad input before any work (:class:`ConfigError`: one line, exit 2)."""
+    if args.job == "maintain" and args.retain_hours < settings.lake.min_retain_hours:
+        raise ConfigError(
+            f"--retain-hours {args.retain_hours} is below {settings.lake.min_retain_hours}: "
+            "VACUUM would delete the files of an archive job still running (a job may run "
+            f"up to job_timeout_s = {settings.lake.job_timeout_s} s before it commits them)"
+        )
     if args.job != "backfill":
         return
     from pipeline.lake.backfill import iso, parse_time

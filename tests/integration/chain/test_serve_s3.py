@@ -29,6 +29,15 @@ async def _health(base: str) -> tuple[int, dict[str, Any]]:
         return resp.status, body
 
 
+async def _lake_health(base: str, lake: str) -> tuple[int, dict[str, Any]]:
+    """``/healthz`` once it says the lake is ``lake``."""
+    got: tuple[int, dict[str, Any]] = await until(
+        lambda: _health(base), f"healthz says the lake is {lake}",
+        accept=lambda got: got[1]["lake"] == lake, within_s=60,
+    )  # fmt: skip
+    return got
+
+
 async def test_catch_up_from_block_0_through_reorgs_from_an_s3_lake(
     spark: Any, serve: Any, connect: Any, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -76,17 +85,11 @@ async def test_catch_up_from_block_0_through_reorgs_from_an_s3_lake(
 
             # The store goes away: the server says the lake is down, then up again.
             store.stop()
-            status, body = await until(
-                lambda: _health(base), "healthz says the lake is down",
-                accept=lambda got: got[1]["lake"] == "down", within_s=60,
-            )  # fmt: skip
+            status, body = await _lake_health(base, "down")
             assert status == 503 and body["status"] == "degraded"
             assert "refused the connection" in body["lake_error"]
             store.start()
-            status, body = await until(
-                lambda: _health(base), "healthz says the lake is up again",
-                accept=lambda got: got[1]["lake"] == "up", within_s=60,
-            )  # fmt: skip
+            status, body = await _lake_health(base, "up")
             assert status == 200 and body["status"] == "ok"
         assert redis_client.xlen(keys.stream(STREAM)) < len(chain.emitted)
     finally:
