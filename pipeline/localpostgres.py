@@ -49,6 +49,53 @@ def bin_dir() -> Path:
     return Path(initdb).parent
 
 
+def run_as() -> str | None:
+    """The user PostgreSQL's programs run as: ``postgres`` when we are root (they refuse
+    root), else None (ourselves)."""
+    return USER if os.geteuid() == 0 else None
+
+
+def _as_user() -> dict[str, Any]:
+    user = run_as()
+    return {"user": user} if user is not None else {}
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, **_as_user())
+    if done.returncode != 0:
+        raise ConfigError(f"{Path(argv[0]).name} failed: {done.stderr.strip()[-500:]}")
+
+
+def init_cluster(directory: Path) -> Path:
+    """``initdb --auth trust`` into ``directory/data`` (made when missing); returns it.
+
+    ``directory`` is handed to the user the server runs as (it must be able to
+    reach it: not under a 0700 directory of another user).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    user = run_as()
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(directory, entry.pw_uid, entry.pw_gid)
+    data = directory / "data"
+    _run(
+        [str(bin_dir() / "initdb"), "-D", str(data), "--auth", "trust", "-U", USER,
+         "-E", "UTF8", "--no-sync"],
+    )  # fmt: skip
+    return data
+
+
+def server_argv(data: Path, port: int, socket_dir: Path) -> list[str]:
+    """The ``postgres`` command of a private server: loopback only, no durability work."""
+    return [
+        str(bin_dir() / "postgres"), "-D", str(data), "-p", str(port),
+        "-k", str(socket_dir), "-c", "listen_addresses=127.0.0.1",
+        # a throwaway cluster: no durability work on a busy machine
+        "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+        "-c", "max_connections=200",
+    ]  # fmt: skip
+
+
 class LocalPostgres:
     """One ``postgres`` child process with its cluster in a temporary directory."""
 
@@ -56,40 +103,25 @@ class LocalPostgres:
         self.port = port or free_port()
         self.directory: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
-        # As root, run as the postgres user (initdb and postgres refuse root).
-        self._user = USER if os.geteuid() == 0 else None
 
     def url(self, database: str, driver: str = "psycopg2") -> str:
         """A SQLAlchemy URL of ``database`` on this server."""
         return f"postgresql+{driver}://{USER}@127.0.0.1:{self.port}/{database}"
 
     def start(self, timeout: float = 60.0) -> LocalPostgres:
-        bindir = bin_dir()
         # Not under pytest's 0700 temp root: the postgres user must reach the directory.
         self.directory = Path(tempfile.mkdtemp(prefix="sluice-postgres-"))
-        if self._user is not None:
-            entry = pwd.getpwnam(self._user)
-            os.chown(self.directory, entry.pw_uid, entry.pw_gid)
-        data = self.directory / "data"
-        self._run(
-            [str(bindir / "initdb"), "-D", str(data), "--auth", "trust", "-U", USER,
-             "-E", "UTF8", "--no-sync"],
-        )  # fmt: skip
+        data = init_cluster(self.directory)
         log = (self.directory / "postgres.log").open("ab")
         self.proc = subprocess.Popen(
-            [
-                str(bindir / "postgres"), "-D", str(data), "-p", str(self.port),
-                "-k", str(self.directory), "-c", "listen_addresses=127.0.0.1",
-                # a throwaway cluster: no durability work on a busy machine
-                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                "-c", "max_connections=200",
-            ],
+            server_argv(data, self.port, self.directory),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            **self._as_user(),
-        )  # fmt: skip
+            **_as_user(),
+        )
         log.close()
+        bindir = bin_dir()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -127,13 +159,8 @@ class LocalPostgres:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
 
-    def _as_user(self) -> dict[str, Any]:
-        return {"user": self._user} if self._user is not None else {}
-
     def _run(self, argv: list[str]) -> None:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, **self._as_user())
-        if done.returncode != 0:
-            raise ConfigError(f"{Path(argv[0]).name} failed: {done.stderr.strip()[-500:]}")
+        _run(argv)
 
     def __enter__(self) -> LocalPostgres:
         return self.start()
