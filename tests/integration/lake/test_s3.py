@@ -255,7 +255,10 @@ def test_cli_on_a_broken_store_is_one_line_and_exit_1(
         env["SLUICE_LAKE_S3_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
     for argv in (
         ["archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "1003"],
+        ["canonical", "--stream", "c"],
         ["audit", "--stream", "c"],
+        ["replay", "--stream", "c", "--from", "0", "--to", "2"],
+        ["maintain"],
     ):
         done = subprocess.run(
             [sys.executable, "-m", "pipeline.lake.cli", *argv],
