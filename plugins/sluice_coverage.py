@@ -342,7 +342,10 @@ class Source(Generic[T]):
 def _lake_errors() -> tuple[type[BaseException], ...]:
     from deltalake.exceptions import DeltaError
 
-    return (OSError, ValueError, DeltaError)
+    from pipeline.errors import LakeError
+
+    # LakeError: the store's own one-line reasons (down, no bucket, bad key)
+    return (OSError, ValueError, DeltaError, LakeError)
 
 
 def _db_errors() -> tuple[type[BaseException], ...]:
