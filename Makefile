@@ -10,6 +10,8 @@ JARS   := $(VENV)/.sluice-jars
 REDIS  := $(VENV)/.sluice-redis
 CHROMIUM := $(VENV)/.sluice-chromium
 COMPOSE := $(VENV)/.sluice-compose
+VERSITYGW := $(VENV)/.sluice-versitygw
+POSTGRES := $(VENV)/.sluice-postgres
 B      ?=
 PYTEST_ARGS ?=
 
@@ -44,7 +46,18 @@ $(COMPOSE):
 	@bash scripts/ensure-compose.sh
 	@mkdir -p $(VENV) && touch $@
 
-install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE)
+# versitygw, the S3 server of the object-store lake tests (built once from the Go module
+# proxy into ~/.cache/sluice-versitygw/<version>, ~15 min the first time).
+$(VERSITYGW):
+	@bash scripts/ensure-versitygw.sh
+	@mkdir -p $(VENV) && touch $@
+
+# Debian's PostgreSQL: Airflow's metadata database in the real-scheduler tests (and the demo).
+$(POSTGRES):
+	@bash scripts/ensure-postgres.sh
+	@mkdir -p $(VENV) && touch $@
+
+install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE) $(VERSITYGW) $(POSTGRES)
 
 demo: install
 	$(VENV)/bin/sluice demo

@@ -29,8 +29,13 @@ _settings = load_settings()
     is_paused_upon_creation=False,
     default_args=default_args(_settings),
     params={
+        # Below the longest lake job's limit VACUUM could delete a running archive's
+        # files before their commit: refused (the job refuses it too).
         "retain_hours": Param(
-            168, type="integer", minimum=0, description="VACUUM keeps files this many hours"
+            max(168, _settings.lake.min_retain_hours),
+            type="integer",
+            minimum=_settings.lake.min_retain_hours,
+            description="VACUUM keeps files this many hours (at least the longest job's limit)",
         ),
     },
     tags=["sluice", "lake"],

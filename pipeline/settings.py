@@ -45,6 +45,9 @@ _PREFIX = "SLUICE_"
 #: Default of ``max_payload``: largest routed message / frame / stream payload, in bytes.
 MAX_PAYLOAD = 1 << 20
 
+#: URI schemes of a lake on object storage.
+OBJECT_STORE_SCHEMES = ("s3://", "s3a://")
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -157,6 +160,26 @@ class LakeSettings:
     task_retries: int = 2
     #: How long a lake job waits for its stream's archive lock (another job on the stream).
     lock_wait_s: int = 600
+    # Object storage (a lake at ``s3://bucket/prefix``): passed to delta-rs, pyarrow and
+    # Spark alike through :meth:`storage_options` (see pipeline.lake.store). Empty
+    # credentials: the AWS_* environment, profile or instance role.
+    #: ``http(s)://host:port`` of an S3-compatible server ("" = AWS S3 itself).
+    s3_endpoint: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""
+    #: Never shown: left out of ``repr`` (and so of every logged settings object).
+    s3_secret_key: str = field(default="", repr=False)
+    #: Path-style requests (``endpoint/bucket/key``), what most S3-compatible servers need.
+    s3_path_style: bool = True
+    #: Allow an ``http://`` endpoint (plain text: a test or a private network only).
+    s3_allow_http: bool = False
+    #: How commits stay safe with several writers: ``etag`` (S3 conditional puts, the
+    #: default) or ``unsafe-rename`` (no protection: one writer at a time only).
+    s3_conditional_put: str = "etag"
+    #: Seconds one object-store request may take, and retries of a failed one: a store
+    #: that is down fails a job in seconds, not after the client's default minutes.
+    s3_timeout_s: int = 30
+    s3_max_retries: int = 2
 
     def __post_init__(self) -> None:
         _check(self)
@@ -165,6 +188,74 @@ class LakeSettings:
         if "://" not in self.uri or self.uri.startswith("file://"):
             path = Path(self.uri.removeprefix("file://")).expanduser().absolute()
             object.__setattr__(self, "uri", str(path))
+        elif not self.uri.startswith(OBJECT_STORE_SCHEMES):
+            raise _invalid(
+                self, "uri", f"must be a local path or s3://bucket/prefix, got {self.uri!r}"
+            )
+        elif not urlparse(self.uri).netloc:
+            raise _invalid(self, "uri", f"names no bucket: {self.uri!r}")
+        if self.s3_conditional_put not in ("etag", "unsafe-rename"):
+            raise _invalid(
+                self,
+                "s3_conditional_put",
+                f"must be etag or unsafe-rename, got {self.s3_conditional_put!r}",
+            )
+        if self.s3_endpoint:
+            scheme = urlparse(self.s3_endpoint).scheme
+            if scheme not in ("http", "https"):
+                raise _invalid(
+                    self, "s3_endpoint", f"must be http(s)://host:port, got {self.s3_endpoint!r}"
+                )
+            if scheme == "http" and not self.s3_allow_http:
+                raise _invalid(
+                    self,
+                    "s3_endpoint",
+                    "is plain http: set lake_s3_allow_http (SLUICE_LAKE_S3_ALLOW_HTTP=true) "
+                    "to allow it",
+                )
+
+    @property
+    def min_retain_hours(self) -> int:
+        """The least VACUUM retention that is safe beside running jobs, in whole hours.
+
+        VACUUM (full mode) deletes files no commit references once older than
+        the retention: an archive job's files are unreferenced until its commit,
+        and a job may run up to ``job_timeout_s``.
+        """
+        return max(1, math.ceil(self.job_timeout_s / 3600))
+
+    @property
+    def remote(self) -> bool:
+        """True when the lake is on object storage (``s3://``), not a local directory."""
+        return self.uri.startswith(OBJECT_STORE_SCHEMES)
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs (object_store) storage options of this lake; empty for a local lake.
+
+        The one translation of the ``lake_s3_*`` settings: pyarrow's and Spark's
+        are derived from it (:mod:`pipeline.lake.store`). Holds the secret: never log it.
+        """
+        if not self.remote:
+            return {}
+        options = {
+            "AWS_REGION": self.s3_region,
+            "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if self.s3_path_style else "true",
+            "AWS_ALLOW_HTTP": "true" if self.s3_allow_http else "false",
+            "timeout": f"{self.s3_timeout_s}s",
+            "connect_timeout": f"{min(self.s3_timeout_s, 10)}s",
+            "max_retries": str(self.s3_max_retries),
+            "retry_timeout": f"{self.s3_timeout_s}s",
+        }
+        if self.s3_conditional_put == "etag":
+            options["AWS_CONDITIONAL_PUT"] = "etag"
+        else:
+            options["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
+        if self.s3_endpoint:
+            options["AWS_ENDPOINT_URL"] = self.s3_endpoint
+        if self.s3_access_key:
+            options["AWS_ACCESS_KEY_ID"] = self.s3_access_key
+            options["AWS_SECRET_ACCESS_KEY"] = self.s3_secret_key
+        return options
 
     @classmethod
     def from_url(cls, url: str) -> LakeSettings:

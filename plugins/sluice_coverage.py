@@ -57,6 +57,7 @@ from fastapi.security import HTTPBearer
 
 from pipeline import __version__, keys
 from pipeline.chain.coverage import Archived, Interval, coverage, summarize
+from pipeline.settings import LakeSettings
 from pipeline.snapshot import SharedSnapshot
 
 log = logging.getLogger(__name__)
@@ -114,21 +115,21 @@ class ArchiveLogReader:
 
     COLUMNS = ["stream", "start_ms", "end_ms", "entries", "blocks", "run_id", "archived_at"]
 
-    def __init__(self, lake_uri: str) -> None:
+    def __init__(self, lake: LakeSettings | str) -> None:
         from pipeline.lake import tables
-        from pipeline.settings import LakeSettings
 
-        self.uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
+        self.lake = LakeSettings.from_url(lake) if isinstance(lake, str) else lake
+        self.uri = self.lake.table(tables.ARCHIVE_LOG)
         self._table: Any = None
 
     def read(self) -> LakeView:
         """Blocking. Raises ``OSError``, ``ValueError`` or deltalake's ``DeltaError``."""
-        from deltalake import DeltaTable
+        from pipeline.lake import store, tables
 
         if self._table is None:
-            if not DeltaTable.is_deltatable(self.uri):
+            if not store.is_table(self.lake, tables.ARCHIVE_LOG):
                 return LakeView()
-            self._table = DeltaTable(self.uri)
+            self._table = store.open_table(self.lake, tables.ARCHIVE_LOG)
         else:
             self._table.update_incremental()
         table = self._table.to_pyarrow_dataset().to_table(columns=self.COLUMNS)
@@ -341,7 +342,10 @@ class Source(Generic[T]):
 def _lake_errors() -> tuple[type[BaseException], ...]:
     from deltalake.exceptions import DeltaError
 
-    return (OSError, ValueError, DeltaError)
+    from pipeline.errors import LakeError
+
+    # LakeError: the store's own one-line reasons (down, no bucket, bad key)
+    return (OSError, ValueError, DeltaError, LakeError)
 
 
 def _db_errors() -> tuple[type[BaseException], ...]:
@@ -401,7 +405,7 @@ class CoverageBoard:
 
             try:
                 settings = self._load_settings()
-                reader = ArchiveLogReader(settings.lake.uri)
+                reader = ArchiveLogReader(settings.lake)
             except ConfigError as exc:
                 self._settings_error = one_line(exc)
             else:

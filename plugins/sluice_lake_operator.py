@@ -24,7 +24,8 @@ The archive DAG's two operators (see ``dags/sluice_archive.py``):
   earlier holes in ``archive_log`` first, oldest first, at most
   :data:`pipeline.lake.catchup.CATCHUP_MAX_STEPS` per stream; backfill runs
   archive only their own interval). A stream that fails there does not fail
-  the task: the job reports it, and the task logs it as a warning.
+  the task: the job reports it, and the task logs its error; when every
+  stream failed, the task fails (nothing was archived; Airflow retries it).
 - :class:`StreamArchiveOperator`, mapped over the streams, is each stream's
   result in Airflow: on its first try it takes the stream's result from that
   job (no job of its own); when the stream failed there, and on every retry,
@@ -156,7 +157,18 @@ class ArchiveStreamsOperator(LakeJobOperator):
 
     def execute(self, context: Any) -> Any:
         result = super().execute(context)
-        failed = result.get("failed") if isinstance(result, dict) else None
+        failed = list(result.get("failed") or ()) if isinstance(result, dict) else []
+        for name in failed:
+            log.error(
+                "stream %s failed: %s", name, (_stream_result(result, name) or {}).get("error")
+            )
+        if failed and set(failed) >= set(self.names()):
+            # Nothing was archived: the task is failed, not green with warnings.
+            raise LakeJobError(
+                f"every stream of the job failed ({len(failed)}): {', '.join(failed)}",
+                returncode=1,
+                stderr_tail="",
+            )
         if failed:
             log.warning(
                 "%d stream(s) failed in this job: %s; each one's archive task archives it again",
@@ -194,6 +206,7 @@ class StreamArchiveOperator(ArchiveStreamsOperator):
                     "%s blocks, %s invalid", stream, self.batch_task_id, mine.get("read"),
                     mine.get("entries"), mine.get("blocks"), mine.get("invalid"),
                 )  # fmt: skip
+                _log_caught_up(stream, mine)
                 if mine.get("warnings"):
                     log.warning("stream %s: %d warning(s), see %s", stream, mine["warnings"],
                                 self.batch_task_id)  # fmt: skip
@@ -208,6 +221,18 @@ class StreamArchiveOperator(ArchiveStreamsOperator):
                 stderr_tail="",
             )
         return mine
+
+
+def _log_caught_up(stream: str, mine: dict[str, Any]) -> None:
+    """Log what the job archived of earlier intervals before the run's own (``--catchup``)."""
+    caught = [c for c in mine.get("caught_up") or () if isinstance(c, dict)]
+    if caught:
+        log.info(
+            "stream %s: caught up %d earlier interval(s) first: %d entries read, %d in the lake, "
+            "%d blocks", stream, len(caught), sum(int(c.get("read") or 0) for c in caught),
+            sum(int(c.get("entries") or 0) for c in caught),
+            sum(int(c.get("blocks") or 0) for c in caught),
+        )  # fmt: skip
 
 
 def _stream_result(result: Any, stream: str) -> dict[str, Any] | None:

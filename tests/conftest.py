@@ -18,7 +18,9 @@ import pytest
 import redis
 
 from pipeline.demo import airflowdb
+from pipeline.localpostgres import LocalPostgres
 from pipeline.localredis import LocalRedis
+from pipeline.localstore import LocalStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,6 +96,51 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def lake_uri(tmp_path: Path) -> str:
     return str(tmp_path / "lake")
+
+
+#: The bucket of the session's S3 server that every object-store lake test uses.
+S3_BUCKET = "lake"
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStore]:
+    """The session's S3 server (versitygw serving a temporary directory), bucket created."""
+    store = LocalStore(tmp_path_factory.mktemp("s3") / "data").start()
+    try:
+        store.create_bucket(S3_BUCKET)
+        yield store
+    finally:
+        store.stop()
+
+
+@pytest.fixture
+def s3_lake(s3_store: LocalStore) -> dict[str, Any]:
+    """Flat settings of a fresh lake on the session's S3 server (its own prefix per test)."""
+    import uuid
+
+    return {"lake_uri": f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", **s3_store.lake_settings()}
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """The session's private PostgreSQL (Debian's server, a temporary cluster, a free port).
+
+    Every test that runs a real Airflow scheduler or API server keeps its metadata
+    there, one database each (:func:`airflow_database`), as Airflow is run for real.
+    """
+    server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_database(postgres: LocalPostgres) -> Callable[[], str]:
+    """Make a fresh, empty Airflow metadata database on the session's PostgreSQL; returns its URL."""
+    import uuid
+
+    return lambda: postgres.create_database("airflow_" + uuid.uuid4().hex[:12])
 
 
 @pytest.fixture(scope="session")

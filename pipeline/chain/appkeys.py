@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
@@ -23,6 +24,8 @@ METRICS = web.AppKey("metrics", Metrics)
 RESUMPTION = web.AppKey("resumption", TieredResumption)
 REDIS = web.AppKey("redis", aioredis.Redis)
 TAILER = web.AppKey("tailer", RedisTailer)
+#: The server's shared lake reader (absent when the app was given another history source).
+HISTORY = web.AppKey("history", SharedHistory)
 CONNECTIONS: web.AppKey[set[Connection]] = web.AppKey("connections")
 #: Every request task in flight in the server (bounded by MAX_IN_FLIGHT_SERVER).
 CALLS: web.AppKey[set[asyncio.Task[None]]] = web.AppKey("calls")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.chain.planning import History
+from pipeline.errors import SluiceError
 
 
 class SharedHistory:
@@ -40,6 +41,7 @@ class SharedHistory:
         self._reader: Any = None
         self._checked = 0.0
         self._lock = threading.Lock()
+        self._probed: tuple[float, str | None] | None = None
         self.opened = 0
         self.refreshes = 0
 
@@ -60,6 +62,32 @@ class SharedHistory:
         with self._lock:
             if self._reader is not None:
                 self._refresh_locked(self._clock())
+
+    def probe(self, max_age_s: float = 1.0) -> str | None:
+        """Can the lake be read now? None, or one line saying why not (``/healthz``).
+
+        Opens or refreshes the shared reader (a Delta log listing); the answer is
+        reused for ``max_age_s`` so health checks cost the store little.
+        """
+        from pipeline.lake.store import store_errors
+
+        errors: tuple[type[BaseException], ...] = (SluiceError, *store_errors())
+        with self._lock:
+            now = self._clock()
+            if self._probed is not None and now - self._probed[0] < max_age_s:
+                return self._probed[1]
+            error: str | None = None
+            try:
+                if self._reader is None:
+                    self._reader = self._open()
+                    self.opened += 1
+                else:
+                    self._refresh_locked(now)
+                self._checked = now
+            except errors as exc:
+                error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            self._probed = (now, error)
+            return error
 
     def _refresh_locked(self, now: float) -> None:
         refresh = getattr(self._reader, "refresh", None)

@@ -47,6 +47,7 @@ from aiohttp import WSCloseCode, web
 from pipeline.chain.appkeys import (
     CALLS,
     CONNECTIONS,
+    HISTORY,
     HUB,
     METRICS,
     REDIS,
@@ -120,15 +121,23 @@ async def healthz(request: web.Request) -> web.Response:
     app = request.app
     tailer = app.get(TAILER)
     redis_up = tailer.up if tailer is not None else None
+    history = app.get(HISTORY)
+    # The lake answers history requests: a store that cannot be read is "down" here,
+    # not an "ok" server that answers every resumption with "lake error".
+    lake_error = await asyncio.to_thread(history.probe) if history is not None else None
+    healthy = redis_up is not False and lake_error is None
     hub = app[HUB]
     body = {
-        "status": "ok" if redis_up is not False else "degraded",
+        "status": "ok" if healthy else "degraded",
         "redis": {True: "up", False: "down", None: "in-process"}[redis_up],
+        "lake": "n/a" if history is None else ("up" if lake_error is None else "down"),
         "connections": len(app[CONNECTIONS]),
         "live_subscriptions": len(hub),
         "head": hub.last.num if hub.last is not None else None,
     }
-    return web.json_response(body, status=200 if redis_up is not False else 503)
+    if lake_error is not None:
+        body["lake_error"] = lake_error
+    return web.json_response(body, status=200 if healthy else 503)
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
@@ -155,7 +164,7 @@ def create_app(
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:
-        lake_uri = settings.lake.uri
+        lake = settings.lake
         cache_bytes = settings.serve.history_cache_mb << 20
         if cache_bytes < 0:
             raise ValueError("serve_history_cache_mb must be non-negative")
@@ -163,10 +172,10 @@ def create_app(
         def open_reader() -> History:
             from pipeline.lake.reader import LakeReader
 
-            return LakeReader(lake_uri, cache_bytes=cache_bytes)
+            return LakeReader(lake, cache_bytes=cache_bytes)
 
         # One reader (and its file cache) for every subscription of this server.
-        history_factory = SharedHistory(open_reader)
+        history_factory = app[HISTORY] = SharedHistory(open_reader)
 
     factory = history_factory
 

@@ -45,7 +45,7 @@ from pipeline.chain.auth import authorized, refusal
 from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, parse_entry_id
-from pipeline.settings import Settings
+from pipeline.settings import LakeSettings, Settings
 from pipeline.snapshot import SharedSnapshot
 
 log = logging.getLogger(__name__)
@@ -211,11 +211,11 @@ class ArchiveLog:
 
     COLUMNS = ["stream", "start_ms", "end_ms", "entries", "blocks"]
 
-    def __init__(self, lake_uri: str) -> None:
+    def __init__(self, lake: LakeSettings | str) -> None:
         from pipeline.lake import tables
-        from pipeline.settings import LakeSettings
 
-        self.uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)
+        self.lake = LakeSettings.from_url(lake) if isinstance(lake, str) else lake
+        self.uri = self.lake.table(tables.ARCHIVE_LOG)
         self._table: Any = None
 
     def read(self) -> dict[str, Archived]:
@@ -224,12 +224,12 @@ class ArchiveLog:
         Blocking: call it in a worker thread. Raises ``OSError`` or deltalake's
         ``DeltaError`` when the lake cannot be read.
         """
-        from deltalake import DeltaTable
+        from pipeline.lake import store, tables
 
         if self._table is None:
-            if not DeltaTable.is_deltatable(self.uri):
+            if not store.is_table(self.lake, tables.ARCHIVE_LOG):
                 return {}
-            self._table = DeltaTable(self.uri)
+            self._table = store.open_table(self.lake, tables.ARCHIVE_LOG)
         else:
             self._table.update_incremental()
         table = self._table.to_pyarrow_dataset().to_table(columns=self.COLUMNS)
@@ -260,7 +260,7 @@ class StatusBoard:
         self._connections = connections
         names = dict.fromkeys((settings.serve.stream, *settings.lake.chain_streams))
         self.streams = {name: StreamBoard(name) for name in names}
-        self._archive = archive or ArchiveLog(settings.lake.uri)
+        self._archive = archive or ArchiveLog(settings.lake)
         self._lake: dict[str, Archived] | None = None
         self._lake_error: str | None = None
         self._lake_at = -LAKE_TTL_S

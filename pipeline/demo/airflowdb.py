@@ -1,4 +1,4 @@
-"""SQLite waits of the one-machine Airflow (the demo's, the tests', the benchmarks').
+"""Airflow's metadata database settings: SQLite's waits, and :func:`database_env` for any URL.
 
 Airflow's scheduler, API server and task runners share one SQLite file, which
 lets one writer in at a time; the others wait up to the busy timeout, 5 s by
@@ -28,6 +28,12 @@ BUSY_TIMEOUT_S = 15
 #: How long a task runner waits for one answer of the execution API, in seconds (> the above).
 EXECUTION_API_TIMEOUT_S = 60
 
+#: Attempts of one execution API call, with waits of up to EXECUTION_API_RETRY_WAIT_MAX_S:
+#: about two minutes in all. Airflow's default (5 attempts, about 31 s) let a lake task
+#: fail with "Connection refused" while a cold API server was still starting.
+EXECUTION_API_RETRIES = 12
+EXECUTION_API_RETRY_WAIT_MAX_S = 10
+
 #: ``connect_args`` of Airflow's engines (Airflow adds ``check_same_thread`` to it).
 CONNECT_ARGS: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S}
 CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S}
@@ -37,4 +43,24 @@ ENV = {
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.CONNECT_ARGS",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{__name__}.CONNECT_ARGS_ASYNC",
     "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(EXECUTION_API_TIMEOUT_S),
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": str(EXECUTION_API_RETRIES),
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX": str(EXECUTION_API_RETRY_WAIT_MAX_S),
 }
+
+
+def database_env(sql_alchemy_conn: str) -> dict[str, str]:
+    """Airflow's settings for a metadata database at ``sql_alchemy_conn`` (a SQLAlchemy URL).
+
+    SQLite gets the busy-timeout arguments above; PostgreSQL (``postgresql+psycopg2://``;
+    Airflow derives its asyncpg URL from it) takes no connect arguments. Either
+    way task runners wait :data:`EXECUTION_API_TIMEOUT_S` for the execution API.
+    """
+    env = {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql_alchemy_conn,
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(EXECUTION_API_TIMEOUT_S),
+        "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": str(EXECUTION_API_RETRIES),
+        "AIRFLOW__WORKERS__EXECUTION_API_RETRY_WAIT_MAX": str(EXECUTION_API_RETRY_WAIT_MAX_S),
+    }
+    if sql_alchemy_conn.startswith("sqlite"):
+        env.update(ENV)
+    return env

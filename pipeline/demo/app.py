@@ -172,6 +172,7 @@ def components_for(plan: comp.Plan, only: tuple[str, ...]) -> list[Component]:
         comp.write_bus_keys(plan)
         made += comp.bus_components(plan)
     if "airflow" in only:
+        made.append(comp.postgres_component(plan))
         made.append(comp.airflow_component(plan))
     return made
 
@@ -272,8 +273,9 @@ async def start_all(
             took = await warm()
             progress.update(step, completed=1, description=f"spark: warm in {took:.1f}s")
 
-    await one("redis")
-    rest = [n for n in supervisor.children if n != "redis"]
+    first = [n for n in ("redis", "postgres") if n in supervisor.children]
+    await asyncio.gather(*(one(n) for n in first))  # what the others connect to
+    rest = [n for n in supervisor.children if n not in first]
     starting: asyncio.Future[Any] = asyncio.gather(*(one(n) for n in rest))
     stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pipeline import localpostgres
 from pipeline.demo import airflowdb
 from pipeline.demo.procs import MARKER
 from pipeline.demo.supervisor import Component, Probe
@@ -38,6 +39,8 @@ class Plan:
     root: Path  # the checkout with dags/ and plugins/
     dir: Path  # <var>/demo
     redis_port: int
+    #: Airflow's metadata database: a private PostgreSQL
+    postgres_port: int
     serve_port: int
     airflow_port: int
     spark_port: int
@@ -68,6 +71,7 @@ class Plan:
             root=root,
             dir=demo_dir,
             redis_port=free_port(),
+            postgres_port=free_port(),
             serve_port=serve_port,
             airflow_port=airflow_port,
             spark_port=spark_port,
@@ -82,6 +86,15 @@ class Plan:
         )
 
     # --- addresses ------------------------------------------------------------
+
+    @property
+    def postgres_dir(self) -> Path:
+        """The PostgreSQL cluster, kept with Airflow's home (its migrated database)."""
+        return self.airflow_home / "postgres"
+
+    @property
+    def airflow_db_url(self) -> str:
+        return f"postgresql+psycopg2://{localpostgres.USER}@127.0.0.1:{self.postgres_port}/postgres"
 
     def redis_url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/{db}"
@@ -162,8 +175,7 @@ class Plan:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.root / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.root / "plugins"),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-            **airflowdb.ENV,
+            **airflowdb.database_env(self.airflow_db_url),
             "AIRFLOW__CORE__PARALLELISM": str(self.airflow_parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__API__HOST": "127.0.0.1",
@@ -284,6 +296,26 @@ def redis_component(plan: Plan) -> Component:
         ready=redis_probe(plan.redis_port),
         ready_timeout_s=15,
         stop_grace_s=5,
+    )
+
+
+def postgres_component(plan: Plan) -> Component:
+    """Airflow's metadata database: Debian's PostgreSQL, its cluster made on first use."""
+    if not (plan.postgres_dir / "data" / "PG_VERSION").exists():
+        localpostgres.init_cluster(plan.postgres_dir)
+    argv = localpostgres.server_argv(
+        plan.postgres_dir / "data", plan.postgres_port, plan.postgres_dir
+    )
+    user = localpostgres.run_as()
+    if user is not None:  # root: PostgreSQL runs as its own user
+        argv = ["runuser", "-u", user, "--", *argv]
+    return Component(
+        name="postgres",
+        role="PostgreSQL (Airflow's metadata)",
+        argv=tuple(argv),
+        ready=tcp_probe(plan.postgres_port),
+        ready_timeout_s=60,
+        stop_grace_s=10,
     )
 
 

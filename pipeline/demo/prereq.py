@@ -15,6 +15,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from pipeline import localpostgres
+from pipeline.errors import ConfigError
+
 #: Free disk the demo wants under var/ (the lake, logs, Airflow's SQLite, Spark's scratch).
 MIN_FREE_BYTES = 2 << 30
 
@@ -68,6 +71,13 @@ def missing(root: Path, demo_dir: Path, ports: Iterable[tuple[int, str]]) -> lis
         )
     if shutil.which("redis-server") is None:
         problems.append("redis-server is missing (Debian: apt-get install redis-server)")
+    try:
+        localpostgres.bin_dir()
+    except ConfigError:
+        problems.append(
+            "PostgreSQL is missing: Airflow keeps its metadata there "
+            "(Debian: apt-get install postgresql)"
+        )
     for module, extra in (("airflow", "airflow"), ("pyspark", "lake"), ("deltalake", "lake")):
         if importlib.util.find_spec(module) is None:
             problems.append(

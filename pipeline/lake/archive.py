@@ -40,13 +40,19 @@ writer (:mod:`pipeline.lake.sparkwrite`) is described above. The Arrow writer (:
 the default) takes the common interval, one the lake holds nothing of: Spark
 tasks read their id ranges, decode and write the Parquet files of both tables
 with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
-when ``blocks`` holds nothing of the read's num range and every valid hash is
-new and seen once (the plan of step 3 with nothing to mark). Otherwise it
+when every valid hash is new (not in ``blocks``) and seen once (the plan of
+step 3 with nothing to mark), or only the entries when ``blocks`` holds every
+written block from the same entry already (:func:`_arrow_plan`). Otherwise it
 deletes its files and the Spark writer runs. Both write the same rows.
+
+On object storage only the Arrow writer runs (Spark does not write there;
+docs/DESIGN.md says why): an interval that needs the Spark writer's MERGE is
+refused with one line.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -64,7 +70,7 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import source, sparkwrite, tables
+from pipeline.lake import source, sparkwrite, store, tables
 from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
@@ -262,26 +268,36 @@ def _write(spark: Any, job: WriteJob) -> Stats:
         written = _write_arrow(spark, job)
         if written is not None:
             return written
+    if lake.remote:
+        raise LakeError(
+            f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE (the lake "
+            "holds part of it, or a block hash repeats), which only the Spark writer does, "
+            f"and Spark does not write a lake on object storage ({lake.uri})"
+        )
     return sparkwrite.write(spark, job, empty)
 
 
 def _arrow_writer(lake: LakeSettings) -> bool:
     """True when the Arrow writer may write this lake's tables (else the Spark writer does).
 
-    It needs ``archive_writer = arrow``, a local lake (tasks write files with
-    plain file I/O) and both tables in the layout it writes (:data:`tables.LAYOUT`).
+    It needs ``archive_writer = arrow`` and both tables in the layout it
+    writes (:data:`tables.LAYOUT`). A lake on object storage takes only the
+    Arrow writer (its commits go through delta-rs' conditional puts).
     """
-    from deltalake import DeltaTable
-
     if lake.archive_writer not in ("arrow", "spark"):
         raise ConfigError(
             f"setting 'archive_writer' (SLUICE_ARCHIVE_WRITER) must be arrow or spark, "
             f"got {lake.archive_writer!r}"
         )
-    if lake.archive_writer != "arrow" or "://" in lake.uri:
+    if lake.archive_writer != "arrow":
+        if lake.remote:
+            raise ConfigError(
+                "setting 'archive_writer' (SLUICE_ARCHIVE_WRITER) must be arrow for a lake on "
+                f"object storage ({lake.uri}): Spark does not write to it"
+            )
         return False
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
-        table = DeltaTable(lake.table(name))
+        table = store.open_table(lake, name)
         schema, partitions = tables.LAYOUT[name]
         if table.schema().to_arrow().names != schema.names:
             return False
@@ -294,9 +310,8 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; they are committed only when
-    they hold exactly what the Spark writer would write with no marks: for a
-    chain stream, ``blocks`` holds nothing of the read's num range and every
-    valid hash is new and seen once. Otherwise the files are deleted and None
+    they hold exactly what the Spark writer would write with no marks
+    (:func:`_arrow_plan`). Otherwise the files are deleted and None
     returned (the caller takes the Spark writer, which MERGEs). Commits:
     ``blocks``, then ``stream_entries``, one atomic append each.
     """
@@ -320,30 +335,32 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
         blocks_table=lake.table(tables.BLOCKS),
         stream=stream,
         archived_at_us=micros,
+        storage_options=lake.storage_options(),
     )
     for name, seconds in written.stages.items():
         lap(name, seconds)
     lap("files")
-    if written.blocks and (
-        not written.distinct
-        or any_rows(
-            lake, tables.BLOCKS, stream, "num", int(written.num_lo or 0), int(written.num_hi or 0)
-        )
-    ):
-        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files)
-        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files)
+    options = lake.storage_options()
+    plan = _arrow_plan(lake, stream, written)
+    if plan is _Plan.FALLBACK:
+        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
+        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
         log.info(
-            "stream %s [%d, %d): blocks of the interval are in the lake already or repeat a "
-            "hash; writing it with Spark (MERGE)",
+            "stream %s [%d, %d): blocks of the interval are in the lake already from other "
+            "entries or repeat a hash; writing it with Spark (MERGE)",
             stream, start_ms, end_ms,
         )  # fmt: skip
         lap("plan")
         return None
+    commit_blocks = plan is _Plan.BOTH
+    if not commit_blocks:
+        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
     lap("plan")
     # A row of stream_entries may say its payload is in blocks: blocks commits first.
-    arrowwrite.commit(lake.table(tables.BLOCKS), written.blocks_files, stream)
-    lap("commit_blocks")
-    arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream)
+    if commit_blocks:
+        arrowwrite.commit(lake.table(tables.BLOCKS), written.blocks_files, stream, options)
+        lap("commit_blocks")
+    arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream, options)
     lap("commit_entries")
     return Stats(
         entries=written.entries,
@@ -360,6 +377,53 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+class _Plan(enum.Enum):
+    """What the Arrow writer commits of the files it wrote."""
+
+    BOTH = "both"  # every valid block is new: blocks, then stream_entries
+    ENTRIES = "entries"  # blocks holds every written block already, from the same entry
+    FALLBACK = "fallback"  # anything else: the Spark writer MERGEs
+
+
+def _arrow_plan(lake: LakeSettings, stream: str, written: Any) -> _Plan:
+    """Decide on the written files against the ``blocks`` rows of their num range.
+
+    The Spark writer's plan with nothing to mark: a block is new when its hash
+    is not in ``blocks`` and this is its first entry. So the files go in as
+    they are when the valid hashes are pairwise distinct and none is in
+    ``blocks`` (a first archive, or a fork of blocks archived before). When
+    ``blocks`` holds every written ``(num, hash, entry_id)`` already (a rerun
+    of a job that died between its two commits), only the entries go in:
+    each entry row that says its payload is in ``blocks`` finds it there.
+    """
+    import pyarrow.parquet as pq
+
+    from pipeline.lake.intervalstats import interval_scan
+
+    if not written.blocks:
+        return _Plan.BOTH
+    if not written.distinct:
+        return _Plan.FALLBACK
+    columns = ["num", "hash", "entry_id"]
+    lo, hi = int(written.num_lo), int(written.num_hi)
+    there = interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, columns)
+    if not there.num_rows:
+        return _Plan.BOTH
+    fs, root = store.filesystem(lake, lake.table(tables.BLOCKS))
+    ours = pq.read_table(
+        [f"{root}/{f.path}" for f in written.blocks_files], columns=columns, filesystem=fs
+    )
+
+    def rows(table: pa.Table) -> set[tuple[Any, ...]]:
+        return set(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+
+    if not set(ours.column("hash").to_pylist()) & set(there.column("hash").to_pylist()):
+        return _Plan.BOTH
+    if rows(ours) <= rows(there):
+        return _Plan.ENTRIES
+    return _Plan.FALLBACK
+
+
 def ensure_entries_columns(lake: LakeSettings) -> None:
     """Bring tables created by older versions to the current layout (metadata-only commits).
 
@@ -373,14 +437,13 @@ def ensure_entries_columns(lake: LakeSettings) -> None:
 
 
 def _ensure_layout(lake: LakeSettings, name: str, column: str, kind: str) -> None:
-    from deltalake import DeltaTable
     from deltalake.schema import Field, PrimitiveType
 
     uri = lake.table(name)
     stats = {_STATS_KEY: tables.STATS_COLUMNS[name]}
 
     def add() -> None:
-        table = DeltaTable(uri)
+        table = store.open_table(lake, name)
         if column not in table.schema().to_arrow().names:
             table.alter.add_columns([Field(column, PrimitiveType(kind), nullable=True)])
         if table.metadata().configuration.get(_STATS_KEY) != stats[_STATS_KEY]:
@@ -395,10 +458,9 @@ _STATS_KEY = "delta.dataSkippingStatsColumns"
 def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int) -> int | None:
     """The entry count ``archive_log`` records for exactly this interval, or None."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
     table = (
-        DeltaTable(lake.table(tables.ARCHIVE_LOG))
+        store.open_table(lake, tables.ARCHIVE_LOG)
         .to_pyarrow_dataset()
         .to_table(
             columns=["entries"],
@@ -414,8 +476,6 @@ def _write_log(
     lake: LakeSettings, result: ArchiveResult, run_id: str | None, archived_at: datetime
 ) -> None:
     """Insert the interval's row into ``archive_log`` (kept as is when already there)."""
-    from deltalake import DeltaTable
-
     row = pa.Table.from_pylist(
         [
             {
@@ -436,7 +496,7 @@ def _write_log(
 
     def merge() -> None:
         (
-            DeltaTable(lake.table(tables.ARCHIVE_LOG))
+            store.open_table(lake, tables.ARCHIVE_LOG)
             .merge(
                 row,
                 "t.stream = s.stream AND t.start_ms = s.start_ms AND t.end_ms = s.end_ms",

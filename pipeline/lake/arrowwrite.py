@@ -120,10 +120,13 @@ class WriteTask:
     chain: bool
     page: int
     archived_at_us: int
-    #: local directories of the stream's partition in each table
+    #: directories of the stream's partition in each table, as paths of :attr:`storage`'s
+    #: filesystem (local paths, or ``bucket/key`` on object storage)
     entries_dir: str
     blocks_dir: str
     ranges: tuple[tuple[StreamId, StreamId], ...]
+    #: delta-rs storage options of an object-store lake (empty: local files)
+    storage: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,7 @@ def write_files(
     blocks_table: str,
     stream: str,
     archived_at_us: int,
+    storage_options: dict[str, str] | None = None,
 ) -> Written:
     """Read ids ``[first, last]`` (inclusive) of ``key`` in Spark tasks and write their files.
 
@@ -193,9 +197,10 @@ def write_files(
         chain=chain,
         page=page,
         archived_at_us=archived_at_us,
-        entries_dir=os.path.join(entries_table, part),
-        blocks_dir=os.path.join(blocks_table, part),
+        entries_dir=f"{_fs_path(entries_table)}/{part}",
+        blocks_dir=f"{_fs_path(blocks_table)}/{part}",
         ranges=ranges,
+        storage=dict(storage_options or {}),
     )
     n = len(ranges)
     rows = spark.range(0, n, 1, n).mapInArrow(partial(write_ranges, task), RESULT_DDL).toArrow()
@@ -248,8 +253,18 @@ def _collect(rows: pa.Table, part: str = "") -> Written:
     )
 
 
-def commit(table_uri: str, files: tuple[DataFile, ...], stream: str) -> None:
-    """Add ``files`` to the Delta table at ``table_uri`` in one atomic append commit."""
+def commit(
+    table_uri: str,
+    files: tuple[DataFile, ...],
+    stream: str,
+    storage_options: dict[str, str] | None = None,
+) -> None:
+    """Add ``files`` to the Delta table at ``table_uri`` in one atomic append commit.
+
+    A commit that lost a race to another writer's commit of the same version
+    (a local rename that found the file, or an S3 conditional put that found
+    the object) is retried on the new version by :func:`~pipeline.lake.jobs.delta_retry`.
+    """
     from deltalake import DeltaTable
     from deltalake.transaction import AddAction, RemoveAction
 
@@ -263,7 +278,7 @@ def commit(table_uri: str, files: tuple[DataFile, ...], stream: str) -> None:
     ]
 
     def append() -> None:
-        table = DeltaTable(table_uri)
+        table = DeltaTable(table_uri, storage_options=storage_options)
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(), partition_by=[PARTITION_COLUMN]
         )
@@ -271,13 +286,31 @@ def commit(table_uri: str, files: tuple[DataFile, ...], stream: str) -> None:
     delta_retry(f"commit of {len(files)} files to {table_uri}", append)
 
 
-def discard(table_uri: str, files: tuple[DataFile, ...]) -> None:
+def discard(
+    table_uri: str, files: tuple[DataFile, ...], storage_options: dict[str, str] | None = None
+) -> None:
     """Delete uncommitted ``files`` (best effort: maintenance's VACUUM removes any left)."""
+    fs = _filesystem(storage_options or {})
     for f in files:
         try:
-            os.remove(os.path.join(table_uri, f.path))
+            fs.delete_file(f"{_fs_path(table_uri)}/{f.path}")
         except OSError as exc:
             log.debug("could not delete uncommitted %s: %s", f.path, exc)
+
+
+def _fs_path(uri: str) -> str:
+    """A table URI as a path of its pyarrow filesystem (``s3://b/k`` -> ``b/k``)."""
+    _, sep, rest = uri.partition("://")
+    return rest.rstrip("/") if sep else uri.rstrip("/")
+
+
+def _filesystem(storage: dict[str, str]) -> Any:
+    """The pyarrow filesystem files are written to: local, or the lake's object store."""
+    import pyarrow.fs as pafs
+
+    from pipeline.lake.store import s3_filesystem
+
+    return s3_filesystem(storage) if storage else pafs.LocalFileSystem()
 
 
 # --- the tasks --------------------------------------------------------------------
@@ -291,12 +324,21 @@ def write_ranges(task: WriteTask, batches: Iterator[pa.RecordBatch]) -> Iterator
 
 
 class _File:
-    """One Parquet file being written: buffered row groups and running Delta stats."""
+    """One Parquet file being written: buffered row groups and running Delta stats.
 
-    def __init__(self, directory: str, index: int, schema: pa.Schema, stats: list[str]) -> None:
-        os.makedirs(directory, exist_ok=True)
+    ``fs``: the pyarrow filesystem ``directory`` is a path of (default: local files).
+    """
+
+    def __init__(
+        self, directory: str, index: int, schema: pa.Schema, stats: list[str], fs: Any = None
+    ) -> None:
+        import pyarrow.fs as pafs
+
+        self.fs = fs if fs is not None else pafs.LocalFileSystem()
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            os.makedirs(directory, exist_ok=True)  # object stores have no directories
         self.name = f"part-{index:05d}-{uuid.uuid4()}.c000.snappy.parquet"
-        self.path = os.path.join(directory, self.name)
+        self.path = f"{directory.rstrip('/')}/{self.name}"
         self.schema = schema
         self.stats = stats
         self.rows = 0
@@ -333,6 +375,7 @@ class _File:
             self.writer = pq.ParquetWriter(
                 self.path,
                 self.schema,
+                filesystem=self.fs,
                 compression="snappy",
                 # Lake columns are mostly unique (hashes, ids, payloads): dictionaries only cost.
                 use_dictionary=False,
@@ -352,7 +395,7 @@ class _File:
         if self.writer is not None:
             self.writer.close()
         try:
-            os.remove(self.path)
+            self.fs.delete_file(self.path)
         except OSError:
             pass
 
@@ -362,7 +405,7 @@ class _File:
             return dict.fromkeys([f"{prefix}_path", f"{prefix}_size", f"{prefix}_stats"])
         return {
             f"{prefix}_path": self.name,
-            f"{prefix}_size": os.path.getsize(self.path),
+            f"{prefix}_size": self.fs.get_file_info(self.path).size,
             f"{prefix}_stats": self.delta_stats(),
         }
 
@@ -386,14 +429,16 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     began_task = time.perf_counter()
     lo, hi = task.ranges[index]
     archived_at = pa.scalar(task.archived_at_us, pa.timestamp("us", tz="UTC"))
+    fs = _filesystem(task.storage)
     entries_file = _File(
         task.entries_dir,
         index,
         ENTRIES_FILE,
         tables.STATS_COLUMNS[tables.STREAM_ENTRIES].split(","),
+        fs,
     )
     blocks_file = _File(
-        task.blocks_dir, index, BLOCKS_FILE, tables.STATS_COLUMNS[tables.BLOCKS].split(",")
+        task.blocks_dir, index, BLOCKS_FILE, tables.STATS_COLUMNS[tables.BLOCKS].split(","), fs
     )
     heads = HeadReader()
     entries = valid = invalid = 0

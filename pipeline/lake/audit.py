@@ -75,7 +75,7 @@ class Continuity:
 
 def audit(settings: Settings, stream: str, *, reader: LakeReader | None = None) -> AuditReport:
     """Check the canonical chain of ``stream`` from its first to its last block."""
-    reader = reader or LakeReader(settings.lake.uri)
+    reader = reader or LakeReader(settings.lake)
     check = Continuity()
     for table in reader.iter_canonical_arrow(stream, 0, batch_rows=65536):
         check.feed(

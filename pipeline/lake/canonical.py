@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeline.lake import tables
 from pipeline.lake.chainwalk import Node, Plan, pending, plan_walk
-from pipeline.lake.jobs import ensure_tables, run_spark, table_sql
+from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark, table_sql
 from pipeline.settings import LakeSettings, Settings
 
 
@@ -53,7 +53,9 @@ def mark_canonical(spark: Any, settings: Settings, stream: str) -> CanonicalResu
     head = plan.head
     if head is None:
         return CanonicalResult(stream=stream, head_num=None, head_hash=None, marked=0, unmarked=0)
-    if plan.mark or plan.unmark:
+    if (plan.mark or plan.unmark) and lake.remote:
+        delta_retry(f"canonical marking of {stream!r}", lambda: _apply_delta(lake, stream, plan))
+    elif plan.mark or plan.unmark:
         run_spark(f"canonical marking of {stream!r}", lambda: _apply(spark, lake, stream, plan))
     return CanonicalResult(
         stream=stream,
@@ -64,23 +66,65 @@ def mark_canonical(spark: Any, settings: Settings, stream: str) -> CanonicalResu
     )
 
 
-def _apply(spark: Any, lake: LakeSettings, stream: str, plan: Plan) -> None:
+def _changes(plan: Plan) -> Any:
+    """The plan as an arrow table of (num, hash, canonical)."""
     import pyarrow as pa
 
     changes = [(n.num, n.hash, True) for n in plan.mark] + [
         (n.num, n.hash, False) for n in plan.unmark
     ]
-    frame = pa.table(
+    return pa.table(
         {
             "num": pa.array([c[0] for c in changes], pa.int64()),
             "hash": pa.array([c[1] for c in changes], pa.string()),
             "canonical": pa.array([c[2] for c in changes], pa.bool_()),
         }
     )
+
+
+def _apply_delta(lake: LakeSettings, stream: str, plan: Plan) -> None:
+    """The same change with delta-rs (:mod:`pipeline.lake.rewrite`): a lake on object
+    storage, where Spark does not write. One commit."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.lake.rewrite import rewrite_partition_range
+
+    frame = _changes(plan)
+    wanted = {
+        (n, h): c
+        for n, h, c in zip(
+            frame.column("num").to_pylist(),
+            frame.column("hash").to_pylist(),
+            frame.column("canonical").to_pylist(),
+            strict=True,
+        )
+    }
+
+    def change(rows: pa.Table) -> pa.Table | None:
+        old = rows.column("canonical").to_pylist()
+        new = [
+            wanted.get((n, h), c)
+            for n, h, c in zip(
+                rows.column("num").to_pylist(), rows.column("hash").to_pylist(), old, strict=True
+            )
+        ]
+        if new == old:
+            return None
+        index = rows.schema.get_field_index("canonical")
+        return rows.set_column(index, rows.schema.field(index), pa.array(new, pa.bool_()))
+
+    lo, hi = pc.min(frame.column("num")).as_py(), pc.max(frame.column("num")).as_py()
+    rewrite_partition_range(lake, tables.BLOCKS, stream, "num", lo, hi, change)
+
+
+def _apply(spark: Any, lake: LakeSettings, stream: str, plan: Plan) -> None:
+    import pyarrow.compute as pc
+
+    frame = _changes(plan)
     source = spark.createDataFrame(frame)
     source.createOrReplaceTempView("sluice_canonical_changes")
-    lo = min(c[0] for c in changes)
-    hi = max(c[0] for c in changes)
+    lo, hi = pc.min(frame.column("num")).as_py(), pc.max(frame.column("num")).as_py()
     stream_sql = stream.replace("\\", "\\\\").replace("'", "\\'")
     spark.sql(
         f"MERGE INTO {table_sql(lake, tables.BLOCKS)} t USING sluice_canonical_changes s "

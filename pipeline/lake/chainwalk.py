@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.chain.batch import effective_weight
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.settings import LakeSettings
 
 #: First window of block heights read below the head; doubled while needed.
@@ -95,9 +95,7 @@ def pending(lake: LakeSettings, stream: str) -> Plan:
     the lowest unmarked height, and widens while the walk runs off its bottom.
     An empty plan (``head`` None) when the stream has no block.
     """
-    from deltalake import DeltaTable
-
-    if not DeltaTable.is_deltatable(lake.table(tables.BLOCKS)):
+    if not store.is_table(lake, tables.BLOCKS):
         return Plan(head=None, mark=(), unmark=(), needs_lower=False)
     top, lowest_unmarked = _heights(lake, stream)
     if top is None:
@@ -114,9 +112,7 @@ def pending(lake: LakeSettings, stream: str) -> Plan:
 
 
 def _dataset(lake: LakeSettings, stream: str, floor: int) -> Any:
-    from deltalake import DeltaTable
-
-    return DeltaTable(lake.table(tables.BLOCKS)).to_pyarrow_dataset(
+    return store.open_table(lake, tables.BLOCKS).to_pyarrow_dataset(
         file_pruning_predicate=[("stream", "=", stream), ("num", ">=", floor)]
     )
 

@@ -52,6 +52,7 @@ from types import FrameType
 from typing import Any
 
 from pipeline.errors import ConfigError, JobCancelled, SluiceError
+from pipeline.lake import store
 from pipeline.lake.joblog import WarningCounter, job_logging
 from pipeline.lake.lazyspark import LazySpark
 from pipeline.lake.progress import reporter
@@ -121,6 +122,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace, settings: Settings) -> None:
     """Refuse bad input before any work (:class:`ConfigError`: one line, exit 2)."""
+    if args.job == "maintain" and args.retain_hours < settings.lake.min_retain_hours:
+        raise ConfigError(
+            f"--retain-hours {args.retain_hours} is below {settings.lake.min_retain_hours}: "
+            "VACUUM would delete the files of an archive job still running (a job may run "
+            f"up to job_timeout_s = {settings.lake.job_timeout_s} s before it commits them)"
+        )
     if args.job != "backfill":
         return
     from pipeline.lake.backfill import iso, parse_time
@@ -358,6 +365,13 @@ def _main(
         if stopper.stopping.is_set():
             return EXIT_CANCELLED  # the interrupt made the Spark work fail: that is the stop
         print(f"sluice lake: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except store.store_errors() as exc:  # a lake read or write the job did not convert itself
+        print(
+            f"sluice lake: the lake at {settings.lake.uri} failed: {store.describe(exc)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     finally:
         restore()

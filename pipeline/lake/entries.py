@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.errors import LakeError
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.settings import LakeSettings
 
 #: Entry rows resolved per step (bounds the memory of one step's blocks lookup).
@@ -36,7 +36,7 @@ class Entry:
 
 
 def read_entries(
-    lake_uri: str, stream: str, start_ms: int = 0, end_ms: int | None = None
+    lake_uri: LakeSettings | str, stream: str, start_ms: int = 0, end_ms: int | None = None
 ) -> Iterator[Entry]:
     """The entries of ``stream`` with ``start_ms <= entry_ms < end_ms``, in id order.
 
@@ -44,10 +44,8 @@ def read_entries(
     ``blocks`` has no row for it (a lake damaged by hand: the archive commits
     ``blocks`` before ``stream_entries``).
     """
-    from deltalake import DeltaTable
-
-    lake = LakeSettings.from_url(lake_uri)
-    table = DeltaTable(lake.table(tables.STREAM_ENTRIES))
+    lake = LakeSettings.from_url(lake_uri) if isinstance(lake_uri, str) else lake_uri
+    table = store.open_table(lake, tables.STREAM_ENTRIES)
     names = table.schema().to_arrow().names
     flag = tables.PAYLOAD_COLUMN in names
     expr = (pc.field("stream") == stream) & (pc.field("entry_ms") >= start_ms)
@@ -93,12 +91,10 @@ def _resolve(lake: LakeSettings, stream: str, rows: pa.Table, flag: bool) -> Ite
 
 def _payloads(lake: LakeSettings, stream: str, marked: pa.Table) -> dict[str, bytes]:
     """``entry_id -> blocks.payload`` for the marked entry rows (files pruned by num)."""
-    from deltalake import DeltaTable
-
     nums = marked.column("block_num")
     lo, hi = pc.min(nums).as_py(), pc.max(nums).as_py()
     found = (
-        DeltaTable(lake.table(tables.BLOCKS))
+        store.open_table(lake, tables.BLOCKS)
         .to_pyarrow_dataset(
             file_pruning_predicate=[("stream", "=", stream), ("num", ">=", lo), ("num", "<=", hi)]
         )

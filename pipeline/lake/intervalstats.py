@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.settings import LakeSettings
 
 #: At most this many invalid entry ids are returned (the count is always exact).
@@ -40,9 +40,8 @@ def interval_scan(
 ) -> pa.Table:
     """Rows of ``stream`` with ``lo <= column <= hi`` (delta-rs, files pruned by stats)."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
-    dataset = DeltaTable(lake.table(name)).to_pyarrow_dataset(
+    dataset = store.open_table(lake, name).to_pyarrow_dataset(
         file_pruning_predicate=[("stream", "=", stream), (column, ">=", lo), (column, "<=", hi)]
     )
     expr = (pc.field("stream") == stream) & (pc.field(column) >= lo) & (pc.field(column) <= hi)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pipeline.errors import LakeError, LakePathError, RedisUnavailable, SparkUnavailable
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.settings import LakeSettings
 
 _CREATE_ATTEMPTS = 5
@@ -31,9 +31,13 @@ def table_sql(lake: LakeSettings, name: str) -> str:
 
 
 def check_lake_path(lake: LakeSettings) -> None:
-    """Fail early with :class:`LakePathError` when a local lake root cannot be written."""
-    if "://" in lake.uri:
-        return  # object stores: the first write reports access errors
+    """Fail early with :class:`LakePathError` when the lake root cannot be written.
+
+    On object storage: when the store does not answer or the bucket is missing.
+    """
+    if lake.remote:
+        store.check_reachable(lake)
+        return
     root = Path(lake.uri)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -47,7 +51,7 @@ def check_lake_path(lake: LakeSettings) -> None:
             raise LakePathError(f"the lake table {table} is not writable")
 
 
-def ensure_tables(lake: LakeSettings, storage_options: dict[str, str] | None = None) -> None:
+def ensure_tables(lake: LakeSettings) -> None:
     """Create the lake tables that do not exist yet, with :data:`tables.TABLE_PROPERTIES`.
 
     Created with delta-rs (no JVM needed, and much faster than Spark DDL);
@@ -61,7 +65,7 @@ def ensure_tables(lake: LakeSettings, storage_options: dict[str, str] | None = N
     for name, (schema, partitions) in tables.LAYOUT.items():
         uri = lake.table(name)
         for attempt in range(_CREATE_ATTEMPTS):
-            if DeltaTable.is_deltatable(uri, storage_options):
+            if store.is_table(lake, name):
                 break
             try:
                 DeltaTable.create(
@@ -70,11 +74,11 @@ def ensure_tables(lake: LakeSettings, storage_options: dict[str, str] | None = N
                     mode="ignore",
                     partition_by=list(partitions) or None,
                     configuration=dict(tables.TABLE_PROPERTIES),
-                    storage_options=storage_options,
+                    storage_options=store.delta_options(lake),
                 )
                 break
             except OSError as exc:
-                raise LakePathError(f"cannot create {uri}: {exc}") from exc
+                raise LakePathError(f"cannot create {uri}: {store.describe(exc)}") from exc
             except DeltaError as exc:  # a concurrent create committed version 0 first
                 if attempt == _CREATE_ATTEMPTS - 1:
                     raise LakePathError(f"cannot create {uri}: {exc}") from exc
@@ -160,7 +164,15 @@ def _connect_lost(exc: BaseException, text: str) -> bool:
 
 
 def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
-    """Run a delta-rs write, retrying a bounded number of times on commit conflicts."""
+    """Run a delta-rs write, retrying a bounded number of times on commit conflicts.
+
+    A conflict is a lost race for the next table version: another writer's
+    commit got it first (a local rename, or an S3 conditional put, found the
+    version taken). delta-rs rebases what it can; what it cannot is retried
+    here on the new version, and raised as :class:`LakeError` when it keeps
+    losing: never dropped.
+    """
+    import random
     import time
 
     from deltalake.exceptions import CommitFailedError
@@ -171,5 +183,8 @@ def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
         except CommitFailedError as exc:
             if attempt == attempts - 1:
                 raise LakeError(f"{what}: commit kept conflicting: {exc}") from exc
-            time.sleep(0.05 * (2**attempt))
+            # jittered: writers that lost the same race do not meet again at once
+            time.sleep(0.05 * (2**attempt) * (0.5 + random.random()))
+        except OSError as exc:  # the store (or the disk) failed the commit: nothing was committed
+            raise LakePathError(f"{what}: {store.describe(exc)}") from exc
     raise AssertionError("unreachable")

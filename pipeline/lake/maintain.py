@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.lake.jobs import ensure_tables, run_spark, table_sql
 from pipeline.settings import LakeSettings, Settings
 
@@ -79,9 +79,8 @@ def maintain(spark: Any, settings: Settings, *, retain_hours: int = 168) -> Main
 def live_files(lake: LakeSettings, name: str) -> tuple[int, int, int]:
     """(data files, their bytes, most files in one partition) of the table's current version."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    actions = pa.table(DeltaTable(lake.table(name)).get_add_actions(flatten=True))
+    actions = pa.table(store.open_table(lake, name).get_add_actions(flatten=True))
     paths = actions.column("path").to_pylist() if actions.num_rows else []
     sizes = actions.column("size_bytes").to_pylist() if actions.num_rows else []
     partitions = Counter(str(p).rsplit("/", 1)[0] if "/" in str(p) else "" for p in paths)
@@ -89,9 +88,7 @@ def live_files(lake: LakeSettings, name: str) -> tuple[int, int, int]:
 
 
 def _property_fixes(lake: LakeSettings, name: str) -> dict[str, str]:
-    from deltalake import DeltaTable
-
-    config = DeltaTable(lake.table(name)).metadata().configuration
+    config = store.open_table(lake, name).metadata().configuration
     fixes = {}
     if config.get("delta.enableDeletionVectors", "false") != "false":
         fixes["delta.enableDeletionVectors"] = "false"
@@ -107,28 +104,21 @@ def _property_fixes(lake: LakeSettings, name: str) -> dict[str, str]:
 
 
 def _one(spark: Any, lake: LakeSettings, name: str, retain_hours: int) -> TableMaintenance:
-    target = table_sql(lake, name)
     fixes = _property_fixes(lake, name)
     if fixes:
-        props = ", ".join(f"'{k}' = '{v}'" for k, v in fixes.items())
-        spark.sql(f"ALTER TABLE {target} SET TBLPROPERTIES ({props})")
+        _set_properties(spark, lake, name, fixes)
     files_before, bytes_before, most = live_files(lake, name)
     added = removed = 0
     if most >= 2:
-        from deltalake import DeltaTable
-
-        version = DeltaTable(lake.table(name)).version()
-        rows = spark.sql(f"OPTIMIZE {target}").collect()
-        metrics = rows[0]["metrics"] if rows else None
-        added = int(metrics["numFilesAdded"]) if metrics else 0
-        removed = int(metrics["numFilesRemoved"]) if metrics else 0
+        version = store.open_table(lake, name).version()
+        added, removed = _compact(spark, lake, name)
         files_now, bytes_now, _ = live_files(lake, name)
         if bytes_now > bytes_before:
             # Rare (compression of the merged rows came out worse): keep the old files.
             log.info(
                 "%s: compaction grew it (%d -> %d bytes); restored", name, bytes_before, bytes_now
             )
-            spark.sql(f"RESTORE TABLE {target} TO VERSION AS OF {version}")
+            _restore(spark, lake, name, version)
             added = removed = 0
     files_after, bytes_after, _ = live_files(lake, name)
     vacuumed = _vacuum(lake, name, retain_hours)
@@ -145,12 +135,42 @@ def _one(spark: Any, lake: LakeSettings, name: str, retain_hours: int) -> TableM
     )
 
 
-def _vacuum(lake: LakeSettings, name: str, retain_hours: int) -> int:
-    from deltalake import DeltaTable
+# Each change is one commit, by Spark on a local lake and by delta-rs (conditional puts,
+# see docs/DESIGN.md) on object storage, where Spark does not write.
 
+
+def _set_properties(spark: Any, lake: LakeSettings, name: str, fixes: dict[str, str]) -> None:
+    if lake.remote:
+        table = store.open_table(lake, name)
+        table.alter.set_table_properties(fixes, raise_if_not_exists=False)
+        return
+    props = ", ".join(f"'{k}' = '{v}'" for k, v in fixes.items())
+    spark.sql(f"ALTER TABLE {table_sql(lake, name)} SET TBLPROPERTIES ({props})")
+
+
+def _compact(spark: Any, lake: LakeSettings, name: str) -> tuple[int, int]:
+    """Bin-pack small files (no ZORDER); returns (files added, files removed)."""
+    if lake.remote:
+        metrics = store.open_table(lake, name).optimize.compact()
+        return int(metrics["numFilesAdded"]), int(metrics["numFilesRemoved"])
+    rows = spark.sql(f"OPTIMIZE {table_sql(lake, name)}").collect()
+    found = rows[0]["metrics"] if rows else None
+    if not found:
+        return 0, 0
+    return int(found["numFilesAdded"]), int(found["numFilesRemoved"])
+
+
+def _restore(spark: Any, lake: LakeSettings, name: str, version: int) -> None:
+    if lake.remote:
+        store.open_table(lake, name).restore(version)
+        return
+    spark.sql(f"RESTORE TABLE {table_sql(lake, name)} TO VERSION AS OF {version}")
+
+
+def _vacuum(lake: LakeSettings, name: str, retain_hours: int) -> int:
     from pipeline.lake.jobs import delta_retry
 
-    table = DeltaTable(lake.table(name))
+    table = store.open_table(lake, name)
     removed = delta_retry(
         f"vacuum of {name}",
         # full: also files no commit references and older than the retention (data files

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline.errors import LakeError, LakePathError
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.settings import LakeSettings
 
 #: Columns of the arrow fast path, in this order.
@@ -59,15 +59,20 @@ class LakeReader:
 
     def __init__(
         self,
-        lake_uri: str,
+        lake: LakeSettings | str,
         storage_options: dict[str, str] | None = None,
         *,
         cache_bytes: int = 0,
     ) -> None:
+        """``lake``: the lake's settings (storage options come with them), or a bare URI
+        with ``storage_options`` given here (delta-rs' names)."""
         if cache_bytes < 0:
             raise ValueError("cache_bytes must be non-negative")
-        self._uri = LakeSettings.from_url(lake_uri).table(tables.BLOCKS)
-        self._storage_options = storage_options
+        settings = LakeSettings.from_url(lake) if isinstance(lake, str) else lake
+        self._uri = settings.table(tables.BLOCKS)
+        self._storage_options = (
+            storage_options if storage_options is not None else store.delta_options(settings)
+        )
         self._table: Any = None  # deltalake.DeltaTable once the table exists
         self._min_nums: tuple[int | None, dict[str, int]] | None = None
         self._cache = _FileCache(cache_bytes)
@@ -90,7 +95,9 @@ class LakeReader:
             else:
                 return
         except OSError as exc:
-            raise LakePathError(f"cannot read the lake table {self._uri}: {exc}") from exc
+            raise LakePathError(
+                f"cannot read the lake table {self._uri}: {store.describe(exc)}"
+            ) from exc
         _check_readable(self._table, self._uri)
 
     # --- point queries -------------------------------------------------------
@@ -213,7 +220,9 @@ class LakeReader:
                 file_pruning_predicate=list(pruning)
             )
         except OSError as exc:
-            raise LakePathError(f"cannot read the lake table {self._uri}: {exc}") from exc
+            raise LakePathError(
+                f"cannot read the lake table {self._uri}: {store.describe(exc)}"
+            ) from exc
         return dataset
 
     def _select(

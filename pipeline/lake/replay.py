@@ -64,7 +64,7 @@ def replay(
         raise LakeError(f"range {from_num}..{to_num} is over {MAX_BLOCKS} blocks: split it")
     target = target_stream or stream
     key = keys.stream(target)
-    reader = reader or LakeReader(settings.lake.uri)
+    reader = reader or LakeReader(settings.lake)
     client = connect(settings.redis.url)
     published = skipped = 0
     last_id: str | None = None

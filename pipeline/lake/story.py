@@ -46,11 +46,22 @@ def summary_lines(job: str, result: dict[str, Any], seconds: float) -> list[str]
         streams = result.get("streams") or {}
         failed = list(result.get("failed") or [])
         done = [r for r in streams.values() if "error" not in r]
-        read = sum(int(r.get("read", 0)) for r in done)
+        # Earlier intervals a run caught up count too: a run that archived 8 of them
+        # and found its own interval empty did not read "0 entries".
+        caught = [c for r in done for c in r.get("caught_up") or ()]
+        read = sum(int(r.get("read", 0)) for r in done + caught)
+        blocks = sum(int(r.get("blocks", 0)) for r in done + caught)
+        caught_read = sum(int(c.get("read") or 0) for c in caught)
         return [
             f"{len(done)} of {len(streams)} stream(s) archived"
             + (f", {len(failed)} failed: {', '.join(failed)}" if failed else "")
-            + f"; {read} entries read, {sum(int(r.get('blocks', 0)) for r in done)} blocks",
+            + f"; {read} entries read"
+            + (
+                f" ({caught_read} of them in {len(caught)} earlier interval(s) caught up)"
+                if caught
+                else ""
+            )
+            + f", {blocks} blocks",
             f"done in {seconds:.2f}s",
         ]
     if job == "backfill":

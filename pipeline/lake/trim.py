@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
-from pipeline.lake import tables
+from pipeline.lake import store, tables
 from pipeline.lake.chainwalk import pending
 from pipeline.lake.redisread import connect, parse_id
 from pipeline.settings import LakeSettings, Settings
@@ -54,24 +54,21 @@ def covered_until(intervals: Iterable[tuple[int, int]], oldest_ms: int) -> int |
     return None
 
 
-def logged_intervals(
-    lake: LakeSettings, stream: str, storage_options: dict[str, str] | None = None
-) -> list[tuple[int, int]]:
+def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:
     """The ``[start_ms, end_ms)`` intervals ``archive_log`` records for ``stream``."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
-    uri = lake.table(tables.ARCHIVE_LOG)
+    if not store.is_table(lake, tables.ARCHIVE_LOG):
+        return []
     try:
-        if not DeltaTable.is_deltatable(uri, storage_options):
-            return []
         table = (
-            DeltaTable(uri, storage_options=storage_options)
+            store.open_table(lake, tables.ARCHIVE_LOG)
             .to_pyarrow_dataset()
             .to_table(columns=["start_ms", "end_ms"], filter=pc.field("stream") == stream)
         )
     except OSError as exc:
-        raise LakePathError(f"cannot read {uri}: {exc}") from exc
+        uri = lake.table(tables.ARCHIVE_LOG)
+        raise LakePathError(f"cannot read {uri}: {store.describe(exc)}") from exc
     return list(
         zip(table.column("start_ms").to_pylist(), table.column("end_ms").to_pylist(), strict=True)
     )

@@ -9,6 +9,9 @@ Metrics (JSON lines via Report), all in one run with their baselines:
   ``XRANGE`` of the same entries in Python (redis-py), same run. ``writer`` says
   which writer ran (``arrow``: :mod:`pipeline.lake.arrowwrite`); ``stages`` holds
   the per-stage split (see ``ArchiveResult.stages``).
+- ``archive_entries_per_s_s3``: local mode, the lake on versitygw (a real S3 server on
+  this machine, :mod:`pipeline.localstore`); baseline = ``archive_entries_per_s`` of the
+  same run (local disk), so its ratio is S3 against local disk.
 - ``archive_entries_per_s_spark_writer``: local mode with ``SLUICE_ARCHIVE_WRITER=spark``
   (the Spark writer), for comparison, same run.
 - ``archive_job_overhead_s``: a whole ``sluice lake archive`` child process (what an
@@ -18,7 +21,7 @@ Metrics (JSON lines via Report), all in one run with their baselines:
 - ``deltars_read_blocks_per_s`` / ``deltars_read_arrow_blocks_per_s``: the JVM-free reader.
 
 N = 1,000,000 x ``SLUICE_BENCH_SCALE`` (default 1). ``SLUICE_BENCH_MODES`` picks
-the parts (default ``session,local,connect,standalone``). Each archive runs in its own
+the parts (default ``session,local,s3,connect,standalone``). Each archive runs in its own
 child process (a Python process is a Spark Connect client or a local driver,
 never both).
 """
@@ -229,7 +232,7 @@ def main() -> int:
 
     scale = float(os.environ.get("SLUICE_BENCH_SCALE", "1"))
     n = max(1000, int(1_000_000 * scale))
-    modes = os.environ.get("SLUICE_BENCH_MODES", "session,local,connect,standalone").split(",")
+    modes = os.environ.get("SLUICE_BENCH_MODES", "session,local,s3,connect,standalone").split(",")
     cores = os.cpu_count() or 2
     report = Report("archive")
     with tempfile.TemporaryDirectory() as tmp_text:
@@ -276,15 +279,22 @@ def main() -> int:
             warm = f"{w_start}:{w_end}"
             archive_args = ["--child-archive", STREAM, str(start_ms), str(end_ms), warm]
 
-            def archive(mode: str, metric: str, remote: str = "", writer: str = "arrow") -> None:
+            rates: dict[str, float] = {}
+
+            def archive(
+                mode: str, metric: str, remote: str = "", writer: str = "arrow",
+                lake: dict[str, str] | None = None, baseline: float | None = None,
+            ) -> None:  # fmt: skip
                 env = {**base_env, "SLUICE_LAKE_URI": str(tmp / f"lake-{mode}-{writer}"),
-                       "SLUICE_SPARK_REMOTE": remote, "SLUICE_ARCHIVE_WRITER": writer}  # fmt: skip
+                       "SLUICE_SPARK_REMOTE": remote, "SLUICE_ARCHIVE_WRITER": writer,
+                       **(lake or {})}  # fmt: skip
                 load = _load()
                 doc = _child(archive_args, env)
                 assert doc["entries"] == n, doc
                 used = "arrow" if "commit_entries" in doc["stages"] else "spark"
                 assert used == writer, doc
-                report.emit(metric, n / doc["seconds"], raw_rate, entries=n, mode=mode,
+                rates[metric] = n / doc["seconds"]
+                report.emit(metric, rates[metric], baseline or raw_rate, entries=n, mode=mode,
                             writer=used, archive_s=round(doc["seconds"], 2),
                             xrange_s=round(raw_s, 2), stages=doc["stages"],
                             load=[load, _load()])  # fmt: skip
@@ -297,6 +307,18 @@ def main() -> int:
                     cause = str(exc).rsplit("causes:\n", 1)[-1].splitlines()
                     report.emit("archive_entries_per_s_spark_writer", 0.0, raw_rate,
                                 writer="spark", error=(cause or ["?"])[-1][:300])  # fmt: skip
+            if "s3" in modes:
+                # The same archive onto versitygw (a real S3 server on this machine), against
+                # the local-disk figure of this run (or raw XRANGE when "local" did not run).
+                from pipeline.localstore import LocalStore
+
+                with LocalStore(tmp / "s3") as store:
+                    store.create_bucket("lake")
+                    lake = {"SLUICE_" + k.upper(): str(v).lower() if isinstance(v, bool) else str(v)
+                            for k, v in store.lake_settings().items()}  # fmt: skip
+                    lake["SLUICE_LAKE_URI"] = "s3://lake/bench"
+                    archive("s3", "archive_entries_per_s_s3", lake=lake,
+                            baseline=rates.get("archive_entries_per_s"))  # fmt: skip
             settings = Settings.load(config_path=os.devnull, spark_master="local[*]")
             if "connect" in modes:
                 with ConnectServer(

@@ -1,7 +1,7 @@
 """A real ``airflow api-server`` with Sluice's plugins, a lake and a Redis, for the coverage view.
 
 One server per module (starting one costs about 10-20 s): a temporary
-``AIRFLOW_HOME`` with a migrated SQLite database, ``dags/`` serialized into it,
+``AIRFLOW_HOME`` with a migrated database on the session's PostgreSQL, ``dags/`` serialized into it,
 ``plugins/`` of this checkout as the plugin folder, the simple auth manager
 (its generated admin password gives a JWT through ``POST /auth/token``), a
 temporary lake and database 11 of a private redis-server (the last test stops it). The server runs
@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -82,7 +82,8 @@ def write_archive_log(lake: str, rows: list[dict[str, Any]]) -> None:
     )
 
 
-def airflow_env(home: Path, port: int, lake: str, redis_url: str) -> dict[str, str]:
+def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str) -> dict[str, str]:
+    """The environment of a real Airflow whose metadata database is ``database`` (PostgreSQL)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_"))}
     env.update(
         {
@@ -91,8 +92,7 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str) -> dict[str, s
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-            **airflowdb.ENV,
+            **airflowdb.database_env(database),
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
             ),
@@ -137,13 +137,15 @@ def view_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedis]
 
 @pytest.fixture(scope="module")
 def api_server(
-    tmp_path_factory: pytest.TempPathFactory, view_redis: LocalRedis
+    tmp_path_factory: pytest.TempPathFactory,
+    view_redis: LocalRedis,
+    airflow_database: Callable[[], str],
 ) -> Iterator[ApiServer]:
     home = tmp_path_factory.mktemp("airflow-view")
     lake = str(home / "lake")
     port = free_port()
     redis_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{VIEW_REDIS_DB}"))
-    env = airflow_env(home, port, lake, redis_url)
+    env = airflow_env(home, port, lake, redis_url, airflow_database())
     with start_api_server(env, home, port) as (url, token, log_path):
         yield ApiServer(
             url=url,

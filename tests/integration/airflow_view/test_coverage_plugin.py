@@ -78,3 +78,22 @@ async def test_bad_settings_are_shown_not_raised(plugin: ModuleType) -> None:
     assert data["streams"] == []
     assert data["error"].startswith("sluice settings: setting 'hot_retention_s'"), data
     assert board.builds == 1
+
+
+async def test_a_lake_store_that_is_down_is_shown_in_one_line_with_the_read_age(
+    plugin: ModuleType, s3_lake: dict[str, object]
+) -> None:
+    from pipeline.ports import free_port
+    from pipeline.settings import Settings
+
+    down = {**s3_lake, "lake_s3_endpoint": f"http://127.0.0.1:{free_port()}"}
+    board = plugin.CoverageBoard(lambda: Settings.load(env={}, **down))
+    try:
+        data = json.loads(await board.body())
+    finally:
+        await board.close()
+    lake = data["lake"]
+    assert lake["error"].startswith("archive_log: cannot read the lake table"), lake
+    assert "refused the connection" in lake["error"] and "\n" not in lake["error"], lake
+    assert "internal error" not in lake["error"]
+    assert "read_age_s" in lake  # the page shows how old the lake read it shows is

@@ -1,7 +1,7 @@
 """Sluice's DAGs under a real scheduler: backfill, task logs and "Mark failed" through the API.
 
 One system for the module: ``airflow api-server`` and ``airflow scheduler``
-(LocalExecutor, parallelism 3) on SQLite, the lake jobs as thin clients of the
+(LocalExecutor, parallelism 3) on PostgreSQL, the lake jobs as thin clients of the
 session's Spark Connect server, one plain stream in a private Redis. The
 archive DAG runs daily (``0 0 * * *``) so the scheduler starts exactly one
 run on its own, for yesterday, when the DAG first appears; the data sits in
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -94,6 +94,7 @@ def system(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     view_redis: LocalRedis,
+    airflow_database: Callable[[], str],
 ) -> Iterator[System]:
     remote = shared_server(request, tmp_path_factory.getbasetemp()).url
     home = tmp_path_factory.mktemp("airflow-sched")
@@ -105,7 +106,7 @@ def system(
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     ids = _write(client, today)
     hold = home / "hold"
-    env = airflow_env(home, port, lake, redis_url)
+    env = airflow_env(home, port, lake, redis_url, airflow_database())
     env.update(
         {
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",

@@ -173,10 +173,10 @@ def test_killed_between_the_commits_the_rerun_completes(
     arrow, slow = str(tmp_path / "arrow"), str(tmp_path / "spark")
     commit = arrowwrite.commit
 
-    def die_before_entries(table_uri: str, files: Any, stream: str) -> None:
+    def die_before_entries(table_uri: str, files: Any, stream: str, *options: Any) -> None:
         if table_uri.endswith(tables.STREAM_ENTRIES):
             raise KeyboardInterrupt("killed")
-        commit(table_uri, files, stream)
+        commit(table_uri, files, stream, *options)
 
     monkeypatch.setattr(arrowwrite, "commit", die_before_entries)
     with pytest.raises(KeyboardInterrupt):
@@ -190,7 +190,8 @@ def test_killed_between_the_commits_the_rerun_completes(
     assert orphans  # written, never committed: invisible
 
     again = _archive(spark, redis_url, arrow, "arrow")
-    assert "commit_entries" not in again.stages  # blocks are present: the Spark writer MERGEs
+    # blocks holds exactly this interval's rows: the rerun commits only the entries
+    assert "commit_entries" in again.stages and "commit_blocks" not in again.stages
     _archive(spark, redis_url, slow, "spark")
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
         assert _rows(arrow, name) == _rows(slow, name), name

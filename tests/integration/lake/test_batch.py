@@ -111,6 +111,8 @@ def test_catchup_fills_each_streams_holes_before_its_interval(
     assert log_rows(lake_uri, "p") == [(k * W, (k + 1) * W, 1) for k in range(4)]
     assert _lake_ids(lake_uri, "p") == ids and _lake_ids(lake_uri, "c") == other
     assert "stream p: archiving 2 earlier interval(s) no run archived yet" in err, err
+    # the summary counts what the catch-up read, not only the run's own interval
+    assert "4 entries read (2 of them in 2 earlier interval(s) caught up)" in err, err
 
 
 def test_a_lost_spark_server_fails_the_rest_without_trying_them(

@@ -182,9 +182,11 @@ def test_a_stream_task_takes_its_result_from_the_shared_job_or_archives_itself(
         op.execute(_context(ti=_TI(2, done)))
 
 
-def test_the_shared_job_reports_failed_streams_without_failing(
+def test_the_shared_job_whose_every_stream_failed_fails_and_logs_each_error(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from pipeline.errors import LakeJobError
+
     monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
     monkeypatch.setenv("SLUICE_X", "fail")
@@ -193,12 +195,13 @@ def test_the_shared_job_reports_failed_streams_without_failing(
         task_id="archive_streams", streams=["a", "b"], module="job_child"
     )
     caplog.set_level("INFO")
-    result = op.execute(_context())
-    assert result["failed"] == ["a", "b"]
-    assert any(
-        r.levelname == "WARNING" and "2 stream(s) failed in this job: a, b" in r.getMessage()
-        for r in caplog.records
-    )
+    with pytest.raises(LakeJobError, match=r"every stream of the job failed \(2\): a, b"):
+        op.execute(_context())
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert [m.split(":")[0] for m in errors if m.startswith("stream ")] == [
+        "stream a failed",
+        "stream b failed",
+    ], errors
     # killed before the job started: none starts
     op.on_kill()
     with pytest.raises(Exception, match="stopped"):

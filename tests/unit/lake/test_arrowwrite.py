@@ -86,4 +86,5 @@ def test_file_writes_row_groups_and_delta_stats(tmp_path: Path) -> None:
 def test_a_bad_writer_setting_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="SLUICE_ARCHIVE_WRITER"):
         _arrow_writer(LakeSettings(uri=str(tmp_path), archive_writer="fast"))
-    assert not _arrow_writer(LakeSettings(uri="s3://bucket/lake"))  # object stores: Spark
+    with pytest.raises(ConfigError, match="object storage"):  # Spark does not write to S3
+        _arrow_writer(LakeSettings(uri="s3://bucket/lake", archive_writer="spark"))

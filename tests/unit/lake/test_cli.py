@@ -21,3 +21,18 @@ def test_jsonable() -> None:
         t: tuple[tuple[int, int], ...]
 
     assert _jsonable(R(b"\x01", ((1, 2),))) == {"h": "01", "t": [[1, 2]]}
+
+
+def test_a_retention_below_the_longest_job_is_refused() -> None:
+    import argparse
+
+    from pipeline.errors import ConfigError
+    from pipeline.lake.cli import check_args
+    from pipeline.settings import Settings
+
+    settings = Settings.load(env={}, lake_job_timeout_s=7200)
+    assert settings.lake.min_retain_hours == 2
+    with pytest.raises(ConfigError, match="--retain-hours 1 is below 2"):
+        check_args(argparse.Namespace(job="maintain", retain_hours=1), settings)
+    check_args(argparse.Namespace(job="maintain", retain_hours=2), settings)
+    assert Settings.load(env={}, lake_job_timeout_s=1800).lake.min_retain_hours == 1

@@ -124,6 +124,10 @@ def test_every_env_var_is_read(flat: str) -> None:
         env_value = expected = "rediss://:pw@example:6380/3"
     elif dotted == "lake.uri":
         env_value = expected = "s3://bucket/lake"
+    elif dotted == "lake.s3_endpoint":
+        env_value = expected = "https://s3.example:9000"
+    elif dotted == "lake.s3_conditional_put":
+        env_value = expected = "unsafe-rename"
     elif dotted == "log_level":
         env_value = expected = "ERROR"
     elif dotted == "bus.listen" or dotted.endswith("listen"):
