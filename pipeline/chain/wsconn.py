@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Callable, Coroutine, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -54,44 +54,6 @@ _TCP = (socket.AF_INET, socket.AF_INET6)
 _CORK: int | None = getattr(socket, "TCP_CORK", None)
 
 
-class _Rest:
-    """The rest of a coroutine whose first step already ran and yielded ``first``.
-
-    Awaiting it runs the coroutine to its end as an asyncio task would (what
-    Python 3.12's ``eager_start`` does): each value the coroutine yields goes
-    up to the awaiting task, each value or exception the task sends comes back
-    down. :meth:`close` drops it unfinished.
-    """
-
-    __slots__ = ("_first", "_step")
-
-    def __init__(self, step: Coroutine[Any, Any, None], first: Any) -> None:
-        self._step = step
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        step, value = self._step, self._first
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                step.close()
-                raise
-            except BaseException as exc:  # e.g. the writer cancelled: into the coroutine
-                try:
-                    value = step.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    value = step.send(sent)
-                except StopIteration:
-                    return
-
-    def close(self) -> None:
-        self._step.close()
-
-
 @contextlib.contextmanager
 def _corked(sock: Any) -> Iterator[None]:
     """Hold a burst of frames in the kernel until it ends (``TCP_CORK``), where there is one."""
@@ -128,11 +90,7 @@ class Connection:
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
         self.dialect = dialect_of(request) or SEED
-        self.outbox = Outbox(self.settings.serve.send_buffer, direct=self._send_now)
-        #: The writer holds texts it popped (nothing may be sent around them).
-        self._busy = False
-        #: A direct send waiting on flow control; the writer finishes it first.
-        self._pending: _Rest | None = None
+        self.outbox = Outbox(self.settings.serve.send_buffer)
         transport = request.transport
         sock = transport.get_extra_info("socket") if transport is not None else None
         #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
@@ -169,9 +127,6 @@ class Connection:
                 return_exceptions=True,
             )
             self.subs.clear()
-            if self._pending is not None:
-                self._pending.close()
-                self._pending = None
             code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
             await self.close(code, reason)
 
@@ -195,76 +150,36 @@ class Connection:
     async def _write(self) -> None:
         """The one writer of the connection: every text in outbox order, aiohttp's public API only.
 
-        ``send_frame`` writes each frame and waits while the transport is
-        paused (aiohttp's flow control). A burst of frames is written corked
+        Live fan-out only appends shared frames to the outbox
+        (:mod:`pipeline.chain.frames`); this task wakes once per batch and
+        sends what it finds. ``send_frame`` writes each frame and waits while
+        the transport is paused (aiohttp's flow control), so a subscriber that
+        does not read lets its outbox fill up and is closed with 1008 by the
+        fan-out, which never waits for it. A burst of frames is written corked
         (``TCP_CORK``) so the kernel sends it in full segments: the frames of
         catch-up cost one small copy each, not one packet each
         (``catchup_blocks_per_s`` of ``make bench B=resume``).
         """
         ws, outbox, metrics = self.ws, self.outbox, self.metrics
+        send, text_op = ws.send_frame, WSMsgType.TEXT
         sock = self._sock
         try:
             while True:
                 await outbox.wait()
-                self._busy = True
-                try:
-                    pending, self._pending = self._pending, None
-                    if pending is not None:
-                        await pending
-                    texts = outbox.pop_many(_WRITE_BATCH)
-                    if not texts:
-                        continue
-                    if ws.closed:
-                        raise ConnectionResetError("websocket closed")
-                    with _corked(sock if len(texts) > 1 else None):
+                texts = outbox.pop_many(_WRITE_BATCH)
+                if not texts:
+                    continue
+                if ws.closed:
+                    raise ConnectionResetError("websocket closed")
+                if len(texts) == 1:  # live fan-out: one text a block, no cork to set up
+                    await send(texts[0], text_op)
+                else:
+                    with _corked(sock):
                         for text in texts:
-                            await ws.send_frame(text, WSMsgType.TEXT)
-                    metrics.inc("sluice_serve_messages_sent_total", len(texts))
-                finally:
-                    self._busy = False
+                            await send(text, text_op)
+                metrics.inc("sluice_serve_messages_sent_total", len(texts))
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-
-    def _send_now(self, texts: list[bytes]) -> int:
-        """The outbox's ``direct`` path: send while the writer is idle; how many were sent.
-
-        aiohttp's ``send_frame`` (uncompressed) writes the frame to the
-        transport and suspends only for flow control, so its first step is run
-        here, in the fan-out's own loop over subscribers, as an eager task
-        would: no writer task wakes per subscriber and block
-        (``fanout_p50_ms`` of ``make bench B=resume``). A send that suspends
-        is left to the writer to finish before anything else is sent; what
-        follows it is queued.
-        """
-        if self._busy or self._pending is not None or self.ws.closed:
-            return 0
-        try:
-            if len(texts) == 1:  # live fan-out: one text a subscriber, no cork to set
-                sent = self._send_steps(texts)
-            else:
-                with _corked(self._sock):
-                    sent = self._send_steps(texts)
-        except ConnectionError:
-            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-            return len(texts)  # the connection is closing: nothing more goes out
-        self.metrics.inc("sluice_serve_messages_sent_total", sent)
-        return sent
-
-    def _send_steps(self, texts: list[bytes]) -> int:
-        """Run the first step of ``send_frame`` for each text until one suspends; how many sent."""
-        send, text_op = self.ws.send_frame, WSMsgType.TEXT
-        sent = 0
-        for text in texts:
-            step = send(text, text_op)
-            sent += 1
-            try:
-                first = step.send(None)
-            except StopIteration:
-                continue
-            self._pending = _Rest(step, first)  # flow control: the writer finishes it
-            self.outbox.wake()
-            break
-        return sent
 
     async def _read(self) -> None:
         """Read frames without ever waiting for a request to finish.
