@@ -31,6 +31,7 @@ from pipeline.chain.batch import (
     encode_block,
 )
 from pipeline.chain.cardinal import Encoding, encode_results
+from pipeline.chain.outbox import FanoutBatch
 from pipeline.chain.planning import Emit
 from pipeline.errors import ChainError, MuxError
 
@@ -144,6 +145,8 @@ class WebsocketHub:
         self._listeners: dict[int, Listener] = {}
         self.published = 0
         self.last: LiveBlock | None = None
+        #: the writer wake-ups of one publish, sent inline by :meth:`flush` (pipeline.chain.outbox)
+        self.batch = FanoutBatch()
 
     def __len__(self) -> int:
         return len(self._listeners)
@@ -155,13 +158,20 @@ class WebsocketHub:
         self._listeners.pop(id(listener), None)
 
     def publish(self, item: LiveBlock) -> None:
+        """Offer ``item`` to every listener now; await :meth:`flush` next to send it inline."""
         self.published += 1
         self.last = item
-        for listener in list(self._listeners.values()):
-            listener.offer(item)
+        with self.batch.held():
+            for listener in list(self._listeners.values()):
+                listener.offer(item)
+
+    async def flush(self) -> None:
+        """Send what the last publish queued, from the caller's task where no wait is needed."""
+        await self.batch.flush()
 
     async def send(self, block: Block) -> None:
         self.publish(LiveBlock.from_block(block))
+        await self.flush()
 
     async def close(self) -> None:
         self._listeners.clear()
@@ -187,6 +197,7 @@ class MuxProducer:
             try:
                 if isinstance(transport, WebsocketHub):
                     transport.publish(LiveBlock.from_block(block, entry_id))
+                    await transport.flush()
                 else:
                     await transport.send(block)
                     if isinstance(transport, RedisStreamProducer):

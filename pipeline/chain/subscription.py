@@ -8,9 +8,7 @@ means the subscriber fell behind and it is disconnected with that reason.
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +17,7 @@ from pipeline.chain import jsonrpc
 from pipeline.chain.batch import hex_quantity, parse_hash, parse_quantity
 from pipeline.chain.cardinal import CARDINAL, READY, SEED, encoding_for, reorg_text
 from pipeline.chain.frames import frames_for
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.patterns import KeyFilter, compile_patterns
 from pipeline.chain.planning import Emit
 from pipeline.errors import BadBatch, BadParams, SlowConsumer
@@ -71,81 +70,6 @@ def parse_subscribe(params: Any) -> SubscribeParams:
         reorgs=extras.get("reorgs", False),
         weight=extras.get("weight", False),
     )
-
-
-class Outbox:
-    """Bounded queue of encoded texts to send on one connection (one writer task drains it).
-
-    Live fan-out appends to it for every subscriber and block, so the writer
-    is woken through one bare future (no :class:`asyncio.Event` and its
-    waiter list); catch-up's producers wait for room on an event, set only
-    while one waits.
-    """
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError("outbox limit must be positive")
-        self.limit = limit
-        self._items: deque[bytes] = deque()
-        #: the writer waiting for texts (None: not waiting, or already woken)
-        self._waiter: asyncio.Future[None] | None = None
-        self._room = asyncio.Event()
-        self._room.set()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def offer(self, texts: Sequence[bytes]) -> bool:
-        """Queue now if there is room for all of them, else False (nothing queued)."""
-        items = self._items
-        if len(items) + len(texts) > self.limit:
-            return False
-        items.extend(texts)
-        if self._waiter is not None:
-            self._wake()
-        return True
-
-    async def put(self, texts: list[bytes]) -> None:
-        """Queue, waiting for room; a list longer than the limit goes in once the queue is empty."""
-        while self._items and len(self._items) + len(texts) > self.limit:
-            self._room.clear()
-            await self._room.wait()
-        self._items.extend(texts)
-        self._wake()
-
-    async def wait(self) -> None:
-        """Return once something is queued (at once if something is)."""
-        if self._items:
-            return
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-        await waiter
-
-    def pop_many(self, limit: int) -> list[bytes]:
-        """Up to ``limit`` queued texts, oldest first (empty when none)."""
-        items = self._items
-        if len(items) <= limit:
-            out = list(items)
-            items.clear()
-        else:
-            out = [items.popleft() for _ in range(limit)]
-        if len(items) <= self.limit // 2 and not self._room.is_set():
-            self._room.set()
-        return out
-
-    def pop(self) -> bytes | None:
-        text = self._items.popleft() if self._items else None
-        if len(self._items) <= self.limit // 2 and not self._room.is_set():
-            self._room.set()
-        return text
 
 
 class Subscription:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
+from aiohttp import web
 
 from pipeline.chain import resumption
 from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
-from pipeline.chain.subscription import Outbox
 
 from .conftest import STREAM, write_lake
 
@@ -95,3 +98,55 @@ async def test_lake_pages_encoded_in_slices_arrive_whole_and_in_order(
         await client.subscribe(0, chain.canonical[0].hash)
         got = await client.blocks(1100)
     assert got == chain.canonical[:1100]
+
+
+async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_holds_it(
+    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading peer's live frames are sent by the hub's own task (no writer wake-up); a
+    peer that stopped reading gets its frames through its writer once it reads again, and
+    the fan-out to the reading peer goes on meanwhile."""
+    senders: list[str] = []
+    real_send = web.WebSocketResponse.send_frame
+
+    async def send_frame(self: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
+        task = asyncio.current_task()
+        senders.append(task.get_name() if task is not None else "")
+        await real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_frame", send_frame)
+    chain = SyntheticChain(seed=9)
+    hub = WebsocketHub()
+    client = aioredis.Redis.from_url(redis_url)
+    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    await mux.send(chain.take(1)[0])
+    big = [
+        Block(
+            num=b.num,
+            hash=b.hash,
+            parent=b.parent,
+            weight=b.weight,
+            updates={"big": os.urandom(24_000)},
+        )
+        for b in chain.take(200)
+    ]
+    async with (
+        serve(settings.replace(serve_send_buffer=4096), relay=False, hub=hub) as (base, _app),
+        connect(base, max_msg_size=1 << 20) as reading,
+        connect(base, max_msg_size=1 << 20) as stalled,
+    ):
+        await reading.subscribe(0, chain.canonical[0].hash)
+        await stalled.subscribe(0, chain.canonical[0].hash)
+        await reading.blocks(1)
+        await stalled.blocks(1)
+        senders.clear()
+        got = []
+        for block in big:  # the stalled peer reads nothing meanwhile
+            await mux.send(block)
+            got += await reading.blocks(1)
+        assert got == big  # the fan-out to the reading peer went on
+        inline = senders.count(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        assert inline >= len(big), senders[:20]  # every frame to the reading peer, at least
+        assert "ws-writer" in senders  # the stalled peer's queued frames: its writer
+        assert await stalled.blocks(len(big), wait_s=60) == big
+    await mux.close()

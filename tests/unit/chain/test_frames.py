@@ -11,9 +11,10 @@ from pipeline.chain import frames, jsonrpc, producer
 from pipeline.chain.batch import Block, SubBatch
 from pipeline.chain.cardinal import CARDINAL, SEED, encode_results
 from pipeline.chain.frames import encode_frames, frames_for
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Emit
 from pipeline.chain.producer import UNSHARED, LiveBlock, share_key
-from pipeline.chain.subscription import METHOD, Outbox, Subscription, parse_subscribe
+from pipeline.chain.subscription import METHOD, Subscription, parse_subscribe
 
 H = "0x" + "00" * 32
 

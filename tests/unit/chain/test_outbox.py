@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.chain.subscription import Outbox
+from pipeline.chain.outbox import Outbox
 
 
 def test_full_outbox_still_refuses() -> None:
