@@ -57,16 +57,16 @@ class LiveListener:
     def offer(self, item: LiveBlock) -> None:
         if self.failed.done():
             return
-        if not self._live:
-            if len(self._buffer) >= self._limit:
-                self._overflow = True
-                self._buffer.clear()
-            elif not self._overflow:
-                self._buffer.append(item)
+        if self._live:  # once per subscriber and block: kept short
+            emits = self._sender.take(item.emit(self._keep, self._key))
+            if emits:
+                self._put(emits)
             return
-        emits = self._sender.take(item.emit(self._keep, self._key))
-        if emits:
-            self._put(emits)
+        if len(self._buffer) >= self._limit:
+            self._overflow = True
+            self._buffer.clear()
+        elif not self._overflow:
+            self._buffer.append(item)
 
     def _deliver(self, items: list[LiveBlock]) -> None:
         emits = []

@@ -99,6 +99,8 @@ class Connection:
         #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
         self._writing = False
         transport = request.transport
+        #: The connection's transport (None: already gone), for the inline send's checks.
+        self._transport = transport
         sock = transport.get_extra_info("socket") if transport is not None else None
         #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
         self._sock = sock if sock is not None and sock.family in _TCP else None
@@ -207,20 +209,20 @@ class Connection:
         (``fanout_cpu_us_per_message`` of ``make bench B=resume``: a task
         wake-up per subscriber and block was about a fifth of the fan-out's CPU).
         """
-        transport = self.request.transport
-        if self._writing or transport is None:
+        transport = self._transport
+        if self._writing or transport is None or transport.get_write_buffer_size():
             return
         room = transport.get_write_buffer_limits()[1] - _FRAME_HEADER
         outbox, ws, sent = self.outbox, self.ws, 0
+        send, text_op = ws.send_frame, WSMsgType.TEXT
         self._writing = True
         try:
-            while not ws.closed and not transport.get_write_buffer_size():
-                text = outbox.peek()
-                if text is None or len(text) >= room:
-                    break
+            while (text := outbox.peek()) is not None and len(text) < room and not ws.closed:
                 outbox.pop()
-                await ws.send_frame(text, WSMsgType.TEXT)
+                await send(text, text_op)
                 sent += 1
+                if transport.get_write_buffer_size():
+                    break
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
         finally:
