@@ -191,6 +191,11 @@ class Sender:
             self.head = num
             self._note(num, hash, emit.weight, emit)
             return [emit]
+        return self._choose(emit)
+
+    def _choose(self, emit: Emit) -> list[Emit]:
+        """:meth:`take`'s general path: every case, the fast one included."""
+        num, hash = emit.num, emit.hash
         if self.sent == 0 or self._hashes.get(num) == hash:
             return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []
         if hash in self._blocks:
