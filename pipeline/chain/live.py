@@ -60,7 +60,10 @@ class LiveListener:
         if self._live:  # once per subscriber and block: kept short
             emits = self._sender.take(item.emit(self._keep, self._key))
             if emits:
-                self._put(emits)
+                try:
+                    self._sink.put_nowait(emits)
+                except SlowConsumer as exc:
+                    self.failed.set_exception(exc)
             return
         if len(self._buffer) >= self._limit:
             self._overflow = True

@@ -99,8 +99,12 @@ class Connection:
         #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
         self._writing = False
         transport = request.transport
-        #: The connection's transport (None: already gone), for the inline send's checks.
+        #: The connection's transport (None: already gone), for the inline send's checks,
+        #: and the longest frame it sends inline: below the high-water mark, never paused.
         self._transport = transport
+        self._inline_max = (
+            transport.get_write_buffer_limits()[1] - _FRAME_HEADER if transport is not None else 0
+        )
         sock = transport.get_extra_info("socket") if transport is not None else None
         #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
         self._sock = sock if sock is not None and sock.family in _TCP else None
@@ -212,8 +216,7 @@ class Connection:
         transport = self._transport
         if self._writing or transport is None or transport.get_write_buffer_size():
             return
-        room = transport.get_write_buffer_limits()[1] - _FRAME_HEADER
-        outbox, ws, sent = self.outbox, self.ws, 0
+        room, outbox, ws, sent = self._inline_max, self.outbox, self.ws, 0
         send, text_op = ws.send_frame, WSMsgType.TEXT
         self._writing = True
         try:
