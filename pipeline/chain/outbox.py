@@ -54,8 +54,14 @@ class FanoutBatch:
             self._fallback.cancel()
             self._fallback = None
         pending, self._pending = self._pending, []
+        # What an Outbox method would do, spelt out: no coroutine per subscriber and block.
         for box in pending:
-            await box.release()
+            box._noted = False
+            if box._items:
+                if box._inline is not None:
+                    await box._inline()
+                if box._items:
+                    box._wake()
 
     def _wake_all(self) -> None:
         self._fallback = None
@@ -120,14 +126,6 @@ class Outbox:
             else:
                 self._wake()
         return True
-
-    async def release(self) -> None:
-        """The batch's flush: send inline what can be, wake the writer for the rest."""
-        self._noted = False
-        if self._inline is not None and self._items:
-            await self._inline()
-        if self._items:
-            self._wake()
 
     def release_now(self) -> None:
         """The batch's fallback (nobody flushed): wake the writer."""

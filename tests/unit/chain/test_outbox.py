@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.chain.outbox import Outbox
+from pipeline.chain.outbox import FanoutBatch, Outbox
 
 
 def test_full_outbox_still_refuses() -> None:
@@ -56,3 +56,51 @@ async def test_put_waits_for_room_below_half() -> None:
     assert box.pop_many(1) == [b"b"]
     await asyncio.wait_for(put, 1)
     assert box.pop_many(10) == [b"c", b"d", b"e"]
+
+
+async def test_offers_while_a_batch_is_held_wait_for_its_flush_and_go_out_inline() -> None:
+    batch = FanoutBatch()
+    sent: list[bytes] = []
+    box: Outbox
+
+    async def inline() -> None:
+        while (text := box.pop()) is not None:
+            sent.append(text)
+
+    box = Outbox(4, batch=batch, inline=inline)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        assert box.offer([b"a"]) and box.offer([b"b"])
+    await batch.flush()  # at once, as the hub's publisher does
+    assert sent == [b"a", b"b"] and len(box) == 0
+    await asyncio.sleep(0.01)
+    assert not writer.done()  # no wake-up: sent inline, and the fallback was cancelled
+    writer.cancel()
+
+
+async def test_what_inline_leaves_wakes_the_writer() -> None:
+    batch = FanoutBatch()
+
+    async def inline() -> None:
+        return  # e.g. the transport's buffer is not empty: nothing goes out inline
+
+    box = Outbox(4, batch=batch, inline=inline)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        box.offer([b"a"])
+    await batch.flush()
+    await asyncio.wait_for(writer, 1)
+    assert box.pop_many(10) == [b"a"]
+
+
+async def test_a_held_publish_nobody_flushes_still_wakes_the_writer() -> None:
+    batch = FanoutBatch()
+    box = Outbox(4, batch=batch, inline=None)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        box.offer([b"a"])
+    await asyncio.wait_for(writer, 1)  # the fallback, one loop iteration later
+    assert box.pop_many(10) == [b"a"]
