@@ -228,6 +228,12 @@ class Connection:
                     break
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+        except Exception:
+            # Runs in the hub's publisher: whatever one connection raises ends that
+            # connection, logged, never the live feed of the others.
+            log.exception("live send failed")
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
         finally:
             self._writing = False
         if sent:

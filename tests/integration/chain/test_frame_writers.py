@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from pipeline.chain import resumption
+from pipeline.chain.appkeys import CONNECTIONS, METRICS
 from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.outbox import Outbox
@@ -149,4 +150,44 @@ async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_hold
         assert inline >= len(big), senders[:20]  # every frame to the reading peer, at least
         assert "ws-writer" in senders  # the stalled peer's queued frames: its writer
         assert await stalled.blocks(len(big), wait_s=60) == big
+    await mux.close()
+
+
+async def test_a_connection_whose_live_send_fails_ends_alone(
+    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error in one connection's inline send closes that connection (1011,
+    counted) and never the fan-out: the other subscriber gets every block."""
+    chain = SyntheticChain(seed=10)
+    hub = WebsocketHub()
+    client = aioredis.Redis.from_url(redis_url)
+    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    await mux.send(chain.take(1)[0])
+    async with (
+        serve(settings, relay=False, hub=hub) as (base, app),
+        connect(base) as one,
+        connect(base) as two,
+    ):
+        for sub in (one, two):
+            await sub.subscribe(0, chain.canonical[0].hash)
+            await sub.blocks(1)
+        victim = next(iter(app[CONNECTIONS]))
+
+        async def broken(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(victim.ws, "send_frame", broken)
+        blocks = chain.take(20)
+        for block in blocks:
+            await mux.send(block)
+        outcomes: list[Any] = []
+        for sub in (one, two):
+            try:
+                outcomes.append(await sub.blocks(len(blocks), wait_s=10))
+            except ConnectionError as exc:
+                outcomes.append(exc)
+        closed = [o for o in outcomes if isinstance(o, ConnectionError)]
+        assert len(closed) == 1 and "1011" in str(closed[0]), outcomes
+        assert [o for o in outcomes if not isinstance(o, ConnectionError)] == [blocks]
+        assert app[METRICS].values["sluice_serve_internal_errors_total"] == 1
     await mux.close()
