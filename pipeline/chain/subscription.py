@@ -1,8 +1,9 @@
-"""One websocket subscriber's side of the server: params, the bounded outbox, the sink.
+"""One websocket subscriber's side of the server: params and the sink.
 
-The :class:`Outbox` is the only send buffer of a connection: a bounded deque
-of ready JSON texts, UTF-8 encoded once, drained by one writer task. Catch-up
-waits for room (``put``); live fan-out never waits (``offer``): a full outbox
+A :class:`Subscription` turns blocks into notification texts and queues them
+on its connection's bounded :class:`~pipeline.chain.outbox.Outbox`. Catch-up
+waits for room (``put``); live fan-out never waits (``put_nowait``, with the
+frames every subscriber shares: :mod:`pipeline.chain.frames`): a full outbox
 means the subscriber fell behind and it is disconnected with that reason.
 """
 
