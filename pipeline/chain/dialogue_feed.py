@@ -22,8 +22,9 @@ import redis.asyncio as aioredis
 
 from pipeline.chain import jsonrpc
 from pipeline.chain.cardinal import SEED, encoding_for
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.resumption import TieredResumption
-from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
+from pipeline.chain.subscription import Subscription, parse_subscribe
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
 from pipeline.dialogue.server import DialogueServer

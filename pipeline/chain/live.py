@@ -14,7 +14,7 @@ import asyncio
 
 from pipeline.chain.batch import KeyTest
 from pipeline.chain.planning import BlockSink, Emit, Sender
-from pipeline.chain.producer import LiveBlock
+from pipeline.chain.producer import LiveBlock, share_key
 from pipeline.errors import SlowConsumer
 from pipeline.redisconn import parse_entry_id
 
@@ -30,6 +30,8 @@ class LiveListener:
     ) -> None:
         self._sender = sender
         self._keep = keep
+        #: computed once: every live block is looked up by it (once per subscriber and block)
+        self._key = share_key(keep)
         self._sink = sink
         self._limit = limit
         self._buffer: list[LiveBlock] = []
@@ -55,21 +57,28 @@ class LiveListener:
     def offer(self, item: LiveBlock) -> None:
         if self.failed.done():
             return
-        if not self._live:
-            if len(self._buffer) >= self._limit:
-                self._overflow = True
-                self._buffer.clear()
-            elif not self._overflow:
-                self._buffer.append(item)
+        if self._live:  # once per subscriber and block: kept short
+            emits = self._sender.take(item.emit(self._keep, self._key))
+            if emits:
+                try:
+                    self._sink.put_nowait(emits)
+                except SlowConsumer as exc:
+                    self.failed.set_exception(exc)
             return
-        self._deliver([item])
+        if len(self._buffer) >= self._limit:
+            self._overflow = True
+            self._buffer.clear()
+        elif not self._overflow:
+            self._buffer.append(item)
 
     def _deliver(self, items: list[LiveBlock]) -> None:
         emits = []
         for item in items:
-            emits.extend(self._sender.take(live_emit(item, self._keep)))
-        if not emits:
-            return
+            emits.extend(self._sender.take(item.emit(self._keep, self._key)))
+        if emits:
+            self._put(emits)
+
+    def _put(self, emits: list[Emit]) -> None:
         try:
             self._sink.put_nowait(emits)
         except SlowConsumer as exc:
@@ -78,8 +87,8 @@ class LiveListener:
 
 
 def live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:
-    """A live block as an :class:`Emit` (results encoded for ``keep``, shared per filter)."""
-    return Emit(item.num, item.hash, item.parent, item.results(keep), 0, item.weight)
+    """A live block as an :class:`Emit` for ``keep``, shared by every subscriber with that filter."""
+    return item.emit(keep, share_key(keep))
 
 
 __all__ = ["LIVE_ATTEMPTS", "LiveListener", "live_emit"]

@@ -53,6 +53,10 @@ class Emit:
     reorg: int = 0
     #: the effective weight (``num + 1`` for a block without one): what fork choice compares
     weight: int = 0
+    #: A live block's notification frames by notification prefix, shared by every
+    #: subscriber that gets this very object (see :mod:`pipeline.chain.frames`); None
+    #: for an emit of one subscriber's own (catch-up), whose frames are encoded as sent.
+    frames: dict[str, tuple[bytes, ...]] | None = field(default=None, compare=False, repr=False)
 
 
 class BlockSink(Protocol):
@@ -172,6 +176,25 @@ class Sender:
 
     def take(self, emit: Emit) -> list[Emit]:
         """Fork choice for one block in production order: the blocks to send now (maybe none)."""
+        num, hash = emit.num, emit.hash
+        if (
+            num == self.head + 1
+            and self.sent
+            and not emit.reorg
+            and emit.weight > self.head_weight
+            and self._hashes.get(num - 1) == emit.parent
+            and hash not in self._blocks
+        ):
+            # The common live case, a heavier child of the head: what the general path
+            # below decides for it, in a few lookups (once per subscriber and block,
+            # fanout_cpu_us_per_message of make bench B=resume).
+            self.head = num
+            self._note(num, hash, emit.weight, emit)
+            return [emit]
+        return self._choose(emit)
+
+    def _choose(self, emit: Emit) -> list[Emit]:
+        """:meth:`take`'s general path: every case, the fast one included."""
         num, hash = emit.num, emit.hash
         if self.sent == 0 or self._hashes.get(num) == hash:
             return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []

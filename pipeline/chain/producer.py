@@ -29,9 +29,10 @@ from pipeline.chain.batch import (
     block_raw,
     effective_weight,
     encode_block,
-    raw_results,
 )
 from pipeline.chain.cardinal import Encoding, encode_results
+from pipeline.chain.outbox import FanoutBatch
+from pipeline.chain.planning import Emit
 from pipeline.errors import ChainError, MuxError
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,30 @@ class RedisStreamProducer:
         await self._client.aclose()
 
 
+#: :func:`share_key` of a key filter whose encodings cannot be shared (no ``patterns``).
+UNSHARED: Hashable = object()
+#: Encodings (distinct dialect and filter shapes) one live block keeps.
+ENCODINGS_PER_BLOCK = 64
+
+
+def share_key(keep: KeyTest | None) -> Hashable:
+    """The key under which a live block shares its encoding for ``keep`` with every subscriber.
+
+    ``keep`` is a key filter or a :class:`~pipeline.chain.cardinal.Encoding`;
+    :data:`UNSHARED` when it cannot be shared (a filter that does not say its patterns).
+    """
+    if isinstance(keep, Encoding):
+        key = keep.cache_key
+        return UNSHARED if key is None else key
+    if keep is None:
+        return None
+    patterns = getattr(keep, "patterns", None)
+    return UNSHARED if patterns is None else patterns
+
+
 @dataclass(slots=True, eq=False)
 class LiveBlock:
-    """One block as published live, with its encodings cached per pattern set."""
+    """One block as published live, with one shared :class:`Emit` per encoding."""
 
     num: int
     hash: str
@@ -73,7 +95,7 @@ class LiveBlock:
     entry_id: bytes | None = None
     #: the effective weight (``num + 1`` for a block without one): what fork choice compares
     weight: int = 0
-    _cache: dict[Hashable, list[str]] = field(default_factory=dict)
+    _emits: dict[Hashable, Emit] = field(default_factory=dict)
 
     @classmethod
     def from_block(cls, block: Block, entry_id: bytes | None = None) -> LiveBlock:
@@ -86,23 +108,29 @@ class LiveBlock:
             weight=effective_weight(block.num, block.weight),
         )
 
+    def emit(self, keep: KeyTest | None, key: Hashable = UNSHARED) -> Emit:
+        """The block as an :class:`Emit` for ``keep`` (``key``: its :func:`share_key`).
+
+        Subscribers with the same key get the same object, results encoded once
+        and notification frames shared (:func:`~pipeline.chain.frames.frames_for`).
+        Callers never change it.
+        """
+        if key is UNSHARED:
+            return Emit(self.num, self.hash, self.parent, self._encode(keep), 0, self.weight)
+        hit = self._emits.get(key)
+        if hit is None:
+            hit = Emit(self.num, self.hash, self.parent, self._encode(keep), 0, self.weight)
+            if len(self._emits) < ENCODINGS_PER_BLOCK:
+                hit.frames = {}
+                self._emits[key] = hit
+        return hit
+
     def results(self, keep: KeyTest | None) -> list[str]:
         """Result texts for ``keep`` (a key filter or a :class:`~pipeline.chain.cardinal.Encoding`)."""
-        key: Hashable | None
-        if isinstance(keep, Encoding):
-            key = keep.cache_key
-            if key is None:
-                return encode_results(self.raw, self.num, self.hash, self.parent, keep)
-        else:
-            key = getattr(keep, "patterns", None) if keep else None
-            if keep is not None and key is None:
-                return raw_results(self.raw, self.num, self.hash, self.parent, keep)
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = encode_results(self.raw, self.num, self.hash, self.parent, keep)
-            if len(self._cache) < 64:
-                self._cache[key] = hit
-        return hit
+        return self.emit(keep, share_key(keep)).results
+
+    def _encode(self, keep: KeyTest | None) -> list[str]:
+        return encode_results(self.raw, self.num, self.hash, self.parent, keep)
 
 
 class Listener(Protocol):
@@ -117,6 +145,8 @@ class WebsocketHub:
         self._listeners: dict[int, Listener] = {}
         self.published = 0
         self.last: LiveBlock | None = None
+        #: the writer wake-ups of one publish, sent inline by :meth:`flush` (pipeline.chain.outbox)
+        self.batch = FanoutBatch()
 
     def __len__(self) -> int:
         return len(self._listeners)
@@ -128,13 +158,20 @@ class WebsocketHub:
         self._listeners.pop(id(listener), None)
 
     def publish(self, item: LiveBlock) -> None:
+        """Offer ``item`` to every listener now; await :meth:`flush` next to send it inline."""
         self.published += 1
         self.last = item
-        for listener in list(self._listeners.values()):
-            listener.offer(item)
+        with self.batch.held():
+            for listener in list(self._listeners.values()):
+                listener.offer(item)
+
+    async def flush(self) -> None:
+        """Send what the last publish queued, from the caller's task where no wait is needed."""
+        await self.batch.flush()
 
     async def send(self, block: Block) -> None:
         self.publish(LiveBlock.from_block(block))
+        await self.flush()
 
     async def close(self) -> None:
         self._listeners.clear()
@@ -160,6 +197,7 @@ class MuxProducer:
             try:
                 if isinstance(transport, WebsocketHub):
                     transport.publish(LiveBlock.from_block(block, entry_id))
+                    await transport.flush()
                 else:
                     await transport.send(block)
                     if isinstance(transport, RedisStreamProducer):

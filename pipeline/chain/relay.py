@@ -94,6 +94,7 @@ class RedisTailer:
                         continue
                     self._metrics.inc("sluice_serve_blocks_live_total")
                     self._hub.publish(LiveBlock.from_block(block, self.last_id))
+                    await self._hub.flush()
                     await asyncio.sleep(0)  # let the writers drain between blocks of a burst
 
     def _set_up(self, up: bool) -> None:

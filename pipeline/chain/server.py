@@ -24,8 +24,12 @@ are written (:mod:`pipeline.chain.cardinal`):
   does. The library's client cannot send options, hence the URL.
 
 Each connection (:mod:`pipeline.chain.wsconn`) has one bounded
-:class:`~pipeline.chain.subscription.Outbox` and one writer task; a subscriber
-that lets it fill up during live fan-out is closed with code 1008 and the reason. Errors are answered with the standard
+:class:`~pipeline.chain.outbox.Outbox` and one writer task; live frames are
+encoded once per block and shared (:mod:`pipeline.chain.frames`), and sent
+by the hub's publisher itself while a connection keeps up
+(:class:`~pipeline.chain.outbox.FanoutBatch`); a subscriber that lets its
+outbox fill up during live fan-out is closed with code 1008 and the reason.
+Errors are answered with the standard
 JSON-RPC codes; a connection never takes others down.
 
 Live data comes from the :class:`~pipeline.chain.producer.WebsocketHub`, fed

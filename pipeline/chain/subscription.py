@@ -1,38 +1,30 @@
-"""One websocket subscriber's side of the server: params, the bounded outbox, the sink.
+"""One websocket subscriber's side of the server: params and the sink.
 
-The :class:`Outbox` is the only send buffer of a connection: a bounded deque
-of ready JSON texts, UTF-8 encoded once, drained by one writer task. Catch-up
-waits for room (``put``); live fan-out never waits (``offer``): a full outbox
+A :class:`Subscription` turns blocks into notification texts and queues them
+on its connection's bounded :class:`~pipeline.chain.outbox.Outbox`. Catch-up
+waits for room (``put``); live fan-out never waits (``put_nowait``, with the
+frames every subscriber shares: :mod:`pipeline.chain.frames`): a full outbox
 means the subscriber fell behind and it is disconnected with that reason.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import Callable
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.chain import jsonrpc
 from pipeline.chain.batch import hex_quantity, parse_hash, parse_quantity
 from pipeline.chain.cardinal import CARDINAL, READY, SEED, encoding_for, reorg_text
+from pipeline.chain.frames import frames_for
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.patterns import KeyFilter, compile_patterns
 from pipeline.chain.planning import Emit
 from pipeline.errors import BadBatch, BadParams, SlowConsumer
 
 METHOD = "cardinal_subscribe"
 _EXTRAS = {"ready", "reorgs", "weight"}
-
-#: Live notification texts by (prefix, result), encoded: a live block's results
-#: are shared string objects, and subscription ids such as "0x1" repeat across
-#: connections, so subscribers with the same pattern set and id share one
-#: encoded text (one encoding per block, not one per subscriber). Bounded:
-#: cleared when full, and texts longer than LIVE_CACHE_MAX_CHARS are never
-#: kept (at most about 8 MB).
-_LIVE_TEXTS: dict[tuple[str, str], bytes] = {}
-LIVE_CACHE_LIMIT = 1024
-LIVE_CACHE_MAX_CHARS = 8192
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,95 +73,6 @@ def parse_subscribe(params: Any) -> SubscribeParams:
     )
 
 
-class Outbox:
-    """Bounded queue of encoded texts to send on one connection (one writer task drains it).
-
-    ``direct``, when set, is handed what :meth:`offer` takes while nothing is
-    queued; it sends what it can at once and returns how many it sent (the
-    rest are queued in order): the live fan-out's path without a wake-up of
-    the writer task per subscriber. It must send nothing while the writer
-    holds texts it popped.
-    """
-
-    def __init__(self, limit: int, direct: Callable[[list[bytes]], int] | None = None) -> None:
-        if limit < 1:
-            raise ValueError("outbox limit must be positive")
-        self.limit = limit
-        self.direct = direct
-        self._items: deque[bytes] = deque()
-        self._data = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def offer(self, texts: list[bytes]) -> bool:
-        """Send (``direct``) or queue now if there is room for all of them, else False."""
-        if len(self._items) + len(texts) > self.limit:
-            return False
-        if not self._items and self.direct is not None:
-            sent = self.direct(texts)
-            if sent >= len(texts):
-                return True
-            texts = texts[sent:]
-        self._items.extend(texts)
-        self._data.set()
-        return True
-
-    def wake(self) -> None:
-        """Wake the writer with nothing queued (``direct`` left it a send to finish)."""
-        self._data.set()
-
-    async def put(self, texts: list[bytes]) -> None:
-        """Queue, waiting for room; a list longer than the limit goes in once the queue is empty."""
-        while self._items and len(self._items) + len(texts) > self.limit:
-            self._room.clear()
-            await self._room.wait()
-        self._items.extend(texts)
-        self._data.set()
-
-    async def wait(self) -> None:
-        await self._data.wait()
-
-    def pop_many(self, limit: int) -> list[bytes]:
-        """Up to ``limit`` queued texts, oldest first (empty when none)."""
-        items = self._items
-        if len(items) <= limit:
-            out = list(items)
-            items.clear()
-        else:
-            out = [items.popleft() for _ in range(limit)]
-        if not items:
-            self._data.clear()
-        if len(items) <= self.limit // 2:
-            self._room.set()
-        return out
-
-    def pop(self) -> bytes | None:
-        if not self._items:
-            self._data.clear()
-            self._room.set()
-            return None
-        text = self._items.popleft()
-        if len(self._items) <= self.limit // 2:
-            self._room.set()
-        return text
-
-
-def _live_text(prefix: str, result: str, suffix: str) -> bytes:
-    if len(result) > LIVE_CACHE_MAX_CHARS:
-        return (prefix + result + suffix).encode()
-    key = (prefix, result)
-    text = _LIVE_TEXTS.get(key)
-    if text is None:
-        text = (prefix + result + suffix).encode()
-        if len(_LIVE_TEXTS) >= LIVE_CACHE_LIMIT:
-            _LIVE_TEXTS.clear()
-        _LIVE_TEXTS[key] = text
-    return text
-
-
 class Subscription:
     """The :class:`~pipeline.chain.planning.BlockSink` of one websocket subscription.
 
@@ -209,13 +112,14 @@ class Subscription:
         self._deep_reorg = deep_reorg
         self._outbox = outbox
         # Without the envelope each text is the bare result object (the Dialogue feed).
-        self._prefix = jsonrpc.notification_prefix(METHOD, sub_id) if envelope else ""
+        # Interned: live frames are shared by prefix (pipeline.chain.frames), found by identity.
+        self._prefix = sys.intern(jsonrpc.notification_prefix(METHOD, sub_id)) if envelope else ""
         self._suffix = jsonrpc.NOTIFICATION_SUFFIX if envelope else ""
         self.blocks = 0
         self.is_live = False
 
     def _texts(self, emits: list[Emit], *, shared: bool = False) -> list[bytes]:
-        """Encoded notification texts; ``shared``: reuse the live cache's (live blocks only)."""
+        """Encoded notification texts; ``shared``: the live frames shared by subscribers."""
         prefix = self._prefix
         suffix = self._suffix
         self.blocks += len(emits)
@@ -238,7 +142,7 @@ class Subscription:
                     ).encode()
                 )
             if shared:
-                out.extend([_live_text(prefix, r, suffix) for r in emit.results])
+                out.extend(frames_for(emit, prefix, suffix))
             else:
                 out.extend([(prefix + r + suffix).encode() for r in emit.results])
         return out
@@ -247,7 +151,13 @@ class Subscription:
         await self._outbox.put(self._texts(emits))
 
     def put_nowait(self, emits: list[Emit]) -> None:
-        texts = self._texts(emits, shared=True)
+        if len(emits) == 1 and not emits[0].reorg and not self._announce:
+            # one live block, nothing to announce (either dialect): its shared frames as they are
+            emit = emits[0]
+            self.blocks += 1
+            texts: Sequence[bytes] = frames_for(emit, self._prefix, self._suffix)
+        else:
+            texts = self._texts(emits, shared=True)
         if not self._outbox.offer(texts):
             raise SlowConsumer(
                 f"send buffer of {self._outbox.limit} messages is full",

@@ -14,14 +14,14 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Callable, Coroutine, Generator, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.chain import jsonrpc
-from pipeline.chain.appkeys import CALLS, METRICS, RESUMPTION, SETTINGS
+from pipeline.chain.appkeys import CALLS, HUB, METRICS, RESUMPTION, SETTINGS
 from pipeline.chain.batch import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain.cardinal import (
     CARDINAL,
@@ -31,8 +31,9 @@ from pipeline.chain.cardinal import (
     encoding_for,
     whole_block_result,
 )
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Reason
-from pipeline.chain.subscription import Outbox, Subscription, parse_subscribe
+from pipeline.chain.subscription import Subscription, parse_subscribe
 from pipeline.errors import BadBatch, BadParams, NotFound, SlowConsumer, SluiceError
 
 log = logging.getLogger(__name__)
@@ -49,47 +50,11 @@ CLOSE_TIMEOUT_S = 2.0
 #: Refused requests logged per connection (later ones are only counted).
 _REFUSALS_LOGGED = 16
 _WRITE_BATCH = 512
+#: The longest websocket frame header a server writes (no mask): 2 + 8 bytes.
+_FRAME_HEADER = 10
 _TCP = (socket.AF_INET, socket.AF_INET6)
 #: Linux's TCP_CORK (None elsewhere: bursts are then written uncorked).
 _CORK: int | None = getattr(socket, "TCP_CORK", None)
-
-
-class _Rest:
-    """The rest of a coroutine whose first step already ran and yielded ``first``.
-
-    Awaiting it runs the coroutine to its end as an asyncio task would (what
-    Python 3.12's ``eager_start`` does): each value the coroutine yields goes
-    up to the awaiting task, each value or exception the task sends comes back
-    down. :meth:`close` drops it unfinished.
-    """
-
-    __slots__ = ("_first", "_step")
-
-    def __init__(self, step: Coroutine[Any, Any, None], first: Any) -> None:
-        self._step = step
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        step, value = self._step, self._first
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                step.close()
-                raise
-            except BaseException as exc:  # e.g. the writer cancelled: into the coroutine
-                try:
-                    value = step.throw(exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    value = step.send(sent)
-                except StopIteration:
-                    return
-
-    def close(self) -> None:
-        self._step.close()
 
 
 @contextlib.contextmanager
@@ -128,12 +93,18 @@ class Connection:
         self.metrics = app[METRICS]
         self.resumption = app[RESUMPTION]
         self.dialect = dialect_of(request) or SEED
-        self.outbox = Outbox(self.settings.serve.send_buffer, direct=self._send_now)
-        #: The writer holds texts it popped (nothing may be sent around them).
-        self._busy = False
-        #: A direct send waiting on flow control; the writer finishes it first.
-        self._pending: _Rest | None = None
+        self.outbox = Outbox(
+            self.settings.serve.send_buffer, batch=app[HUB].batch, inline=self._send_inline
+        )
+        #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
+        self._writing = False
         transport = request.transport
+        #: The connection's transport (None: already gone), for the inline send's checks,
+        #: and the longest frame it sends inline: below the high-water mark, never paused.
+        self._transport = transport
+        self._inline_max = (
+            transport.get_write_buffer_limits()[1] - _FRAME_HEADER if transport is not None else 0
+        )
         sock = transport.get_extra_info("socket") if transport is not None else None
         #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
         self._sock = sock if sock is not None and sock.family in _TCP else None
@@ -169,9 +140,6 @@ class Connection:
                 return_exceptions=True,
             )
             self.subs.clear()
-            if self._pending is not None:
-                self._pending.close()
-                self._pending = None
             code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
             await self.close(code, reason)
 
@@ -195,76 +163,81 @@ class Connection:
     async def _write(self) -> None:
         """The one writer of the connection: every text in outbox order, aiohttp's public API only.
 
-        ``send_frame`` writes each frame and waits while the transport is
-        paused (aiohttp's flow control). A burst of frames is written corked
+        Live fan-out only appends shared frames to the outbox
+        (:mod:`pipeline.chain.frames`); this task wakes once per batch and
+        sends what it finds. ``send_frame`` writes each frame and waits while
+        the transport is paused (aiohttp's flow control), so a subscriber that
+        does not read lets its outbox fill up and is closed with 1008 by the
+        fan-out, which never waits for it. A burst of frames is written corked
         (``TCP_CORK``) so the kernel sends it in full segments: the frames of
         catch-up cost one small copy each, not one packet each
         (``catchup_blocks_per_s`` of ``make bench B=resume``).
         """
         ws, outbox, metrics = self.ws, self.outbox, self.metrics
+        send, text_op = ws.send_frame, WSMsgType.TEXT
         sock = self._sock
         try:
             while True:
                 await outbox.wait()
-                self._busy = True
+                if self._writing:  # the fan-out's inline send holds texts: it wakes us after
+                    await outbox.wait(fresh=True)
+                    continue
+                texts = outbox.pop_many(_WRITE_BATCH)
+                if not texts:
+                    continue
+                if ws.closed:
+                    raise ConnectionResetError("websocket closed")
+                self._writing = True
                 try:
-                    pending, self._pending = self._pending, None
-                    if pending is not None:
-                        await pending
-                    texts = outbox.pop_many(_WRITE_BATCH)
-                    if not texts:
-                        continue
-                    if ws.closed:
-                        raise ConnectionResetError("websocket closed")
-                    with _corked(sock if len(texts) > 1 else None):
-                        for text in texts:
-                            await ws.send_frame(text, WSMsgType.TEXT)
-                    metrics.inc("sluice_serve_messages_sent_total", len(texts))
+                    if len(texts) == 1:  # one live text: no cork to set up
+                        await send(texts[0], text_op)
+                    else:
+                        with _corked(sock):
+                            for text in texts:
+                                await send(text, text_op)
                 finally:
-                    self._busy = False
+                    self._writing = False
+                metrics.inc("sluice_serve_messages_sent_total", len(texts))
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
 
-    def _send_now(self, texts: list[bytes]) -> int:
-        """The outbox's ``direct`` path: send while the writer is idle; how many were sent.
+    async def _send_inline(self) -> None:
+        """The live fan-out's send (:class:`~pipeline.chain.outbox.FanoutBatch`): no task switch.
 
-        aiohttp's ``send_frame`` (uncompressed) writes the frame to the
-        transport and suspends only for flow control, so its first step is run
-        here, in the fan-out's own loop over subscribers, as an eager task
-        would: no writer task wakes per subscriber and block
-        (``fanout_p50_ms`` of ``make bench B=resume``). A send that suspends
-        is left to the writer to finish before anything else is sent; what
-        follows it is queued.
+        Runs in the hub's task, so it must never wait: it sends only while the
+        writer task holds nothing, the transport's write buffer is empty and
+        the frame is smaller than its high-water mark. Then the protocol is not
+        paused (asyncio pauses it only above the high-water mark) and aiohttp's
+        ``send_frame``, which waits only for a paused protocol, completes at
+        once. Anything else is left queued for the writer task, in order
+        (``fanout_cpu_us_per_message`` of ``make bench B=resume``: a task
+        wake-up per subscriber and block was about a fifth of the fan-out's CPU).
         """
-        if self._busy or self._pending is not None or self.ws.closed:
-            return 0
+        transport = self._transport
+        if self._writing or transport is None or transport.get_write_buffer_size():
+            return
+        room, outbox, ws, sent = self._inline_max, self.outbox, self.ws, 0
+        send, text_op = ws.send_frame, WSMsgType.TEXT
+        self._writing = True
         try:
-            if len(texts) == 1:  # live fan-out: one text a subscriber, no cork to set
-                sent = self._send_steps(texts)
-            else:
-                with _corked(self._sock):
-                    sent = self._send_steps(texts)
+            while (text := outbox.peek()) is not None and len(text) < room and not ws.closed:
+                outbox.pop()
+                await send(text, text_op)
+                sent += 1
+                if transport.get_write_buffer_size():
+                    break
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-            return len(texts)  # the connection is closing: nothing more goes out
-        self.metrics.inc("sluice_serve_messages_sent_total", sent)
-        return sent
-
-    def _send_steps(self, texts: list[bytes]) -> int:
-        """Run the first step of ``send_frame`` for each text until one suspends; how many sent."""
-        send, text_op = self.ws.send_frame, WSMsgType.TEXT
-        sent = 0
-        for text in texts:
-            step = send(text, text_op)
-            sent += 1
-            try:
-                first = step.send(None)
-            except StopIteration:
-                continue
-            self._pending = _Rest(step, first)  # flow control: the writer finishes it
-            self.outbox.wake()
-            break
-        return sent
+        except Exception:
+            # Runs in the hub's publisher: whatever one connection raises ends that
+            # connection, logged, never the live feed of the others.
+            log.exception("live send failed")
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._writing = False
+        if sent:
+            self.metrics.inc("sluice_serve_messages_sent_total", sent)
 
     async def _read(self) -> None:
         """Read frames without ever waiting for a request to finish.

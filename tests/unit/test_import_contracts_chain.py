@@ -26,10 +26,11 @@ PURE = [
     "pipeline.chain.ordered",
     "pipeline.chain.planning",
     "pipeline.chain.coverage",
+    "pipeline.chain.frames",
 ]
 IO = ("asyncio", "redis", "aiohttp")
 #: Extra libraries a pure module must not load (planning names pyarrow only for typing).
-EXTRA = {"pipeline.chain.planning": ("pyarrow",)}
+EXTRA = {"pipeline.chain.planning": ("pyarrow",), "pipeline.chain.frames": ("pyarrow",)}
 
 
 def _loaded(module: str, names: tuple[str, ...]) -> list[str]:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
+from aiohttp import web
 
-from pipeline.chain import resumption, wsconn
+from pipeline.chain import resumption
+from pipeline.chain.appkeys import CONNECTIONS, METRICS
 from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.outbox import Outbox
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 
 from .conftest import STREAM, write_lake
@@ -35,21 +40,23 @@ async def test_lake_tail_and_live_in_order_through_the_public_writer(
 async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_order(
     settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The direct send of live texts meets aiohttp's flow control: nothing lost, nothing reordered.
+    """Live frames meet aiohttp's flow control: nothing lost, nothing reordered.
 
-    The peer stops reading, so the server's transport pauses and a direct
-    ``send_frame`` suspends (counted); later blocks queue behind it in the
-    bounded outbox; once the peer reads again every block arrives once, in order.
+    The peer stops reading, so the server's transport pauses and the writer's
+    ``send_frame`` waits; later blocks queue behind it in the bounded outbox
+    (the deepest queue is recorded); once the peer reads again every block
+    arrives once, in order.
     """
-    suspended = 0
-    real_init = wsconn._Rest.__init__
+    deepest = 0
+    real_offer = Outbox.offer
 
-    def counting_init(self: wsconn._Rest, *args: Any) -> None:
-        nonlocal suspended
-        suspended += 1
-        real_init(self, *args)
+    def recording_offer(self: Outbox, texts: Sequence[bytes]) -> bool:
+        nonlocal deepest
+        taken = real_offer(self, texts)
+        deepest = max(deepest, len(self))
+        return taken
 
-    monkeypatch.setattr(wsconn._Rest, "__init__", counting_init)
+    monkeypatch.setattr(Outbox, "offer", recording_offer)
     blocks, parent = [], bytes(32)
     for num in range(400):
         block_hash = hashlib.blake2b(num.to_bytes(8, "big"), digest_size=32).digest()
@@ -75,7 +82,7 @@ async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_orde
         got = await sub.blocks(1)
         for block in blocks[1:]:  # the peer reads nothing meanwhile
             await mux.send(block)
-        assert suspended > 0, "the transport never paused: nothing tested"
+        assert deepest > 50, "frames never queued behind a paused transport: nothing tested"
         got += await sub.blocks(len(blocks) - 1, wait_s=60)
     await mux.close()
     assert [b.num for b in got] == list(range(len(blocks))) and got == blocks
@@ -92,3 +99,95 @@ async def test_lake_pages_encoded_in_slices_arrive_whole_and_in_order(
         await client.subscribe(0, chain.canonical[0].hash)
         got = await client.blocks(1100)
     assert got == chain.canonical[:1100]
+
+
+async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_holds_it(
+    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading peer's live frames are sent by the hub's own task (no writer wake-up); a
+    peer that stopped reading gets its frames through its writer once it reads again, and
+    the fan-out to the reading peer goes on meanwhile."""
+    senders: list[str] = []
+    real_send = web.WebSocketResponse.send_frame
+
+    async def send_frame(self: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
+        task = asyncio.current_task()
+        senders.append(task.get_name() if task is not None else "")
+        await real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_frame", send_frame)
+    chain = SyntheticChain(seed=9)
+    hub = WebsocketHub()
+    client = aioredis.Redis.from_url(redis_url)
+    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    await mux.send(chain.take(1)[0])
+    big = [
+        Block(
+            num=b.num,
+            hash=b.hash,
+            parent=b.parent,
+            weight=b.weight,
+            updates={"big": os.urandom(24_000)},
+        )
+        for b in chain.take(200)
+    ]
+    async with (
+        serve(settings.replace(serve_send_buffer=4096), relay=False, hub=hub) as (base, _app),
+        connect(base, max_msg_size=1 << 20) as reading,
+        connect(base, max_msg_size=1 << 20) as stalled,
+    ):
+        await reading.subscribe(0, chain.canonical[0].hash)
+        await stalled.subscribe(0, chain.canonical[0].hash)
+        await reading.blocks(1)
+        await stalled.blocks(1)
+        senders.clear()
+        got = []
+        for block in big:  # the stalled peer reads nothing meanwhile
+            await mux.send(block)
+            got += await reading.blocks(1)
+        assert got == big  # the fan-out to the reading peer went on
+        inline = senders.count(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        assert inline >= len(big), senders[:20]  # every frame to the reading peer, at least
+        assert "ws-writer" in senders  # the stalled peer's queued frames: its writer
+        assert await stalled.blocks(len(big), wait_s=60) == big
+    await mux.close()
+
+
+async def test_a_connection_whose_live_send_fails_ends_alone(
+    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected error in one connection's inline send closes that connection (1011,
+    counted) and never the fan-out: the other subscriber gets every block."""
+    chain = SyntheticChain(seed=10)
+    hub = WebsocketHub()
+    client = aioredis.Redis.from_url(redis_url)
+    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    await mux.send(chain.take(1)[0])
+    async with (
+        serve(settings, relay=False, hub=hub) as (base, app),
+        connect(base) as one,
+        connect(base) as two,
+    ):
+        for sub in (one, two):
+            await sub.subscribe(0, chain.canonical[0].hash)
+            await sub.blocks(1)
+        victim = next(iter(app[CONNECTIONS]))
+
+        async def broken(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(victim.ws, "send_frame", broken)
+        blocks = chain.take(20)
+        for block in blocks:
+            await mux.send(block)
+        outcomes: list[Any] = []
+        for sub in (one, two):
+            try:
+                outcomes.append(await sub.blocks(len(blocks), wait_s=10))
+            except ConnectionError as exc:
+                outcomes.append(exc)
+        closed = [o for o in outcomes if isinstance(o, ConnectionError)]
+        assert len(closed) == 1 and "1011" in str(closed[0]), outcomes
+        assert [o for o in outcomes if not isinstance(o, ConnectionError)] == [blocks]
+        assert app[METRICS].values["sluice_serve_internal_errors_total"] == 1
+    await mux.close()

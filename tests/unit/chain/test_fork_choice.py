@@ -7,6 +7,8 @@ heaviest block seen first, and the same chain down to the genesis.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,3 +84,42 @@ def test_every_fork_choice_agrees(blocks: list[Block]) -> None:
             assert emit.num == 0 or sent.get(emit.num - 1) == emit.parent  # parent-linked
             sent[emit.num] = emit.hash
     assert [bytes.fromhex(sent[n]) for n in sorted(sent)] == expected
+
+
+@st.composite
+def wild_trees(draw: st.DrawFn) -> list[Block]:
+    """Block trees whose weights go anywhere (a child may be lighter than its parent)."""
+    blocks = [Block(num=0, hash=(1).to_bytes(32, "big"), parent=GENESIS_PARENT, weight=1)]
+    for i in range(draw(st.integers(1, 40))):
+        parent = blocks[draw(st.integers(0, len(blocks) - 1))]
+        blocks.append(
+            Block(
+                num=parent.num + 1,
+                hash=(i + 2).to_bytes(32, "big"),
+                parent=parent.hash,
+                weight=draw(st.integers(0, 12)),
+            )
+        )
+    return blocks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(trees(), wild_trees()), st.randoms(use_true_random=False), st.integers(0, 3))
+def test_the_senders_fast_path_decides_as_its_general_path(
+    blocks: list[Block], rng: Any, repeats: int
+) -> None:
+    """Production order with repeats and late side blocks: the same blocks sent, the same state."""
+    order = list(blocks)
+    rng.shuffle(order)
+    order.sort(key=lambda b: b.num)  # parents before children, branches interleaved
+    order += rng.sample(order, min(repeats, len(order)))
+    fast, general = Sender(0), Sender(0)
+    for block in order:
+        emit = Emit(block.num, block.hash.hex(), block.parent.hex(), [], 0, block.weight or 0)
+        assert fast.take(emit) == general._choose(emit)
+        assert (fast.head, fast.head_weight, fast.sent) == (
+            general.head,
+            general.head_weight,
+            general.sent,
+        )
+        assert fast._hashes == general._hashes and fast._blocks == general._blocks

@@ -1,0 +1,177 @@
+"""The send buffer of one connection, and the wake-ups of the live fan-out.
+
+Theory of operation. Every text a connection sends goes through its bounded
+:class:`Outbox` and is written by one sender at a time, in order: the
+connection's writer task, or, for live blocks, the fan-out itself.
+
+The live hub publishes a block to every subscriber in one synchronous loop
+(each listener appends shared frames to its outbox). Waking each idle writer
+task for that would cost a task switch per subscriber and block. So, while
+the hub publishes, a :class:`FanoutBatch` is *held*: an outbox whose writer is
+idle is only noted. The hub's owner then awaits :meth:`FanoutBatch.flush`,
+which hands each noted outbox to its ``inline`` sender (the connection sends
+what it can right there, see :meth:`pipeline.chain.wsconn.Connection`) and
+wakes the writer for whatever is left. A publish nobody flushes still wakes
+every noted writer (on the next loop iteration): nothing waits forever.
+
+Catch-up waits for room (:meth:`Outbox.put`); live fan-out never waits
+(:meth:`Outbox.offer`): a full outbox means the subscriber fell behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+
+
+class FanoutBatch:
+    """Writer wake-ups deferred while the hub publishes one block (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self._pending: list[Outbox] = []
+        self._fallback: asyncio.Handle | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Defer wake-ups inside the block; schedule the fallback wake-up after it."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self._pending and self._fallback is None:
+                self._fallback = asyncio.get_running_loop().call_soon(self._wake_all)
+
+    def note(self, box: Outbox) -> None:
+        self._pending.append(box)
+
+    async def flush(self) -> None:
+        """Let each noted outbox send inline, then wake its writer for anything left."""
+        if self._fallback is not None:
+            self._fallback.cancel()
+            self._fallback = None
+        pending, self._pending = self._pending, []
+        # What an Outbox method would do, spelt out: no coroutine per subscriber and block.
+        for box in pending:
+            box._noted = False
+            if box._items:
+                if box._inline is not None:
+                    await box._inline()
+                if box._items:
+                    box._wake()
+
+    def _wake_all(self) -> None:
+        self._fallback = None
+        pending, self._pending = self._pending, []
+        for box in pending:
+            box.release_now()
+
+
+class Outbox:
+    """Bounded queue of encoded texts to send on one connection.
+
+    The writer task waits on one bare future (no :class:`asyncio.Event` and
+    its waiter list: live fan-out appends for every subscriber and block);
+    catch-up's producers wait for room on an event, set only while one
+    waits. With a ``batch``, an offer made while it is held does not wake the
+    writer: the batch's flush calls ``inline`` (an awaitable sender that
+    must never wait, and sends nothing while the writer sends), then wakes
+    the writer if anything is left.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        batch: FanoutBatch | None = None,
+        inline: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        if limit < 1:
+            raise ValueError("outbox limit must be positive")
+        self.limit = limit
+        self._items: deque[bytes] = deque()
+        #: the writer waiting for texts (None: not waiting, or already woken)
+        self._waiter: asyncio.Future[None] | None = None
+        self._room = asyncio.Event()
+        self._room.set()
+        self._batch = batch
+        self._inline = inline
+        self._noted = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def offer(self, texts: Sequence[bytes]) -> bool:
+        """Queue now if there is room for all of them, else False (nothing queued)."""
+        items = self._items
+        if len(items) + len(texts) > self.limit:
+            return False
+        items.extend(texts)
+        if self._waiter is not None:
+            batch = self._batch
+            if batch is not None and batch.holding:
+                if not self._noted:
+                    self._noted = True
+                    batch.note(self)
+            else:
+                self._wake()
+        return True
+
+    def release_now(self) -> None:
+        """The batch's fallback (nobody flushed): wake the writer."""
+        self._noted = False
+        if self._items:
+            self._wake()
+
+    async def put(self, texts: list[bytes]) -> None:
+        """Queue, waiting for room; a list longer than the limit goes in once the queue is empty."""
+        while self._items and len(self._items) + len(texts) > self.limit:
+            self._room.clear()
+            await self._room.wait()
+        self._items.extend(texts)
+        self._wake()
+
+    async def wait(self, *, fresh: bool = False) -> None:
+        """Return once something is queued (at once if something is, unless ``fresh``:
+        then at the next wake-up)."""
+        if self._items and not fresh:
+            return
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def peek(self) -> bytes | None:
+        """The oldest queued text, left in place (None when empty)."""
+        return self._items[0] if self._items else None
+
+    def pop_many(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` queued texts, oldest first (empty when none)."""
+        items = self._items
+        if len(items) <= limit:
+            out = list(items)
+            items.clear()
+        else:
+            out = [items.popleft() for _ in range(limit)]
+        if len(items) <= self.limit // 2 and not self._room.is_set():
+            self._room.set()
+        return out
+
+    def pop(self) -> bytes | None:
+        text = self._items.popleft() if self._items else None
+        if len(self._items) <= self.limit // 2 and not self._room.is_set():
+            self._room.set()
+        return text
+
+
+__all__ = ["FanoutBatch", "Outbox"]

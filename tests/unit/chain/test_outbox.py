@@ -1,0 +1,106 @@
+"""Outbox: bounded, refuses what does not fit, keeps the order of texts, wakes its one writer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.chain.outbox import FanoutBatch, Outbox
+
+
+def test_full_outbox_still_refuses() -> None:
+    box = Outbox(2)
+    assert box.offer([b"a", b"b"])
+    assert not box.offer([b"c"]) and len(box) == 2
+
+
+def test_offers_come_out_in_order_and_whole() -> None:
+    box = Outbox(4)
+    assert box.offer((b"a",)) and box.offer([b"b", b"c"])
+    assert not box.offer([b"d", b"e"])  # all or nothing
+    assert box.pop_many(2) == [b"a", b"b"]
+    assert box.offer([b"d", b"e"])
+    assert box.pop_many(10) == [b"c", b"d", b"e"] and box.pop_many(10) == []
+
+
+async def test_a_waiting_writer_wakes_for_an_offer() -> None:
+    box = Outbox(4)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    assert not writer.done()
+    assert box.offer([b"a"])
+    await asyncio.wait_for(writer, 1)
+    await asyncio.wait_for(box.wait(), 1)  # something queued: returns at once
+    assert box.pop_many(10) == [b"a"]
+
+
+async def test_a_cancelled_wait_leaves_the_outbox_usable() -> None:
+    box = Outbox(4)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    writer.cancel()
+    await asyncio.gather(writer, return_exceptions=True)
+    again = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    box.offer([b"a"])
+    await asyncio.wait_for(again, 1)
+
+
+async def test_put_waits_for_room_below_half() -> None:
+    box = Outbox(4)
+    assert box.offer([b"a", b"b", b"c", b"d"])
+    put = asyncio.create_task(box.put([b"e"]))
+    await asyncio.sleep(0)
+    assert box.pop_many(1) == [b"a"]  # 3 left: more than half, still no room
+    await asyncio.sleep(0)
+    assert not put.done()
+    assert box.pop_many(1) == [b"b"]
+    await asyncio.wait_for(put, 1)
+    assert box.pop_many(10) == [b"c", b"d", b"e"]
+
+
+async def test_offers_while_a_batch_is_held_wait_for_its_flush_and_go_out_inline() -> None:
+    batch = FanoutBatch()
+    sent: list[bytes] = []
+    box: Outbox
+
+    async def inline() -> None:
+        while (text := box.pop()) is not None:
+            sent.append(text)
+
+    box = Outbox(4, batch=batch, inline=inline)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        assert box.offer([b"a"]) and box.offer([b"b"])
+    await batch.flush()  # at once, as the hub's publisher does
+    assert sent == [b"a", b"b"] and len(box) == 0
+    await asyncio.sleep(0.01)
+    assert not writer.done()  # no wake-up: sent inline, and the fallback was cancelled
+    writer.cancel()
+
+
+async def test_what_inline_leaves_wakes_the_writer() -> None:
+    batch = FanoutBatch()
+
+    async def inline() -> None:
+        return  # e.g. the transport's buffer is not empty: nothing goes out inline
+
+    box = Outbox(4, batch=batch, inline=inline)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        box.offer([b"a"])
+    await batch.flush()
+    await asyncio.wait_for(writer, 1)
+    assert box.pop_many(10) == [b"a"]
+
+
+async def test_a_held_publish_nobody_flushes_still_wakes_the_writer() -> None:
+    batch = FanoutBatch()
+    box = Outbox(4, batch=batch, inline=None)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        box.offer([b"a"])
+    await asyncio.wait_for(writer, 1)  # the fallback, one loop iteration later
+    assert box.pop_many(10) == [b"a"]
