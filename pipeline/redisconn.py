@@ -151,6 +151,11 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
 
 
+def is_sentinel(client: object) -> bool:
+    """True for a client of a Sentinel-watched master built by :func:`connect`."""
+    return redisha.is_sentinel_pool(getattr(client, "connection_pool", None))
+
+
 #: What a lost, refused or moving Redis raises, for callers that retry or report it: a
 #: dropped connection, a Sentinel with no master yet (``MasterNotFoundError`` is a
 #: ``ConnectionError``), a cluster in the middle of a failover or resharding
@@ -197,6 +202,7 @@ __all__ = [
     "connect",
     "connect_sync",
     "is_cluster",
+    "is_sentinel",
     "parse_entry_id",
     "checkpoint",
 ]

@@ -8,7 +8,9 @@ what differs from a single server:
   Sentinels where the master is, so after a failover the next connection goes to the
   new master; a connection still open to a demoted master gets ``READONLY``, which
   redis-py turns into a ``ConnectionError`` (and the retry reconnects). Closing the
-  client closes the Sentinel connections too.
+  client closes the Sentinel connections too. A single-connection client
+  (``Redis.client()``) of such a pool does *not* follow: redis-py 8.1 reconnects it
+  to the old master's address, so Sluice takes every command from the pool there.
 - Cluster: redis-py's ``RedisCluster``, which follows MOVED and ASK, refreshes its slot
   map after a connection error, and retries ``ClusterDown``/``TryAgain`` as many times
   as the role's retries. Its pools are per node and do not wait: ``max_connections``
@@ -49,6 +51,11 @@ class _SyncSentinelPool(syncsentinel.SentinelConnectionPool, redis.BlockingConne
         super().close()
         for client in self.sentinel_manager.sentinels:
             client.close()
+
+
+def is_sentinel_pool(pool: object) -> bool:
+    """True for the pool of a client :func:`sentinel_async` or :func:`sentinel_sync` built."""
+    return isinstance(pool, _AsyncSentinelPool | _SyncSentinelPool)
 
 
 def _sentinel_kwargs(target: RedisTarget, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -134,4 +141,10 @@ def cluster_sync(
     )
 
 
-__all__ = ["cluster_async", "cluster_sync", "sentinel_async", "sentinel_sync"]
+__all__ = [
+    "cluster_async",
+    "cluster_sync",
+    "is_sentinel_pool",
+    "sentinel_async",
+    "sentinel_sync",
+]

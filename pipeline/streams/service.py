@@ -100,15 +100,13 @@ end
 return cmsgpack.pack(out)
 """
 
+# One key only (the stream's own slot on a cluster); the registry of stream names
+# (``keys.streams_registry``) is updated after it as a separate, idempotent SADD.
 _CREATE = """
-local created = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local id = redis.call('XADD', KEYS[1], '*', 'init', '')
-  redis.call('XDEL', KEYS[1], id)
-  created = 1
-end
-redis.call('SADD', KEYS[2], ARGV[1])
-return created
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local id = redis.call('XADD', KEYS[1], '*', 'init', '')
+redis.call('XDEL', KEYS[1], id)
+return 1
 """
 
 _SAVE_INDEX = """
@@ -208,12 +206,20 @@ class _Held:
         self.max_idle = max_idle
         self._idle: list[Redis] = []
         self._closed = False
+        #: A cluster client has no single-connection clients (each command goes to the
+        #: node owning its key), and a Sentinel one's would stay on a dead master after a
+        #: failover (see :mod:`pipeline.redisha`): every take is then the client itself.
+        self._shared = redisconn.is_cluster(redis) or redisconn.is_sentinel(redis)
 
     def take(self) -> Redis:
+        if self._shared:
+            return self.redis
         return self._idle.pop() if self._idle else self.redis.client()
 
     def keep(self, client: Redis) -> bool:
         """Hold ``client`` for the next take; False: close it (its connection goes back)."""
+        if self._shared:
+            return True  # the shared client itself: nothing to hold or close
         if len(self._idle) < self.max_idle and not self._closed:
             self._idle.append(client)
             return True
@@ -733,7 +739,9 @@ class StreamService(Worker):
         if address.encode() not in self._streams and len(self._streams) >= self.max_streams:
             await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, "too many streams")
             return None
-        created = await self._create_script(keys=[key, keys.streams_registry()], args=[req.name])
+        created = await self._create_script(keys=[key])
+        # Separately: a global key never shares a script with a stream's keys (cluster slots).
+        await self.redis.sadd(keys.streams_registry(), req.name)
         assert self._node is not None
         self._node.add_alias(self.name, address)
         self._streams[address.encode()] = req.name
