@@ -18,6 +18,7 @@ import uuid
 import redis.asyncio as aioredis
 
 from pipeline import keys, redisconn
+from pipeline.bus.config import bus_redis_url
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import CallFailed, RemoteError, RequestExpired
 
@@ -34,7 +35,10 @@ class BusClient:
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64) -> BusClient:
         client = redisconn.connect(
-            url, redisconn.Role.BUS_CLIENT, block_s=BLOCK_S, max_connections=max_connections
+            bus_redis_url(url),
+            redisconn.Role.BUS_CLIENT,
+            block_s=BLOCK_S,
+            max_connections=max_connections,
         )
         return cls(client)
 

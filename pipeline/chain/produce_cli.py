@@ -19,7 +19,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from pipeline import keys
+from pipeline import keys, redischeck
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.cli import non_negative
@@ -148,4 +148,6 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    return asyncio.run(_run(args, Settings.load()))
+    settings = Settings.load()
+    redischeck.check(settings.redis.url)
+    return asyncio.run(_run(args, settings))

@@ -93,14 +93,14 @@ def read_raw_pages(
     client: Any, key: str, lo: StreamId, hi: StreamId, page: int
 ) -> Iterator[list[list[Any]]]:
     """Paged ``XRANGE key lo hi`` through a :func:`raw_connect` client (raw replies)."""
-    import redis
+    from pipeline.redisconn import UNAVAILABLE
 
     start = format_id(lo)
     end = format_id(hi)
     while True:
         try:
             entries = client.xrange(key, start, end, count=page)
-        except redis.ConnectionError as exc:
+        except UNAVAILABLE as exc:
             raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
         if not entries:
             return
@@ -112,12 +112,12 @@ def read_raw_pages(
 
 def bounds(client: Any, key: str, lo: StreamId, hi: StreamId) -> tuple[StreamId, StreamId] | None:
     """The first and last ids actually present in ``[lo, hi]``, or None if there are none."""
-    import redis
+    from pipeline.redisconn import UNAVAILABLE
 
     try:
         first = client.xrange(key, format_id(lo), format_id(hi), count=1)
         last = client.xrevrange(key, format_id(hi), format_id(lo), count=1)
-    except redis.ConnectionError as exc:
+    except UNAVAILABLE as exc:
         raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
     if not first or not last:
         return None

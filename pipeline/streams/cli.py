@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from pipeline import health
+from pipeline import health, redischeck
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
@@ -127,6 +127,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     settings = _settings(args)
+    redischeck.check(settings.redis.url)
 
     async def run() -> Node:
         stop = asyncio.Event()
