@@ -80,13 +80,25 @@ def raw_connect(url: str) -> Any:
     4.2 us an entry costs to read); the archive's hot path builds Arrow from
     the flat reply instead (:func:`pipeline.lake.source.raw_to_batch`).
     """
+    from pipeline.redisconn import is_cluster
+
     client = connect(url)
-    client.set_response_callback("XRANGE", _raw_reply)
+    # A cluster client parses each node's reply first and applies its own callbacks after:
+    # there the entries come back as (id, {field: value}) and are flattened again.
+    client.set_response_callback("XRANGE", _flat_reply if is_cluster(client) else _raw_reply)
     return client
 
 
 def _raw_reply(response: Any, **options: Any) -> Any:
     return response
+
+
+def _flat_reply(response: Any, **options: Any) -> Any:
+    """redis-py's parsed ``XRANGE`` reply in the raw shape ``[[id, [field, value, ...]], ...]``."""
+    return [
+        [entry_id, [item for pair in (fields or {}).items() for item in pair]]
+        for entry_id, fields in response
+    ]
 
 
 def read_raw_pages(
