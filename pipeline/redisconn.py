@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -151,6 +152,16 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
 
 
+def pipe_evalsha(pipe: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue ``EVALSHA sha len(keys) *keys *args`` on ``pipe``, a pipeline of any layout.
+
+    redis-py's cluster pipelines refuse their ``evalsha`` method, not the command: sent
+    as a raw command it is routed by its keys' slot like any other (all of one script's
+    keys must share a slot, as Sluice's do).
+    """
+    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+
 def is_sentinel(client: object) -> bool:
     """True for a client of a Sentinel-watched master built by :func:`connect`."""
     return redisha.is_sentinel_pool(getattr(client, "connection_pool", None))
@@ -203,6 +214,7 @@ __all__ = [
     "connect_sync",
     "is_cluster",
     "is_sentinel",
+    "pipe_evalsha",
     "parse_entry_id",
     "checkpoint",
 ]

@@ -17,14 +17,15 @@ import logging
 import sys
 import time
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redischeck
 from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.cli import non_negative
-from pipeline.errors import ProducerGaveUp
-from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect
+from pipeline.durability import Durability
+from pipeline.errors import NotReplicated, ProducerGaveUp
+from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ if last then
 end
 return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
 """
+
+#: Retried until ``--retry-for`` runs out: Redis away or moving, or a write too few replicas took.
+_RETRIED: tuple[type[BaseException], ...] = (*UNAVAILABLE, NotReplicated)
 
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 2.0
@@ -77,12 +81,35 @@ def _parser() -> argparse.ArgumentParser:
 class _Writer:
     """Appends blocks idempotently, retrying through outages (bounded by ``retry_for``)."""
 
-    def __init__(self, url: str, stream: str, retry_for: float) -> None:
+    def __init__(
+        self, url: str, stream: str, retry_for: float, durability: Durability | None = None
+    ) -> None:
         self.client = connect(url, Role.PRODUCER)
         self.key = keys.stream(stream)
         self.retry_for = retry_for
         self.script = self.client.register_script(_APPEND)
+        self.durability = durability or Durability()
         self.outages = 0
+
+    async def _write(self, data: bytes) -> None:
+        """One append; with a durability setting, ``WAIT`` on its connection after it
+        (:class:`NotReplicated` when too few replicas took it: retried like an outage,
+        the append being idempotent)."""
+        if not self.durability.on:
+            await self.script(keys=[self.key], args=[ENTRY_FIELD, data])
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe_evalsha(pipe, self.script.sha, [self.key], [ENTRY_FIELD, data])
+            self.durability.add_waits(pipe, self.client, [self.key])
+            results = await pipe.execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):  # a restarted or promoted server
+            await self.client.script_load(_APPEND)
+            raise NotReplicated("script not loaded: loaded, retrying") from results[0]
+        if isinstance(results[0], Exception):
+            raise results[0]
+        failure = self.durability.check(results[1:])
+        if failure is not None:
+            raise failure
 
     async def append(self, block: Block) -> bool:
         """Write one block; True if an outage was ridden out on the way."""
@@ -91,8 +118,8 @@ class _Writer:
         delay = BACKOFF_START_S
         while True:
             try:
-                await self.script(keys=[self.key], args=[ENTRY_FIELD, data])
-            except UNAVAILABLE as exc:
+                await self._write(data)
+            except _RETRIED as exc:
                 checkpoint(exc)
                 now = time.monotonic()
                 if down_since is None:
@@ -122,7 +149,12 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         reorg_every=args.reorg_every,
         reorg_depth=args.reorg_depth,
     )
-    writer = _Writer(settings.redis.url, args.stream or settings.serve.stream, args.retry_for)
+    writer = _Writer(
+        settings.redis.url,
+        args.stream or settings.serve.stream,
+        args.retry_for,
+        Durability(settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms),
+    )
     sent = 0
     start = time.monotonic()
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import health, redischeck
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
@@ -100,6 +101,9 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
                 redis,
                 max_payload=settings.max_payload + ENTRY_OVERHEAD,
                 hot=connect_hot(settings.redis.url),
+                durability=Durability(
+                    settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms
+                ),
             ),
         )
         await node.start()

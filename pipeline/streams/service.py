@@ -50,6 +50,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redisconn
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
@@ -267,8 +268,11 @@ class StreamService(Worker):
         max_streams: int = 4096,
         dedup_ttl_ms: int = 600_000,
         hot: Redis | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self.redis = redis
+        #: Replicas that must hold a push before it is confirmed (see pipeline.durability).
+        self.durability = durability or Durability()
         self.max_payload = max_payload
         self.max_pull = max_pull
         self.max_wait_ms = max_wait_ms
@@ -538,6 +542,8 @@ class StreamService(Worker):
         one push served in a local client's task, on a held client (see ``_held``)."""
         if self._push_sha is None:
             self._push_sha = _text(await self.redis.script_load(_PUSH))
+        if self.durability.on:
+            return await self._run_replicated(pushes)
         if len(pushes) == 1:  # no pipeline for one push: fewer loop hops, lower latency
             _, stream, req = pushes[0]
             redis = self._held.take() if held else self.redis
@@ -559,17 +565,37 @@ class StreamService(Worker):
             return [result]
         async with self.redis.pipeline(transaction=False) as pipe:
             for _, stream, req in pushes:
-                pipe.evalsha(
+                redisconn.pipe_evalsha(
+                    pipe,
                     self._push_sha,
-                    2,
-                    keys.stream(stream),
-                    keys.push_dedup(stream, req.request_id),
-                    self.dedup_ttl_ms,
-                    FIELD,
-                    *req.data,
+                    [keys.stream(stream), keys.push_dedup(stream, req.request_id)],
+                    [self.dedup_ttl_ms, FIELD, *req.data],
                 )
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
+
+    async def _run_replicated(self, pushes: Sequence[tuple[object, str, p.Push]]) -> list[Any]:
+        """:meth:`_run_pushes` followed by ``WAIT`` on the same connections (see
+        :mod:`pipeline.durability`): a push fewer replicas took than required becomes a
+        :class:`~pipeline.durability.NotReplicated` error (its client retries it; a push is
+        idempotent by its request id)."""
+        assert self._push_sha is not None
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, stream, req in pushes:
+                redisconn.pipe_evalsha(
+                    pipe,
+                    self._push_sha,
+                    [self._key(stream), keys.push_dedup(stream, req.request_id)],
+                    [self.dedup_ttl_ms, FIELD, *req.data],
+                )
+            self.durability.add_waits(pipe, self.redis, {self._key(s) for _, s, _ in pushes})
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        pushed, acks = results[: len(pushes)], results[len(pushes) :]
+        failure = self.durability.check(acks)
+        if failure is None:
+            return pushed
+        self._count("not_replicated", len(pushes))
+        return [r if isinstance(r, Exception) else failure for r in pushed]
 
     # --- pull ---------------------------------------------------------------
 

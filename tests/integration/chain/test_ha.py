@@ -124,3 +124,24 @@ def test_produce_serve_subscribe_through_a_failover(
         for log in logs.values():
             log.close()
         group.heal()
+
+
+@pytest.mark.parametrize("where", ["single", "sentinel", "cluster"])
+def test_produce_waits_for_a_replica(where: str, request: pytest.FixtureRequest) -> None:
+    """SLUICE_REDIS_MIN_REPLICAS=1: sluice produce confirms a block only once a replica has
+    it; with no replica (one server) it retries, then gives up in one line."""
+    url = str(request.getfixturevalue({"single": "redis_url"}.get(where, f"{where}_url")))
+    env = {**os.environ, "SLUICE_REDIS_URL": url, "SLUICE_REDIS_MIN_REPLICAS": "1",
+           "SLUICE_REDIS_MIN_REPLICAS_TIMEOUT_MS": "200", "SLUICE_LOG_LEVEL": "ERROR"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "produce", "--rate", "0", "--count", "5",
+         "--stream", STREAM, "--retry-for", "1"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if where == "single":
+        assert proc.returncode == 1
+        assert "0 of 1 replicas acknowledged the write" in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith("sluice produce: ")
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert "produced 5 blocks" in proc.stdout

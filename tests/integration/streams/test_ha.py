@@ -9,10 +9,14 @@ from typing import Any
 import pytest
 
 from pipeline import keys, redisconn
+from pipeline.durability import Durability
 from pipeline.errors import SluiceError
 from pipeline.redisconn import Role
+from pipeline.routing.message import Route
 from pipeline.routing.node import Context
+from pipeline.streams import protocol as p
 from pipeline.streams.client import Publisher
+from pipeline.streams.service import StreamService, connect
 from tests.support.poll import until
 
 from .conftest import MakeNode
@@ -78,13 +82,16 @@ class Recording(Publisher):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("min_replicas", [0, 1], ids=["async", "wait1"])
 async def test_master_killed_under_a_publisher_and_a_consumer(
-    make_node: MakeNode, ha: tuple[str, Any], capsys: pytest.CaptureFixture[str]
+    make_node: MakeNode, ha: tuple[str, Any], min_replicas: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """kill -9 of the stream's master while one node pushes and consumes: the node goes on,
-    everything pushed after the failover arrives, and the counts are reported."""
+    everything pushed after the failover arrives, and the counts are reported. With
+    ``min_replicas=1`` no confirmed push is lost (and writes wait for a replica to return)."""
     url, group = ha
-    node, _ = await make_node("A", url=url)
+    durability = Durability(min_replicas, 500)
+    node, _ = await make_node("A", url=url, durability=durability)
     pub = Recording("f")
     await node.add_worker("pub", pub)
     sink = Sink()
@@ -109,6 +116,8 @@ async def test_master_killed_under_a_publisher_and_a_consumer(
             within_s=60,
         )
         await asyncio.to_thread(group.wait_failed_over, dead)
+        if min_replicas:  # the promoted master has no replica until the dead one returns
+            await asyncio.to_thread(group.heal)
         # The node recovers: every later push is confirmed and consumed.
         await drive(after)
         await until(
@@ -119,14 +128,49 @@ async def test_master_killed_under_a_publisher_and_a_consumer(
         got = set(sink.got)
         lost = [x for x in pub.confirmed if x not in got]
         duplicated = len(sink.got) - len(got)
+        if min_replicas:
+            assert not lost, f"{len(lost)} confirmed pushes lost despite WAIT {min_replicas}"
         with capsys.disabled():
             print(  # noqa: T201 - the counts are the test's report
-                f"\nstreams failover ({layout}): "
+                f"\nstreams failover ({layout}, min_replicas={min_replicas}): "
                 f"confirmed={len(pub.confirmed)} failed={len(pub.failed)} lost={len(lost)} "
                 f"duplicated={duplicated} recovered_in={recovered_s:.1f}s"
             )
     finally:
         await asyncio.to_thread(group.heal)
+
+
+async def test_a_push_no_replica_took_is_not_confirmed(make_node: MakeNode) -> None:
+    """One server, no replica, WAIT 1: every push is answered 'unavailable' (retried, then
+    failed), counted, never confirmed."""
+    node, _ = await make_node("A", durability=Durability(1, 50))
+    pub = Recording("nr")
+    await node.add_worker("pub", pub)
+    await publish(node, [b"x"])
+    await until(lambda: pub.failed == [b"x"], within_s=60)
+    assert pub.confirmed == []
+    assert node.counters["stream_service.not_replicated"] >= 1
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1])
+async def test_many_pushes_in_one_pipeline(ha: tuple[str, Any], min_replicas: int) -> None:
+    """A batch of pushes to streams on every master goes out in one pipeline (EVALSHA
+    sent as a raw command: redis-py's cluster pipelines refuse the method), with one
+    WAIT per master when a replica must hold them."""
+    url, _ = ha
+    redis = connect(url)
+    service = StreamService(redis, durability=Durability(min_replicas, 5000))
+    try:
+        pushes = [
+            (Route(), f"s{i}", p.Push(request_id=f"r{i}", data=(b"x%d" % i,))) for i in range(12)
+        ]
+        replies = await service._push_replies(pushes)
+        assert all(isinstance(r, p.PushConfirm) and r.status == 1 for r in replies), replies
+        again = await service._push_replies(pushes)  # idempotent by request id
+        assert [r.indexes for r in again] == [r.indexes for r in replies]  # type: ignore[union-attr]
+    finally:
+        await service.teardown()
+        await redis.aclose()
 
 
 def test_cluster_slots_differ_for_the_registry_and_a_stream() -> None:
