@@ -564,30 +564,27 @@ class StreamService(Worker):
                     await redis.aclose()
             return [result]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for _, stream, req in pushes:
-                redisconn.pipe_evalsha(
-                    pipe,
-                    self._push_sha,
-                    [keys.stream(stream), keys.push_dedup(stream, req.request_id)],
-                    [self.dedup_ttl_ms, FIELD, *req.data],
-                )
+            self._queue_pushes(pipe, pushes)
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
+
+    def _queue_pushes(self, pipe: Any, pushes: Sequence[tuple[object, str, p.Push]]) -> None:
+        assert self._push_sha is not None
+        for _, stream, req in pushes:
+            redisconn.pipe_evalsha(
+                pipe,
+                self._push_sha,
+                [self._key(stream), keys.push_dedup(stream, req.request_id)],
+                [self.dedup_ttl_ms, FIELD, *req.data],
+            )
 
     async def _run_replicated(self, pushes: Sequence[tuple[object, str, p.Push]]) -> list[Any]:
         """:meth:`_run_pushes` followed by ``WAIT`` on the same connections (see
         :mod:`pipeline.durability`): a push fewer replicas took than required becomes a
         :class:`~pipeline.durability.NotReplicated` error (its client retries it; a push is
         idempotent by its request id)."""
-        assert self._push_sha is not None
         async with self.redis.pipeline(transaction=False) as pipe:
-            for _, stream, req in pushes:
-                redisconn.pipe_evalsha(
-                    pipe,
-                    self._push_sha,
-                    [self._key(stream), keys.push_dedup(stream, req.request_id)],
-                    [self.dedup_ttl_ms, FIELD, *req.data],
-                )
+            self._queue_pushes(pipe, pushes)
             self.durability.add_waits(pipe, self.redis, {self._key(s) for _, s, _ in pushes})
             results: list[Any] = await pipe.execute(raise_on_error=False)
         pushed, acks = results[: len(pushes)], results[len(pushes) :]
