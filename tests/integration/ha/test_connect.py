@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -75,3 +78,29 @@ def test_unreachable_redis_is_not_a_misconfiguration() -> None:
         f"redis+sentinel://127.0.0.1:{port}/svc",
     ):
         redischeck.check(url)
+
+
+def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLUICE_REDIS_URL": url, "SLUICE_LOG_LEVEL": "WARNING"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_commands_say_a_misconfiguration_in_one_line(
+    redis_cluster: Any, redis_sentinels: Any
+) -> None:
+    node = redis_cluster.nodes[0]
+    produce = _cli("produce", "--count", "1", url=f"redis://127.0.0.1:{node.port}/0")
+    assert produce.returncode == 2
+    assert produce.stderr.strip().splitlines() == [
+        f"sluice produce: redis://127.0.0.1:{node.port}/0 is a Redis Cluster node: "
+        f"use redis+cluster://127.0.0.1:{node.port}"
+    ]
+    redis_sentinels.wait_whole()
+    replica = next(s for s in redis_sentinels.data if s is not redis_sentinels.master())
+    started = _cli("node", "--name", "X", url=f"redis://127.0.0.1:{replica.port}/0")
+    assert started.returncode == 2
+    [line] = started.stderr.strip().splitlines()
+    assert line.startswith("sluice node: ") and "is a replica of" in line
