@@ -140,6 +140,52 @@ async def test_master_killed_under_a_publisher_and_a_consumer(
         await asyncio.to_thread(group.heal)
 
 
+@pytest.mark.timeout(240)
+async def test_master_killed_under_two_nodes_at_500_requests(
+    make_node: MakeNode, ha: tuple[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's two nodes (A's requests to B's echo through stream_b, replies through
+    stream_a), master killed (SIGKILL) after 150 replies: both nodes go on and every request
+    whose push was accepted gets its reply; the counts are reported."""
+    url, group = ha
+    layout = "cluster" if hasattr(group, "master_of") else "sentinel"
+    node_a, _, _, a = await two_nodes(make_node, url=url)  # type: ignore[arg-type]
+    sent: dict[bytes, asyncio.Future[None]] = {}
+
+    async def drive() -> None:
+        for i in range(500):
+            payload = str(i).encode()
+            sent[payload] = await node_a.deliver_tracked(to_b(payload))
+            await asyncio.sleep(0.005)
+
+    driving = asyncio.create_task(drive())
+    await until(lambda: len(a.got) >= 150, within_s=60)
+    killed_at = time.monotonic()
+    dead = (
+        group.kill_master(keys.stream("stream_b")) if layout == "cluster" else group.kill_master()
+    )
+    try:
+        await driving
+        results = await asyncio.gather(*sent.values(), return_exceptions=True)
+        accepted = {k for k, r in zip(sent, results, strict=True) if r is None}
+        await asyncio.to_thread(group.wait_failed_over, dead)
+        await until(
+            lambda: accepted <= {m.payload.removeprefix(b"re:") for m in a.got},
+            "a reply to every accepted request",
+            within_s=90,
+        )
+        replies = [m.payload.removeprefix(b"re:") for m in a.got]
+        with capsys.disabled():
+            print(  # noqa: T201 - the counts are the test's report
+                f"\ntwo nodes failover ({layout}): requests=500 accepted={len(accepted)} "
+                f"failed={500 - len(accepted)} replies={len(set(replies))} "
+                f"duplicated={len(replies) - len(set(replies))} "
+                f"recovered_in={time.monotonic() - killed_at:.1f}s"
+            )
+    finally:
+        await asyncio.to_thread(group.heal)
+
+
 async def test_a_push_no_replica_took_is_not_confirmed(make_node: MakeNode) -> None:
     """One server, no replica, WAIT 1: every push is answered 'unavailable' (retried, then
     failed), counted, never confirmed."""
