@@ -76,7 +76,7 @@ async def test_bus_calls_survive_the_masters_death(
             try:
                 got = await client.call("echo", dst=[a.id], data=data, exp=15, wait_s=20)
             except (SluiceError, RedisError, OSError) as exc:  # counted by kind, not hidden
-                outcome[f"failed:{type(exc).__name__}"] += 1
+                outcome[f"failed:{type(exc).__name__}:{str(exc)[:60]}"] += 1
             else:
                 outcome["ok" if got == [f"echo:{data}".encode()] else "wrong"] += 1
 
