@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -43,8 +45,19 @@ def _health(port: int) -> str:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as reply:
             return str(json.load(reply)["status"])
-    except OSError:  # 503 (degraded) raises HTTPError, an OSError; so does a refused socket
+    except urllib.error.HTTPError as exc:  # a 503 carries the status too ("degraded")
+        return str(json.load(exc)["status"])
+    except OSError:
         return "unavailable"
+
+
+def _watch(port: int, seen: list[str], stop: threading.Event) -> None:
+    """Record each change of serve's /healthz status until ``stop``."""
+    while not stop.is_set():
+        status = _health(port)
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        stop.wait(0.05)
 
 
 def test_produce_serve_subscribe_through_a_failover(
@@ -84,6 +97,10 @@ def test_produce_serve_subscribe_through_a_failover(
                 env=env, stdout=sink, stderr=logs["subscribe"],
             )  # fmt: skip
         until_sync(lambda: len(_lines(out)) >= 40, "40 blocks before the kill", within_s=60)
+        seen: list[str] = []
+        watching = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(port, seen, watching), daemon=True)
+        watcher.start()
         killed_at = time.monotonic()
         dead = (
             group.kill_master(keys.stream(STREAM)) if layout == "cluster" else group.kill_master()
@@ -98,6 +115,10 @@ def test_produce_serve_subscribe_through_a_failover(
         )
         recovered_s = time.monotonic() - killed_at
         until_sync(lambda: _health(port) == "ok", "serve healthy again", within_s=60)
+        watching.set()
+        watcher.join(10)
+        # /healthz followed the master: degraded while the tail had none, then ok again.
+        assert "degraded" in seen and seen[-1] == "ok", seen
         alive = {name: proc.poll() is None for name, proc in procs.items()}
         assert all(alive.values()), alive
         added = [x["added"] for x in _lines(out) if "added" in x]
