@@ -105,14 +105,14 @@ def _data_args(port: int, directory: Path) -> list[str]:
 class LocalCluster:
     """Six cluster-mode ``redis-server``s made into 3 masters + 3 replicas by ``redis-cli``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
         self.nodes: list[Server] = []
         for i in range(6):
             port, bus = free_port(), free_port()
             d = directory / f"node{i}"
             args = _data_args(port, d) + [
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(bus), "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                "--cluster-port", str(bus), "--cluster-node-timeout", str(node_timeout_ms),
             ]  # fmt: skip
             self.nodes.append(Server(d, port, args))
 
@@ -200,7 +200,7 @@ SERVICE = "sluice"
 class LocalSentinels:
     """A master, one replica and three Sentinels watching them as service :data:`SERVICE`."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
         mport, rport = free_port(), free_port()
         self.data = [
             Server(directory / "a", mport, _data_args(mport, directory / "a")),
@@ -219,8 +219,8 @@ class LocalSentinels:
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {d}\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {mport} 2\n"
-                f"sentinel down-after-milliseconds {SERVICE} {NODE_TIMEOUT_MS}\n"
-                f"sentinel failover-timeout {SERVICE} {3 * NODE_TIMEOUT_MS}\n"
+                f"sentinel down-after-milliseconds {SERVICE} {node_timeout_ms}\n"
+                f"sentinel failover-timeout {SERVICE} {max(3 * node_timeout_ms, 10_000)}\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
             self.sentinels.append(Server(d, port, [str(conf), "--sentinel"]))
