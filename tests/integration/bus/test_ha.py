@@ -55,6 +55,18 @@ async def test_call_between_a_sentinel_twin_and_a_single_one(twins: Any, sentine
             await stop(task)
 
 
+# A leak we could not trace in time (pyproject's rule: a narrow filter where it occurs): in
+# about 1 run of 3, redis-py 8.1 connections to the first *Sentinel* (plain Connections of
+# the Sentinel manager's clients) and their StreamWriters are garbage-collected unclosed
+# after the master's SIGKILL, with ~70 clients asking the Sentinels for the master at once.
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function StreamWriter.__del__"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function AbstractConnection.__del__"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
 async def test_bus_calls_survive_the_masters_death(
     twins: Any, redis_sentinels: Any, sentinel_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
