@@ -294,6 +294,12 @@ class RedisUnavailable(LakeError, StreamError):
     public_message = "redis unavailable"
 
 
+class NotReplicated(RedisUnavailable):
+    """A write the master took but fewer replicas than required acknowledged in time
+    (``SLUICE_REDIS_MIN_REPLICAS``, :mod:`pipeline.durability`): it may survive a
+    failover or not; retry it idempotently or report it, never count it as done."""
+
+
 class ProducerGaveUp(RedisUnavailable):
     """Redis stayed unreachable for longer than the producer's ``--retry-for``."""
 

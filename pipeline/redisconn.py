@@ -13,6 +13,10 @@ a blocking one. The ``role`` picks the bounds:
   (``Role.STREAM_HOT``): each of its commands runs under its caller's own
   deadline, which is cheaper than redis-py's per-command ``wait_for``;
 - ``rediss://`` URLs keep TLS (redis-py reads the scheme), ``redis://`` do not;
+- ``redis+sentinel://`` URLs give a client of the master a Sentinel group names, whose
+  pool asks the Sentinels for the master at each new connection (so it follows a
+  failover), and ``redis+cluster://`` URLs a ``RedisCluster`` that follows MOVED/ASK
+  (see :mod:`pipeline.redisurl` for the forms, :mod:`pipeline.redisha` for the clients);
 - a dropped connection is retried a few times with backoff for roles whose
   commands are safe to repeat (reads, idempotent writes).
 
@@ -24,18 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterDownError, ReadOnlyError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 
-from pipeline.errors import ConfigError
+from pipeline import redisha
+from pipeline.redisurl import Topology, parse
 
 
 class Role(enum.Enum):
@@ -87,11 +94,6 @@ BOUNDS: dict[Role, Bounds] = {
 BLOCK_MARGIN_S = 10.0
 
 
-def _check_url(url: str) -> None:
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"not a redis URL (redis://, rediss:// or unix://): {url!r}")
-
-
 def _kwargs(role: Role, block_s: float, max_connections: int | None) -> dict[str, Any]:
     bounds = BOUNDS[role]
     return {
@@ -111,33 +113,74 @@ def _kwargs(role: Role, block_s: float, max_connections: int | None) -> dict[str
 def connect(
     url: str, role: Role, *, block_s: float = 0.0, max_connections: int | None = None
 ) -> aioredis.Redis:
-    """An asyncio client for ``role``; ``block_s`` is the longest blocking wait it will issue."""
-    _check_url(url)
+    """An asyncio client for ``role``; ``block_s`` is the longest blocking wait it will issue.
+
+    For a ``redis+cluster://`` URL the client is a :class:`redis.asyncio.RedisCluster`
+    (typed as ``Redis``: it has the same command methods; :func:`is_cluster` tells them
+    apart where a part needs a single-server feature). ``ConfigError`` on a bad URL.
+    """
+    target = parse(url)
     retries = BOUNDS[role].retries
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries),
-        **_kwargs(role, block_s, max_connections),
-    )
+    retry = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries)
+    kwargs = _kwargs(role, block_s, max_connections)
+    if target.topology is Topology.SENTINEL:
+        return redisha.sentinel_async(target, retry, kwargs)
+    if target.topology is Topology.CLUSTER:
+        return cast(aioredis.Redis, redisha.cluster_async(target, retry, kwargs))
+    pool = aioredis.BlockingConnectionPool.from_url(url, retry=retry, **kwargs)
     return aioredis.Redis.from_pool(pool)
 
 
 def connect_sync(
     url: str, role: Role, *, block_s: float = 0.0, max_connections: int | None = None
 ) -> redis.Redis:
-    """A blocking client for ``role`` (lake jobs, CLI tools, Airflow tasks)."""
-    _check_url(url)
+    """A blocking client for ``role`` (lake jobs, CLI tools, Airflow tasks); see :func:`connect`."""
+    target = parse(url)
     retries = BOUNDS[role].retries
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        retry=SyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries),
-        **_kwargs(role, block_s, max_connections),
-    )
+    retry = SyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries)
+    kwargs = _kwargs(role, block_s, max_connections)
+    if target.topology is Topology.SENTINEL:
+        return redisha.sentinel_sync(target, retry, kwargs)
+    if target.topology is Topology.CLUSTER:
+        return cast(redis.Redis, redisha.cluster_sync(target, retry, kwargs))
+    pool = redis.BlockingConnectionPool.from_url(url, retry=retry, **kwargs)
     return redis.Redis.from_pool(pool)
 
 
-#: What a lost or refused Redis connection raises, for callers that retry or report it.
-UNAVAILABLE: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+def is_cluster(client: object) -> bool:
+    """True for a Redis Cluster client (asyncio or blocking) built by :func:`connect`."""
+    return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
+
+
+def pipe_evalsha(pipe: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue ``EVALSHA sha len(keys) *keys *args`` on ``pipe``, a pipeline of any layout.
+
+    redis-py's cluster pipelines refuse their ``evalsha`` method, not the command: sent
+    as a raw command it is routed by its keys' slot like any other (all of one script's
+    keys must share a slot, as Sluice's do).
+    """
+    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+
+def is_sentinel(client: object) -> bool:
+    """True for a client of a Sentinel-watched master built by :func:`connect`."""
+    return redisha.is_sentinel_pool(getattr(client, "connection_pool", None))
+
+
+#: What a lost, refused or moving Redis raises, for callers that retry or report it: a
+#: dropped connection, a Sentinel with no master yet (``MasterNotFoundError`` is a
+#: ``ConnectionError``), a cluster in the middle of a failover or resharding
+#: (``ClusterDownError``, ``TryAgainError``) and a master demoted under a client
+#: (``ReadOnlyError``). Each is over within a failover's time; retrying is the cure.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    SlotNotCoveredError,
+)
 
 
 def checkpoint(cause: BaseException | None = None) -> None:
@@ -169,6 +212,9 @@ __all__ = [
     "Role",
     "connect",
     "connect_sync",
+    "is_cluster",
+    "is_sentinel",
+    "pipe_evalsha",
     "parse_entry_id",
     "checkpoint",
 ]

@@ -36,8 +36,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
-from urllib.parse import parse_qs, unquote, urlparse
+from urllib.parse import urlparse
 
+from pipeline import redisurl
 from pipeline.errors import ConfigError
 
 _PREFIX = "SLUICE_"
@@ -75,29 +76,28 @@ def _split(value: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisSettings:
-    """Where Redis is: ``redis://[:password@]host[:port][/db]``, ``rediss://`` (TLS) or ``unix://``."""
+    """Where Redis is: one URL in any form of :mod:`pipeline.redisurl`.
+
+    ``redis://[:password@]host[:port][/db]``, ``rediss://`` (TLS) or ``unix://`` for one
+    server; ``redis+sentinel://host:port,host:port/service[/db]`` for the master a group
+    of Sentinels watches; ``redis+cluster://host:port[,host:port]`` for a Redis Cluster.
+    """
 
     _SECTION: ClassVar[str] = "redis"
 
     url: str = "redis://127.0.0.1:6379/0"
+    #: Replicas that must hold a stream push, XADD or bus backlog write before Sluice
+    #: counts it as done (Redis ``WAIT``); 0: the master's reply is enough.
+    min_replicas: int = 0
+    #: How long one such ``WAIT`` may take, in milliseconds.
+    min_replicas_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         _check(self)
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise _invalid(
-                self, "url", f"must start with redis://, rediss:// or unix://, got {self.url!r}"
-            )
-        parsed = urlparse(self.url)
-        if parsed.scheme == "unix":
-            if not parse_qs(parsed.query).get("db", ["0"])[0].isdigit():
-                raise _invalid(self, "url", f"the db must be a number, got {self.url!r}")
-            return
         try:
-            parsed.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            raise _invalid(self, "url", f"is not a Redis URL ({exc}): {self.url!r}") from exc
-        if not (parsed.path.lstrip("/") or "0").isdigit():
-            raise _invalid(self, "url", f"the db must be a number, got {self.url!r}")
+            redisurl.parse(self.url)
+        except ConfigError as exc:
+            raise _invalid(self, "url", str(exc)) from None
 
     @classmethod
     def from_url(cls, url: str) -> RedisSettings:
@@ -105,30 +105,27 @@ class RedisSettings:
         return cls(url=url)
 
     @property
+    def topology(self) -> redisurl.Topology:
+        """Single server, Sentinel or Cluster."""
+        return redisurl.parse(self.url).topology
+
+    @property
     def host(self) -> str:
-        """The host name (for ``unix://``, the socket path)."""
-        parsed = urlparse(self.url)
-        if parsed.scheme == "unix":
-            return parsed.path
-        return parsed.hostname or "127.0.0.1"
+        """The host name (for ``unix://``, the socket path; Sentinel, Cluster: the first listed)."""
+        return redisurl.parse(self.url).hosts[0][0]
 
     @property
     def port(self) -> int:
-        """The TCP port (0 for ``unix://``)."""
-        parsed = urlparse(self.url)
-        return 0 if parsed.scheme == "unix" else parsed.port or 6379
+        """The TCP port (0 for ``unix://``; Sentinel, Cluster: of the first host listed)."""
+        return redisurl.parse(self.url).hosts[0][1]
 
     @property
     def db(self) -> int:
-        parsed = urlparse(self.url)
-        if parsed.scheme == "unix":
-            return int(parse_qs(parsed.query).get("db", ["0"])[0])
-        return int(parsed.path.lstrip("/") or "0")
+        return redisurl.parse(self.url).db
 
     @property
     def password(self) -> str | None:
-        parsed = urlparse(self.url)
-        return unquote(parsed.password) if parsed.password else None
+        return redisurl.parse(self.url).password
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

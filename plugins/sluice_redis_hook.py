@@ -92,8 +92,14 @@ def connection_url(
     The database comes from ``extra["db"]`` or the connection's schema (what
     ``AIRFLOW_CONN_X=redis://host:port/3`` sets). TLS (``rediss``) when the
     connection was given as a ``rediss://`` URI (its ``conn_type``) or
-    ``extra["ssl"]`` is true.
+    ``extra["ssl"]`` is true. ``extra["url"]``, when set, is the whole URL in any form
+    Sluice takes (``redis+sentinel://...``, ``redis+cluster://...``: a Sentinel group
+    or a cluster has no single host and port) and the other fields are ignored.
     """
+    if extra.get("url"):
+        url = str(extra["url"])
+        RedisSettings.from_url(url)
+        return url
     if not host:
         raise ConfigError("the Redis connection has no host")
     db_raw = extra.get("db", schema or 0)

@@ -73,6 +73,59 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., LocalRedis]]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Redis Cluster, 3 masters + 3 replicas (tests/support/redisha.py), once per session."""
+    from tests.support import redisha
+
+    reason = redisha.missing_tools()
+    if reason:
+        pytest.skip(f"no Redis Cluster: {reason}")
+    cluster = redisha.LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real master + replica watched by 3 Sentinels (tests/support/redisha.py), once per session."""
+    from tests.support import redisha
+
+    reason = redisha.missing_tools()
+    if reason:
+        pytest.skip(f"no Sentinel group: {reason}")
+    group = redisha.LocalSentinels(tmp_path_factory.mktemp("redis-sentinel"))
+    try:
+        yield group.start()
+    finally:
+        group.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: Any) -> str:
+    """``redis+cluster://`` URL of the session's cluster, whole and flushed."""
+    redis_cluster.wait_whole()
+    redis_cluster.flush()
+    return str(redis_cluster.url)
+
+
+@pytest.fixture
+def sentinel_url(redis_sentinels: Any) -> str:
+    """``redis+sentinel://`` URL of the session's Sentinel group, whole and flushed."""
+    redis_sentinels.wait_whole()
+    redis_sentinels.flush()
+    return str(redis_sentinels.url)
+
+
+@pytest.fixture(params=["single", "sentinel", "cluster"])
+def any_redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of an empty Redis of each layout in turn: one server, Sentinel, Cluster."""
+    name = {"single": "redis_url", "sentinel": "sentinel_url", "cluster": "cluster_url"}
+    return str(request.getfixturevalue(name[request.param]))
+
+
+@pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A session-scoped local Spark with Delta (UI off, few shuffle partitions)."""
     from pipeline.lake.session import build_session

@@ -28,9 +28,9 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from pipeline import health, keys, redisconn
+from pipeline import health, keys, redischeck, redisconn
 from pipeline.bus import dead
-from pipeline.bus.config import BusConfig
+from pipeline.bus.config import BusConfig, bus_redis_url
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
 from pipeline.bus.process import BusProcess
 from pipeline.bus.signing import Signer
@@ -277,6 +277,8 @@ def main(argv: list[str]) -> int:
         if value is not None:
             overrides[name] = value
     settings = Settings.load(**overrides)
+    bus_redis_url(settings.redis.url)  # a cluster URL: one line, before anything starts
+    redischeck.check(settings.redis.url)
     if settings.bus.twin <= 0:
         raise ConfigError("the bus needs a twin id: --twin ID or SLUICE_BUS_TWIN")
     signer: Signer | None = None

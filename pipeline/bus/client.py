@@ -12,17 +12,24 @@ a client whose socket timeout is longer (see :mod:`pipeline.redisconn`), so
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 
 import redis.asyncio as aioredis
 
 from pipeline import keys, redisconn
+from pipeline.bus.config import bus_redis_url
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import CallFailed, RemoteError, RequestExpired
 
+log = logging.getLogger(__name__)
+
 #: Extra seconds the client waits past ``exp`` for the bus's own "request expired" answer.
 GRACE_S = 5.0
+#: Pause before waiting again for an answer after Redis went away.
+RETRY_S = 0.25
 #: Longest single BLPOP; longer waits are several of them.
 BLOCK_S = 20.0
 
@@ -34,7 +41,10 @@ class BusClient:
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64) -> BusClient:
         client = redisconn.connect(
-            url, redisconn.Role.BUS_CLIENT, block_s=BLOCK_S, max_connections=max_connections
+            bus_redis_url(url),
+            redisconn.Role.BUS_CLIENT,
+            block_s=BLOCK_S,
+            max_connections=max_connections,
         )
         return cls(client)
 
@@ -71,7 +81,14 @@ class BusClient:
         for _ in dst:
             popped = None
             while popped is None and (left := limit - time.monotonic()) > 0:
-                popped = await self.redis.blpop([ret], timeout=max(min(left, BLOCK_S), 0.01))
+                try:
+                    popped = await self.redis.blpop([ret], timeout=max(min(left, BLOCK_S), 0.01))
+                except redisconn.UNAVAILABLE as exc:
+                    # Redis away or failing over: waiting for the answer is safe to repeat
+                    # (the request itself is not resent: it may have landed).
+                    redisconn.checkpoint(exc)
+                    log.warning("bus client: waiting on %s: %r; retrying", ret, exc)
+                    await asyncio.sleep(min(RETRY_S, max(limit - time.monotonic(), 0)))
             if popped is None:
                 await self.redis.delete(ret)
                 raise RequestExpired(f"no answer to {cmd} on {ret} in time")

@@ -8,6 +8,8 @@ from typing import Any
 
 import redis.exceptions
 
+from pipeline.errors import ConfigError
+from pipeline.redisurl import Topology, parse
 from pipeline.settings import MAX_PAYLOAD, BusSettings, Settings
 
 #: What a Redis call may raise when Redis is away; loops retry after these.
@@ -30,6 +32,21 @@ class BusConfig(BusSettings):
         values["max_size"] = settings.max_payload
         values.update(overrides)
         return cls(**values)
+
+
+#: Why the bus refuses a cluster URL (docs/DESIGN.md, "The bus on more than one Redis").
+CLUSTER_REFUSAL = (
+    "the bus runs on one Redis per twin (RMB clients push to fixed msgbus.* keys that a "
+    "cluster spreads over six slots): use redis+sentinel://... for a bus that survives a "
+    "master's loss, not redis+cluster://"
+)
+
+
+def bus_redis_url(url: str) -> str:
+    """``url`` if the bus can run on it; :class:`ConfigError` (one line) for a cluster URL."""
+    if parse(url).topology is Topology.CLUSTER:
+        raise ConfigError(CLUSTER_REFUSAL)
+    return url
 
 
 def reraise_if_cancelling(exc: BaseException) -> None:

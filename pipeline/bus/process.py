@@ -52,7 +52,7 @@ from redis.backoff import NoBackoff
 
 from pipeline import keys, redisconn
 from pipeline.bus import envelope
-from pipeline.bus.config import REDIS_ERRORS, BusConfig, reraise_if_cancelling
+from pipeline.bus.config import REDIS_ERRORS, BusConfig, bus_redis_url, reraise_if_cancelling
 from pipeline.bus.directory import Directory
 from pipeline.bus.forward import Final, Forwarder, Kind, Outbound, Outcome
 from pipeline.bus.http import Ingress, build_server
@@ -81,7 +81,7 @@ class BusProcess:
         self.config = config
         self.twin = config.twin
         self.redis = redisconn.connect(
-            redis_url,
+            bus_redis_url(redis_url),
             redisconn.Role.BUS,
             block_s=_WAIT_S,
             max_connections=config.redis_connections,

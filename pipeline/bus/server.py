@@ -35,7 +35,7 @@ import redis.exceptions
 
 from pipeline import keys, redisconn
 from pipeline.bus import dead
-from pipeline.bus.config import reraise_if_cancelling
+from pipeline.bus.config import bus_redis_url, reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, deadline, decode, encode_data
 from pipeline.errors import EnvelopeError, HandlerError
 
@@ -67,7 +67,10 @@ class BusServer:
     def from_url(cls, url: str, **kwargs: int | bool) -> BusServer:
         workers = int(kwargs.get("workers", 4))
         client = redisconn.connect(
-            url, redisconn.Role.BUS_CLIENT, block_s=_WAIT_S, max_connections=workers + 8
+            bus_redis_url(url),
+            redisconn.Role.BUS_CLIENT,
+            block_s=_WAIT_S,
+            max_connections=workers + 8,
         )
         return cls(client, **kwargs)  # type: ignore[arg-type]
 

@@ -16,6 +16,7 @@ import signal
 
 from aiohttp import web
 
+from pipeline import redischeck
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
@@ -109,5 +110,6 @@ def main(argv: list[str]) -> int:
         if v is not None
     }
     settings = Settings.load(**overrides)
+    redischeck.check(settings.redis.url)
     asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
     return 0

@@ -19,14 +19,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
-from pipeline import keys
+from pipeline import keys, redischeck
 from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.cli import non_negative
-from pipeline.errors import BadBatch, ProducerGaveUp
-from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect
+from pipeline.durability import Durability
+from pipeline.errors import BadBatch, NotReplicated, ProducerGaveUp
+from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
 
 #: Entries read back to go on from a stream's head (enough for reorgs below it).
 RESUME_ENTRIES = 256
+#: Retried until ``--retry-for`` runs out: Redis away or moving, or a write too few replicas took.
+_RETRIED: tuple[type[BaseException], ...] = (*UNAVAILABLE, NotReplicated)
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 2.0
 
@@ -92,19 +95,40 @@ def _parser() -> argparse.ArgumentParser:
 class _Writer:
     """Appends blocks idempotently, retrying through outages (bounded by ``retry_for``)."""
 
-    def __init__(self, url: str, stream: str, retry_for: float) -> None:
+    def __init__(
+        self, url: str, stream: str, retry_for: float, durability: Durability | None = None
+    ) -> None:
         self.client = connect(url, Role.PRODUCER)
         self.key = keys.stream(stream)
         self.retry_for = retry_for
         self.script = self.client.register_script(_APPEND)
+        self.durability = durability or Durability()
         self.outages = 0
+
+    async def _write(self, data: bytes) -> None:
+        """One append; with a durability setting, ``WAIT`` on its connection after it
+        (:class:`NotReplicated` when too few replicas took it: retried like an outage,
+        the append being idempotent)."""
+        if not self.durability.on:
+            await self.script(keys=[self.key], args=[ENTRY_FIELD, data])
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe_evalsha(pipe, self.script.sha, [self.key], [ENTRY_FIELD, data])
+            self.durability.add_waits(pipe, self.client, [self.key])
+            results = await pipe.execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):  # a restarted or promoted server
+            await self.client.script_load(_APPEND)
+            raise NotReplicated("script not loaded: loaded, retrying") from results[0]
+        if isinstance(results[0], Exception):
+            raise results[0]
+        failure = self.durability.check(results[1:])
+        if failure is not None:
+            raise failure
 
     async def append(self, block: Block) -> bool:
         """Write one block; True if an outage was ridden out on the way."""
         data = encode_block(block)
-        _, rode_out = await self._retrying(
-            lambda: self.script(keys=[self.key], args=[ENTRY_FIELD, data]), f"block {block.num}"
-        )
+        _, rode_out = await self._retrying(lambda: self._write(data), f"block {block.num}")
         return rode_out
 
     async def _retrying(self, op: Callable[[], Awaitable[T]], what: str) -> tuple[T, bool]:
@@ -114,7 +138,7 @@ class _Writer:
         while True:
             try:
                 result = await op()
-            except UNAVAILABLE as exc:
+            except _RETRIED as exc:
                 checkpoint(exc)
                 now = time.monotonic()
                 if down_since is None:
@@ -158,7 +182,12 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         reorg_depth=args.reorg_depth,
     )
     stream = args.stream or settings.serve.stream
-    writer = _Writer(settings.redis.url, stream, args.retry_for)
+    writer = _Writer(
+        settings.redis.url,
+        stream,
+        args.retry_for,
+        Durability(settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms),
+    )
     sent = 0
     start = time.monotonic()
     try:
@@ -191,4 +220,6 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    return asyncio.run(_run(args, Settings.load()))
+    settings = Settings.load()
+    redischeck.check(settings.redis.url)
+    return asyncio.run(_run(args, settings))

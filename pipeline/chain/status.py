@@ -38,13 +38,21 @@ from typing import Any, Protocol, TypeVar, cast
 import msgpack
 import redis.asyncio as aioredis
 from aiohttp import web
+from redis.crc import key_slot
 
 from pipeline import __version__, keys
 from pipeline.chain.appkeys import METRICS
 from pipeline.chain.auth import authorized, refusal
 from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
-from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, parse_entry_id
+from pipeline.redisconn import (
+    UNAVAILABLE,
+    Role,
+    checkpoint,
+    connect,
+    is_cluster,
+    parse_entry_id,
+)
 from pipeline.settings import LakeSettings, Settings
 from pipeline.snapshot import SharedSnapshot
 
@@ -64,6 +72,8 @@ REDIS_TIMEOUT_S = 2.0
 #: Entries read per ``XREAD`` of the tail; block this long per call.
 TAIL_COUNT = 512
 TAIL_BLOCK_MS = 1000
+#: On a cluster (no multi-slot XREAD BLOCK): the pause between reads that found nothing.
+CLUSTER_POLL_S = 0.25
 
 _FILES = {
     "/": ("index.html", "text/html"),
@@ -305,6 +315,9 @@ class StatusBoard:
                 if board.last_id is None:
                     board.last_id = b"0-0"
         self.tail_up = True
+        if is_cluster(client):
+            await self._poll_slots(client)
+            return
         reply = cast(
             list[tuple[bytes, _Entries]] | None,
             await client.xread(
@@ -314,11 +327,36 @@ class StatusBoard:
             ),
         )
         checkpoint()
+        self._see(reply)
+
+    async def _poll_slots(self, client: aioredis.Redis) -> None:
+        """On a cluster one XREAD may only name keys of one slot: read each slot's streams
+        without blocking (a blocked read per slot would hold a connection each), then pause."""
+        groups: dict[int, list[StreamBoard]] = {}
+        for board in self.streams.values():
+            groups.setdefault(key_slot(board.key.encode()), []).append(board)
+        seen = 0
+        for boards in groups.values():
+            reply = cast(
+                list[tuple[bytes, _Entries]] | None,
+                await client.xread(
+                    {b.key: cast(bytes, b.last_id) for b in boards}, count=TAIL_COUNT
+                ),
+            )
+            checkpoint()
+            seen += self._see(reply)
+        if not seen:
+            await asyncio.sleep(CLUSTER_POLL_S)
+
+    def _see(self, reply: list[tuple[bytes, _Entries]] | None) -> int:
         by_key = {b.key.encode(): b for b in self.streams.values()}
+        seen = 0
         for key, entries in reply or ():
             board = by_key[key]
             for entry_id, fields in entries:
                 board.see(entry_id, fields)
+                seen += 1
+        return seen
 
     # --- snapshots ---------------------------------------------------------------
 

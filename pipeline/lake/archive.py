@@ -221,7 +221,8 @@ def _finish(
 
 def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_ms: int) -> bool:
     """Check the stream and that the interval is closed; True when Redis holds an entry in it."""
-    import redis
+
+    from pipeline.redisconn import UNAVAILABLE
 
     client = connect(settings.redis.url)
     try:
@@ -232,7 +233,7 @@ def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_m
             if kind == b"stream"
             else []
         )
-    except redis.ConnectionError as exc:
+    except UNAVAILABLE as exc:
         raise RedisUnavailable(
             f"redis at {settings.redis.host}:{settings.redis.port} is unavailable: {exc}"
         ) from exc

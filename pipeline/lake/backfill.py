@@ -187,17 +187,17 @@ def _covered(runs: Sequence[tuple[int, int]], interval: tuple[int, int]) -> bool
 
 def read_state(settings: Settings, stream: str) -> tuple[list[tuple[int, int]], int | None, int]:
     """``archive_log``'s intervals of ``stream``, the oldest entry's ms in Redis, Redis' clock (ms)."""
-    import redis
 
     from pipeline.lake.redisread import connect, parse_id
     from pipeline.lake.trim import logged_intervals
+    from pipeline.redisconn import UNAVAILABLE
 
     logged = logged_intervals(settings.lake, stream)
     client = connect(settings.redis.url)
     try:
         oldest = client.xrange(keys.stream(stream), "-", "+", count=1)
         seconds, micros = client.time()
-    except redis.ConnectionError as exc:
+    except UNAVAILABLE as exc:
         raise RedisUnavailable(
             f"redis at {settings.redis.host}:{settings.redis.port} is unavailable: {exc}"
         ) from exc

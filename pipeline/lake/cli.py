@@ -51,6 +51,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pipeline import redischeck
 from pipeline.errors import ConfigError, JobCancelled, SluiceError
 from pipeline.lake import store
 from pipeline.lake.joblog import WarningCounter, job_logging
@@ -325,6 +326,7 @@ def main(argv: Sequence[str]) -> int:
         return int(exc.code or 0)
     settings = Settings.load()
     check_args(args, settings)
+    redischeck.check(settings.redis.url)
     with job_logging(settings, args.job) as (counter, debug_path):
         code = _main(args, settings, counter, debug_path)
     if code == EXIT_CANCELLED:

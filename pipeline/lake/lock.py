@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline import keys
 from pipeline.errors import LockBusy, LockLost, RedisUnavailable
-from pipeline.redisconn import Role, connect_sync
+from pipeline.redisconn import UNAVAILABLE, Role, connect_sync
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,6 @@ class StreamLock:
         self.waited_s = 0.0
 
     def acquire(self) -> None:
-        import redis
 
         began = time.monotonic()
         deadline = began + self.wait_s
@@ -89,7 +88,7 @@ class StreamLock:
                 if self._client.set(self.key, self.token, nx=True, px=self.ttl_ms):
                     break
                 holder = self._client.get(self.key)
-            except redis.ConnectionError as exc:
+            except UNAVAILABLE as exc:
                 raise RedisUnavailable(
                     f"redis unavailable taking the lock of {self.stream!r}: {exc}"
                 ) from exc

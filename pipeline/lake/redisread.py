@@ -80,8 +80,12 @@ def raw_connect(url: str) -> Any:
     4.2 us an entry costs to read); the archive's hot path builds Arrow from
     the flat reply instead (:func:`pipeline.lake.source.raw_to_batch`).
     """
+    from pipeline.redisconn import is_cluster
+
     client = connect(url)
-    client.set_response_callback("XRANGE", _raw_reply)
+    # A cluster client parses each node's reply first and applies its own callbacks after:
+    # there the entries come back as (id, {field: value}) and are flattened again.
+    client.set_response_callback("XRANGE", _flat_reply if is_cluster(client) else _raw_reply)
     return client
 
 
@@ -89,18 +93,26 @@ def _raw_reply(response: Any, **options: Any) -> Any:
     return response
 
 
+def _flat_reply(response: Any, **options: Any) -> Any:
+    """redis-py's parsed ``XRANGE`` reply in the raw shape ``[[id, [field, value, ...]], ...]``."""
+    return [
+        [entry_id, [item for pair in (fields or {}).items() for item in pair]]
+        for entry_id, fields in response
+    ]
+
+
 def read_raw_pages(
     client: Any, key: str, lo: StreamId, hi: StreamId, page: int
 ) -> Iterator[list[list[Any]]]:
     """Paged ``XRANGE key lo hi`` through a :func:`raw_connect` client (raw replies)."""
-    import redis
+    from pipeline.redisconn import UNAVAILABLE
 
     start = format_id(lo)
     end = format_id(hi)
     while True:
         try:
             entries = client.xrange(key, start, end, count=page)
-        except redis.ConnectionError as exc:
+        except UNAVAILABLE as exc:
             raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
         if not entries:
             return
@@ -112,12 +124,12 @@ def read_raw_pages(
 
 def bounds(client: Any, key: str, lo: StreamId, hi: StreamId) -> tuple[StreamId, StreamId] | None:
     """The first and last ids actually present in ``[lo, hi]``, or None if there are none."""
-    import redis
+    from pipeline.redisconn import UNAVAILABLE
 
     try:
         first = client.xrange(key, format_id(lo), format_id(hi), count=1)
         last = client.xrevrange(key, format_id(hi), format_id(lo), count=1)
-    except redis.ConnectionError as exc:
+    except UNAVAILABLE as exc:
         raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
     if not first or not last:
         return None

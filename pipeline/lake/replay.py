@@ -56,7 +56,8 @@ def replay(
     ``progress(n)`` is called after each batch read from the lake with the
     heights it settled (published or already there).
     """
-    import redis
+
+    from pipeline.redisconn import UNAVAILABLE
 
     if from_num < 0 or to_num < from_num:
         raise LakeError(f"bad block range {from_num}..{to_num}")
@@ -90,7 +91,7 @@ def replay(
                 published += queued
             if progress is not None:
                 progress(batch.num_rows)
-    except redis.ConnectionError as exc:
+    except UNAVAILABLE as exc:
         raise RedisUnavailable(f"redis unavailable while replaying into {target!r}: {exc}") from exc
     finally:
         client.close()

@@ -76,7 +76,8 @@ def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:
 
 def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> TrimResult:
     """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention."""
-    import redis
+
+    from pipeline.redisconn import UNAVAILABLE
 
     key = keys.stream(stream)
     intervals = logged_intervals(settings.lake, stream)
@@ -100,7 +101,7 @@ def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> 
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=covered)
         min_id = f"{limit}-0"
         trimmed = int(client.xtrim(key, minid=min_id, approximate=False))
-    except redis.ConnectionError as exc:
+    except UNAVAILABLE as exc:
         raise RedisUnavailable(f"redis unavailable while trimming {stream!r}: {exc}") from exc
     finally:
         client.close()

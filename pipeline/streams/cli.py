@@ -17,7 +17,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from pipeline import health
+from pipeline import health, redischeck
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
@@ -100,6 +101,9 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
                 redis,
                 max_payload=settings.max_payload + ENTRY_OVERHEAD,
                 hot=connect_hot(settings.redis.url),
+                durability=Durability(
+                    settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms
+                ),
             ),
         )
         await node.start()
@@ -127,6 +131,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     settings = _settings(args)
+    redischeck.check(settings.redis.url)
 
     async def run() -> Node:
         stop = asyncio.Event()

@@ -50,6 +50,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redisconn
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
@@ -100,15 +101,13 @@ end
 return cmsgpack.pack(out)
 """
 
+# One key only (the stream's own slot on a cluster); the registry of stream names
+# (``keys.streams_registry``) is updated after it as a separate, idempotent SADD.
 _CREATE = """
-local created = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local id = redis.call('XADD', KEYS[1], '*', 'init', '')
-  redis.call('XDEL', KEYS[1], id)
-  created = 1
-end
-redis.call('SADD', KEYS[2], ARGV[1])
-return created
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local id = redis.call('XADD', KEYS[1], '*', 'init', '')
+redis.call('XDEL', KEYS[1], id)
+return 1
 """
 
 _SAVE_INDEX = """
@@ -208,12 +207,20 @@ class _Held:
         self.max_idle = max_idle
         self._idle: list[Redis] = []
         self._closed = False
+        #: A cluster client has no single-connection clients (each command goes to the
+        #: node owning its key), and a Sentinel one's would stay on a dead master after a
+        #: failover (see :mod:`pipeline.redisha`): every take is then the client itself.
+        self._shared = redisconn.is_cluster(redis) or redisconn.is_sentinel(redis)
 
     def take(self) -> Redis:
+        if self._shared:
+            return self.redis
         return self._idle.pop() if self._idle else self.redis.client()
 
     def keep(self, client: Redis) -> bool:
         """Hold ``client`` for the next take; False: close it (its connection goes back)."""
+        if self._shared:
+            return True  # the shared client itself: nothing to hold or close
         if len(self._idle) < self.max_idle and not self._closed:
             self._idle.append(client)
             return True
@@ -261,8 +268,11 @@ class StreamService(Worker):
         max_streams: int = 4096,
         dedup_ttl_ms: int = 600_000,
         hot: Redis | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self.redis = redis
+        #: Replicas that must hold a push before it is confirmed (see pipeline.durability).
+        self.durability = durability or Durability()
         self.max_payload = max_payload
         self.max_pull = max_pull
         self.max_wait_ms = max_wait_ms
@@ -532,6 +542,8 @@ class StreamService(Worker):
         one push served in a local client's task, on a held client (see ``_held``)."""
         if self._push_sha is None:
             self._push_sha = _text(await self.redis.script_load(_PUSH))
+        if self.durability.on:
+            return await self._run_replicated(pushes)
         if len(pushes) == 1:  # no pipeline for one push: fewer loop hops, lower latency
             _, stream, req = pushes[0]
             redis = self._held.take() if held else self.redis
@@ -552,18 +564,35 @@ class StreamService(Worker):
                     await redis.aclose()
             return [result]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for _, stream, req in pushes:
-                pipe.evalsha(
-                    self._push_sha,
-                    2,
-                    keys.stream(stream),
-                    keys.push_dedup(stream, req.request_id),
-                    self.dedup_ttl_ms,
-                    FIELD,
-                    *req.data,
-                )
+            self._queue_pushes(pipe, pushes)
             results: list[Any] = await pipe.execute(raise_on_error=False)
         return results
+
+    def _queue_pushes(self, pipe: Any, pushes: Sequence[tuple[object, str, p.Push]]) -> None:
+        assert self._push_sha is not None
+        for _, stream, req in pushes:
+            redisconn.pipe_evalsha(
+                pipe,
+                self._push_sha,
+                [self._key(stream), keys.push_dedup(stream, req.request_id)],
+                [self.dedup_ttl_ms, FIELD, *req.data],
+            )
+
+    async def _run_replicated(self, pushes: Sequence[tuple[object, str, p.Push]]) -> list[Any]:
+        """:meth:`_run_pushes` followed by ``WAIT`` on the same connections (see
+        :mod:`pipeline.durability`): a push fewer replicas took than required becomes a
+        :class:`~pipeline.durability.NotReplicated` error (its client retries it; a push is
+        idempotent by its request id)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self._queue_pushes(pipe, pushes)
+            self.durability.add_waits(pipe, self.redis, {self._key(s) for _, s, _ in pushes})
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+        pushed, acks = results[: len(pushes)], results[len(pushes) :]
+        failure = self.durability.check(acks)
+        if failure is None:
+            return pushed
+        self._count("not_replicated", len(pushes))
+        return [r if isinstance(r, Exception) else failure for r in pushed]
 
     # --- pull ---------------------------------------------------------------
 
@@ -733,7 +762,9 @@ class StreamService(Worker):
         if address.encode() not in self._streams and len(self._streams) >= self.max_streams:
             await self._error(ctx, req.request_id, p.ErrorCode.UNAVAILABLE, "too many streams")
             return None
-        created = await self._create_script(keys=[key, keys.streams_registry()], args=[req.name])
+        created = await self._create_script(keys=[key])
+        # Separately: a global key never shares a script with a stream's keys (cluster slots).
+        await self.redis.sadd(keys.streams_registry(), req.name)
         assert self._node is not None
         self._node.add_alias(self.name, address)
         self._streams[address.encode()] = req.name

@@ -48,3 +48,38 @@ def test_entry_ids() -> None:
     for bad in ("", "12", "a-1", "1-", "-1", "1-2-3"):
         with pytest.raises(ValueError):
             parse_entry_id(bad)
+
+
+@pytest.mark.parametrize("role", list(Role))
+def test_sentinel_clients_have_the_roles_bounds(role: Role) -> None:
+    """A Sentinel client's pool waits for a free connection like a single server's, with
+    the same socket bounds, and its connections ask the Sentinels for the master."""
+    from redis.sentinel import SentinelConnectionPool
+
+    client = connect_sync("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/3", role, block_s=40)
+    pool = client.connection_pool
+    assert isinstance(pool, redis.BlockingConnectionPool) and isinstance(
+        pool, SentinelConnectionPool
+    )
+    assert pool.max_connections == BOUNDS[role].max_connections
+    assert pool.service_name == "svc" and pool.connection_kwargs["db"] == 3
+    limit = BOUNDS[role].socket_timeout_s
+    expected = None if limit is None else max(limit, 40 + BLOCK_MARGIN_S)
+    assert pool.connection_kwargs["socket_timeout"] == expected
+    assert [
+        s.connection_pool.connection_kwargs["port"] for s in pool.sentinel_manager.sentinels
+    ] == [1, 2]
+    client.close()
+
+
+def test_cluster_client_carries_the_roles_bounds_to_every_node() -> None:
+    from redis.asyncio.cluster import RedisCluster
+
+    client = connect("redis+cluster://127.0.0.1:1,127.0.0.1:2", Role.SERVE)
+    assert isinstance(client, RedisCluster)
+    assert client.connection_kwargs["socket_timeout"] == BOUNDS[Role.SERVE].socket_timeout_s
+    assert (
+        client.connection_kwargs["socket_connect_timeout"] == BOUNDS[Role.SERVE].connect_timeout_s
+    )
+    assert sorted(n.port for n in client.nodes_manager.startup_nodes.values()) == [1, 2]
+    asyncio.run(client.aclose())

@@ -95,3 +95,26 @@ def test_tls_survives_a_rediss_connection_and_the_fallback(
         assert client.connection_pool.connection_class.__name__ == "SSLConnection", kwargs
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("layout", ["sentinel", "cluster"])
+def test_hook_on_sentinel_and_cluster(
+    airflow_home: Path, layout: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Sentinel group or a cluster has no one host: the connection's extra ``url`` holds it."""
+    import json
+
+    from sluice_redis_hook import SluiceRedisHook
+
+    url = str(request.getfixturevalue(f"{layout}_url"))
+    conn = {"conn_type": "redis", "host": "ignored", "extra": {"url": url}}
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", json.dumps(conn))
+    hook = SluiceRedisHook()
+    assert hook.get_url() == url
+    assert hook.test_connection() == (True, "redis answered PING")
+    client = hook.get_conn()
+    try:
+        client.xadd("sluice:{hook}:stream", {"data": b"x"})
+        assert client.xlen("sluice:{hook}:stream") == 1
+    finally:
+        client.close()

@@ -1,0 +1,106 @@
+"""The one factory on Sentinel and Cluster: clients that work, one-line misconfiguration errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pipeline import redischeck, redisconn
+from pipeline.errors import ConfigError
+from pipeline.redisconn import Role
+
+
+async def test_async_clients_of_every_layout(any_redis_url: str) -> None:
+    client = redisconn.connect(any_redis_url, Role.CLI)
+    try:
+        for i in range(20):  # keys spread over the cluster's slots
+            await client.set(f"k{i}", i)
+        assert [int(await client.get(f"k{i}")) for i in range(20)] == list(range(20))
+    finally:
+        await client.aclose()
+    redischeck.check(any_redis_url)  # a correct URL passes the start-up check
+
+
+def test_sync_clients_of_every_layout(any_redis_url: str) -> None:
+    client = redisconn.connect_sync(any_redis_url, Role.LAKE)
+    try:
+        client.xadd("sluice:{s}:stream", {"data": b"x"})
+        assert client.xlen("sluice:{s}:stream") == 1
+    finally:
+        client.close()
+
+
+def test_cluster_node_given_as_plain_url(redis_cluster: Any) -> None:
+    node = redis_cluster.nodes[0]
+    with pytest.raises(
+        ConfigError, match="is a Redis Cluster node: use redis\\+cluster://"
+    ) as info:
+        redischeck.check(f"redis://127.0.0.1:{node.port}/0")
+    assert "\n" not in str(info.value)
+
+
+def test_plain_server_given_as_cluster(redis_url: str) -> None:
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    with pytest.raises(ConfigError, match="is not a Redis Cluster node"):
+        redischeck.check(f"redis+cluster://127.0.0.1:{port}")
+
+
+def test_replica_given_as_master(redis_sentinels: Any) -> None:
+    redis_sentinels.wait_whole()
+    replica = next(s for s in redis_sentinels.data if s is not redis_sentinels.master())
+    with pytest.raises(ConfigError, match="is a replica of .*redis\\+sentinel://"):
+        redischeck.check(f"redis://127.0.0.1:{replica.port}/0")
+
+
+def test_sentinel_that_does_not_know_the_service(sentinel_url: str) -> None:
+    wrong = sentinel_url.replace("/sluice/0", "/nosuch/0")
+    with pytest.raises(ConfigError, match="knows the service 'nosuch' \\(they know: sluice\\)"):
+        redischeck.check(wrong)
+
+
+def test_data_node_given_as_sentinel(redis_url: str) -> None:
+    hostport = redis_url.split("//")[1].split("/")[0]
+    with pytest.raises(ConfigError, match="is not a Sentinel"):
+        redischeck.check(f"redis+sentinel://{hostport}/sluice")
+
+
+def test_unreachable_redis_is_not_a_misconfiguration() -> None:
+    from pipeline.ports import free_port
+
+    port = free_port()
+    for url in (
+        f"redis://127.0.0.1:{port}/0",
+        f"redis+cluster://127.0.0.1:{port}",
+        f"redis+sentinel://127.0.0.1:{port}/svc",
+    ):
+        redischeck.check(url)
+
+
+def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLUICE_REDIS_URL": url, "SLUICE_LOG_LEVEL": "WARNING"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_commands_say_a_misconfiguration_in_one_line(
+    redis_cluster: Any, redis_sentinels: Any
+) -> None:
+    node = redis_cluster.nodes[0]
+    produce = _cli("produce", "--count", "1", url=f"redis://127.0.0.1:{node.port}/0")
+    assert produce.returncode == 2
+    assert produce.stderr.strip().splitlines() == [
+        f"sluice produce: redis://127.0.0.1:{node.port}/0 is a Redis Cluster node: "
+        f"use redis+cluster://127.0.0.1:{node.port}"
+    ]
+    redis_sentinels.wait_whole()
+    replica = next(s for s in redis_sentinels.data if s is not redis_sentinels.master())
+    started = _cli("node", "--name", "X", url=f"redis://127.0.0.1:{replica.port}/0")
+    assert started.returncode == 2
+    [line] = started.stderr.strip().splitlines()
+    assert line.startswith("sluice node: ") and "is a replica of" in line
