@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,6 +55,18 @@ async def test_call_between_a_sentinel_twin_and_a_single_one(twins: Any, sentine
     finally:
         for task in tasks:
             await stop(task)
+
+
+@pytest.fixture(autouse=True)
+def _collect_here() -> Iterator[None]:
+    """Collect this module's garbage in its own tests' teardown, not in a later test's.
+
+    Connections leaked by the failover test below (see there) were collected
+    during the next module's tests, where no filter applies (80 unraisable
+    StreamWriter warnings failed a bus soak test in a fresh-clone run).
+    """
+    yield
+    gc.collect()
 
 
 # A leak we could not trace in time (pyproject's rule: a narrow filter where it occurs): in
