@@ -163,7 +163,7 @@ def _connect_lost(exc: BaseException, text: str) -> bool:
     )
 
 
-def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
+def delta_retry(what: str, action: Callable[[], T], attempts: int = 12) -> T:
     """Run a delta-rs write, retrying a bounded number of times on commit conflicts.
 
     A conflict is a lost race for the next table version: another writer's
@@ -184,7 +184,7 @@ def delta_retry(what: str, action: Callable[[], T], attempts: int = 5) -> T:
             if attempt == attempts - 1:
                 raise LakeError(f"{what}: commit kept conflicting: {exc}") from exc
             # jittered: writers that lost the same race do not meet again at once
-            time.sleep(0.05 * (2**attempt) * (0.5 + random.random()))
+            time.sleep(min(2.0, 0.05 * (2**attempt)) * (0.5 + random.random()))
         except OSError as exc:  # the store (or the disk) failed the commit: nothing was committed
             raise LakePathError(f"{what}: {store.describe(exc)}") from exc
     raise AssertionError("unreachable")

@@ -57,9 +57,6 @@ class BlockRow:
 class LakeReader:
     """Reads canonical (and reorged) blocks of any stream from the lake, without Spark."""
 
-    #: (table version, stream -> its dataset and files), see :meth:`_stream_files`
-    _files: tuple[int, dict[str, tuple[ds.Dataset, _Files]]] | None = None
-
     def __init__(
         self,
         lake: LakeSettings | str,
@@ -77,6 +74,7 @@ class LakeReader:
             storage_options if storage_options is not None else store.delta_options(settings)
         )
         self._table: Any = None  # deltalake.DeltaTable once the table exists
+        self._min_nums: tuple[int | None, dict[str, int]] | None = None
         self._cache = _FileCache(cache_bytes)
         self.refresh()
 
@@ -153,18 +151,18 @@ class LakeReader:
             raise ValueError("batch_rows must be at least 1")
         if start < 0 or (stop is not None and stop < start):
             raise ValueError(f"bad block range [{start}, {stop})")
+        pruning: list[tuple[str, str, Any]] = [("stream", "=", stream), ("num", ">=", start)]
         row_filter = _stream(stream) & (pc.field("num") >= start)
         if stop is not None:
+            pruning.append(("num", "<", stop))
             row_filter = row_filter & (pc.field("num") < stop)
-        found = self._stream_files(stream)
-        if found is None:
+        dataset = self._dataset(pruning)
+        if dataset is None:
             return
-        dataset, files = found
-        fragments = [
-            (lo, fragment)
-            for lo, hi, fragment in files
-            if (hi is None or hi >= start) and (stop is None or lo < stop)
-        ]
+        fragments = sorted(
+            ((self._min_num(f.path), f) for f in dataset.get_fragments()),
+            key=lambda item: item[0],
+        )
         pending: pa.Table | None = None
         for index, (_, fragment) in enumerate(fragments):
             loaded = self._load(dataset, fragment, stream, start, stop, row_filter)
@@ -201,14 +199,14 @@ class LakeReader:
         columns = [*ARROW_COLUMNS, "canonical"]
         if not self._cache.enabled:
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=row_filter)
-            return _by_num(_canonical_only(table).select(list(ARROW_COLUMNS)))
+            return _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
         key = (fragment.path, stream)
         whole = self._cache.get(key)
         if whole is None:
             table = fragment.to_table(
                 schema=dataset.schema, columns=columns, filter=_stream(stream)
             )
-            whole = _by_num(_canonical_only(table).select(list(ARROW_COLUMNS)))
+            whole = _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
             self._cache.put(key, whole)
         lo = _count_below(whole, start)
         hi = whole.num_rows if stop is None else _count_below(whole, stop)
@@ -239,63 +237,21 @@ class LakeReader:
         table = dataset.to_table(columns=columns, filter=_stream(stream) & row_filter)
         return _rows(table, canonical=None)
 
-    def _stream_files(self, stream: str) -> tuple[ds.Dataset, _Files] | None:
-        """The dataset of ``stream``'s files and each file's ``num`` range, sorted by minimum.
-
-        Built once per table version and stream (a delta-rs dataset costs about
-        a millisecond: every subscription's first page used to pay it, 46% of a
-        subscribe's CPU in ``make bench B=resume``'s fan-out); a range read
-        prunes files by these Delta statistics, as ``file_pruning_predicate`` did.
-        A file without statistics may hold anything: it is read, first.
-        """
-        version = self.version
-        if version is None:
-            return None
-        cached = self._files
-        if cached is None or cached[0] != version:
-            cached = self._files = (version, {})
-        hit = cached[1].get(stream)
-        if hit is not None:
-            return hit
-        dataset = self._dataset([("stream", "=", stream)])
-        if dataset is None:
-            return None
-        ranges = self._num_ranges()
-        files = sorted(
-            ((*ranges.get(f.path, (-1, None)), f) for f in dataset.get_fragments()),
-            key=lambda item: item[0],
-        )
-        if len(cached[1]) >= _STREAMS_KEPT:
-            cached[1].clear()
-        cached[1][stream] = (dataset, files)
-        return dataset, files
-
-    def _num_ranges(self) -> dict[str, tuple[int, int | None]]:
-        """(min, max) of ``num`` by data file path, from the Delta log's statistics."""
-        actions = pa.table(self._table.get_add_actions(flatten=True))
-        if "min.num" not in actions.column_names:
-            return {}
-        highs = (
-            actions.column("max.num").to_pylist()
-            if "max.num" in actions.column_names
-            else [None] * actions.num_rows
-        )
-        return {
-            p: (int(lo), None if hi is None else int(hi))
-            for p, lo, hi in zip(
-                actions.column("path").to_pylist(),
-                actions.column("min.num").to_pylist(),
-                highs,
-                strict=True,
-            )
-            if lo is not None
-        }
-
-
-#: (data file's min num, max num or None, its fragment), sorted by min.
-_Files = list[tuple[int, int | None, Any]]
-#: Streams whose file lists one reader keeps per table version.
-_STREAMS_KEPT = 64
+    def _min_num(self, path: str) -> int:
+        if self._min_nums is None or self._min_nums[0] != self.version:
+            actions = pa.table(self._table.get_add_actions(flatten=True))
+            mins: dict[str, int] = {}
+            if "min.num" in actions.column_names:
+                for p, m in zip(
+                    actions.column("path").to_pylist(),
+                    actions.column("min.num").to_pylist(),
+                    strict=True,
+                ):
+                    if m is not None:
+                        mins[p] = int(m)
+            self._min_nums = (self.version, mins)
+        # A file without statistics may hold anything: read it first.
+        return self._min_nums[1].get(path, -1)
 
 
 class _FileCache:
@@ -341,18 +297,6 @@ def _canonical_only(table: pa.Table) -> pa.Table:
     boolean ``canonical`` (Spark collects none) turns any filter on it into null.
     """
     return table.filter(pc.fill_null(table.column("canonical"), False))
-
-
-def _by_num(table: pa.Table) -> pa.Table:
-    """``table`` sorted by ``num``; as it is when it already is (no copy of its payloads).
-
-    Archived files are mostly written in block order: sorting one anyway copied
-    every payload (``take``), 7% of a cold catch-up in ``make bench B=resume``.
-    """
-    nums = table.column("num")
-    if len(nums) < 2 or not pc.any(pc.less(nums.slice(1), nums.slice(0, len(nums) - 1))).as_py():
-        return table
-    return table.sort_by("num")
 
 
 def _stream(stream: str) -> pc.Expression:

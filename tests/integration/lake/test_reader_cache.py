@@ -63,34 +63,3 @@ def test_cache_stays_within_its_bound(lake_uri: str) -> None:
 def test_negative_cache_is_refused(lake_uri: str) -> None:
     with pytest.raises(ValueError, match="cache_bytes"):
         LakeReader(lake_uri, cache_bytes=-1)
-
-
-def test_range_reads_open_only_the_files_they_need(
-    lake_uri: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for lo in range(0, 40, 10):
-        append_blocks(lake_uri, "s", chain(lo, lo + 10))
-    reader = LakeReader(lake_uri)
-    loaded: list[str] = []
-    datasets: list[object] = []
-    real_load, real_dataset = LakeReader._load, LakeReader._dataset
-
-    def load(self: LakeReader, dataset: Any, fragment: Any, *args: Any) -> Any:
-        loaded.append(fragment.path)
-        return real_load(self, dataset, fragment, *args)
-
-    def dataset(self: LakeReader, pruning: Any) -> Any:
-        datasets.append(pruning)
-        return real_dataset(self, pruning)
-
-    monkeypatch.setattr(LakeReader, "_load", load)
-    monkeypatch.setattr(LakeReader, "_dataset", dataset)
-    assert _nums(reader, "s", 12, 25, 100) == list(range(12, 25))
-    assert len(loaded) == 2  # [10, 20) and [20, 30): pruned by the Delta statistics
-    loaded.clear()
-    assert _nums(reader, "s", 35, None, 100) == list(range(35, 40)) and len(loaded) == 1
-    assert _nums(reader, "s", 40, None, 100) == []
-    assert len(datasets) == 1  # one file list per table version and stream
-    append_blocks(lake_uri, "s", chain(40, 50))
-    reader.refresh()
-    assert _nums(reader, "s", 38, None, 100) == list(range(38, 50)) and len(datasets) == 2
