@@ -13,6 +13,7 @@ Nothing here fakes PostgreSQL; it is the real server, started and stopped.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import pwd
 import shutil
@@ -60,8 +61,32 @@ def _as_user() -> dict[str, Any]:
     return {"user": user} if user is not None else {}
 
 
+def reachable_dir(directory: Path) -> Path:
+    """``directory``, or a stand-in under the system's temporary directory when the user
+    the server runs as cannot reach it (a checkout under a 0700 directory of root's).
+
+    The stand-in's name is derived from ``directory``, so a cluster made there
+    is found again by the next start.
+    """
+    user = run_as()
+    if user is None or _reachable(pwd.getpwnam(user).pw_uid, directory):
+        return directory
+    digest = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"sluice-postgres-{digest}"
+
+
+def _reachable(uid: int, directory: Path) -> bool:
+    """Whether ``uid`` may pass through every existing ancestor of ``directory``."""
+    for parent in directory.resolve().parents:
+        st = parent.stat()
+        if st.st_uid != uid and not st.st_mode & 0o001:
+            return False
+    return True
+
+
 def _run(argv: list[str]) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, **_as_user())
+    # cwd "/": initdb changes back to the caller's directory, which its user may not reach
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd="/", **_as_user())
     if done.returncode != 0:
         raise ConfigError(f"{Path(argv[0]).name} failed: {done.stderr.strip()[-500:]}")
 

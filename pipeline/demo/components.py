@@ -301,11 +301,10 @@ def redis_component(plan: Plan) -> Component:
 
 def postgres_component(plan: Plan) -> Component:
     """Airflow's metadata database: Debian's PostgreSQL, its cluster made on first use."""
-    if not (plan.postgres_dir / "data" / "PG_VERSION").exists():
-        localpostgres.init_cluster(plan.postgres_dir)
-    argv = localpostgres.server_argv(
-        plan.postgres_dir / "data", plan.postgres_port, plan.postgres_dir
-    )
+    directory = localpostgres.reachable_dir(plan.postgres_dir)
+    if not (directory / "data" / "PG_VERSION").exists():
+        localpostgres.init_cluster(directory)
+    argv = localpostgres.server_argv(directory / "data", plan.postgres_port, directory)
     user = localpostgres.run_as()
     if user is not None:  # root: PostgreSQL runs as its own user
         argv = ["runuser", "-u", user, "--", *argv]
