@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -17,19 +16,10 @@ from pathlib import Path
 
 from pipeline import localpostgres
 from pipeline.errors import ConfigError
+from pipeline.ports import port_free
 
 #: Free disk the demo wants under var/ (the lake, logs, Airflow's SQLite, Spark's scratch).
 MIN_FREE_BYTES = 2 << 30
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def java_version() -> str | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import IO
 
 from pipeline.errors import SparkUnavailable
 from pipeline.lake.session import probe, spark_conf
+from pipeline.ports import port_free
 from pipeline.settings import Settings
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -199,17 +199,6 @@ class ConnectServer:
         self.stop()
 
 
-def port_free(host: str, port: int) -> bool:
-    """Whether nothing listens on (``host``, ``port``): a bind there succeeds."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -248,7 +237,7 @@ def main(argv: Sequence[str]) -> int:
         args = _parser(settings).parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
-    if not port_free(args.host, args.port):
+    if not port_free(args.port, args.host):
         # The readiness check is a TCP connect: it would take the other program for ours.
         _say(f"sluice spark: port {args.port} on {args.host} is in use; choose another with --port")
         return 2

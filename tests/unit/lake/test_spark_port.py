@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from pipeline.lake.sparkserver import port_free
+from pipeline.ports import port_free
 
 
 def test_a_port_in_use_is_refused_in_one_line() -> None:
@@ -14,7 +14,7 @@ def test_a_port_in_use_is_refused_in_one_line() -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        assert not port_free("127.0.0.1", port)
+        assert not port_free(port)
         done = subprocess.run(
             [sys.executable, "-m", "pipeline.cli", "spark", "--port", str(port)],
             capture_output=True, text=True, timeout=60,
@@ -25,4 +25,4 @@ def test_a_port_in_use_is_refused_in_one_line() -> None:
         f"sluice spark: port {port} on 127.0.0.1 is in use; choose another with --port"
     ]
     assert done.stdout == ""
-    assert port_free("127.0.0.1", port)
+    assert port_free(port)
