@@ -78,7 +78,10 @@ def reachable_dir(directory: Path) -> Path:
 def _reachable(uid: int, directory: Path) -> bool:
     """Whether ``uid`` may pass through every existing ancestor of ``directory``."""
     for parent in directory.resolve().parents:
-        st = parent.stat()
+        try:
+            st = parent.stat()
+        except FileNotFoundError:
+            continue  # made by init_cluster, with our umask's search bit
         if st.st_uid != uid and not st.st_mode & 0o001:
             return False
     return True
