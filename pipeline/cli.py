@@ -16,11 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from pipeline import __version__
+from pipeline import __version__, memory
 from pipeline.errors import ConfigError, SluiceError
 from pipeline.settings import Settings
 
 #: subcommand -> (module with ``main(argv)``, one-line help)
+#: Always-on commands that read Arrow data: their allocators give memory back (pipeline.memory).
+_LONG_RUNNING = frozenset({"serve"})
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("pipeline.demo", "run the whole system live on this machine (--check: as a test)"),
     "node": ("pipeline.streams.cli", "run a node: stream service, stream transport, workers"),
@@ -86,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if name in _LONG_RUNNING:
+        tuned = memory.tune()  # before the command's module loads pyarrow
+        if tuned:
+            logging.getLogger(__name__).info("allocators give memory back: %s", ", ".join(tuned))
     module = importlib.import_module(COMMANDS[name][0])
     try:
         code: int = module.main(rest)

@@ -48,6 +48,7 @@ from collections.abc import AsyncIterator, Callable
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, web
 
+from pipeline import memory
 from pipeline.chain.appkeys import (
     CALLS,
     CONNECTIONS,
@@ -150,7 +151,18 @@ async def metrics_handler(request: web.Request) -> web.Response:
         metrics.inc("sluice_serve_auth_failures_total")
         return refusal()
     metrics.set("sluice_serve_connections_open", len(request.app[CONNECTIONS]))
+    metrics.set("sluice_serve_resident_bytes", memory.rss_bytes())
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def _releaser(metrics: Metrics) -> memory.Releaser:
+    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics."""
+
+    def released(before: int, after: int) -> None:
+        metrics.inc("sluice_serve_memory_releases_total")
+        metrics.inc("sluice_serve_memory_released_bytes_total", max(0, before - after))
+
+    return memory.Releaser(on_release=released)
 
 
 def create_app(
@@ -211,6 +223,7 @@ def create_app(
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION]), name="tail-index-warm")
+        releaser = asyncio.create_task(_releaser(app[METRICS]).run(), name="memory-releaser")
         task: asyncio.Task[None] | None = None
         if relay:
             tailer = RedisTailer(
@@ -226,9 +239,10 @@ def create_app(
         try:
             yield
         finally:
-            warm.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await warm
+            for background in (warm, releaser):
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
             if task is not None:
                 task.cancel()
                 try:
