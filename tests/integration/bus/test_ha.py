@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -57,41 +55,6 @@ async def test_call_between_a_sentinel_twin_and_a_single_one(twins: Any, sentine
             await stop(task)
 
 
-@pytest.fixture(autouse=True)
-def _collect_here() -> Iterator[None]:
-    """Collect this module's garbage in its own tests' teardown, not in a later test's.
-
-    Connections leaked by the failover test below (see there) were collected
-    during the next module's tests, where no filter applies (80 unraisable
-    StreamWriter warnings failed a bus soak test in a fresh-clone run).
-    """
-    yield
-    previous = sys.unraisablehook
-
-    def drop_leak(unraisable: Any) -> None:
-        # only the leak described below: ResourceWarnings of unclosed connections
-        if not isinstance(unraisable.exc_value, ResourceWarning):
-            previous(unraisable)
-
-    sys.unraisablehook = drop_leak
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = previous
-
-
-# A leak we could not trace in time (pyproject's rule: a narrow filter where it occurs): in
-# about 1 run of 3, redis-py 8.1 connections to the first *Sentinel* (plain Connections of
-# the Sentinel manager's clients) and their StreamWriters are garbage-collected unclosed
-# after the master's SIGKILL, with ~70 clients asking the Sentinels for the master at once.
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <function StreamWriter.__del__"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <function AbstractConnection.__del__"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
 async def test_bus_calls_survive_the_masters_death(
     twins: Any, redis_sentinels: Any, sentinel_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
