@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from pipeline.bus.config import CLUSTER_REFUSAL
 from pipeline.bus.directory import FileDirectory
 from pipeline.bus.process import BusProcess
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError, SluiceError
 from tests.support.poll import until
 
@@ -111,6 +112,49 @@ async def test_bus_calls_survive_the_masters_death(
         await asyncio.gather(*callers, return_exceptions=True)
         await stop(task)
         await asyncio.to_thread(redis_sentinels.heal)
+
+
+async def test_requests_leave_once_a_replica_holds_their_backlog(
+    twins: Any, redis_sentinels: Any, sentinel_url: str
+) -> None:
+    """SLUICE_REDIS_MIN_REPLICAS=1 on Sentinel: each batch of requests is followed by a WAIT
+    that a replica answers before the requests go on; none is counted as not replicated."""
+    (a,) = twins(1)
+    on_sentinel(a, sentinel_url)
+    master = redis_sentinels.master().client()
+    try:
+        waits_before = _wait_calls(master)
+        bus = await a.start_bus(durability=Durability(1, 5000))
+        _, task = serve(a, echo=echo)
+        try:
+            for i in range(5):
+                assert await a.client().call("echo", dst=[a.id], data=str(i)) == [
+                    f"echo:{i}".encode()
+                ]
+        finally:
+            await stop(task)
+        assert _wait_calls(master) >= waits_before + 5  # at least one WAIT per call's batch
+        assert bus.queues.not_replicated == 0
+    finally:
+        master.close()
+
+
+async def test_requests_no_replica_took_are_counted(twins: Any) -> None:
+    """One server with no replica, WAIT 1: calls are still answered (the master holds their
+    backlog), and every request that left unreplicated is counted."""
+    (a,) = twins(1)
+    bus = await a.start_bus(durability=Durability(1, 50))
+    _, task = serve(a, echo=echo)
+    try:
+        assert await a.client().call("echo", dst=[a.id], data="x") == [b"echo:x"]
+    finally:
+        await stop(task)
+    # counted once its WAIT timed out (the answer to a request to itself may come first)
+    await until(lambda: bus.queues.not_replicated >= 1, "the request counted", within_s=30)
+
+
+def _wait_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
 
 
 async def test_bus_refuses_a_cluster_url(twins: Any) -> None:
