@@ -32,9 +32,7 @@ def ha(request: pytest.FixtureRequest) -> tuple[str, Any]:
     group = request.getfixturevalue(
         {"sentinel": "redis_sentinels", "cluster": "redis_cluster"}[request.param]
     )
-    group.wait_whole()
-    group.flush()
-    return str(group.url), group
+    return group.ready_url(), group
 
 
 async def test_two_nodes_through_streams(make_node: MakeNode, ha: tuple[str, Any]) -> None:
