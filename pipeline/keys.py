@@ -126,6 +126,13 @@ def bus_dead() -> str:
     return "msgbus.system.dead"
 
 
+def bus_replicated() -> str:
+    """Counter the bus increments after a batch's transaction so that a ``WAIT`` beside the
+    increment covers that transaction (``SLUICE_REDIS_MIN_REPLICAS``; see
+    :meth:`pipeline.bus.store.BusStore.replicated`)."""
+    return "msgbus.system.replicated"
+
+
 def bus_attempts() -> str:
     """Hash: ``<queue>:<digest of a message>`` -> times the bus started handling it."""
     return "msgbus.system.attempts"

@@ -34,6 +34,7 @@ from pipeline.bus.config import BusConfig, bus_redis_url
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
 from pipeline.bus.process import BusProcess
 from pipeline.bus.signing import Signer
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 
@@ -181,7 +182,14 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     else:
         client = redisconn.connect(settings.redis.url, redisconn.Role.CLI)
         directory = RedisDirectory(client)
-    bus = BusProcess(config, redis_url=settings.redis.url, directory=directory, signer=signer)
+    durability = Durability(settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms)
+    bus = BusProcess(
+        config,
+        redis_url=settings.redis.url,
+        directory=directory,
+        signer=signer,
+        durability=durability,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -199,6 +207,12 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                 *await health.bus_samples(bus.redis),
                 *health.forwarder_samples(
                     forwarder.outcomes, forwarder.retried, forwarder.unreachable()
+                ),
+                health.Sample(
+                    name="sluice_bus_not_replicated_total",
+                    value=float(bus.queues.not_replicated),
+                    kind="counter",
+                    help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
                 ),
             ]
 

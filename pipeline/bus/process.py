@@ -59,6 +59,7 @@ from pipeline.bus.http import Ingress, build_server
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
+from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class BusProcess:
         redis_url: str,
         directory: Directory,
         signer: Signer | None,
+        durability: Durability | None = None,
     ) -> None:
         self.config = config
         self.twin = config.twin
@@ -121,6 +123,7 @@ class BusProcess:
             store=self.store,
             directory=directory,
             forwarder=self.forwarder,
+            durability=durability,
         )
         self._runner: web.ServerRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
