@@ -20,9 +20,9 @@ PYTEST_ARGS ?=
 # pip runs quietly: one line says what each silent step does and that it takes a while.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "sluice: creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	@echo "sluice: pip install of Sluice, Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
+	@echo "sluice: pip install of Sluice with every extra (.[all,dev]): Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -e '.[lake,airflow,dev]'
+	@$(PY) -m pip install -q -e '.[all,dev]'
 	@touch $@
 
 # Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under

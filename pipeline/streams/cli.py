@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import health, redischeck
+from pipeline.cliargs import plain
 from pipeline.durability import Durability
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
@@ -34,7 +35,7 @@ ENTRY_OVERHEAD = 1 << 16
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="sluice node", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="sluice node", description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--name", help="node name (SLUICE_NODE_NAME)")
     ap.add_argument("--workers", help="comma-separated workers: echo, requester")
     ap.add_argument("--consume", default="", help="comma-separated streams to subscribe to")
@@ -54,7 +55,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["node_workers"] = args.workers
     if args.listen is not None:
         overrides["node_listen"] = args.listen
-    return Settings.load(**overrides)
+    return Settings.load(parts=("redis", "node"), **overrides)
 
 
 def _tcp_transport(settings: Settings) -> Transport:
