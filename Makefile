@@ -22,14 +22,17 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "sluice: creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "sluice: pip install of Sluice with every extra (.[all,dev]): Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -e '.[all,dev]'
+	@# PYTHONWARNINGS: no setuptools banner about editable installs (a warning, not an error)
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all,dev]'
 	@touch $@
 
 # Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under
 # ~/.ivy2*) and record their paths: local sessions then pass them as spark.jars, no Ivy.
 $(JARS): $(STAMP)
 	@echo "sluice: fetching the Delta jars from Maven Central (once, up to a minute)"
-	@$(PY) -m pipeline.lake.session --warm
+	@# Spark and Ivy print ~80 lines: kept in a log, shown only if the step fails
+	@$(PY) -m pipeline.lake.session --warm > $(VENV)/warm-jars.log 2>&1 || { cat $(VENV)/warm-jars.log; exit 1; }
+	@grep '^sluice:' $(VENV)/warm-jars.log || true
 	@touch $@
 
 $(REDIS):

@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # asyncio's text names the address: "error while attempting to bind on address ..."
         print(f"sluice {name}: cannot listen: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own SIGINT handling
+        print(f"sluice {name}: interrupted", file=sys.stderr)
         return 130
     return code
 

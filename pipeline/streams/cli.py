@@ -37,7 +37,9 @@ ENTRY_OVERHEAD = 1 << 16
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sluice node", description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--name", help="node name (SLUICE_NODE_NAME)")
-    ap.add_argument("--workers", help="comma-separated workers: echo, requester")
+    ap.add_argument(
+        "--workers", help="comma-separated workers: echo, requester (SLUICE_NODE_WORKERS)"
+    )
     ap.add_argument("--consume", default="", help="comma-separated streams to subscribe to")
     ap.add_argument("--listen", help="TCP listen address host:port (SLUICE_NODE_LISTEN)")
     ap.add_argument("--request-route", default="", help="requester route, e.g. stream:b/a,echo")
