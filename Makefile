@@ -15,7 +15,7 @@ POSTGRES := $(VENV)/.sluice-postgres
 B      ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-check test bench lint install clean spark
+.PHONY: demo demo-check test bench lint install clean spark test-unit-py
 
 # pip runs quietly: one line says what each silent step does and that it takes a while.
 $(STAMP): pyproject.toml
@@ -71,6 +71,22 @@ demo-check: install
 
 test: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit suite on another Python: make test-unit-py PYV=3.12 (or 3.13). Its own venv,
+# .venv-py$(PYV), from pyenv's python$(PYV) or the one on PATH; not part of `make test`.
+PYV ?= 3.12
+OTHER_PY = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(PYV).*/bin/python$(PYV)) \
+	$(shell command -v python$(PYV)))
+OTHER_VENV := .venv-py$(PYV)
+
+test-unit-py: $(REDIS)
+	@test -n "$(OTHER_PY)" || { echo "sluice: no python$(PYV) (pyenv or PATH)"; exit 2; }
+	@test -x $(OTHER_VENV)/bin/python || $(OTHER_PY) -m venv $(OTHER_VENV)
+	@test $(OTHER_VENV)/.sluice-installed -nt pyproject.toml || { \
+		echo "sluice: pip install of .[all,dev] into $(OTHER_VENV) (quiet, minutes the first time)"; \
+		PYTHONWARNINGS=ignore $(OTHER_VENV)/bin/python -m pip install -q -e '.[all,dev]' && \
+		touch $(OTHER_VENV)/.sluice-installed; }
+	PYTHONASYNCIODEBUG=1 $(OTHER_VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 
 # A local Spark Connect server for the lake jobs (export SLUICE_SPARK_REMOTE=<printed URL>).
 spark: install

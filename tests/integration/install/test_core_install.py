@@ -96,6 +96,27 @@ def test_the_core_installs_nothing_heavy(core_venv: Path, tmp_path: Path) -> Non
     assert str(core_venv) in found[1]  # the installed copy, not the checkout
 
 
+#: What the core install holds: every module of these parts imports without an extra.
+CORE_PARTS = ("routing", "streams", "bus", "dialogue")
+
+
+def test_every_core_module_imports_without_an_extra(core_venv: Path, tmp_path: Path) -> None:
+    modules = [
+        f"pipeline.{part}.{path.stem}"
+        for part in CORE_PARTS
+        for path in sorted((ROOT / "pipeline" / part).glob("*.py"))
+        if path.stem != "__init__"
+    ]
+    modules += [f"pipeline.{name}" for name in ("cli", "settings", "errors", "keys", "health")]
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    _run(core_venv, code, cwd=tmp_path)
+    out = subprocess.run(
+        [str(core_venv / "bin" / "sluice"), "node", "--help"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0 and "sluice node" in out.stdout, out.stderr
+
+
 def test_the_readme_dialogue_example_runs_on_the_core(core_venv: Path, tmp_path: Path) -> None:
     out = _run(core_venv, _block("DialogueServer"), cwd=tmp_path)
     assert out.split("\n")[:2] == ["b'pong: ping'", "b'CHUNK'"]
