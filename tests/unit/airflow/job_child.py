@@ -18,7 +18,9 @@ def main(argv: list[str]) -> int:
     if what == "ok":
         sys.stderr.write("starting\nworking on it\n")
         sys.stdout.write("log noise on stdout\n")
-        sys.stdout.write(json.dumps({"job": "ok", "args": args, "env": os.environ.get("SLUICE_TEST_X")}))
+        sys.stdout.write(
+            json.dumps({"job": "ok", "args": args, "env": os.environ.get("SLUICE_TEST_X")})
+        )
         return 0
     if what == "archive-streams":
         # each --stream archived, or failed when SLUICE_TEST_X=fail (exit 1 with the result)
