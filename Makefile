@@ -98,7 +98,7 @@ bench: install
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline dags plugins tests
 	$(VENV)/bin/ruff format --check pipeline dags plugins tests
-	$(VENV)/bin/mypy pipeline
+	$(VENV)/bin/mypy pipeline dags plugins
 
 clean:
 	rm -rf var bench-results
