@@ -63,9 +63,9 @@ def _register(argv: list[str]) -> int:
     parser.add_argument("--twin", type=int, required=True)
     parser.add_argument("--url", required=True)
     parser.add_argument("--key", default="", help="base64 public key (empty: legacy peer)")
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
-    url = args.redis or Settings.load().redis.url
+    url = args.redis or Settings.load(parts=("redis",)).redis.url
 
     async def run() -> None:
         client = redisconn.connect(url, redisconn.Role.CLI)
@@ -91,9 +91,11 @@ def _dead(argv: list[str]) -> int:
         prog="sluice bus dead", description="list the bus's dead letters, newest first"
     )
     parser.add_argument("--count", type=int, default=20)
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
-    client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
+    client = redisconn.connect_sync(
+        args.redis or Settings.load(parts=("redis",)).redis.url, redisconn.Role.CLI
+    )
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, max(args.count, 1) - 1))
     except redisconn.UNAVAILABLE as exc:
@@ -123,11 +125,13 @@ def _requeue(argv: list[str]) -> int:
     )
     parser.add_argument("--index", type=int, action="append", default=[])
     parser.add_argument("--all", action="store_true")
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
     if not args.index and not args.all:
         parser.error("name entries with --index (see 'sluice bus dead') or use --all")
-    client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
+    client = redisconn.connect_sync(
+        args.redis or Settings.load(parts=("redis",)).redis.url, redisconn.Role.CLI
+    )
     moved = 0
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, -1))
@@ -162,15 +166,43 @@ def _requeue(argv: list[str]) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice bus",
-        description="the reliable message bus of one twin (also: 'keygen', 'register')",
+        description="Run the reliable message bus of one twin.",
+        epilog=SUBCOMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--twin", type=int, default=None, help="this twin's id")
-    parser.add_argument("--listen", default=None, help="host:port for /zbus-remote, /zbus-reply")
-    parser.add_argument("--directory", default=None, help="twin directory file (JSON or TOML)")
-    parser.add_argument("--key", default=None, help="private key file from 'sluice bus keygen'")
-    parser.add_argument("--redis", default=None, help="this twin's Redis URL")
-    parser.add_argument("--legacy-peers", action="store_true", default=None)
+    parser.add_argument("--twin", type=int, default=None, help="this twin's id (SLUICE_BUS_TWIN)")
+    parser.add_argument(
+        "--listen",
+        default=None,
+        help="host:port for /zbus-remote and /zbus-reply (SLUICE_BUS_LISTEN)",
+    )
+    parser.add_argument(
+        "--directory",
+        default=None,
+        help="twin directory file, JSON or TOML; none: the Redis hash (SLUICE_BUS_DIRECTORY)",
+    )
+    parser.add_argument(
+        "--key",
+        default=None,
+        help="private key file from 'sluice bus keygen' (SLUICE_BUS_KEY_FILE)",
+    )
+    parser.add_argument("--redis", default=None, help="this twin's Redis URL (SLUICE_REDIS_URL)")
+    parser.add_argument(
+        "--legacy-peers",
+        action="store_true",
+        default=None,
+        help="accept unsigned requests from peers that cannot sign (SLUICE_BUS_LEGACY_PEERS)",
+    )
     return parser
+
+
+#: The epilog of ``sluice bus --help``: the subcommands beside the bus itself.
+SUBCOMMANDS = """subcommands (each with its own --help):
+  sluice bus keygen --out FILE           create a private key, print its public key
+  sluice bus register --twin ID --url URL --key PUB
+                                         put a twin in the Redis twin directory
+  sluice bus dead [--count N]            the messages the bus set aside, and why
+  sluice bus requeue --index I | --all   put set-aside messages back on their queue"""
 
 
 async def _serve(settings: Settings, signer: Signer | None) -> int:
@@ -290,7 +322,7 @@ def main(argv: list[str]) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides[name] = value
-    settings = Settings.load(**overrides)
+    settings = Settings.load(parts=("redis", "bus"), **overrides)
     bus_redis_url(settings.redis.url)  # a cluster URL: one line, before anything starts
     redischeck.check(settings.redis.url)
     if settings.bus.twin <= 0:

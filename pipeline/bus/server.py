@@ -33,7 +33,7 @@ from typing import cast
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from pipeline import keys, redisconn
+from pipeline import keys, lifecycle, redisconn
 from pipeline.bus import dead
 from pipeline.bus.config import bus_redis_url, reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, deadline, decode, encode_data
@@ -52,10 +52,22 @@ _WAIT_S = 1
 
 
 class BusServer:
+    """Serves bus commands with async handlers (see the module docstring).
+
+    ``async with BusServer.from_url(url) as server: await server.serve()``;
+    :meth:`close` (safe twice, concurrently) stops a running :meth:`serve` and
+    waits for it, then closes the Redis connections.
+    """
+
     def __init__(
         self, client: aioredis.Redis, *, workers: int = 4, batch: int = 32, direct: bool = False
     ) -> None:
         self.redis = client
+        self._closing = lifecycle.Once()
+        self._stop = asyncio.Event()
+        self._serving = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.workers = workers
         self.batch = batch
         self.direct = direct
@@ -65,6 +77,7 @@ class BusServer:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: int | bool) -> BusServer:
+        """A server on the bus whose Redis is ``url``; ``kwargs`` as the constructor's."""
         workers = int(kwargs.get("workers", 4))
         client = redisconn.connect(
             bus_redis_url(url),
@@ -74,7 +87,22 @@ class BusServer:
         )
         return cls(client, **kwargs)  # type: ignore[arg-type]
 
+    async def __aenter__(self) -> BusServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
+        """Stop :meth:`serve` (handlers running are cancelled), wait for it, close Redis.
+
+        Safe to call twice; a second caller waits for the first's close.
+        """
+        await self._closing.run(self._close)
+
+    async def _close(self) -> None:
+        self._stop.set()
+        await self._idle.wait()
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
 
@@ -89,12 +117,23 @@ class BusServer:
         return register
 
     async def serve(self) -> None:
-        """Serve registered commands until cancelled."""
+        """Serve registered commands until cancelled or :meth:`close` is called."""
         if not self.handlers:
             raise HandlerError("no handler registered")
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self.workers):
-                group.create_task(self._worker())
+        if self._stop.is_set():
+            raise HandlerError("the server is closed")
+        self._serving += 1
+        self._idle.clear()
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._worker()) for _ in range(self.workers)]
+                await self._stop.wait()
+                for task in tasks:
+                    task.cancel()
+        finally:
+            self._serving -= 1
+            if not self._serving:
+                self._idle.set()
 
     async def _worker(self) -> None:
         queues = [keys.bus_command(cmd) for cmd in self.handlers]

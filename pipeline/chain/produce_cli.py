@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError, RedisError
 from pipeline import keys, redischeck
 from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, encode_block
 from pipeline.chain.generator import SyntheticChain
-from pipeline.cli import non_negative
+from pipeline.cliargs import non_negative, plain
 from pipeline.durability import Durability
 from pipeline.errors import BadBatch, NotReplicated, ProducerGaveUp
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha
@@ -54,7 +54,7 @@ BACKOFF_MAX_S = 2.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice produce", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="sluice produce", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--stream", help="chain stream name (default SLUICE_SERVE_STREAM)")
     p.add_argument(
         "--rate",
@@ -220,6 +220,6 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    settings = Settings.load()
+    settings = Settings.load(parts=("redis", "serve"))
     redischeck.check(settings.redis.url)
     return asyncio.run(_run(args, settings))

@@ -55,6 +55,7 @@ import time
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
+from pipeline import lifecycle
 from pipeline.errors import (
     LocalProtocolError,
     PayloadTooLarge,
@@ -212,6 +213,7 @@ class Node:
         self._started = False
         self._stopping = False
         self._stopped = False
+        self._stopping_once = lifecycle.Once()
 
     # --- configuration ----------------------------------------------------
 
@@ -281,7 +283,15 @@ class Node:
 
     # --- lifecycle --------------------------------------------------------
 
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
+        """Start the registered transports (once)."""
         if self._started:
             return
         self._started = True
@@ -289,9 +299,14 @@ class Node:
             await transport.start(self)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Graceful, bounded shutdown; safe to call twice."""
-        if self._stopped or self._stopping:
-            return
+        """Graceful shutdown bounded by ``grace_s``: workers drain, then transports stop.
+
+        Safe to call twice: a second (or concurrent) caller returns once the first
+        caller's drain has finished.
+        """
+        await self._stopping_once.run(lambda: self._stop(grace_s))
+
+    async def _stop(self, grace_s: float) -> None:
         self._stopping = True
         deadline = time.monotonic() + grace_s
         await self._stop_slots(list(self._slots.values()), grace_s)

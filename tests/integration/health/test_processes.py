@@ -71,7 +71,7 @@ def _env(local: LocalRedis, tmp_path: Path, **extra: str) -> dict[str, str]:
         **os.environ,
         "SLUICE_REDIS_URL": local.url,
         "SLUICE_LOG_LEVEL": "WARNING",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         **extra,
     }
 
