@@ -64,6 +64,14 @@ def streams_registry() -> str:
     return "sluice:streams"
 
 
+def health_probe(process: str) -> str:
+    """Written (with a short expiry) by ``/healthz`` of ``process`` to prove Redis takes writes.
+
+    One key per process, its name in a hash tag: a single-key command, valid on a Cluster.
+    """
+    return f"sluice:health:{{{_check(process)}}}"
+
+
 # --- lake --------------------------------------------------------------------
 
 

@@ -212,7 +212,10 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         async with health.serving(
             settings.bus.health_listen,
             "sluice_bus",
-            checks={"redis": bus.redis.ping, "peers": peers},
+            checks={
+                "redis": health.redis_writable(bus.redis, f"bus:{config.twin}"),
+                "peers": peers,
+            },
             samples=samples,
         ):
             stopping = asyncio.create_task(stop.wait())

@@ -108,12 +108,13 @@ class Context:
     ) -> None:
         """Send a new message; replies come back to this worker unless told otherwise."""
         ret = Route([self.address]) if return_route is None else Route(return_route)
-        await self.node.deliver(TransportMessage(Route(onward_route), ret, payload))
+        await self.node.deliver(TransportMessage(Route(onward_route), ret, payload), strict=True)
 
     async def reply(self, payload: bytes) -> None:
         """Answer along the traced return route."""
         await self.node.deliver(
-            TransportMessage(self.message.return_route, Route([self.address]), payload)
+            TransportMessage(self.message.return_route, Route([self.address]), payload),
+            strict=True,
         )
 
     async def forward(
@@ -127,7 +128,7 @@ class Context:
         onward = self.message.onward_route.rest() if onward_route is None else Route(onward_route)
         ret = self.message.return_route.prepend(via or self.address)
         body = self.message.payload if payload is None else payload
-        await self.node.deliver(TransportMessage(onward, ret, body))
+        await self.node.deliver(TransportMessage(onward, ret, body), strict=True)
 
 
 class WorkerContext:
@@ -333,9 +334,18 @@ class Node:
 
     # --- routing ----------------------------------------------------------
 
-    async def deliver(self, message: TransportMessage) -> None:
-        """Route one message (from a worker or a transport). Never raises for a bad route."""
-        await self._route(message, None)
+    async def deliver(self, message: TransportMessage, *, strict: bool = False) -> None:
+        """Route one message (from a worker or a transport). Never raises for a bad route.
+
+        A transport that could not send it (its retries ran out at the message's
+        deadline) is counted (``transport_errors``); with ``strict`` (a worker sending:
+        :class:`Context`'s ``send``, ``reply``, ``forward``) its :class:`SluiceError`
+        is raised to the sender, who reports it (a handler that fails so makes its
+        stream entry retried, then dead-lettered); without, it is logged here.
+        """
+        pending = self._route_now(message, None, strict)
+        if pending is not None:
+            await pending
 
     async def deliver_tracked(self, message: TransportMessage) -> asyncio.Future[None]:
         """Route, and return a future that completes when the message was handled."""
@@ -365,7 +375,7 @@ class Node:
             await pending
 
     def _route_now(
-        self, message: TransportMessage, done: _Done
+        self, message: TransportMessage, done: _Done, strict: bool = False
     ) -> Coroutine[Any, Any, None] | None:
         """Route synchronously if possible; else return what is left to await."""
         onward = message.onward_route
@@ -408,7 +418,7 @@ class Node:
                 done,
             )
             return None
-        return self._send(transport, message, done)
+        return self._send(transport, message, done, strict)
 
     async def _put_when_room(self, slot: _Slot, message: TransportMessage, done: _Done) -> None:
         size = len(message.payload)
@@ -418,11 +428,15 @@ class Node:
         slot.bytes += size
         await slot.queue.put((message, done))
 
-    async def _send(self, transport: Transport, message: TransportMessage, done: _Done) -> None:
+    async def _send(
+        self, transport: Transport, message: TransportMessage, done: _Done, strict: bool = False
+    ) -> None:
         try:
             await transport.send(message)
         except SluiceError as exc:
             self.counters["transport_errors"] += 1
+            if strict and done is None:
+                raise  # the sender reports it (logged once, there)
             log.error(
                 "node %s: transport %d failed to send: %s", self.name, transport.address_type, exc
             )
@@ -466,6 +480,12 @@ class Node:
                     if done is not None and not done.done():
                         done.cancel()
                 raise
+            except SluiceError as exc:  # e.g. its reply could not be sent: no traceback
+                self.counters["handler_errors"] += 1
+                log.error("node %s: worker %s failed on a message: %s", self.name, slot.name, exc)
+                for _, done in items:
+                    if done is not None and not done.done():
+                        done.set_exception(exc)
             except Exception as exc:  # a handler bug must not stop the node: log, count, report
                 self.counters["handler_errors"] += 1
                 log.exception("node %s: worker %s failed on a message", self.name, slot.name)
