@@ -32,6 +32,7 @@ from pipeline.chain.batch import ENTRY_FIELD, decode_block
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
 from tests.support.poll import until_sync
+from tests.support.refusal import Refusal
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,36 +45,6 @@ BLOCKS = 400
 CALLS = 120
 A, B = 1001, 1002
 CMD = "bench.echo"  # the handler of tests/bench/bench_bus.py
-
-
-class Refusal:
-    """Fill a Redis until it refuses writes (noeviction), then free it."""
-
-    def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
-        self.fillers: list[str] = []
-
-    def start(self) -> None:
-        self.client.config_set("maxmemory-policy", "noeviction")
-        used = int(self.client.info("memory")["used_memory"])
-        self.client.config_set("maxmemory", used + (4 << 20))
-        while len(self.fillers) < 1000:
-            name = f"test:filler:{len(self.fillers)}"
-            try:
-                self.client.set(name, b"x" * (128 << 10))
-            except OutOfMemoryError:
-                # Held below what is used: keys expiring meanwhile must not let writes in.
-                used = int(self.client.info("memory")["used_memory"])
-                self.client.config_set("maxmemory", used // 2)
-                return
-            self.fillers.append(name)
-        raise AssertionError("redis never refused a write")
-
-    def end(self) -> None:
-        if self.fillers:
-            self.client.delete(*self.fillers)  # DEL works while writes are refused
-        self.client.config_set("maxmemory", 0)
-        self.client.close()
 
 
 class Proc:
