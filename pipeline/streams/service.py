@@ -51,7 +51,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redisconn
 from pipeline.durability import Durability
-from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
+from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError, SluiceError
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -355,7 +355,13 @@ class StreamService(Worker):
 
     async def _answer(self, ctx: _Origin, reply: p.StreamMessage) -> None:
         if not isinstance(ctx, Direct):
-            await ctx.reply(p.encode(reply))
+            try:
+                await ctx.reply(p.encode(reply))
+            except SluiceError as exc:  # its client times out and asks again; the others go on
+                self._count("replies_not_sent")
+                log.warning(
+                    "stream service: reply to %s not sent: %s", ctx.message.return_route, exc
+                )
             return
         self._trace_reply(ctx.address, ctx.return_route, reply)
         ctx.answer(reply)
