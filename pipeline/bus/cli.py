@@ -200,6 +200,12 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                 *health.forwarder_samples(
                     forwarder.outcomes, forwarder.retried, forwarder.unreachable()
                 ),
+                health.Sample(
+                    name="sluice_bus_redis_errors_total",
+                    value=bus.redis_errors,
+                    kind="counter",
+                    help="Redis steps of the bus's loops that failed (away or refusing writes)",
+                ),
             ]
 
         async def peers() -> None:

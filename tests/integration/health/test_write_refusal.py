@@ -302,3 +302,5 @@ def _run(
     assert caller.answers == {f"call-{i}": "" for i in range(CALLS)}
     code, text = curl(f"{urls['bus-a']}/metrics")
     assert code == 200 and 'outcome="unreachable"' not in text, text
+    [errors] = [ln for ln in text.splitlines() if ln.startswith("sluice_bus_redis_errors_total")]
+    assert float(errors.split()[-1]) > 0, text  # its loops met the refusal and went on
