@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
+import pytest
 import redis.asyncio as aioredis
 
 from pipeline import keys
@@ -20,7 +22,10 @@ from tests.support.refusal import refusing
 from .test_process import seed_request
 
 
-async def test_a_refused_reply_is_pushed_again_once_redis_takes_writes(redis_url: str) -> None:
+async def test_a_refused_reply_is_pushed_again_once_redis_takes_writes(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pipeline.bus.server")
     client = aioredis.Redis.from_url(redis_url)
     server = BusServer.from_url(redis_url, workers=1)
 
@@ -33,13 +38,17 @@ async def test_a_refused_reply_is_pushed_again_once_redis_takes_writes(redis_url
     task = asyncio.create_task(server.serve())
     try:
         with refusing(redis_url):
-            await until(lambda: server.retried > 0, "the refused reply is retried", within_s=30)
+            # The push was tried and refused (the server says so in its log).
+            await until(
+                lambda: any("repl" in r.getMessage() for r in caplog.records),
+                "the reply's push refused",
+                within_s=30,
+            )
             assert await client.llen(keys.BUS_REPLY) == 0
-        popped = await client.blpop([keys.BUS_REPLY], timeout=30)
-        assert popped is not None
-        reply = json.loads(popped[1])
+        raw = await until(lambda: client.lpop(keys.BUS_REPLY), "the reply", within_s=30)
+        reply = json.loads(raw)
         assert reply["uid"] == "7.1" and reply["err"] == "" and reply["dst"] == [3]
-        assert server.served == 1
+        assert server.served == 1 and server.retried > 0
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
