@@ -148,7 +148,9 @@ class _Writer:
                 if down_since is None:
                     down_since = now
                     self.outages += 1
-                    log.warning("redis unavailable (%s); retrying %s", exc, what)
+                    log.warning(
+                        "redis unavailable (%s: %s); retrying %s", type(exc).__name__, exc, what
+                    )
                 elif now - down_since > self.retry_for:
                     raise ProducerGaveUp(
                         f"redis unavailable for {self.retry_for:.0f}s: {exc}"
