@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -39,8 +40,8 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[3]
 SLUICE = [sys.executable, "-m", "pipeline.cli"]
 #: How long both Redis servers refuse writes: longer than the old node retries (~5 s).
-REFUSAL_S = 12.0
-REQUESTS = 300
+REFUSAL_S = float(os.environ.get("SLUICE_TEST_REFUSAL_S", "12"))
+REQUESTS = int(os.environ.get("SLUICE_TEST_REFUSAL_REQUESTS", "300"))
 BLOCKS = 400
 CALLS = 120
 A, B = 1001, 1002
@@ -269,8 +270,10 @@ def _run(
     finally:
         for refusal in refusals:
             refusal.end()
+    freed = time.monotonic()
     for name in urls:
         until_sync(health_is(f"{urls[name]}/healthz", 200), f"{name} up again", within_s=30)
+    figures: dict[str, float] = {"healthz_up_after_s": round(time.monotonic() - freed, 1)}
 
     # Produce: went on, and every block is in the stream exactly once.
     assert producer.proc.wait(120) == 0, producer.text()
@@ -293,6 +296,7 @@ def _run(
         ln for ln in text.splitlines() if ln.startswith("sluice_node_stream_client_push_retries")
     ]
     assert retried and float(retried[0].split()[-1]) > 0, text
+    figures["node_push_retries"] = float(retried[0].split()[-1])
     assert "sluice_node_requester_failed_total" not in text, text
     assert "sluice_node_stream_client_push_failures_total" not in text, text
 
@@ -304,3 +308,12 @@ def _run(
     assert code == 200 and 'outcome="unreachable"' not in text, text
     [errors] = [ln for ln in text.splitlines() if ln.startswith("sluice_bus_redis_errors_total")]
     assert float(errors.split()[-1]) > 0, text  # its loops met the refusal and went on
+    lines = record.read_text().split()
+    figures.update(
+        refusal_s=REFUSAL_S,
+        node_replies=len(lines),
+        node_duplicates=len(lines) - len(set(lines)),
+        bus_redis_errors=float(errors.split()[-1]),
+        recovered_s=round(time.monotonic() - freed, 1),
+    )
+    logging.getLogger(__name__).info("write refusal figures: %s", figures)
