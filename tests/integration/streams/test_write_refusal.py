@@ -43,6 +43,7 @@ async def test_a_refused_push_is_reported_to_its_sender_at_its_deadline(
     sender = Sender()
     await node.add_worker("sender", sender)
     caplog.set_level(logging.WARNING, logger="pipeline.streams.client")
+    caplog.set_level(logging.WARNING, logger="pipeline.streams.service")
     with refusing(redis_url):
         await node.deliver(TransportMessage(Route(["sender"]), Route([]), b"m"))
         await until(lambda: sender.errors, "the sender hears of the failure", within_s=30)
@@ -54,3 +55,7 @@ async def test_a_refused_push_is_reported_to_its_sender_at_its_deadline(
     assert counters["transport_errors"] == 1
     failing = [r for r in caplog.records if "failing" in r.getMessage()]
     assert len(failing) == 1, [r.getMessage() for r in caplog.records]
+    # The service answered every attempt "redis unavailable" (counted) but logged one line.
+    answered = [r for r in caplog.records if "unavailable from" in r.getMessage()]
+    assert len(answered) == 1, [r.getMessage() for r in answered]
+    assert counters["stream_service.unavailable"] > 1
