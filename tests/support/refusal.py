@@ -5,10 +5,20 @@
 limit lowered below what is used, so keys expiring meanwhile cannot let a write
 in), and on exit deletes the fillers and lifts the limit. Reads and deletes go on
 working throughout, as on a full production server.
+
+``with misconf(url): ...`` makes the server refuse writes with ``MISCONF`` (an
+RDB save failed while ``stop-writes-on-bgsave-error`` is on): its directory is
+deleted (the server's working directory: moving it would not do) with what it
+holds, so use it on a private server only; a save point is set and a ``BGSAVE``
+fails. On exit the save point is dropped (which lifts the refusal) and an empty
+directory made again at the path.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -55,3 +65,23 @@ def refusing(url: str) -> Iterator[Refusal]:
         yield refusal
     finally:
         refusal.end()
+
+
+@contextmanager
+def misconf(url: str) -> Iterator[None]:
+    client = redis.Redis.from_url(url)
+    directory = str(client.config_get("dir")["dir"])
+    shutil.rmtree(directory)
+    try:
+        client.config_set("save", "3600 1")
+        client.bgsave()
+        deadline = time.monotonic() + 30
+        while client.info("persistence")["rdb_last_bgsave_status"] != "err":
+            if time.monotonic() > deadline:
+                raise AssertionError("the RDB save did not fail")
+            time.sleep(0.05)
+        yield
+    finally:
+        client.config_set("save", "")
+        os.makedirs(directory, exist_ok=True)
+        client.close()

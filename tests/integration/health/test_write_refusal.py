@@ -33,7 +33,7 @@ from pipeline.chain.batch import ENTRY_FIELD, decode_block
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
 from tests.support.poll import until_sync
-from tests.support.refusal import Refusal
+from tests.support.refusal import Refusal, misconf
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -317,3 +317,44 @@ def _run(
         recovered_s=round(time.monotonic() - freed, 1),
     )
     logging.getLogger(__name__).info("write refusal figures: %s", figures)
+
+
+def test_produce_and_node_ride_out_misconf(
+    redis_factory: Callable[..., LocalRedis], tmp_path: Path, procs: list[Proc]
+) -> None:
+    """``MISCONF`` (a failed RDB save stops writes) is retried like an outage, and
+    /healthz says so; before, ``sluice produce`` exited 1 on it."""
+    server = redis_factory()
+    port = free_port()
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": server.url,
+        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_LOG_LEVEL": "WARNING",
+        "SLUICE_NODE_LISTEN": "",
+        "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{port}",
+    }
+    env.pop("PYTHONASYNCIODEBUG", None)
+    node = Proc(["node", "--name", "M", "--workers", "echo"], env, tmp_path / "node.log")
+    procs.append(node)
+    node.wait_for("node M ready")
+    health = f"http://127.0.0.1:{port}/healthz"
+    until_sync(health_is(health, 200), "node up", within_s=30)
+    producer = Proc(
+        ["produce", "--stream", "misconf", "--rate", "20", "--count", "60"],
+        env, tmp_path / "produce.log",
+    )  # fmt: skip
+    procs.append(producer)
+    client = redis.Redis.from_url(server.url)
+    try:
+        until_sync(lambda: client.xlen(keys.stream("misconf")) >= 5, "first blocks", within_s=30)
+        with misconf(server.url):
+            until_sync(health_is(health, 503, "MISCONF"), "node /healthz down", within_s=30)
+            assert producer.proc.poll() is None, producer.text()
+        until_sync(health_is(health, 200), "node /healthz up", within_s=30)
+        assert producer.proc.wait(60) == 0, producer.text()
+        assert "1 redis outage(s) ridden out" in producer.text()
+        entries = client.xrange(keys.stream("misconf"))
+    finally:
+        client.close()
+    assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(60))
