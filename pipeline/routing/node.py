@@ -14,7 +14,10 @@ Every message a node routes goes through one path, :meth:`Node.deliver`:
   first :meth:`Worker.intercept` it synchronously (used for correlated
   replies, so a worker waiting for an answer never deadlocks on its own
   mailbox);
-* otherwise the transport registered for ``first.type`` sends it.
+* otherwise the transport registered for ``first.type`` sends it; if it
+  cannot (e.g. the stream transport's retries ran out at the message's
+  deadline), a worker that sent it (``Context.send`` / ``reply`` /
+  ``forward``) gets the transport's error raised: never a silent drop.
 
 :meth:`Node.deliver_tracked` returns a future that completes when the worker's
 handler returned (or the transport accepted the message), or fails with the
@@ -30,7 +33,8 @@ Transports (the interface other transports, e.g. TCP, build on)::
                                                       # be started by whoever registers it
         async def send(self, message: TransportMessage) -> None
             # message.onward_route[0].type == address_type; raise a SluiceError
-            # subclass on failure (the node logs and counts it)
+            # subclass on failure, once retrying is over (the node counts it and
+            # raises it to a sending worker, or logs it: see Node.deliver)
         async def stop(self) -> None
 
     node.register_transport(t)
