@@ -308,6 +308,9 @@ class NodeSettings:
     consumer_max_failures: int = _bare(3)
     #: Stream service: seconds a consumer lease lives without renewal.
     lease_ttl_s: int = _bare(15)
+    #: Stream transport: seconds a message's push is retried (Redis away or refusing
+    #: writes) before its sender is told it failed.
+    send_timeout_s: float = 45.0
 
     def __post_init__(self) -> None:
         _check(self)

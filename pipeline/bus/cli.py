@@ -246,6 +246,12 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                     kind="counter",
                     help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
                 ),
+                health.Sample(
+                    name="sluice_bus_redis_errors_total",
+                    value=bus.redis_errors,
+                    kind="counter",
+                    help="Redis steps of the bus's loops that failed (away or refusing writes)",
+                ),
             ]
 
         async def peers() -> None:
@@ -258,7 +264,10 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         async with health.serving(
             settings.bus.health_listen,
             "sluice_bus",
-            checks={"redis": bus.redis.ping, "peers": peers},
+            checks={
+                "redis": health.redis_writable(bus.redis, f"bus:{config.twin}"),
+                "peers": peers,
+            },
             samples=samples,
         ):
             stopping = asyncio.create_task(stop.wait())

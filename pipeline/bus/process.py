@@ -82,6 +82,9 @@ class BusProcess:
     ) -> None:
         self.config = config
         self.twin = config.twin
+        #: Redis steps of the bus's loops that failed (Redis away or refusing writes) and
+        #: were retried: ``sluice_bus_redis_errors_total``.
+        self.redis_errors = 0
         self.redis = redisconn.connect(
             bus_redis_url(redis_url),
             redisconn.Role.BUS,
@@ -213,6 +216,7 @@ class BusProcess:
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 recover = True
+                self.redis_errors += 1
                 log.warning("bus: %s loop: redis error %r, retrying in %.1fs", queue, exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
@@ -339,6 +343,7 @@ class BusProcess:
                 await self.scrub(time.time())
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
+                self.redis_errors += 1
                 log.warning("bus: scrubber: redis error %r", exc)
             except Exception:  # the boundary: the scrubber must outlive any one entry
                 log.exception("bus: scrubber failed; trying again")

@@ -94,6 +94,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
         StreamTransport(
             max_failures=settings.node.consumer_max_failures,
             lease_ttl_ms=int(settings.node.lease_ttl_s * 1000),
+            send_timeout_s=settings.node.send_timeout_s,
         )
     )
     node.register_transport(_tcp_transport(settings))
@@ -119,7 +120,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
         async with health.serving(
             settings.node.health_listen,
             "sluice_node",
-            checks={"redis": redis.ping},
+            checks={"redis": health.redis_writable(redis, f"node:{settings.node.name}")},
             samples=lambda: health.counter_samples("sluice_node", node.statistics()),
         ):
             print(f"node {settings.node.name} ready", flush=True)

@@ -115,6 +115,7 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
         assert "sluice_bus_up 1" in text
         assert 'sluice_bus_queue_length{queue="msgbus.system.remote"} 0' in text
         assert "sluice_bus_backlog_size" in text and "sluice_bus_outbox_size" in text
+        assert "sluice_bus_dead_length 0" in text
         # A call to a peer that is down: /healthz degraded with the peer named, counted,
         # and once its exp is up the caller is told it never reached the peer.
         client = redis.Redis.from_url(local.url)
