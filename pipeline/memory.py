@@ -111,19 +111,28 @@ class Releaser:
     nothing. ``on_release(before, after)`` is told each time (for metrics).
     """
 
+    @property
+    def wait_s(self) -> float:
+        """Seconds until the next check."""
+        return self._wait_s
+
     def __init__(
         self,
         *,
         every_s: float = 10.0,
         growth_bytes: int = 32 << 20,
         on_release: Callable[[int, int], None] | None = None,
+        measure: Callable[[], int] = rss_bytes,
+        give_back: Callable[[], None] = release,
     ) -> None:
         if every_s <= 0 or growth_bytes < 0:
             raise ValueError("every_s must be positive and growth_bytes non-negative")
         self._every_s = every_s
         self._growth = growth_bytes
         self._on_release = on_release
-        self._floor = rss_bytes()
+        self._measure = measure
+        self._give_back = give_back
+        self._floor = measure()
         self._wait_s = every_s
 
     async def run(self) -> None:
@@ -134,13 +143,13 @@ class Releaser:
 
     async def check(self) -> bool:
         """Release if the resident size is past the floor; True if it did."""
-        before = rss_bytes()
+        before = self._measure()
         if before - self._floor < self._growth:
             self._floor = min(self._floor, before)
             self._wait_s = self._every_s
             return False
-        await asyncio.to_thread(release)
-        after = rss_bytes()
+        await asyncio.to_thread(self._give_back)
+        after = self._measure()
         self._floor = min(self._floor, after)
         fruitless = before - after < 1 << 20
         self._wait_s = min(self._wait_s * 2, self._every_s * 16) if fruitless else self._every_s
