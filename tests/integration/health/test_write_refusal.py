@@ -154,7 +154,7 @@ def test_nothing_lost_while_redis_refuses_writes(
     env = {
         **os.environ,
         "SLUICE_REDIS_URL": main.url,
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,
         "SLUICE_LOG_LEVEL": "WARNING",
         "SLUICE_NODE_LISTEN": "",
         "SLUICE_LEASE_TTL_S": "5",
@@ -329,7 +329,7 @@ def test_produce_and_node_ride_out_misconf(
     env = {
         **os.environ,
         "SLUICE_REDIS_URL": server.url,
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,
         "SLUICE_LOG_LEVEL": "WARNING",
         "SLUICE_NODE_LISTEN": "",
         "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{port}",

@@ -112,14 +112,16 @@ async def test_master_killed_under_a_publisher_and_a_consumer(
     dead = group.kill_master(keys.stream("f")) if layout == "cluster" else group.kill_master()
     try:
         await driving
-        await until(
-            lambda: len(pub.confirmed) + len(pub.failed) == len(before),
-            "every push before the failover settled",
-            within_s=60,
-        )
         await asyncio.to_thread(group.wait_failed_over, dead)
         if min_replicas:  # the promoted master has no replica until the dead one returns
             await asyncio.to_thread(group.heal)
+        # Pushes refused meanwhile are retried (until SLUICE_NODE_SEND_TIMEOUT_S): with
+        # min_replicas=1 they wait for the healed replica, so this comes after the heal.
+        await until(
+            lambda: len(pub.confirmed) + len(pub.failed) == len(before),
+            "every push before the failover settled",
+            within_s=90,
+        )
         # The node recovers: every later push is confirmed and consumed.
         await drive(after)
         # A consumer may read an entry before its push is confirmed (the XADD is visible
