@@ -93,14 +93,19 @@ _settings = load_settings()
 def sluice_archive() -> None:
     @task
     def streams() -> list[str]:
-        """The streams to archive (``SLUICE_STREAMS``), read when the run starts."""
-        return list(load_settings().lake.streams)
+        """The streams to archive (``SLUICE_STREAMS``: names and glob patterns), resolved
+        in Redis when the run starts (:mod:`pipeline.lake.streamset`)."""
+        from pipeline.lake.streamset import resolve_now
+
+        return list(resolve_now(load_settings()).streams)
 
     @task
-    def chain_streams() -> list[str]:
-        """The archived streams that carry blocks (``SLUICE_CHAIN_STREAMS``)."""
-        settings = load_settings()
-        return [name for name in settings.lake.chain_streams if name in settings.lake.streams]
+    def chain_streams(names: list[str]) -> list[str]:
+        """The run's streams that carry blocks (``SLUICE_CHAIN_STREAMS``: names, patterns)."""
+        from pipeline.lake.streamset import is_chain
+
+        lake = load_settings().lake
+        return [name for name in names if is_chain(lake, name)]
 
     archive = StreamArchiveOperator.partial(
         task_id="archive",
@@ -146,7 +151,7 @@ def sluice_archive() -> None:
     )
     archived = archive.expand(stream=names)
     shared >> archived
-    marked = canonical.expand(stream=chain_streams())
+    marked = canonical.expand(stream=chain_streams(names))
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed
     archived >> trimmed

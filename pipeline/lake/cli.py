@@ -169,8 +169,9 @@ def check_args(args: argparse.Namespace, settings: Settings) -> None:
     if args.job != "backfill":
         return
     from pipeline.lake.backfill import iso, parse_time
+    from pipeline.lake.streamset import is_configured
 
-    if args.stream not in settings.lake.streams:
+    if not is_configured(settings.lake, args.stream):
         raise ConfigError(
             f"unknown stream {args.stream!r} (SLUICE_STREAMS: {', '.join(settings.lake.streams)})"
         )
