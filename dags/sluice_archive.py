@@ -151,7 +151,7 @@ def sluice_archive() -> None:
     )
     archived = archive.expand(stream=names)
     shared >> archived
-    marked = canonical.expand(stream=chain_streams(names))
+    marked = canonical.expand(stream=chain_streams(cast(Any, names)))
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed
     archived >> trimmed
