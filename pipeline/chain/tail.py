@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -63,8 +63,10 @@ class SharedTail:
         *,
         max_entries: int = 1_000_000,
         writer_wait_s: float = 2.0,
+        refused: Callable[[bytes, Exception], None] | None = None,
     ) -> None:
         self._redis = redis
+        self._refused = refused
         self._key = key
         self._max = max_entries
         self._writer_wait_s = writer_wait_s
@@ -133,7 +135,7 @@ class SharedTail:
                     return True
                 self._drop_before(parse_entry_id(first[0][0]))
                 for entry_id, fields in entries:
-                    added = index_entry(self.index, entry_id, fields)
+                    added = index_entry(self.index, entry_id, fields, self._refused)
                     num, hash = added if added is not None else (-1, "")
                     self._order.append((parse_entry_id(entry_id), num, hash))
                 if len(self._order) > self._max:
