@@ -48,9 +48,11 @@ from collections.abc import AsyncIterator, Callable
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, web
 
+from pipeline.chain.admission import ConnectionGuard
 from pipeline.chain.appkeys import (
     CALLS,
     CONNECTIONS,
+    GUARD,
     HISTORY,
     HUB,
     METRICS,
@@ -61,6 +63,7 @@ from pipeline.chain.appkeys import (
 )
 from pipeline.chain.auth import authorized, refusal
 from pipeline.chain.cardinal import DIALECTS
+from pipeline.chain.entries import Refusals
 from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
 from pipeline.chain.planning import History
@@ -165,6 +168,12 @@ def create_app(
     app[SETTINGS] = settings
     app[HUB] = hub if hub is not None else WebsocketHub()
     app[METRICS] = Metrics()
+    app[GUARD] = ConnectionGuard(
+        max_connections=settings.serve.max_connections,
+        header_timeout_s=settings.serve.header_timeout_s,
+        metrics=app[METRICS],
+    )
+    app.middlewares.append(app[GUARD].middleware)
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:
@@ -190,6 +199,7 @@ def create_app(
         client = connect(settings.redis.url, Role.SERVE)
         tail_client = connect(settings.redis.url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
         app[REDIS] = client
+        refused = Refusals(app[METRICS])  # one count and one log line per entry, whoever reads it
         app[RESUMPTION] = TieredResumption(
             redis=client,
             stream=settings.serve.stream,
@@ -198,6 +208,7 @@ def create_app(
             reorg_threshold=settings.lake.reorg_threshold,
             batch_rows=512,
             max_tail=settings.serve.tail_index_max,
+            refused=refused,
         )
         feed = None
         if settings.serve.dialogue_port:
@@ -208,6 +219,7 @@ def create_app(
                 settings.serve.host,
                 settings.serve.dialogue_port,
                 send_buffer=settings.serve.send_buffer,
+                stall_s=settings.serve.stall_s,
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION]), name="tail-index-warm")
@@ -219,6 +231,7 @@ def create_app(
                 app[HUB],
                 app[METRICS],
                 block_ms=_TAIL_BLOCK_MS,
+                refused=refused,
             )
             app[TAILER] = tailer
             task = asyncio.create_task(tailer.run(), name="redis-tailer")
