@@ -123,7 +123,9 @@ _leaf = st.one_of(
 )
 _value = st.recursive(
     _leaf,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 _keys = st.sampled_from(
