@@ -9,13 +9,16 @@ subscriber's delay grew to the sum of them (20 s with 48 catch-ups).
 
 A :class:`Turns` is one per server. A catch-up does its CPU work only while
 it holds a :class:`Turn`: at most ``slots`` catch-ups hold one at once
-(waiters queue in order, :class:`asyncio.Semaphore`), and a holder gives it
-back, lets the loop run once (``sleep(0)``: I/O callbacks, the live tailer,
-the writers) and queues again as soon as it has worked ``slice_s``
+(waiters queue in order, :class:`asyncio.Semaphore`); taking a turn first
+lets the loop run once (``sleep(0)``: I/O callbacks, the live tailer, the
+writers), and a holder gives it back as soon as it has worked ``slice_s``
 (:meth:`Turn.over`). A turn is never held across a wait for the subscriber
-(its send buffer) or for I/O: only around work that does not await. So the
-live path waits at most about ``slots * slice_s`` for catch-ups, however many
-there are; their total throughput is unchanged (the loop is busy either way).
+(its send buffer); it is held across a read of a page of the Redis tail (a
+bounded call whose reply is parsed in the caller's step: 16 catch-ups parsing
+1,000-entry pages in one loop iteration were most of the seconds of delay).
+So the live path waits about ``slots * slice_s`` plus one page for
+catch-ups, however many there are; their total throughput is unchanged (the
+loop is busy either way).
 """
 
 from __future__ import annotations
@@ -57,8 +60,16 @@ class Turn:
         self.held = False
 
     async def acquire(self) -> None:
+        """Let the loop run once, then wait for the turn.
+
+        The loop runs even when no other catch-up waits: a catch-up whose
+        subscriber has room would otherwise go from turn to turn without ever
+        yielding (an uncontended semaphore and a send buffer with room never
+        suspend), and the live tailer and the writers would wait for it.
+        """
         if self.held:
             return
+        await asyncio.sleep(0)
         await self._turns._sem.acquire()
         self.held = True
         self._turns.taken += 1
@@ -76,7 +87,6 @@ class Turn:
     async def next(self) -> None:
         """Give the turn back, let the loop run once, and queue for the next one."""
         self.release()
-        await asyncio.sleep(0)
         await self.acquire()
 
     async def __aenter__(self) -> Turn:

@@ -90,3 +90,41 @@ async def test_hostile_entries_are_skipped_and_counted_while_serving_goes_on(
     lines = [r for r in caplog.records if "refused chain entry" in r.getMessage()]
     assert len(lines) == len(bad), [r.getMessage() for r in lines]
     assert not [r for r in caplog.records if r.exc_info], "no traceback"
+
+
+async def test_a_refused_entry_is_not_read_again_by_each_catch_up(
+    settings, serve, connect, redis_client
+) -> None:
+    """The tail reads step around entries already refused: 20 MB is fetched once, not per subscriber."""
+    gen = SyntheticChain(seed=212)
+    write_blocks(redis_client, STREAM, gen.take(10))
+    head = gen.canonical[-1]
+    big = msgpack.packb(
+        {
+            "num": head.num + 1,
+            "hash": b"\xee" * 32,
+            "parent": head.hash,
+            "updates": {"k": b"\0" * (20 << 20)},
+        },
+        use_bin_type=True,
+    )
+    redis_client.xadd(keys.stream(STREAM), {ENTRY_FIELD: big})
+    write_blocks(redis_client, STREAM, gen.take(30))  # (the status page reads the newest 12)
+    async with serve(settings) as (base, app), aiohttp.ClientSession() as http:
+
+        async def refused() -> float:
+            async with http.get(base + "/metrics") as resp:
+                for line in (await resp.text()).splitlines():
+                    if line.startswith("sluice_serve_entries_refused_total "):
+                        return float(line.split()[1])
+            return -1.0
+
+        # read once, by the tail index the server builds at start
+        await until(refused, "the entry refused at start", accept=lambda v: v == 1)
+        for _ in range(3):
+            before = redis_client.info("stats")["total_net_output_bytes"]
+            async with connect(base) as client:
+                await client.subscribe(0, gen.canonical[0].hash)
+                assert await client.blocks(40) == gen.canonical[:40]
+            read = redis_client.info("stats")["total_net_output_bytes"] - before
+            assert read < 1 << 20, f"a catch-up read {read} bytes"
