@@ -276,6 +276,8 @@ class Connection:
             log.info(fmt + " (%s)", *args, self.request.remote)
 
     def _slow(self) -> None:
+        if self._failure.done():
+            return  # one disconnect, however many of its subscriptions found it too slow
         self.metrics.inc("sluice_serve_slow_disconnects_total")
         self.fail(
             WSCloseCode.POLICY_VIOLATION,
