@@ -170,7 +170,7 @@ def _unpack(data: object) -> dict[str, Any]:
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several unrelated types
-        raise BadBatch(f"not msgpack: {_short(exc)}") from exc
+        raise BadBatch(f"not msgpack: {exc}") from exc
     if not isinstance(raw, dict):
         raise BadBatch("block must be a map")
     return raw
