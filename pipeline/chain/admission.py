@@ -12,7 +12,9 @@ between the listening socket and aiohttp's protocol (a thin
   ``sluice_serve_connections_refused_total``;
 - a connection must complete a request head within ``header_timeout_s`` of
   being accepted (or of its previous response, for keep-alive); else it is
-  answered ``408`` and closed, counted in ``sluice_serve_header_timeouts_total``.
+  answered ``408`` and closed, counted in ``sluice_serve_header_timeouts_total``
+  (an idle keep-alive connection, with nothing sent since its last response,
+  is closed without a word and not counted).
   A request whose head arrived (a websocket, a long ``/healthz``) is not timed
   here: :meth:`ConnectionGuard.middleware` marks it as being served.
 
@@ -45,7 +47,7 @@ _TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length
 class _Guarded(asyncio.Protocol):
     """One accepted connection: aiohttp's protocol inside, its deadline and its slot outside."""
 
-    __slots__ = ("_guard", "_inner", "_timer", "_transport", "busy", "refused")
+    __slots__ = ("_guard", "_inner", "_timer", "_transport", "busy", "partial", "refused", "served")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self._guard = guard
@@ -54,6 +56,9 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.busy = 0
         self.refused = False
+        #: requests answered on this connection, and whether bytes came since the last one
+        self.served = 0
+        self.partial = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -83,12 +88,17 @@ class _Guarded(asyncio.Protocol):
         transport = self._transport
         if self.busy or transport is None or transport.is_closing():
             return
+        if self.served and not self.partial:
+            transport.close()  # an idle keep-alive connection: closed without a word
+            return
         self._guard._timed_out()
         transport.write(_TIMEOUT)
         transport.close()
 
     def data_received(self, data: bytes) -> None:
         if not self.refused:
+            if not self.busy:
+                self.partial = True
             self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -169,7 +179,9 @@ class ConnectionGuard:
             return await handler(request)
         finally:
             conn.busy -= 1
+            conn.served += 1
             if not conn.busy:
+                conn.partial = False
                 conn.arm()
 
     async def listen(
