@@ -69,7 +69,7 @@ and trim keeps every block that job has yet to mark.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
@@ -122,7 +122,7 @@ def sluice_archive() -> None:
         start_ms, end_ms = interval_ms(
             context.get("data_interval_start"), context.get("data_interval_end")
         )
-        summary = {
+        summary: dict[str, Any] = {
             "start_ms": start_ms,
             "end_ms": end_ms,
             "streams": [r.get("stream") for r in archived],
@@ -150,7 +150,8 @@ def sluice_archive() -> None:
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed
     archived >> trimmed
-    publish(archived.output, trimmed.output)
+    # XComArgs: Airflow resolves them to the mapped tasks' results when publish runs
+    publish(cast(Any, archived.output), cast(Any, trimmed.output))
 
 
 sluice_archive()

@@ -84,6 +84,8 @@ def raw_weight(raw: dict[str, Any]) -> int | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubBatch:
+    """One sub-batch of a block: the updates and deletes under one key prefix."""
+
     id: bytes
     updates: dict[str, bytes] = field(default_factory=dict)
     deletes: tuple[str, ...] = ()

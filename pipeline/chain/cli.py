@@ -21,7 +21,7 @@ from pipeline.chain.appkeys import GUARD
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
-from pipeline.cli import non_negative
+from pipeline.cliargs import non_negative, plain
 from pipeline.errors import MuxError
 from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice serve", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="sluice serve",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", help="listen address (SLUICE_SERVE_HOST)")
     p.add_argument("--port", type=int, help="listen port (SLUICE_SERVE_PORT)")
     p.add_argument("--stream", help="chain stream name (SLUICE_SERVE_STREAM)")
@@ -112,7 +116,7 @@ def main(argv: list[str]) -> int:
         }.items()
         if v is not None
     }
-    settings = Settings.load(**overrides)
+    settings = Settings.load(parts=("redis", "serve", "lake"), **overrides)
     redischeck.check(settings.redis.url)
     asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
     return 0

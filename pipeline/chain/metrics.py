@@ -47,6 +47,15 @@ class Metrics:
             "counter",
             "chain-stream entries refused (too large, too many items, too deep, wrong shape)",
         ),
+        "sluice_serve_resident_bytes": ("gauge", "resident memory of the process"),
+        "sluice_serve_memory_releases_total": (
+            "counter",
+            "times free native memory was given back after the resident size grew",
+        ),
+        "sluice_serve_memory_released_bytes_total": (
+            "counter",
+            "resident bytes given back by those releases",
+        ),
     }
 
     def __init__(self) -> None:

@@ -47,7 +47,9 @@ from collections.abc import AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, web
+from redis.exceptions import RedisError
 
+from pipeline import health, memory
 from pipeline.chain.admission import ConnectionGuard
 from pipeline.chain.appkeys import (
     CALLS,
@@ -132,6 +134,22 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+async def _write_probe(app: web.Application) -> str | None:
+    """None when Redis takes a write (:func:`pipeline.health.redis_writable`), else why not."""
+    client = app.get(REDIS)
+    if client is None:
+        return None
+    check = health.redis_writable(client, f"serve:{app[SETTINGS].serve.port}")
+    try:
+        async with asyncio.timeout(health.CHECK_TIMEOUT_S):
+            await check()
+    except TimeoutError:
+        return f"timed out after {health.CHECK_TIMEOUT_S}s"
+    except (RedisError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return None
+
+
 async def healthz(request: web.Request) -> web.Response:
     app = request.app
     tailer = app.get(TAILER)
@@ -140,11 +158,15 @@ async def healthz(request: web.Request) -> web.Response:
     # The lake answers history requests: a store that cannot be read is "down" here,
     # not an "ok" server that answers every resumption with "lake error".
     lake_error = await asyncio.to_thread(history.probe) if history is not None else None
-    healthy = redis_up is not False and lake_error is None
+    # Serve only reads, but a Redis that refuses writes stops the chain's producer:
+    # say so here rather than serve a head that no longer moves.
+    write_error = await _write_probe(app) if redis_up is not None else None
+    healthy = redis_up is not False and lake_error is None and write_error is None
     hub = app[HUB]
     body = {
         "status": "ok" if healthy else "degraded",
         "redis": {True: "up", False: "down", None: "in-process"}[redis_up],
+        "redis_write": "n/a" if redis_up is None else (write_error or "ok"),
         "lake": "n/a" if history is None else ("up" if lake_error is None else "down"),
         "connections": len(app[CONNECTIONS]),
         "live_subscriptions": len(hub),
@@ -161,7 +183,18 @@ async def metrics_handler(request: web.Request) -> web.Response:
         metrics.inc("sluice_serve_auth_failures_total")
         return refusal()
     metrics.set("sluice_serve_connections_open", len(request.app[CONNECTIONS]))
+    metrics.set("sluice_serve_resident_bytes", memory.rss_bytes())
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def _releaser(metrics: Metrics) -> memory.Releaser:
+    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics."""
+
+    def released(before: int, after: int) -> None:
+        metrics.inc("sluice_serve_memory_releases_total")
+        metrics.inc("sluice_serve_memory_released_bytes_total", max(0, before - after))
+
+    return memory.Releaser(on_release=released)
 
 
 def create_app(
@@ -231,6 +264,7 @@ def create_app(
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
+        releaser = asyncio.create_task(_releaser(app[METRICS]).run(), name="memory-releaser")
         task: asyncio.Task[None] | None = None
         if relay:
             tailer = RedisTailer(
@@ -247,9 +281,10 @@ def create_app(
         try:
             yield
         finally:
-            warm.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await warm
+            for background in (warm, releaser):
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
             if task is not None:
                 task.cancel()
                 try:
