@@ -341,7 +341,11 @@ async def _phases(
         deadline = time.monotonic() + 20
         while True:
             result.rss_after_kb, result.fds_after = _proc_status(pid)
-            if result.fds_after <= result.fds_base * 1.2 or time.monotonic() > deadline:
+            settled = (
+                result.fds_after <= result.fds_base * 1.2
+                and result.rss_after_kb <= result.rss_base_kb * 1.2
+            )
+            if settled or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
         result.counters = await _counters(http, base)
