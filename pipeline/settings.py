@@ -391,9 +391,18 @@ class ServeSettings:
     history_cache_mb: int = 512
     #: Redis tail entries indexed by block number (about 0.7 KB each); older ones come from the lake.
     tail_index_max: int = 500_000
+    #: HTTP connections open at once (more: answered 503 and closed).
+    max_connections: int = 1024
+    #: Seconds a connection may take to send a complete request head (the websocket upgrade).
+    header_timeout_s: float = 10.0
+    #: Seconds a catching-up subscriber's full send buffer may stay full (then: closed, 1008).
+    stall_s: float = 30.0
 
     def __post_init__(self) -> None:
         _check(self)
+        for name in ("max_connections", "header_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise _invalid(self, name, f"must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ import signal
 from aiohttp import web
 
 from pipeline import redischeck
+from pipeline.chain.appkeys import GUARD
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
@@ -77,8 +78,8 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
     app = create_app(settings, relay=not in_process, hub=hub)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, settings.serve.host, settings.serve.port)
-    await site.start()
+    # aiohttp's TCPSite, behind the connection cap and the request-head deadline
+    listener = await app[GUARD].listen(runner, settings.serve.host, settings.serve.port)
     base = f"ws://{settings.serve.host}:{settings.serve.port}"
     log.info(
         "serving %s on %s/ws (the seed's JSON-RPC dialect) and %s/cardinal "
@@ -98,7 +99,9 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
         if producer is not None:
             stop.set()
             await producer
-        await runner.cleanup()
+        listener.close()
+        await runner.cleanup()  # closes the connections still open
+        await listener.wait_closed()
 
 
 def main(argv: list[str]) -> int:
