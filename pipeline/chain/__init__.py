@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from pipeline.facade import lazy
 
 _EXPORTS = {
-    "Block": "pipeline.chain.batch",
-    "SubBatch": "pipeline.chain.batch",
+    "Block": "pipeline.blockcodec",
+    "SubBatch": "pipeline.blockcodec",
     "Added": "pipeline.chain.ordered",
     "Removed": "pipeline.chain.ordered",
     "subscribe": "pipeline.chain.consumer",
@@ -37,10 +37,10 @@ __all__ = [
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from pipeline.chain.batch import (
+    from pipeline.blockcodec import (
         Block as Block,
     )
-    from pipeline.chain.batch import (
+    from pipeline.blockcodec import (
         SubBatch as SubBatch,
     )
     from pipeline.chain.consumer import (

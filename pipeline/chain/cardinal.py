@@ -30,7 +30,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     HASH_LEN,
     BatchHeader,
     KeyTest,
@@ -122,7 +122,7 @@ def cardinal_results(
 ) -> list[str]:
     """The ``batch`` result then its ``subbatch`` results, in the library's shape.
 
-    Filtering with ``keep`` is as in :func:`~pipeline.chain.batch.raw_results`:
+    Filtering with ``keep`` is as in :func:`~pipeline.blockcodec.raw_results`:
     every block is sent; a sub-batch is sent when its prefix or one of its
     keys is kept, with only the kept keys.
     """

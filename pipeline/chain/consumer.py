@@ -30,8 +30,8 @@ from typing import Any
 
 import aiohttp
 
+from pipeline.blockcodec import parse_batch_result, parse_subbatch_result
 from pipeline.chain import jsonrpc
-from pipeline.chain.batch import parse_batch_result, parse_subbatch_result
 from pipeline.chain.cardinal import (
     CARDINAL,
     DIALECTS,

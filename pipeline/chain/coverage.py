@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.intervals import merge_intervals
+
 #: Archived runs (and gaps) reported per stream: the newest ones.
 MAX_RUNS = 64
 
@@ -42,8 +44,6 @@ class Archived:
 
 def summarize(intervals: Sequence[Interval]) -> Archived:
     """Merge a stream's logged intervals exactly as the safe trim does."""
-    from pipeline.lake.trim import merge_intervals
-
     return Archived(
         intervals=len(intervals),
         entries=sum(i.entries for i in intervals),

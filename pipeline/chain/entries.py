@@ -2,9 +2,9 @@
 
 Every entry ``sluice serve`` reads from the Redis chain stream (the live
 tailer, the tail index, replay after a catch-up) is decoded through
-:mod:`pipeline.chain.batch`, which checks its length before decoding and
-bounds every map and list by its msgpack header (:data:`~pipeline.chain.batch.MAX_ENTRY_BYTES`,
-:data:`~pipeline.chain.batch.MAX_ITEMS`; the unpacker's own stack bounds the
+:mod:`pipeline.blockcodec`, which checks its length before decoding and
+bounds every map and list by its msgpack header (:data:`~pipeline.blockcodec.MAX_ENTRY_BYTES`,
+:data:`~pipeline.blockcodec.MAX_ITEMS`; the unpacker's own stack bounds the
 depth), then its shape. A refused entry is skipped; the blocks around it are
 served as usual. The same entry is met by several readers (the tailer, the
 index, each replaying subscriber): :class:`Refusals` counts and logs it once.

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, SubBatch, effective_weight, encode_block
+from pipeline.blockcodec import ENTRY_FIELD, Block, SubBatch, effective_weight, encode_block
 
 GENESIS_PARENT = bytes(32)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from pipeline.chain.batch import KeyTest, decode_raw, effective_weight, raw_weight
+from pipeline.blockcodec import KeyTest, decode_raw, effective_weight, raw_weight
 from pipeline.chain.cardinal import encode_results
 from pipeline.chain.planning import Emit, History
 from pipeline.errors import BadBatch

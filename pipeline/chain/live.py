@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.chain.batch import KeyTest
+from pipeline.blockcodec import KeyTest
 from pipeline.chain.planning import BlockSink, Emit, Sender
 from pipeline.chain.producer import LiveBlock, share_key
 from pipeline.errors import SlowConsumer

@@ -5,7 +5,7 @@ as reorg branches. :class:`BlockAssembler` joins each ``batch`` result with its
 ``subbatch`` results into a whole :class:`Block`. :class:`OrderedChain` keeps
 the hashes of the last ``window`` heights of the subscriber's chain, the
 heaviest chain it has seen (fork choice: the greatest
-:func:`~pipeline.chain.batch.effective_weight`, ties to the block seen first),
+:func:`~pipeline.blockcodec.effective_weight`, ties to the block seen first),
 and turns each whole block into updates:
 
 - a block already in the chain, or already held, is dropped (duplicate);
@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pipeline.chain.batch import BatchHeader, Block, SubBatch, assemble, effective_weight
+from pipeline.blockcodec import BatchHeader, Block, SubBatch, assemble, effective_weight
 from pipeline.errors import ChainGap, OrderingError
 
 

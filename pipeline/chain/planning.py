@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     ENTRY_FIELD,
     MAX_BLOCK_NUM,
     Block,

@@ -23,7 +23,7 @@ from typing import TypeVar, cast
 from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redischeck
-from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, encode_block
+from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.cliargs import non_negative, plain
 from pipeline.durability import Durability

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     ENTRY_FIELD,
     Block,
     KeyTest,

@@ -17,7 +17,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD
+from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.chain.entries import Refusals
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.planning import Entries, decode_servable

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.chain.batch import ENTRY_FIELD, MAX_BLOCK_NUM, KeyTest, decode_raw
+from pipeline.blockcodec import ENTRY_FIELD, MAX_BLOCK_NUM, KeyTest, decode_raw
 from pipeline.chain.cardinal import encode_results
 from pipeline.chain.lakepages import (
     FIRST_PAGE,

@@ -52,7 +52,7 @@ import pyarrow as pa
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     ENTRY_FIELD,
     KeyTest,
     decode_raw,

@@ -11,7 +11,7 @@ of every chain stream (the served stream and ``chain_streams``):
 - the lake's coverage: ``archive_log`` read with delta-rs (never a JVM), at
   most once per :data:`LAKE_TTL_S`, in a worker thread, stale-while-refresh so
   a slow lake never holds a page up; its intervals are merged there, exactly as
-  the safe trim merges them (:func:`pipeline.lake.trim.merge_intervals`), so a
+  the safe trim merges them (:func:`pipeline.intervals.merge_intervals`), so a
   snapshot only looks the oldest Redis entry up in the merged runs;
 - the Redis hot window (``XINFO STREAM``: length, first and last entry ids),
   the trim point (the oldest entry still in Redis) and how far the next safe
@@ -41,9 +41,9 @@ from aiohttp import web
 from redis.crc import key_slot
 
 from pipeline import __version__, keys
+from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.chain.appkeys import METRICS
 from pipeline.chain.auth import authorized, refusal
-from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
 from pipeline.redisconn import (
     UNAVAILABLE,

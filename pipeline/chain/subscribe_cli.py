@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 
-from pipeline.chain.batch import parse_hash
+from pipeline.blockcodec import parse_hash
 from pipeline.chain.cardinal import CARDINAL, DIALECTS, SEED
 from pipeline.chain.consumer import subscribe
 from pipeline.chain.ordered import Added

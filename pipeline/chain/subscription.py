@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.blockcodec import hex_quantity, parse_hash, parse_quantity
 from pipeline.chain import jsonrpc
-from pipeline.chain.batch import hex_quantity, parse_hash, parse_quantity
 from pipeline.chain.cardinal import CARDINAL, READY, SEED, encoding_for, reorg_text
 from pipeline.chain.frames import frames_for
 from pipeline.chain.outbox import Outbox

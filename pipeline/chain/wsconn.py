@@ -20,9 +20,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from pipeline.blockcodec import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain import jsonrpc
 from pipeline.chain.appkeys import CALLS, HUB, METRICS, RESUMPTION, SETTINGS
-from pipeline.chain.batch import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain.cardinal import (
     CARDINAL,
     DIALECTS,

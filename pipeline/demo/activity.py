@@ -37,10 +37,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pipeline import keys, redisconn
+from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.bus.client import BusClient
 from pipeline.bus.envelope import Envelope
 from pipeline.bus.server import BusServer
-from pipeline.chain.batch import ENTRY_FIELD
 from pipeline.chain.status import peek_header
 from pipeline.demo.components import RPC_CMD, STREAM, TWINS, Plan
 from pipeline.demo.procs import MARKER

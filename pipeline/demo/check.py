@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import keys, redisconn
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.chain.consumer import subscribe
 from pipeline.demo import components as comp
 from pipeline.demo.activity import Activity, Counts
@@ -75,7 +75,7 @@ async def run_check(
     deadline_s: float,
     event: Callable[[str], None],
 ) -> int:
-    from pipeline.demo.app import progress_bar, running, start_all, warmer
+    from pipeline.demo.startup import progress_bar, running, start_all, warmer
 
     deadline = started + deadline_s
     rows: list[Row] = []

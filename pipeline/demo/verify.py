@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pipeline.chain.batch import effective_weight
+from pipeline.blockcodec import effective_weight
 from pipeline.chain.ordered import Added, ChainUpdate, Removed
 from pipeline.errors import BrokenChain
 

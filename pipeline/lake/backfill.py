@@ -108,7 +108,7 @@ def cron_intervals(cron: str, start_ms: int, end_ms: int) -> list[tuple[int, int
 
 
 def merge(intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    from pipeline.lake.trim import merge_intervals
+    from pipeline.intervals import merge_intervals
 
     return merge_intervals(intervals)
 

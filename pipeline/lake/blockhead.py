@@ -2,11 +2,11 @@
 
 The lake's tables need four things of a chain block: ``num``, ``hash``,
 ``parent`` and ``weight``. :func:`block_head` reads those from the msgpack map
-of :func:`pipeline.chain.batch.encode_block` and steps over ``updates``,
+of :func:`pipeline.blockcodec.encode_block` and steps over ``updates``,
 ``deletes``, ``batches`` and ``subbatches`` in C (``Unpacker.skip``) without
 building them, so its cost does not grow with the number of updated keys
 (about 1 us for a block of 60 updates, against 15-25 us for a full
-:func:`~pipeline.chain.batch.decode_block`).
+:func:`~pipeline.blockcodec.decode_block`).
 
 What it checks, and so what "valid block" means in the lake:
 
@@ -33,7 +33,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from pipeline.chain.batch import HASH_LEN, MAX_BLOCK_NUM, WEIGHT_BYTES
+from pipeline.blockcodec import HASH_LEN, MAX_BLOCK_NUM, WEIGHT_BYTES
 from pipeline.errors import BadBatch
 
 #: (num, hash, parent, weight as 32 bytes big-endian or None)
@@ -67,7 +67,7 @@ class HeadReader:
     def head(self, data: bytes) -> Head:
         """``(num, hash, parent, weight32)`` of one payload; :class:`BadBatch` if not a block.
 
-        ``weight32`` is :func:`pipeline.chain.batch.weight_bytes32` of the weight
+        ``weight32`` is :func:`pipeline.blockcodec.weight_bytes32` of the weight
         (None when the block has none). See the module docstring for what is checked.
         """
         try:
@@ -166,7 +166,7 @@ _PAD = 64
 
 def page_heads(payloads: pa.Array) -> PageHeads:
     """Block heads of a binary array at once, where the payload is laid out as
-    :func:`~pipeline.chain.batch.encode_block` writes a block whose ``deletes``,
+    :func:`~pipeline.blockcodec.encode_block` writes a block whose ``deletes``,
     ``batches`` and ``subbatches`` are empty (the common block).
 
     Exactly what :meth:`HeadReader.head` returns, wherever ``ok``: the head's

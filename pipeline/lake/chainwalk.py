@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.chain.batch import effective_weight
+from pipeline.blockcodec import effective_weight
 from pipeline.lake import store, tables
 from pipeline.settings import LakeSettings
 

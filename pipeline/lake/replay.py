@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.errors import BadBatch, LakeError, RedisUnavailable
 from pipeline.lake.reader import LakeReader
 from pipeline.lake.redisread import connect

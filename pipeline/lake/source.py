@@ -139,7 +139,7 @@ def _chain_batch(
 ) -> pa.RecordBatch:
     """:func:`raw_to_batch` of a chain stream: heads read a page at a time
     (:func:`~pipeline.lake.blockhead.page_heads`), one by one only where that cannot."""
-    from pipeline.chain.batch import ENTRY_FIELD, HASH_LEN, WEIGHT_BYTES
+    from pipeline.blockcodec import ENTRY_FIELD, HASH_LEN, WEIGHT_BYTES
 
     n = len(page)
     flats = [e[1] for e in page]

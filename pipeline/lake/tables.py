@@ -57,7 +57,7 @@ BLOCKS_DDL = (
 
 #: ``blocks.weight``: the block's weight as 32 bytes big-endian (byte order is
 #: numeric order), null for blocks written before weights existed, which count as
-#: ``num + 1`` (:func:`pipeline.chain.batch.effective_weight`). Nullable and last,
+#: ``num + 1`` (:func:`pipeline.blockcodec.effective_weight`). Nullable and last,
 #: so tables created before it gain it by a plain column add (no rewrite, no
 #: column mapping) and writers that do not know it leave it null.
 WEIGHT_COLUMN = "weight"
@@ -70,7 +70,7 @@ ARCHIVE_LOG_DDL = (
 )
 
 #: ``hash`` and ``parent`` are lower-case hex without ``0x``; ``payload`` is
-#: :func:`pipeline.chain.batch.encode_block` bytes.
+#: :func:`pipeline.blockcodec.encode_block` bytes.
 BLOCKS_ARROW = pa.schema(
     [
         pa.field("stream", pa.string(), nullable=False),

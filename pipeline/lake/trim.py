@@ -14,11 +14,11 @@ only, so cutting them from Redis first would leave a gap.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
+from pipeline.intervals import covered_until
 from pipeline.lake import store, tables
 from pipeline.lake.chainwalk import pending
 from pipeline.lake.redisread import connect, parse_id
@@ -34,25 +34,6 @@ class TrimResult:
     trimmed: int
     #: end (exclusive, ms) of the archived coverage that holds the oldest entry, if any
     covered_to_ms: int | None
-
-
-def merge_intervals(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Half-open ``[start, end)`` intervals merged into sorted disjoint runs (adjacent ones join)."""
-    runs: list[tuple[int, int]] = []
-    for start, end in sorted(i for i in intervals if i[0] < i[1]):
-        if runs and start <= runs[-1][1]:
-            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
-        else:
-            runs.append((start, end))
-    return runs
-
-
-def covered_until(intervals: Iterable[tuple[int, int]], oldest_ms: int) -> int | None:
-    """End of the coverage run that contains ``oldest_ms``, or None if none does."""
-    for start, end in merge_intervals(intervals):
-        if start <= oldest_ms < end:
-            return end
-    return None
 
 
 def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:

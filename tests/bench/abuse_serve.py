@@ -38,7 +38,7 @@ import redis  # noqa: E402
 from common import percentile  # noqa: E402
 
 from pipeline import keys  # noqa: E402
-from pipeline.chain.batch import ENTRY_FIELD, encode_block  # noqa: E402
+from pipeline.blockcodec import ENTRY_FIELD, encode_block  # noqa: E402
 from pipeline.chain.generator import SyntheticChain  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 from pipeline.ports import free_port  # noqa: E402

@@ -44,7 +44,7 @@ import redis  # noqa: E402
 from common import Report  # noqa: E402
 
 from pipeline import keys  # noqa: E402
-from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
+from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block  # noqa: E402
 from pipeline.demo import airflowdb  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 

@@ -44,7 +44,7 @@ from common import Report, percentile  # noqa: E402
 from ordered_drain import run as ordered_drain  # noqa: E402
 
 from pipeline import keys  # noqa: E402
-from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block  # noqa: E402
+from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block  # noqa: E402
 from pipeline.lake.tables import BLOCKS, BLOCKS_ARROW  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 from pipeline.ports import free_port  # noqa: E402
@@ -99,7 +99,7 @@ BASELINE_SERVER = r"""
 import asyncio, sys
 from aiohttp import web
 from pipeline.chain import jsonrpc
-from pipeline.chain.batch import decode_raw, raw_results
+from pipeline.blockcodec import decode_raw, raw_results
 from pipeline.lake.reader import LakeReader
 
 lake, stream, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -130,7 +130,7 @@ import asyncio, sys
 import redis.asyncio as aioredis
 from aiohttp import web
 from pipeline.chain import jsonrpc
-from pipeline.chain.batch import block_results, decode_block, ENTRY_FIELD
+from pipeline.blockcodec import block_results, decode_block, ENTRY_FIELD
 
 redis_url, key, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 socks = set()

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, encode_block
+from pipeline.blockcodec import ENTRY_FIELD, encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.ports import free_port
 

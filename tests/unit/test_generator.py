@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pipeline.chain.batch import decode_block, encode_block
+from pipeline.blockcodec import decode_block, encode_block
 from pipeline.chain.generator import GENESIS_PARENT, SyntheticChain
 
 

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [
-    "pipeline.chain.batch",
+    "pipeline.blockcodec",
     "pipeline.chain.cardinal",
     "pipeline.chain.jsonrpc",
     "pipeline.chain.ordered",

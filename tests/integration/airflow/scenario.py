@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
+from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.generator import SyntheticChain
 
 CHAIN = "chain:dagtest"

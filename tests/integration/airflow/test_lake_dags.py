@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from tests.integration.airflow import scenario as sc
 from tests.integration.airflow.conftest import AIRFLOW_WARNINGS, DagRunner, task_states
 

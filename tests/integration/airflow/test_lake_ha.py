@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipeline import keys, redisconn
-from pipeline.chain.batch import decode_block
+from pipeline.blockcodec import decode_block
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.canonical import mark_canonical
 from pipeline.lake.replay import replay

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.chain.batch import encode_block
+from pipeline.blockcodec import encode_block
 from pipeline.ports import free_port
 from tests.integration.airflow import scenario as sc
 from tests.integration.airflow.conftest import AIRFLOW_WARNINGS, ROOT, DagRunner, task_states

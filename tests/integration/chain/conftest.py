@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     Block,
     encode_block,
     parse_batch_result,
@@ -41,7 +41,7 @@ def write_foreign_block(client: Any, stream: str, num: int, hash: bytes, parent:
     import msgpack
 
     from pipeline import keys
-    from pipeline.chain.batch import ENTRY_FIELD
+    from pipeline.blockcodec import ENTRY_FIELD
 
     packed = msgpack.packb({"num": num, "hash": hash, "parent": parent}, use_bin_type=True)
     client.xadd(keys.stream(stream), {ENTRY_FIELD: packed})

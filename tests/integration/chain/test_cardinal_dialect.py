@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pipeline.chain.batch import block_results
+from pipeline.blockcodec import block_results
 from pipeline.chain.generator import SyntheticChain, write_blocks
 
 from .conftest import STREAM

@@ -25,7 +25,7 @@ import redis
 from aiohttp.test_utils import TestServer
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, effective_weight
+from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, effective_weight
 from pipeline.chain.consumer import subscribe
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import Added, Removed

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from pipeline.chain.batch import effective_weight
+from pipeline.blockcodec import effective_weight
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.ports import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.chain.batch import parse_batch_result, parse_subbatch_result
+from pipeline.blockcodec import parse_batch_result, parse_subbatch_result
 from pipeline.chain.dialogue_feed import subscribe_dialogue
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import BlockAssembler

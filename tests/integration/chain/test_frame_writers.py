@@ -13,9 +13,9 @@ import redis
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from pipeline.blockcodec import Block
 from pipeline.chain import resumption
 from pipeline.chain.appkeys import CONNECTIONS, METRICS
-from pipeline.chain.batch import Block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.outbox import Outbox
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub

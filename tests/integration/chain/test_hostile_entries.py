@@ -15,7 +15,7 @@ import aiohttp
 import msgpack
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD
+from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from tests.support.poll import until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block
+from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import HUB

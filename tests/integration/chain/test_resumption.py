@@ -7,7 +7,7 @@ import asyncio
 import redis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import Added, OrderedChain
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pipeline import keys
-from pipeline.chain.batch import encode_block
+from pipeline.blockcodec import encode_block
 from pipeline.lake.backfill import parse_time
 from tests.integration.lake.helpers import append_blocks, chain
 from tests.support.lakejob import job_env, log_rows, run_job

@@ -28,8 +28,8 @@ import redis
 from redis.exceptions import OutOfMemoryError
 
 from pipeline import keys
+from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.bus.signing import Signer
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
 from tests.support.poll import until_sync

@@ -6,7 +6,7 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.chain.batch import Block, encode_block
+from pipeline.blockcodec import Block, encode_block
 
 GENESIS_PARENT = b"\x00" * 32
 
@@ -54,7 +54,7 @@ def block_rows(stream: str, blocks: list[Block], *, canonical: bool = True) -> l
 def publish(client: Any, stream: str, blocks: list[Block], *, first_ms: int = 1000) -> list[str]:
     """XADD each block with id ``first_ms + i``-0 into the stream of ``stream``; returns the ids."""
     from pipeline import keys
-    from pipeline.chain.batch import ENTRY_FIELD
+    from pipeline.blockcodec import ENTRY_FIELD
 
     ids = []
     pipe = client.pipeline(transaction=False)

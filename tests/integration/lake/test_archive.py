@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline import keys
-from pipeline.chain.batch import Block, encode_block
+from pipeline.blockcodec import Block, encode_block
 from pipeline.errors import ArchiveError, RedisUnavailable
 from pipeline.lake import tables
 from pipeline.lake.archive import archive_interval

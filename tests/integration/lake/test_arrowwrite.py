@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline import keys
-from pipeline.chain.batch import Block, encode_block
+from pipeline.blockcodec import Block, encode_block
 from pipeline.lake import arrowwrite, tables
 from pipeline.lake.archive import ArchiveResult, archive_interval
 from pipeline.lake.entries import Entry, read_entries

@@ -73,7 +73,7 @@ def test_invalid_entries_are_warnings_counted_in_the_result(
     spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
 ) -> None:
     from pipeline import keys
-    from pipeline.chain.batch import encode_block
+    from pipeline.blockcodec import encode_block
     from pipeline.lake.entries import read_entries
 
     blocks = chain(0, 10)

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline import keys
-from pipeline.chain.batch import decode_block
+from pipeline.blockcodec import decode_block
 from pipeline.errors import LakeError
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.audit import audit

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from pipeline import keys
-from pipeline.chain.batch import decode_block
+from pipeline.blockcodec import decode_block
 from pipeline.errors import LakeError, LakePathError
 from pipeline.lake import arrowwrite, store, tables
 from pipeline.lake.archive import ArchiveResult, _write_log, archive_interval

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pipeline import keys
-from pipeline.chain.batch import encode_block
+from pipeline.blockcodec import encode_block
 from pipeline.lake import sparkwrite, tables
 from pipeline.lake.archive import ArchiveResult, archive_interval
 from pipeline.lake.entries import read_entries

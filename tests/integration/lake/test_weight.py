@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pipeline import keys
-from pipeline.chain.batch import encode_block
+from pipeline.blockcodec import encode_block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.lake import tables
 from pipeline.lake.archive import archive_interval

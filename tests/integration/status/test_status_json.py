@@ -11,7 +11,7 @@ import redis
 from aiohttp.test_utils import TestServer
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
+from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.server import create_app
 from pipeline.chain.status import BOARD, LAKE_TTL_S
 from pipeline.settings import Settings

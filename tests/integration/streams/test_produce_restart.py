@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 
 from pipeline import keys
-from pipeline.chain.batch import ENTRY_FIELD, decode_block
+from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.localredis import LocalRedis
 
 ROOT = Path(__file__).resolve().parents[3]

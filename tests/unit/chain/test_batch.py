@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     Block,
     SubBatch,
     block_from_json,
@@ -150,7 +150,7 @@ def test_malformed_json_blocks_are_refused() -> None:
 
 def test_block_numbers_past_int64_are_refused() -> None:
     """The lake stores num as int64: a larger number is a bad batch, never a crash later."""
-    from pipeline.chain.batch import MAX_BLOCK_NUM
+    from pipeline.blockcodec import MAX_BLOCK_NUM
 
     Block(num=MAX_BLOCK_NUM, hash=b"\x01" * 32, parent=b"\x00" * 32)
     with pytest.raises(BadBatch, match="past"):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.chain.batch import Block, SubBatch, block_raw, block_results
+from pipeline.blockcodec import Block, SubBatch, block_raw, block_results
 from pipeline.chain.cardinal import (
     READY,
     Encoding,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     ENTRY_FIELD,
     MAX_ENTRY_BYTES,
     MAX_ITEMS,

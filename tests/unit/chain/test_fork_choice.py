@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.chain.batch import Block
+from pipeline.blockcodec import Block
 from pipeline.chain.ordered import Added, OrderedChain
 from pipeline.chain.planning import Emit, Sender, TailIndex
 from pipeline.lake.canonical import Node, plan_walk

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from pipeline.blockcodec import Block, SubBatch
 from pipeline.chain import frames, jsonrpc, producer
-from pipeline.chain.batch import Block, SubBatch
 from pipeline.chain.cardinal import CARDINAL, SEED, encode_results
 from pipeline.chain.frames import encode_frames, frames_for
 from pipeline.chain.outbox import Outbox

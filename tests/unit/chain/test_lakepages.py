@@ -8,7 +8,7 @@ import msgpack
 import pyarrow as pa
 import pytest
 
-from pipeline.chain.batch import Block, encode_block
+from pipeline.blockcodec import Block, encode_block
 from pipeline.chain.lakepages import next_page
 
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from pipeline.chain.batch import BatchHeader, Block, SubBatch
+from pipeline.blockcodec import BatchHeader, Block, SubBatch
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, Removed
 from pipeline.errors import ChainGap, OrderingError

@@ -7,7 +7,7 @@ import json
 import msgpack
 import pytest
 
-from pipeline.chain.batch import (
+from pipeline.blockcodec import (
     Block,
     block_from_json,
     block_raw,

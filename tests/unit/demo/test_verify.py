@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.chain.batch import Block
+from pipeline.blockcodec import Block
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.ordered import Added, Removed
 from pipeline.demo.verify import Follower, Known, canonical_chain

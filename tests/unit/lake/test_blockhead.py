@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from pipeline.chain.batch import Block, SubBatch, decode_block, encode_block, weight_bytes32
+from pipeline.blockcodec import Block, SubBatch, decode_block, encode_block, weight_bytes32
 from pipeline.errors import BadBatch
 from pipeline.lake.blockhead import HeadReader, block_head
 

@@ -7,7 +7,7 @@ import random
 import msgpack
 import pyarrow as pa
 
-from pipeline.chain.batch import Block, encode_block
+from pipeline.blockcodec import Block, encode_block
 from pipeline.lake.blockhead import HeadReader, page_heads
 from pipeline.lake.source import entries_to_batch, raw_to_batch
 from tests.unit.lake.test_blockhead import HEADER_FAULTS, VALID

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.chain.batch import Block, encode_block
+from pipeline.blockcodec import Block, encode_block
 from pipeline.errors import ArchiveError
 from pipeline.lake.source import ARROW_SCHEMA, Options, entries_to_batch
 

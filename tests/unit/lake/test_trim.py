@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pipeline.lake.trim import covered_until, merge_intervals
+from pipeline.intervals import covered_until, merge_intervals
 
 
 def test_merge_intervals() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from pipeline.chain.batch import ENTRY_FIELD, Block, encode_block
+from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.status import (
     MAX_RUNS,
     Archived,

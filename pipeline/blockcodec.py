@@ -11,6 +11,10 @@ most 256 bits (:data:`MAX_WEIGHT_BITS`), stored in the msgpack map under
 written before weights existed. Such a block counts as ``num + 1``
 (:func:`effective_weight`, used everywhere a weight is compared). The
 heaviest chain is canonical; ties go to the block seen first.
+
+It sits at the bottom of the layers, beside the other pure codecs: the chain
+part and the lake both decode blocks with it, so the lake never imports the
+chain part.
 """
 
 from __future__ import annotations

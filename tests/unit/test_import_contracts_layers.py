@@ -1,0 +1,160 @@
+"""The layers hold: which part may import which, no import cycle, pure code stays pure when called.
+
+Imports are followed at any depth of a module's code (inside functions too:
+they run later, but they run), except under ``if TYPE_CHECKING:`` (never at
+run time) and ``if __name__ == "__main__":`` (an entry point is the top of
+the stack, not a layer). Package ``__init__`` facades import lazily (PEP 562)
+and are left out of the cycle check: importing ``pipeline.bus.server`` runs
+``pipeline.bus``'s ``__init__`` whatever the code says.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "pipeline"
+
+#: What each part may import besides the base modules (``pipeline/*.py``).
+ALLOWED: dict[str, set[str]] = {
+    "routing": set(),
+    "dialogue": {"routing"},
+    "streams": {"routing", "dialogue"},
+    "bus": set(),
+    "lake": set(),
+    "chain": {"dialogue", "lake"},
+    "demo": {"bus", "chain", "lake", "streams", "routing", "dialogue"},
+}
+#: Base modules that start other parts' commands by name (importlib), never by import.
+DISPATCHER = "pipeline.cli"
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+PACKAGES = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+
+
+def _skipped(node: ast.If) -> bool:
+    test = ast.unparse(node.test)
+    return test in ("TYPE_CHECKING", "typing.TYPE_CHECKING", "__name__ == '__main__'")
+
+
+def _imports(path: Path) -> set[str]:
+    """The ``pipeline`` modules ``path`` imports at run time, at any depth."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _skipped(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {name for name in found if name in MODULES}
+
+
+GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+
+
+def _part(name: str) -> str | None:
+    """The part (sub-package) a module belongs to; None for a base module."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and f"pipeline.{parts[1]}" in PACKAGES else None
+
+
+def test_each_part_imports_only_the_parts_below_it() -> None:
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in GRAPH.items()
+        for dep in deps
+        if (src := _part(name)) is not None
+        and (dst := _part(dep)) is not None
+        and dst != src
+        and dst not in ALLOWED[src]
+    )
+    assert wrong == []
+
+
+def test_base_modules_import_no_part() -> None:
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in GRAPH.items()
+        if _part(name) is None and name != "pipeline"  # the root facade names parts lazily
+        for dep in deps
+        if _part(dep) is not None
+    )
+    assert wrong == []
+
+
+def test_no_part_imports_the_cli_dispatcher() -> None:
+    assert sorted(name for name, deps in GRAPH.items() if DISPATCHER in deps) == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph = {n: {d for d in deps if d not in PACKAGES} for n, deps in GRAPH.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def walk(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                walk(dep, [*path, dep])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert cycles == []
+
+
+def test_the_lake_never_imports_the_chain_part() -> None:
+    # the block codec is at the bottom (pipeline/blockcodec.py) for this
+    assert not [n for n, deps in GRAPH.items() if _part(n) == "lake" and any(
+        _part(d) == "chain" for d in deps)]  # fmt: skip
+
+
+#: Pure modules, a call of each, and what must not be loaded after it.
+CALLS = {
+    "pipeline.blockcodec": (
+        "m.decode_block(m.encode_block(m.Block(num=1, hash=b'h'*32, parent=b'p'*32)))",
+        ("asyncio", "redis", "aiohttp", "pyarrow"),
+    ),
+    "pipeline.intervals": ("m.covered_until([(0, 5), (5, 9)], 3)", ("asyncio", "pyarrow")),
+    "pipeline.chain.coverage": ("m.summarize([])", ("asyncio", "redis", "aiohttp", "pyarrow")),
+}
+
+
+@pytest.mark.parametrize("module", sorted(CALLS))
+def test_pure_functions_load_nothing_when_called(module: str) -> None:
+    call, banned = CALLS[module]
+    code = (
+        f"import sys, importlib\nm = importlib.import_module({module!r})\n{call}\n"
+        f"print(','.join(n for n in {banned!r} if n in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "", f"{module} loaded {out.stdout.strip()} when called"
