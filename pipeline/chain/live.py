@@ -14,7 +14,7 @@ import asyncio
 
 from pipeline.chain.batch import KeyTest
 from pipeline.chain.planning import BlockSink, Emit, Sender
-from pipeline.chain.producer import LiveBlock, share_key
+from pipeline.chain.producer import UNSHARED, LiveBlock, share_key
 from pipeline.errors import SlowConsumer
 from pipeline.redisconn import parse_entry_id
 
@@ -58,7 +58,9 @@ class LiveListener:
         if self.failed.done():
             return
         if self._live:  # once per subscriber and block: kept short
-            emits = self._sender.take(item.emit(self._keep, self._key))
+            key = self._key
+            emit = item.by_key.get(key) if key is not UNSHARED else None
+            emits = self._sender.take(emit if emit is not None else item.emit(self._keep, key))
             if emits:
                 try:
                     self._sink.put_nowait(emits)
