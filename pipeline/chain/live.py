@@ -25,6 +25,21 @@ LIVE_ATTEMPTS = 5
 class LiveListener:
     """Buffers live blocks (bounded) until the replay caught up, then feeds the sink directly."""
 
+    # Slots and a plain flag: offer runs once per subscriber and block, and each
+    # subscriber's objects are cold in the CPU's caches by the time the hub reaches them.
+    __slots__ = (
+        "_buffer",
+        "_dead",
+        "_keep",
+        "_key",
+        "_limit",
+        "_live",
+        "_overflow",
+        "_sender",
+        "_sink",
+        "failed",
+    )
+
     def __init__(
         self, sender: Sender, keep: KeyTest | None, sink: BlockSink, *, limit: int = 4096
     ) -> None:
@@ -38,6 +53,8 @@ class LiveListener:
         self._overflow = False
         self._live = False
         self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: :meth:`_fail` ran: offers are ignored from then on
+        self._dead = False
 
     def reset(self) -> None:
         self._buffer.clear()
@@ -55,7 +72,7 @@ class LiveListener:
         return True
 
     def offer(self, item: LiveBlock) -> None:
-        if self.failed.done():
+        if self._dead:
             return
         if self._live:  # once per subscriber and block: kept short
             key = self._key
@@ -65,7 +82,7 @@ class LiveListener:
                 try:
                     self._sink.put_nowait(emits)
                 except SlowConsumer as exc:
-                    self.failed.set_exception(exc)
+                    self._fail(exc)
             return
         if len(self._buffer) >= self._limit:
             self._overflow = True
@@ -84,8 +101,12 @@ class LiveListener:
         try:
             self._sink.put_nowait(emits)
         except SlowConsumer as exc:
-            if not self.failed.done():
-                self.failed.set_exception(exc)
+            self._fail(exc)
+
+    def _fail(self, exc: SlowConsumer) -> None:
+        self._dead = True
+        if not self.failed.done():  # (cancelled with its subscription: nothing to report)
+            self.failed.set_exception(exc)
 
 
 def live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:

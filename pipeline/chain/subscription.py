@@ -92,6 +92,20 @@ class Subscription:
     a catch-up burst, it made the library drop whole runs of heights.
     """
 
+    __slots__ = (
+        "_announce",
+        "_deep_reorg",
+        "_outbox",
+        "_prefix",
+        "_suffix",
+        "blocks",
+        "cardinal",
+        "id",
+        "is_live",
+        "keep",
+        "params",
+    )
+
     def __init__(
         self,
         sub_id: str,
