@@ -15,21 +15,24 @@ POSTGRES := $(VENV)/.sluice-postgres
 B      ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-check test bench lint install clean spark
+.PHONY: demo demo-check test bench lint install clean spark test-unit-py
 
 # pip runs quietly: one line says what each silent step does and that it takes a while.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "sluice: creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	@echo "sluice: pip install of Sluice, Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
+	@echo "sluice: pip install of Sluice with every extra (.[all,dev]): Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -e '.[lake,airflow,dev]'
+	@# PYTHONWARNINGS: no setuptools banner about editable installs (a warning, not an error)
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all,dev]'
 	@touch $@
 
 # Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under
 # ~/.ivy2*) and record their paths: local sessions then pass them as spark.jars, no Ivy.
 $(JARS): $(STAMP)
 	@echo "sluice: fetching the Delta jars from Maven Central (once, up to a minute)"
-	@$(PY) -m pipeline.lake.session --warm
+	@# Spark and Ivy print ~80 lines: kept in a log, shown only if the step fails
+	@$(PY) -m pipeline.lake.session --warm > $(VENV)/warm-jars.log 2>&1 || { cat $(VENV)/warm-jars.log; exit 1; }
+	@grep '^sluice:' $(VENV)/warm-jars.log || true
 	@touch $@
 
 $(REDIS):
@@ -69,6 +72,22 @@ demo-check: install
 test: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
 
+# The unit suite on another Python: make test-unit-py PYV=3.12 (or 3.13). Its own venv,
+# .venv-py$(PYV), from pyenv's python$(PYV) or the one on PATH; not part of `make test`.
+PYV ?= 3.12
+OTHER_PY = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(PYV).*/bin/python$(PYV)) \
+	$(shell command -v python$(PYV)))
+OTHER_VENV := .venv-py$(PYV)
+
+test-unit-py: $(REDIS)
+	@test -n "$(OTHER_PY)" || { echo "sluice: no python$(PYV) (pyenv or PATH)"; exit 2; }
+	@test -x $(OTHER_VENV)/bin/python || $(OTHER_PY) -m venv $(OTHER_VENV)
+	@test $(OTHER_VENV)/.sluice-installed -nt pyproject.toml || { \
+		echo "sluice: pip install of .[all,dev] into $(OTHER_VENV) (quiet, minutes the first time)"; \
+		PYTHONWARNINGS=ignore $(OTHER_VENV)/bin/python -m pip install -q -e '.[all,dev]' && \
+		touch $(OTHER_VENV)/.sluice-installed; }
+	PYTHONASYNCIODEBUG=1 $(OTHER_VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
 # A local Spark Connect server for the lake jobs (export SLUICE_SPARK_REMOTE=<printed URL>).
 spark: install
 	$(VENV)/bin/sluice spark
@@ -79,7 +98,7 @@ bench: install
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline dags plugins tests
 	$(VENV)/bin/ruff format --check pipeline dags plugins tests
-	$(VENV)/bin/mypy pipeline
+	$(VENV)/bin/mypy pipeline dags plugins
 
 clean:
 	rm -rf var bench-results

@@ -69,7 +69,7 @@ and trim keeps every block that job has yet to mark.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
@@ -93,14 +93,19 @@ _settings = load_settings()
 def sluice_archive() -> None:
     @task
     def streams() -> list[str]:
-        """The streams to archive (``SLUICE_STREAMS``), read when the run starts."""
-        return list(load_settings().lake.streams)
+        """The streams to archive (``SLUICE_STREAMS``: names and glob patterns), resolved
+        in Redis when the run starts (:mod:`pipeline.lake.streamset`)."""
+        from pipeline.lake.streamset import resolve_now
+
+        return list(resolve_now(load_settings()).streams)
 
     @task
-    def chain_streams() -> list[str]:
-        """The archived streams that carry blocks (``SLUICE_CHAIN_STREAMS``)."""
-        settings = load_settings()
-        return [name for name in settings.lake.chain_streams if name in settings.lake.streams]
+    def chain_streams(names: list[str]) -> list[str]:
+        """The run's streams that carry blocks (``SLUICE_CHAIN_STREAMS``: names, patterns)."""
+        from pipeline.lake.streamset import is_chain
+
+        lake = load_settings().lake
+        return [name for name in names if is_chain(lake, name)]
 
     archive = StreamArchiveOperator.partial(
         task_id="archive",
@@ -122,7 +127,7 @@ def sluice_archive() -> None:
         start_ms, end_ms = interval_ms(
             context.get("data_interval_start"), context.get("data_interval_end")
         )
-        summary = {
+        summary: dict[str, Any] = {
             "start_ms": start_ms,
             "end_ms": end_ms,
             "streams": [r.get("stream") for r in archived],
@@ -146,11 +151,12 @@ def sluice_archive() -> None:
     )
     archived = archive.expand(stream=names)
     shared >> archived
-    marked = canonical.expand(stream=chain_streams())
+    marked = canonical.expand(stream=chain_streams(cast(Any, names)))
     trimmed = trim.expand(stream=names)
     archived >> marked >> trimmed
     archived >> trimmed
-    publish(archived.output, trimmed.output)
+    # XComArgs: Airflow resolves them to the mapped tasks' results when publish runs
+    publish(cast(Any, archived.output), cast(Any, trimmed.output))
 
 
 sluice_archive()

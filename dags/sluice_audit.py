@@ -38,7 +38,10 @@ _settings = load_settings()
 def sluice_audit() -> None:
     @task
     def chain_streams() -> list[str]:
-        return list(load_settings().lake.chain_streams)
+        from pipeline.lake.streamset import resolve_now
+
+        settings = load_settings()
+        return list(resolve_now(settings, settings.lake.chain_streams).streams)
 
     # An operator, not @task: "Mark failed" reaches its on_kill, which stops the job.
     audit = AuditOperator.partial(task_id="audit")

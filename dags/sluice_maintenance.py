@@ -5,12 +5,16 @@ Compaction keeps the JVM-free reader fast (fewer, larger files, ordered by
 needs. Both are safe to repeat.
 
 It runs at 03:00 UTC every day and only then: the schedule is a
-``CronTriggerTimetable`` with no ``start_date`` and ``run_immediately=False``,
-so starting Airflow (or deploying the DAG) does not run a "missed" day at
-once. Trigger it by hand to run it now.
+``CronTriggerTimetable`` with no ``start_date`` and ``run_immediately`` of
+zero, so starting Airflow (or deploying the DAG) does not run a "missed" day
+at once. (``run_immediately=False`` is not "never": Airflow 3.3 then still
+runs the last 03:00 when the DAG is first seen within a tenth of the period
+after it, i.e. before 05:24.) Trigger it by hand to run it now.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from airflow.sdk import Param, dag
 from airflow.timetables.trigger import CronTriggerTimetable
@@ -23,7 +27,7 @@ _settings = load_settings()
 @dag(
     dag_id="sluice_maintenance",
     # No start_date: with one, the first run would be the last 03:00 already past.
-    schedule=CronTriggerTimetable("0 3 * * *", timezone="UTC", run_immediately=False),
+    schedule=CronTriggerTimetable("0 3 * * *", timezone="UTC", run_immediately=timedelta(0)),
     catchup=False,
     max_active_runs=1,
     is_paused_upon_creation=False,

@@ -3,14 +3,36 @@
 # what exists is kept, so restarts and `docker compose up` again change nothing.
 #   - the bus: this twin's Ed25519 key and the twin directory (twins.json);
 #   - Airflow: the JWT secret and the API secret key every Airflow component shares;
-#   - the lake directory on the shared volume.
+#   - the lake: its bucket on the S3 server (an s3:// SLUICE_LAKE_URI), else its directory.
 # Secrets live only on the `secrets` volume (never in the image or the build context).
 set -eu
 SECRETS="${SLUICE_SECRETS_DIR:-/run/sluice}"
 TWIN="${SLUICE_BUS_TWIN:-1}"
 BUS_URL="${SLUICE_BUS_URL:-http://bus:8051}"
 umask 077
-mkdir -p "$SECRETS" "${SLUICE_LAKE_URI:-/lake}"
+mkdir -p "$SECRETS"
+case "${SLUICE_LAKE_URI:-/lake}" in
+  s3://*)
+    # The bucket through the S3 API, with the lake's own settings (SLUICE_LAKE_S3_*).
+    python - <<'PY'
+from urllib.parse import urlparse
+import pyarrow.fs as pafs
+from pipeline.settings import Settings
+lake = Settings.load().lake
+options, bucket = lake.storage_options(), urlparse(lake.uri).netloc
+endpoint = urlparse(options.get("AWS_ENDPOINT_URL", ""))
+fs = pafs.S3FileSystem(
+    access_key=options.get("AWS_ACCESS_KEY_ID"), secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
+    region=options["AWS_REGION"], endpoint_override=endpoint.netloc or None,
+    scheme=endpoint.scheme or "https", allow_bucket_creation=True,
+)
+if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+    fs.create_dir(bucket)
+    print(f"init: created the lake's bucket {bucket}")
+PY
+    ;;
+  *) mkdir -p "${SLUICE_LAKE_URI:-/lake}" ;;
+esac
 
 for name in airflow_jwt_secret airflow_api_secret; do
   if [ ! -s "$SECRETS/$name" ]; then

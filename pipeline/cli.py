@@ -7,24 +7,28 @@ A subcommand module exposes ``main(argv: list[str]) -> int``.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import importlib
 import logging
-import math
 import sys
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-from pipeline import __version__
+from pipeline import __version__, memory
+from pipeline.cliargs import non_negative
 from pipeline.errors import ConfigError, SluiceError
 from pipeline.settings import Settings
 
 #: subcommand -> (module with ``main(argv)``, one-line help)
+#: Always-on commands that read Arrow data: their allocators give memory back (pipeline.memory).
+_LONG_RUNNING = frozenset({"serve"})
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("pipeline.demo", "run the whole system live on this machine (--check: as a test)"),
     "node": ("pipeline.streams.cli", "run a node: stream service, stream transport, workers"),
-    "bus": ("pipeline.bus.cli", "run the reliable message bus for one twin (and 'bus keygen')"),
+    "bus": (
+        "pipeline.bus.cli",
+        "run the reliable message bus for one twin; bus keygen|register|dead|requeue",
+    ),
     "serve": ("pipeline.chain.cli", "run the websocket resumption server"),
     "subscribe": ("pipeline.chain.subscribe_cli", "subscribe to a chain stream and print updates"),
     "produce": ("pipeline.chain.produce_cli", "write a synthetic chain into a Redis stream"),
@@ -36,26 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-_N = TypeVar("_N", int, float)
-
 #: A port in use or an address not on this host: bad input, not a crash.
 _LISTEN_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
-
-
-def non_negative(kind: Callable[[str], _N]) -> Callable[[str], _N]:
-    """An argparse ``type``: ``kind(text)``, refusing negative and non-finite numbers (exit 2)."""
-
-    def parse(text: str) -> _N:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
 
 
 def _usage() -> str:
@@ -64,6 +50,19 @@ def _usage() -> str:
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Settings come from SLUICE_* environment variables and ./sluice.toml."]
     return "\n".join(lines)
+
+
+def _log_level() -> str:
+    """The log level setting, INFO while the settings do not read.
+
+    Only the log level is read here: a subcommand reads the settings it uses
+    (and reports a bad one), so ``sluice bus --help`` or ``sluice bus keygen``
+    work whatever another part's setting says.
+    """
+    try:
+        return Settings.load(parts=()).log_level.upper()
+    except SluiceError:
+        return "INFO"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,14 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"sluice: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    try:
-        level = Settings.load().log_level
-    except SluiceError as exc:
-        print(f"sluice: {exc}", file=sys.stderr)
-        return 2
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if name in _LONG_RUNNING:
+        tuned = memory.tune()  # before the command's module loads pyarrow
+        if tuned:
+            logging.getLogger(__name__).info("allocators give memory back: %s", ", ".join(tuned))
     module = importlib.import_module(COMMANDS[name][0])
     try:
         code: int = module.main(rest)
@@ -101,9 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # asyncio's text names the address: "error while attempting to bind on address ..."
         print(f"sluice {name}: cannot listen: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own SIGINT handling
+        print(f"sluice {name}: interrupted", file=sys.stderr)
         return 130
     return code
+
+
+__all__ = ["COMMANDS", "main", "non_negative"]
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ CACHE_S = 0.5
 
 Check = Callable[[], Awaitable[object]]
 
+#: The health key written by :func:`redis_writable` expires after this (milliseconds).
+PROBE_TTL_MS = 60_000
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sample:
@@ -306,6 +309,19 @@ def counter_samples(
     return out
 
 
+def redis_writable(client: aioredis.Redis, process: str) -> Check:
+    """A check that Redis takes a write, not only answers: ``SET`` of the process's
+    health key (:func:`pipeline.keys.health_probe`) with an expiry. It fails with
+    Redis's own refusal (``OutOfMemoryError: command not allowed when used memory >
+    'maxmemory'``, ``ReadOnlyError``, ``MISCONF ...``) as well as when Redis is away."""
+    key = keys.health_probe(process)
+
+    async def check() -> None:
+        await client.set(key, b"1", px=PROBE_TTL_MS)
+
+    return check
+
+
 async def bus_samples(client: aioredis.Redis) -> list[Sample]:
     """Queue depths of a bus from its Redis (seed 002 queue names): what is waiting and in flight."""
     queues = (keys.BUS_LOCAL, keys.BUS_REMOTE, keys.BUS_REPLY)
@@ -315,6 +331,7 @@ async def bus_samples(client: aioredis.Redis) -> list[Sample]:
         pipe.llen(keys.bus_inflight(queue))
     pipe.hlen(keys.BUS_BACKLOG)
     pipe.hlen(keys.bus_outbox())
+    pipe.llen(keys.bus_dead())
     values = [int(v) for v in await pipe.execute()]
     out: list[Sample] = []
     for i, queue in enumerate(queues):
@@ -336,12 +353,19 @@ async def bus_samples(client: aioredis.Redis) -> list[Sample]:
             )
         )
     out.append(
-        Sample(name="sluice_bus_backlog_size", value=values[-2], help="requests awaiting a reply")
+        Sample(name="sluice_bus_backlog_size", value=values[-3], help="requests awaiting a reply")
+    )
+    out.append(
+        Sample(
+            name="sluice_bus_dead_length",
+            value=values[-1],
+            help="messages the bus set aside (unanswerable or failing): see 'sluice bus dead'",
+        )
     )
     out.append(
         Sample(
             name="sluice_bus_outbox_size",
-            value=values[-1],
+            value=values[-2],
             help="requests and replies waiting for their HTTP POST to succeed",
         )
     )
@@ -358,6 +382,7 @@ __all__ = [
     "counter_samples",
     "metric_name",
     "parse_listen",
+    "redis_writable",
     "render",
     "serving",
 ]

@@ -64,6 +64,16 @@ def streams_registry() -> str:
     return "sluice:streams"
 
 
+def health_probe(process: str) -> str:
+    """Written (with a short expiry) by ``/healthz`` of ``process`` to prove Redis takes writes.
+
+    One key per process, its name in a hash tag: a single-key command, valid on a Cluster.
+    Any process name works (a character a key cannot hold becomes ``_``).
+    """
+    safe = "".join("_" if ch in _FORBIDDEN else ch for ch in process[:200]) or "_"
+    return f"sluice:health:{{{safe}}}"
+
+
 # --- lake --------------------------------------------------------------------
 
 
@@ -124,6 +134,13 @@ def bus_dead() -> str:
     (epoch s), ``attempts``, ``size`` and ``truncated``; see :mod:`pipeline.bus.dead`.
     """
     return "msgbus.system.dead"
+
+
+def bus_replicated() -> str:
+    """Counter the bus increments after a batch's transaction so that a ``WAIT`` beside the
+    increment covers that transaction (``SLUICE_REDIS_MIN_REPLICAS``; see
+    :meth:`pipeline.bus.store.BusStore.replicated`)."""
+    return "msgbus.system.replicated"
 
 
 def bus_attempts() -> str:

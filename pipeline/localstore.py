@@ -40,13 +40,40 @@ def cache_dir(version: str = VERSION) -> Path:
     return Path(root) / version
 
 
+def binary_path(version: str = VERSION) -> Path:
+    """Where the versitygw binary of ``version`` is (or will be) cached."""
+    return cache_dir(version) / "versitygw"
+
+
+def server_argv(exe: Path, port: int, directory: Path) -> list[str]:
+    """versitygw serving ``directory`` (each subdirectory a bucket) on a loopback port."""
+    return [str(exe), "--port", f"127.0.0.1:{port}", "posix", str(directory)]
+
+
+def server_env() -> dict[str, str]:
+    """The root credentials the server takes from its environment."""
+    return {"ROOT_ACCESS_KEY": ACCESS_KEY, "ROOT_SECRET_KEY": SECRET_KEY}
+
+
+def lake_settings(port: int) -> dict[str, object]:
+    """The flat ``lake_s3_*`` settings that point a lake at the server on ``port``."""
+    return {
+        "lake_s3_endpoint": f"http://127.0.0.1:{port}",
+        "lake_s3_region": REGION,
+        "lake_s3_access_key": ACCESS_KEY,
+        "lake_s3_secret_key": SECRET_KEY,
+        "lake_s3_allow_http": True,
+        "lake_s3_path_style": True,
+    }
+
+
 def ensure_binary(version: str = VERSION) -> Path:
     """The versitygw binary of ``version``, built with ``go install`` when not cached yet.
 
     The first build compiles for about 15 minutes on 2 busy cores; a line on
     stderr says so. Raises :class:`ConfigError` when it is missing and there is no ``go``.
     """
-    target = cache_dir(version) / "versitygw"
+    target = binary_path(version)
     if target.is_file() and os.access(target, os.X_OK):
         return target
     go = shutil.which("go")
@@ -87,22 +114,15 @@ class LocalStore:
 
     def lake_settings(self) -> dict[str, object]:
         """The flat ``lake_s3_*`` settings that point a lake at this store."""
-        return {
-            "lake_s3_endpoint": self.endpoint,
-            "lake_s3_region": REGION,
-            "lake_s3_access_key": ACCESS_KEY,
-            "lake_s3_secret_key": SECRET_KEY,
-            "lake_s3_allow_http": True,
-            "lake_s3_path_style": True,
-        }
+        return lake_settings(self.port)
 
     def start(self, timeout: float = 30.0) -> LocalStore:
         exe = ensure_binary()
         self.directory.mkdir(parents=True, exist_ok=True)
         log = (self.directory.parent / f"versitygw-{self.port}.log").open("ab")
-        env = {**os.environ, "ROOT_ACCESS_KEY": ACCESS_KEY, "ROOT_SECRET_KEY": SECRET_KEY}
+        env = {**os.environ, **server_env()}
         self.proc = subprocess.Popen(
-            [str(exe), "--port", f"127.0.0.1:{self.port}", "posix", str(self.directory)],
+            server_argv(exe, self.port, self.directory),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -36,7 +36,14 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterDownError, ReadOnlyError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
@@ -170,8 +177,11 @@ def is_sentinel(client: object) -> bool:
 #: What a lost, refused or moving Redis raises, for callers that retry or report it: a
 #: dropped connection, a Sentinel with no master yet (``MasterNotFoundError`` is a
 #: ``ConnectionError``), a cluster in the middle of a failover or resharding
-#: (``ClusterDownError``, ``TryAgainError``) and a master demoted under a client
-#: (``ReadOnlyError``). Each is over within a failover's time; retrying is the cure.
+#: (``ClusterDownError``, ``TryAgainError``), a master demoted under a client or a
+#: replica written to (``ReadOnlyError``, ``READONLY``) and a server out of memory with
+#: ``noeviction`` (``OutOfMemoryError``, ``OOM``: writes refused, reads and deletes go on).
+#: Each is over within a failover's time or once memory is freed; retrying is the cure.
+#: A refused write did not happen, so retrying it is safe for any command.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -180,7 +190,21 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     TryAgainError,
     ReadOnlyError,
     SlotNotCoveredError,
+    OutOfMemoryError,
 )
+
+#: Write refusals redis-py has no class for, by the reply's first word: ``MISCONF`` (the
+#: last RDB save failed and ``stop-writes-on-bgsave-error`` is on).
+_REFUSED_CODES = ("MISCONF ",)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` is Redis away or refusing writes for now (retry later), not a
+    fault of the command: what :data:`UNAVAILABLE` matches, and a ``MISCONF`` refusal.
+    Callers that catch ``RedisError`` broadly ask this before giving up."""
+    if isinstance(exc, UNAVAILABLE):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(_REFUSED_CODES)
 
 
 def checkpoint(cause: BaseException | None = None) -> None:
@@ -216,5 +240,6 @@ __all__ = [
     "is_sentinel",
     "pipe_evalsha",
     "parse_entry_id",
+    "unavailable",
     "checkpoint",
 ]

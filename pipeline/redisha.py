@@ -19,6 +19,7 @@ what differs from a single server:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import redis
@@ -28,12 +29,74 @@ import redis.asyncio.sentinel as aiosentinel
 import redis.cluster as synccluster
 import redis.sentinel as syncsentinel
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 
 from pipeline.redisurl import RedisTarget
 
 #: Socket bounds of the connections to the Sentinels themselves (each answers at once).
 SENTINEL_SOCKET_S = 2.0
+
+
+def _to_front(sentinels: list[Any], sentinel: Any) -> None:
+    """Move ``sentinel`` (the one that named the master) to the front of ``sentinels``.
+
+    redis-py 8.1's ``discover_master`` swaps ``sentinels[0]`` with the position it read
+    *before* awaiting the Sentinel's answer. Two discoveries interleaving (every new
+    connection of a pool discovers; dozens at once in a failover, when the first Sentinel
+    still calls the old master down) then write one client into both places and drop
+    another from the list: its connections were never closed (``aclose`` closes the
+    list) and were garbage-collected open. Here the position is looked up at the swap.
+    """
+    i = sentinels.index(sentinel)
+    sentinels[0], sentinels[i] = sentinels[i], sentinels[0]
+
+
+class _AsyncSentinel(aiosentinel.Sentinel):
+    """redis-py's asyncio Sentinel manager with a discovery that concurrent callers cannot
+    corrupt (see :func:`_to_front`)."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors = []
+        for sentinel in list(self.sentinels):
+            try:
+                masters: dict[str, Any] = await sentinel.sentinel_masters()  # type: ignore[assignment]
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                _to_front(self.sentinels, sentinel)
+                return state["ip"], state["port"]
+        raise aiosentinel.MasterNotFoundError(
+            f"No master found for {service_name!r} : {', '.join(errors)}"
+        )
+
+
+class _SyncSentinel(syncsentinel.Sentinel):
+    """The blocking twin of :class:`_AsyncSentinel` (threads share a blocking client)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._reorder = threading.Lock()
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors = []
+        for sentinel in list(self.sentinels):
+            try:
+                masters: dict[str, Any] = sentinel.sentinel_masters()  # type: ignore[assignment]
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                with self._reorder:
+                    _to_front(self.sentinels, sentinel)
+                return state["ip"], state["port"]
+        raise syncsentinel.MasterNotFoundError(
+            f"No master found for {service_name!r} : {', '.join(errors)}"
+        )
 
 
 class _AsyncSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -80,7 +143,7 @@ def sentinel_async(
     target: RedisTarget, retry: AsyncRetry, kwargs: dict[str, Any]
 ) -> aioredis.Redis:
     """An asyncio client of the master of ``target.service`` (``kwargs``: pool and socket bounds)."""
-    sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = _AsyncSentinel(  # type: ignore[no-untyped-call]
         list(target.hosts), sentinel_kwargs=_sentinel_kwargs(target, kwargs)
     )
     client: aioredis.Redis = sentinel.master_for(
@@ -96,9 +159,7 @@ def sentinel_async(
 
 def sentinel_sync(target: RedisTarget, retry: SyncRetry, kwargs: dict[str, Any]) -> redis.Redis:
     """The blocking twin of :func:`sentinel_async`."""
-    sentinel = syncsentinel.Sentinel(  # type: ignore[no-untyped-call]
-        list(target.hosts), sentinel_kwargs=_sentinel_kwargs(target, kwargs)
-    )
+    sentinel = _SyncSentinel(list(target.hosts), sentinel_kwargs=_sentinel_kwargs(target, kwargs))
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         target.service,
         redis_class=redis.Redis,

@@ -31,7 +31,7 @@ import math
 import os
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -308,6 +308,9 @@ class NodeSettings:
     consumer_max_failures: int = _bare(3)
     #: Stream service: seconds a consumer lease lives without renewal.
     lease_ttl_s: int = _bare(15)
+    #: Stream transport: seconds a message's push is retried (Redis away or refusing
+    #: writes) before its sender is told it failed.
+    send_timeout_s: float = 45.0
 
     def __post_init__(self) -> None:
         _check(self)
@@ -388,9 +391,18 @@ class ServeSettings:
     history_cache_mb: int = 512
     #: Redis tail entries indexed by block number (about 0.7 KB each); older ones come from the lake.
     tail_index_max: int = 500_000
+    #: HTTP connections open at once (more: answered 503 and closed).
+    max_connections: int = 1024
+    #: Seconds a connection may take to send a complete request head (the websocket upgrade).
+    header_timeout_s: float = 10.0
+    #: Seconds a catching-up subscriber's full send buffer may stay full (then: closed, 1008).
+    stall_s: float = 30.0
 
     def __post_init__(self) -> None:
         _check(self)
+        for name in ("max_connections", "header_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise _invalid(self, name, f"must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -424,27 +436,35 @@ class Settings:
         cls,
         env: Mapping[str, str] | None = None,
         config_path: str | os.PathLike[str] | None = None,
+        *,
+        parts: Collection[str] | None = None,
         **overrides: Any,
     ) -> Settings:
         """Build settings from ``sluice.toml``, then ``SLUICE_*``, then ``overrides``.
 
         ``overrides`` take flat names (``redis_url=...``, ``bus_twin=...``).
+        ``parts`` (section names, e.g. ``("redis", "bus")``): read only those
+        sections from the file and the environment, the others keep their
+        defaults, so a bad value of a part a command does not use cannot stop
+        it. Unknown names are refused either way, from the file or from a
+        ``SLUICE_*`` variable alike; a config file named in ``SLUICE_CONFIG``
+        must exist.
         """
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
-        path = Path(config_path or env.get(_PREFIX + "CONFIG", "sluice.toml"))
-        # A missing file means "no config file"; one that exists must be readable TOML.
-        if path.exists():
-            for name, value in _read_toml(path).items():
-                values[name] = value
-                sources[name] = str(path)
-        for name in _FLAT:
-            var = _PREFIX + name.upper()
-            raw = env.get(var)
-            if raw is not None:
-                values[name] = raw
-                sources[name] = var
+        for name, value, source in _file_values(env, config_path):
+            values[name] = value
+            sources[name] = source
+        for var, raw in env.items():
+            flat = _env_setting(var)
+            if flat is not None:
+                values[flat] = raw
+                sources[flat] = var
+        if parts is not None:
+            unused = [n for n in values if n in _FLAT and _FLAT[n][0] and _FLAT[n][0] not in parts]
+            for name in unused:
+                del values[name]
         for name, value in overrides.items():
             values[name] = value
             sources.pop(name, None)
@@ -609,6 +629,54 @@ def _build(base: Settings, values: Mapping[str, Any]) -> Settings:
             current = top.get(section, getattr(base, section))
             top[section] = dataclasses.replace(current, **changes)
     return dataclasses.replace(base, **top) if top else base
+
+
+def _file_values(
+    env: Mapping[str, str], config_path: str | os.PathLike[str] | None
+) -> list[tuple[str, Any, str]]:
+    """``(flat name, value, path)`` of the config file's settings.
+
+    A ``config_path`` or the default ``./sluice.toml`` may be absent ("no
+    config file"); a file a user named in ``SLUICE_CONFIG`` must exist.
+    """
+    named = None if config_path else env.get(_PREFIX + "CONFIG")
+    path = Path(config_path or named or "sluice.toml")
+    if not path.exists():
+        if named:
+            raise ConfigError(f"config file {path} (from {_PREFIX}CONFIG) does not exist")
+        return []
+    return [(name, value, str(path)) for name, value in _read_toml(path).items()]
+
+
+#: ``SLUICE_*`` variables that are not settings: read by scripts, tests, the demo.
+NOT_SETTINGS = (
+    "CONFIG",
+    "BUS_URL",
+    "DEMO_ID",
+    "CHROMIUM",
+    "GO_CACHE",
+    "VERSITYGW_CACHE",
+    "SECRETS_DIR",
+    "POSTGRES_PASSWORD",
+    "SOAK_S",
+    "CARDINAL_FEED_S",
+)
+#: Prefixes (after ``SLUICE_``) of variables that are not settings.
+NOT_SETTINGS_PREFIXES = ("TEST_", "BENCH_")
+
+
+def _env_setting(var: str) -> str | None:
+    """The flat setting ``SLUICE_*`` variable ``var`` sets; None when it is not one of ours.
+
+    An unknown ``SLUICE_*`` name is returned as is, so building refuses it the
+    way it refuses an unknown key of ``sluice.toml``.
+    """
+    if not var.startswith(_PREFIX):
+        return None
+    rest = var[len(_PREFIX) :]
+    if rest in NOT_SETTINGS or rest.startswith(NOT_SETTINGS_PREFIXES) or not rest:
+        return None
+    return rest.lower()
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

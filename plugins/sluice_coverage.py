@@ -57,6 +57,7 @@ from fastapi.security import HTTPBearer
 
 from pipeline import __version__, keys
 from pipeline.chain.coverage import Archived, Interval, coverage, summarize
+from pipeline.lake.streamset import is_chain, is_configured, is_pattern
 from pipeline.settings import LakeSettings
 from pipeline.snapshot import SharedSnapshot
 
@@ -492,9 +493,9 @@ class CoverageBoard:
         await self._runs.fresh(FIRST_WAIT_S)
         lake = lake_source.value or LakeView()
         runs = self._runs.value or {}
-        names = list(
-            dict.fromkeys((*settings.lake.streams, *settings.lake.chain_streams, *lake.archived))
-        )
+        # configured names, and archived streams (a pattern's streams once archived)
+        configured = (*settings.lake.streams, *settings.lake.chain_streams)
+        names = list(dict.fromkeys((*(n for n in configured if not is_pattern(n)), *lake.archived)))
         redis_view = await self._redis_view(settings, names)
         streams = []
         for name in names:
@@ -504,8 +505,8 @@ class CoverageBoard:
             streams.append(
                 {
                     "name": name,
-                    "chain": name in settings.lake.chain_streams,
-                    "configured": name in settings.lake.streams,
+                    "chain": is_chain(settings.lake, name),
+                    "configured": is_configured(settings.lake, name),
                     "redis": hot,
                     "coverage": coverage(
                         lake.archived.get(name, Archived()),

@@ -77,14 +77,8 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real Redis Cluster, 3 masters + 3 replicas (tests/support/redisha.py), once per session."""
     from tests.support import redisha
 
-    reason = redisha.missing_tools()
-    if reason:
-        pytest.skip(f"no Redis Cluster: {reason}")
-    cluster = redisha.LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
+    path = tmp_path_factory.mktemp("redis-cluster")
+    yield from redisha.session_group(lambda: redisha.LocalCluster(path), "Redis Cluster")
 
 
 @pytest.fixture(scope="session")
@@ -92,30 +86,20 @@ def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real master + replica watched by 3 Sentinels (tests/support/redisha.py), once per session."""
     from tests.support import redisha
 
-    reason = redisha.missing_tools()
-    if reason:
-        pytest.skip(f"no Sentinel group: {reason}")
-    group = redisha.LocalSentinels(tmp_path_factory.mktemp("redis-sentinel"))
-    try:
-        yield group.start()
-    finally:
-        group.stop()
+    path = tmp_path_factory.mktemp("redis-sentinel")
+    yield from redisha.session_group(lambda: redisha.LocalSentinels(path), "Sentinel group")
 
 
 @pytest.fixture
 def cluster_url(redis_cluster: Any) -> str:
     """``redis+cluster://`` URL of the session's cluster, whole and flushed."""
-    redis_cluster.wait_whole()
-    redis_cluster.flush()
-    return str(redis_cluster.url)
+    return str(redis_cluster.ready_url())
 
 
 @pytest.fixture
 def sentinel_url(redis_sentinels: Any) -> str:
     """``redis+sentinel://`` URL of the session's Sentinel group, whole and flushed."""
-    redis_sentinels.wait_whole()
-    redis_sentinels.flush()
-    return str(redis_sentinels.url)
+    return str(redis_sentinels.ready_url())
 
 
 @pytest.fixture(params=["single", "sentinel", "cluster"])

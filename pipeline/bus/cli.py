@@ -34,6 +34,7 @@ from pipeline.bus.config import BusConfig, bus_redis_url
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
 from pipeline.bus.process import BusProcess
 from pipeline.bus.signing import Signer
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 
@@ -62,9 +63,9 @@ def _register(argv: list[str]) -> int:
     parser.add_argument("--twin", type=int, required=True)
     parser.add_argument("--url", required=True)
     parser.add_argument("--key", default="", help="base64 public key (empty: legacy peer)")
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
-    url = args.redis or Settings.load().redis.url
+    url = args.redis or Settings.load(parts=("redis",)).redis.url
 
     async def run() -> None:
         client = redisconn.connect(url, redisconn.Role.CLI)
@@ -90,9 +91,11 @@ def _dead(argv: list[str]) -> int:
         prog="sluice bus dead", description="list the bus's dead letters, newest first"
     )
     parser.add_argument("--count", type=int, default=20)
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
-    client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
+    client = redisconn.connect_sync(
+        args.redis or Settings.load(parts=("redis",)).redis.url, redisconn.Role.CLI
+    )
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, max(args.count, 1) - 1))
     except redisconn.UNAVAILABLE as exc:
@@ -122,11 +125,13 @@ def _requeue(argv: list[str]) -> int:
     )
     parser.add_argument("--index", type=int, action="append", default=[])
     parser.add_argument("--all", action="store_true")
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
     if not args.index and not args.all:
         parser.error("name entries with --index (see 'sluice bus dead') or use --all")
-    client = redisconn.connect_sync(args.redis or Settings.load().redis.url, redisconn.Role.CLI)
+    client = redisconn.connect_sync(
+        args.redis or Settings.load(parts=("redis",)).redis.url, redisconn.Role.CLI
+    )
     moved = 0
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, -1))
@@ -161,15 +166,43 @@ def _requeue(argv: list[str]) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice bus",
-        description="the reliable message bus of one twin (also: 'keygen', 'register')",
+        description="Run the reliable message bus of one twin.",
+        epilog=SUBCOMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--twin", type=int, default=None, help="this twin's id")
-    parser.add_argument("--listen", default=None, help="host:port for /zbus-remote, /zbus-reply")
-    parser.add_argument("--directory", default=None, help="twin directory file (JSON or TOML)")
-    parser.add_argument("--key", default=None, help="private key file from 'sluice bus keygen'")
-    parser.add_argument("--redis", default=None, help="this twin's Redis URL")
-    parser.add_argument("--legacy-peers", action="store_true", default=None)
+    parser.add_argument("--twin", type=int, default=None, help="this twin's id (SLUICE_BUS_TWIN)")
+    parser.add_argument(
+        "--listen",
+        default=None,
+        help="host:port for /zbus-remote and /zbus-reply (SLUICE_BUS_LISTEN)",
+    )
+    parser.add_argument(
+        "--directory",
+        default=None,
+        help="twin directory file, JSON or TOML; none: the Redis hash (SLUICE_BUS_DIRECTORY)",
+    )
+    parser.add_argument(
+        "--key",
+        default=None,
+        help="private key file from 'sluice bus keygen' (SLUICE_BUS_KEY_FILE)",
+    )
+    parser.add_argument("--redis", default=None, help="this twin's Redis URL (SLUICE_REDIS_URL)")
+    parser.add_argument(
+        "--legacy-peers",
+        action="store_true",
+        default=None,
+        help="accept unsigned requests from peers that cannot sign (SLUICE_BUS_LEGACY_PEERS)",
+    )
     return parser
+
+
+#: The epilog of ``sluice bus --help``: the subcommands beside the bus itself.
+SUBCOMMANDS = """subcommands (each with its own --help):
+  sluice bus keygen --out FILE           create a private key, print its public key
+  sluice bus register --twin ID --url URL --key PUB
+                                         put a twin in the Redis twin directory
+  sluice bus dead [--count N]            the messages the bus set aside, and why
+  sluice bus requeue --index I | --all   put set-aside messages back on their queue"""
 
 
 async def _serve(settings: Settings, signer: Signer | None) -> int:
@@ -181,7 +214,14 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     else:
         client = redisconn.connect(settings.redis.url, redisconn.Role.CLI)
         directory = RedisDirectory(client)
-    bus = BusProcess(config, redis_url=settings.redis.url, directory=directory, signer=signer)
+    durability = Durability(settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms)
+    bus = BusProcess(
+        config,
+        redis_url=settings.redis.url,
+        directory=directory,
+        signer=signer,
+        durability=durability,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -200,6 +240,18 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                 *health.forwarder_samples(
                     forwarder.outcomes, forwarder.retried, forwarder.unreachable()
                 ),
+                health.Sample(
+                    name="sluice_bus_not_replicated_total",
+                    value=float(bus.queues.not_replicated),
+                    kind="counter",
+                    help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
+                ),
+                health.Sample(
+                    name="sluice_bus_redis_errors_total",
+                    value=bus.redis_errors,
+                    kind="counter",
+                    help="Redis steps of the bus's loops that failed (away or refusing writes)",
+                ),
             ]
 
         async def peers() -> None:
@@ -212,7 +264,10 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         async with health.serving(
             settings.bus.health_listen,
             "sluice_bus",
-            checks={"redis": bus.redis.ping, "peers": peers},
+            checks={
+                "redis": health.redis_writable(bus.redis, f"bus:{config.twin}"),
+                "peers": peers,
+            },
             samples=samples,
         ):
             stopping = asyncio.create_task(stop.wait())
@@ -276,7 +331,7 @@ def main(argv: list[str]) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides[name] = value
-    settings = Settings.load(**overrides)
+    settings = Settings.load(parts=("redis", "bus"), **overrides)
     bus_redis_url(settings.redis.url)  # a cluster URL: one line, before anything starts
     redischeck.check(settings.redis.url)
     if settings.bus.twin <= 0:

@@ -19,7 +19,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from pipeline import keys, redisconn
+from pipeline import keys, lifecycle, redisconn
 from pipeline.bus.config import bus_redis_url
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import CallFailed, RemoteError, RequestExpired
@@ -35,11 +35,19 @@ BLOCK_S = 20.0
 
 
 class BusClient:
+    """Calls bus commands through the twin's own Redis, as a seed-002 client would.
+
+    ``async with BusClient.from_url(url) as bus: await bus.call(...)``; or
+    ``await bus.close()`` when done (safe to call twice, and concurrently).
+    """
+
     def __init__(self, client: aioredis.Redis) -> None:
         self.redis = client
+        self._closing = lifecycle.Once()
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64) -> BusClient:
+        """A client of the bus whose Redis is ``url`` (at most ``max_connections`` to it)."""
         client = redisconn.connect(
             bus_redis_url(url),
             redisconn.Role.BUS_CLIENT,
@@ -48,7 +56,17 @@ class BusClient:
         )
         return cls(client)
 
+    async def __aenter__(self) -> BusClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
+        """Close the Redis connections; a second caller waits for the first's close."""
+        await self._closing.run(self._close)
+
+    async def _close(self) -> None:
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
 

@@ -205,10 +205,9 @@ def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelop
     if not _is_int(src_raw):
         raise _fail("src must be a twin id")
     ret = doc.get("ret", "")
-    if not isinstance(ret, str) or len(ret) > MAX_NAME or (not reply and not ret):
-        raise _fail("ret must be a non-empty string of at most 256 characters")
-    if client and ret.startswith(RESERVED_RET_PREFIX):
-        raise _fail("ret 'msgbus.*' is reserved for the bus")
+    problem = _ret_problem(ret, reply=reply, client=client)
+    if problem:
+        raise _fail(problem)
     get = doc.get
     exp, try_, now = get("exp", 0), get("try", 0), get("now", 0)
     for name, value in (("exp", exp), ("try", try_), ("now", now)):
@@ -303,6 +302,15 @@ def load_trusted(raw: bytes | str) -> Envelope:
         raise EnvelopeError(f"corrupt stored envelope: {exc!r}") from exc
 
 
+def _ret_problem(ret: object, *, reply: bool = False, client: bool = True) -> str:
+    """Why ``ret`` cannot be answered on ("" when it can): one rule for decoding and salvage."""
+    if not isinstance(ret, str) or len(ret) > MAX_NAME or (not reply and not ret):
+        return "ret must be a non-empty string of at most 256 characters"
+    if client and ret.startswith(RESERVED_RET_PREFIX):
+        return "ret 'msgbus.*' is reserved for the bus"
+    return ""
+
+
 def salvage(raw: bytes, *, max_size: int = 1 << 20) -> tuple[str, str]:
     """``(ret, cmd)`` read from an envelope that failed validation, ``""`` where unreadable.
 
@@ -327,8 +335,10 @@ def salvage(raw: bytes, *, max_size: int = 1 << 20) -> tuple[str, str]:
             for pattern in (_RET_SALVAGE, _CMD_SALVAGE)
         ]
         ret, cmd = (m.group(1).decode("utf-8", "replace") if m else "" for m in found)
-    if ret.startswith(RESERVED_RET_PREFIX):
-        ret = ""  # answering there would loop (msgbus.system.local) or feed a handler
+    if _ret_problem(ret):
+        # Never answer on a ret the request was refused for: a reserved name would loop
+        # (msgbus.system.local) or feed a handler, an over-long one is no queue of the caller.
+        ret = ""
     return ret, cmd
 
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import redis.exceptions
 from aiohttp import web
 
-from pipeline import keys
+from pipeline import keys, redisconn
 from pipeline.bus import envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
 from pipeline.bus.directory import Directory
@@ -195,8 +195,8 @@ async def _queue_requests(
     forget_at = sent + ing.replay_window_s + 1
     try:
         results = await ing.store.accept_requests(pending, forget_at)
-    except (redis.exceptions.RedisError, OSError):
-        log.exception("bus: redis unavailable")
+    except (redis.exceptions.RedisError, OSError) as exc:
+        _redis_failed(exc)
         results = [3] * len(pending)
     outcomes = iter(
         zip(results, (env for env, v in zip(envs, verdicts, strict=True) if v is None), strict=True)
@@ -232,6 +232,15 @@ async def _queue_requests(
     return out
 
 
+def _redis_failed(exc: BaseException) -> None:
+    """Log a Redis failure behind a 503: one line when Redis is away or refusing writes
+    (the peer retries; a traceback per POST says nothing more), a traceback otherwise."""
+    if redisconn.unavailable(exc):
+        log.warning("bus: redis unavailable, answering 503: %r", exc)
+    else:
+        log.exception("bus: redis failed, answering 503")
+
+
 async def _deliver_replies(
     ing: Ingress, envs: list[envelope.Envelope], sent: float
 ) -> list[Verdict]:
@@ -240,8 +249,8 @@ async def _deliver_replies(
         results = await ing.store.deliver_replies(
             [(env.uid, env.src, *envelope.answer_parts(env)) for env in envs]
         )
-    except (redis.exceptions.RedisError, OSError):
-        log.exception("bus: redis unavailable")
+    except (redis.exceptions.RedisError, OSError) as exc:
+        _redis_failed(exc)
         return [(503, "redis unavailable")] * len(envs)
     out: list[Verdict] = []
     for env, result in zip(envs, results, strict=True):

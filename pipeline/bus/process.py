@@ -59,6 +59,7 @@ from pipeline.bus.http import Ingress, build_server
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
+from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,13 @@ class BusProcess:
         redis_url: str,
         directory: Directory,
         signer: Signer | None,
+        durability: Durability | None = None,
     ) -> None:
         self.config = config
         self.twin = config.twin
+        #: Redis steps of the bus's loops that failed (Redis away or refusing writes) and
+        #: were retried: ``sluice_bus_redis_errors_total``.
+        self.redis_errors = 0
         self.redis = redisconn.connect(
             bus_redis_url(redis_url),
             redisconn.Role.BUS,
@@ -121,6 +126,7 @@ class BusProcess:
             store=self.store,
             directory=directory,
             forwarder=self.forwarder,
+            durability=durability,
         )
         self._runner: web.ServerRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -210,6 +216,7 @@ class BusProcess:
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 recover = True
+                self.redis_errors += 1
                 log.warning("bus: %s loop: redis error %r, retrying in %.1fs", queue, exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
@@ -336,6 +343,7 @@ class BusProcess:
                 await self.scrub(time.time())
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
+                self.redis_errors += 1
                 log.warning("bus: scrubber: redis error %r", exc)
             except Exception:  # the boundary: the scrubber must outlive any one entry
                 log.exception("bus: scrubber failed; trying again")

@@ -32,6 +32,7 @@ from pipeline.bus.directory import Directory
 from pipeline.bus.envelope import Envelope
 from pipeline.bus.forward import Forwarder, Kind, Outbound
 from pipeline.bus.store import BusStore
+from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,14 @@ class QueueHandlers:
         store: BusStore,
         directory: Directory,
         forwarder: Forwarder,
+        durability: Durability | None = None,
     ) -> None:
         self.config = config
+        #: Replicas that must hold a batch's backlog before its requests leave this twin.
+        self.durability = durability or Durability()
+        #: Requests that left although fewer replicas than required held their backlog.
+        self.not_replicated = 0
+        self._warned_at = 0.0
         self.twin = config.twin
         self.redis = client
         self.store = store
@@ -129,8 +136,30 @@ class QueueHandlers:
                 pipe.rpush(keys.BUS_REMOTE, *to_self)
             self.store.release(pipe, keys.BUS_LOCAL, len(batch))
             await pipe.execute()
+        if self.durability.on and (backlog or answers):
+            await self._wait_replicated(len(backlog))
         for item in outbound:
             await self.forwarder.submit(item)
+
+    async def _wait_replicated(self, requests: int) -> None:
+        """``WAIT`` for the replicas (``SLUICE_REDIS_MIN_REPLICAS``) before requests leave:
+        a request whose backlog entry died with the master would be answered by no one.
+        When fewer replicas took it, the requests still go (the master holds them; holding
+        them back would not undo the write): counted, and logged at most every 10 s."""
+        failure = await self.store.replicated(self.durability)
+        if failure is None:
+            return
+        self.not_replicated += requests
+        now = time.monotonic()
+        if now - self._warned_at >= 10.0:
+            self._warned_at = now
+            log.warning(
+                "bus: %d requests sent before enough replicas held them (%s); "
+                "%d so far: they are lost if the master dies before its replicas catch up",
+                requests,
+                failure,
+                self.not_replicated,
+            )
 
     async def remote(self, batch: list[bytes]) -> None:
         pushes: list[tuple[str, bytes]] = []

@@ -19,7 +19,10 @@ message in ``err``; any other exception is logged and answered with a generic
 ``err``; a handler still running when its request expires (``now + exp``,
 ``exp`` 0 meaning 300 s) is cancelled and answered ``err = "handler timed
 out"``. Either way the server keeps serving. A request that does not decode
-goes to the dead-letter list (:mod:`pipeline.bus.dead`).
+goes to the dead-letter list (:mod:`pipeline.bus.dead`). A reply Redis does not
+take because it is away or refusing writes (``maxmemory`` with ``noeviction``, a
+replica, a failed RDB save) is pushed again with backoff for up to
+:data:`REPLY_RETRY_S`, not dropped: its request was already popped.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import cast
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from pipeline import keys, redisconn
+from pipeline import keys, lifecycle, redisconn
 from pipeline.bus import dead
 from pipeline.bus.config import bus_redis_url, reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, deadline, decode, encode_data
@@ -49,22 +52,39 @@ HANDLER_TIMED_OUT = "handler timed out"
 DEFAULT_EXP_S = 300
 #: Longest blocking wait (BLMPOP) of a worker, in seconds.
 _WAIT_S = 1
+#: Seconds a reply Redis refuses is pushed again before it is given up (logged).
+REPLY_RETRY_S = DEFAULT_EXP_S
 
 
 class BusServer:
+    """Serves bus commands with async handlers (see the module docstring).
+
+    ``async with BusServer.from_url(url) as server: await server.serve()``;
+    :meth:`close` (safe twice, concurrently) stops a running :meth:`serve` and
+    waits for it, then closes the Redis connections.
+    """
+
     def __init__(
         self, client: aioredis.Redis, *, workers: int = 4, batch: int = 32, direct: bool = False
     ) -> None:
         self.redis = client
+        self._closing = lifecycle.Once()
+        self._stop = asyncio.Event()
+        self._serving = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.workers = workers
         self.batch = batch
         self.direct = direct
         self.handlers: dict[str, Handler] = {}
         self.served = 0
         self.failed = 0
+        #: Reply pushes repeated because Redis was away or refused writes.
+        self.retried = 0
 
     @classmethod
     def from_url(cls, url: str, **kwargs: int | bool) -> BusServer:
+        """A server on the bus whose Redis is ``url``; ``kwargs`` as the constructor's."""
         workers = int(kwargs.get("workers", 4))
         client = redisconn.connect(
             bus_redis_url(url),
@@ -74,7 +94,22 @@ class BusServer:
         )
         return cls(client, **kwargs)  # type: ignore[arg-type]
 
+    async def __aenter__(self) -> BusServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
+        """Stop :meth:`serve` (handlers running are cancelled), wait for it, close Redis.
+
+        Safe to call twice; a second caller waits for the first's close.
+        """
+        await self._closing.run(self._close)
+
+    async def _close(self) -> None:
+        self._stop.set()
+        await self._idle.wait()
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
 
@@ -89,12 +124,23 @@ class BusServer:
         return register
 
     async def serve(self) -> None:
-        """Serve registered commands until cancelled."""
+        """Serve registered commands until cancelled or :meth:`close` is called."""
         if not self.handlers:
             raise HandlerError("no handler registered")
-        async with asyncio.TaskGroup() as group:
-            for _ in range(self.workers):
-                group.create_task(self._worker())
+        if self._stop.is_set():
+            raise HandlerError("the server is closed")
+        self._serving += 1
+        self._idle.clear()
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._worker()) for _ in range(self.workers)]
+                await self._stop.wait()
+                for task in tasks:
+                    task.cancel()
+        finally:
+            self._serving -= 1
+            if not self._serving:
+                self._idle.set()
 
     async def _worker(self) -> None:
         queues = [keys.bus_command(cmd) for cmd in self.handlers]
@@ -132,20 +178,52 @@ class BusServer:
                 task.cancel()
 
     async def _deliver(self, source: str, replies: list[tuple[str, bytes, bytes]]) -> None:
-        """Push ``(target, reply, raw)`` replies; set aside those with no target."""
-        sent = [(target, reply) for target, reply, _ in replies if target]
+        """Push ``(target, reply, raw)`` replies; set aside those with no target.
+
+        What Redis refuses for now (:func:`pipeline.redisconn.unavailable`) is pushed
+        again with backoff; a reply pushed twice is refused by the bus ("unknown uid").
+        """
+        todo = [(target, reply) for target, reply, _ in replies if target]
+        aside = [(why, raw) for target, why, raw in replies if not target]
+        give_up = time.monotonic() + REPLY_RETRY_S
+        pause = 0.1
+        while todo or aside:
+            try:
+                results = await self._push(source, todo, aside)
+            except (redis.exceptions.RedisError, OSError) as exc:
+                reraise_if_cancelling(exc)
+                if not redisconn.unavailable(exc):
+                    raise
+                results = [exc] * len(todo)
+            aside = []  # dead letters are best effort: the bus's own list, not an answer
+            again = []
+            for (target, reply), result in zip(todo, results[: len(todo)], strict=True):
+                if not isinstance(result, Exception):
+                    continue
+                if redisconn.unavailable(result) and time.monotonic() < give_up:
+                    again.append((target, reply))
+                else:
+                    # One bad target (WRONGTYPE) must not cost the other replies.
+                    log.error("bus server: reply to %s not delivered: %s", target, result)
+            if again and pause == 0.1:  # once per batch, not per attempt
+                why = next(r for r in results if isinstance(r, Exception))
+                log.warning("bus server: %d reply(ies) refused (%r); retrying", len(again), why)
+            todo = again
+            if todo:
+                self.retried += len(todo)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    async def _push(
+        self, source: str, sent: list[tuple[str, bytes]], aside: list[tuple[bytes, bytes]]
+    ) -> list[object]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for target, reply in sent:
                 pipe.rpush(target, reply)
-            for target, why, raw in replies:
-                if not target:  # set aside, with the reason
-                    pipe.lpush(keys.bus_dead(), dead.entry(source, why.decode(), raw))
-                    pipe.ltrim(keys.bus_dead(), 0, dead.LIST_MAX - 1)
-            results = await pipe.execute(raise_on_error=False)
-        for (target, _), result in zip(sent, results[: len(sent)], strict=True):
-            if isinstance(result, redis.exceptions.ResponseError):
-                # One bad target (WRONGTYPE) must not cost the other replies.
-                log.error("bus server: reply to %s not delivered: %s", target, result)
+            for why, raw in aside:  # set aside, with the reason
+                pipe.lpush(keys.bus_dead(), dead.entry(source, why.decode(), raw))
+                pipe.ltrim(keys.bus_dead(), 0, dead.LIST_MAX - 1)
+            return list(await pipe.execute(raise_on_error=False))
 
     async def _answer(self, raw: bytes) -> tuple[str, bytes]:
         """``(target, reply)``; ``("", reason)`` for a request that does not decode."""

@@ -23,6 +23,8 @@ import redis.asyncio as aioredis
 from pipeline import keys
 from pipeline.bus import dead
 from pipeline.bus.coalesce import Coalescer
+from pipeline.durability import Durability
+from pipeline.errors import NotReplicated
 
 # bury(target, value, why): set value aside in the dead-letter list.
 # push_or_bury(target, value, why): RPUSH value to target when target is a list (or
@@ -193,6 +195,23 @@ class BusStore:
         """Load the scripts the coalescer runs by EVALSHA (after Redis lost its script cache)."""
         for script in (self._accept_requests, self._deliver_replies, self._finish):
             await self.redis.script_load(script.script)
+
+    async def replicated(self, durability: Durability) -> NotReplicated | None:
+        """Wait until ``durability.min_replicas`` replicas hold every write made so far.
+
+        A transaction's ``WAIT`` cannot follow it on its connection through redis-py's
+        pool (the pipeline releases the connection at ``EXEC``), and a ``WAIT`` on a
+        connection that wrote nothing returns at once. Replication is one ordered stream:
+        a replica that acknowledged this later increment holds every earlier write, the
+        caller's transaction included. None when enough replicas took it, else the error.
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.incr(keys.bus_replicated())
+            durability.add_waits(pipe, self.redis, [keys.bus_replicated()])
+            marked, *acks = await pipe.execute(raise_on_error=False)
+        if isinstance(marked, BaseException):
+            return NotReplicated(f"replication mark failed: {marked!r}")
+        return durability.check(acks)
 
     async def wait_one(self, queue: str, block_s: int) -> bytes | None:
         """Block up to ``block_s`` seconds for one item, moved atomically to the inflight list.

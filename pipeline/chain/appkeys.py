@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from pipeline.chain.admission import ConnectionGuard
 from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.producer import WebsocketHub
@@ -26,6 +27,8 @@ REDIS = web.AppKey("redis", aioredis.Redis)
 TAILER = web.AppKey("tailer", RedisTailer)
 #: The server's shared lake reader (absent when the app was given another history source).
 HISTORY = web.AppKey("history", SharedHistory)
+#: The connection cap and request-head deadline (pipeline/chain/admission.py).
+GUARD = web.AppKey("guard", ConnectionGuard)
 CONNECTIONS: web.AppKey[set[Connection]] = web.AppKey("connections")
 #: Every request task in flight in the server (bounded by MAX_IN_FLIGHT_SERVER).
 CALLS: web.AppKey[set[asyncio.Task[None]]] = web.AppKey("calls")

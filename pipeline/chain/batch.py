@@ -32,6 +32,13 @@ MAX_BLOCK_NUM = 2**63 - 1
 #: A weight is a non-negative integer of at most this many bits.
 MAX_WEIGHT_BITS = 256
 WEIGHT_BYTES = MAX_WEIGHT_BITS // 8
+#: The largest stream entry decoded: a longer one is refused on its length, before any work.
+MAX_ENTRY_BYTES = 4 << 20
+#: Keys of one map, items of one list: a msgpack header announcing more is refused
+#: by the unpacker before it builds anything (a block with a million keys costs nothing).
+MAX_ITEMS = 100_000
+#: Deeper msgpack is refused by the unpacker itself (its fixed stack), without recursion.
+MAX_DEPTH = 1024
 
 
 def effective_weight(num: int, weight: int | None) -> int:
@@ -77,6 +84,8 @@ def raw_weight(raw: dict[str, Any]) -> int | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubBatch:
+    """One sub-batch of a block: the updates and deletes under one key prefix."""
+
     id: bytes
     updates: dict[str, bytes] = field(default_factory=dict)
     deletes: tuple[str, ...] = ()
@@ -142,23 +151,41 @@ def encode_block(block: Block) -> bytes:
     return out
 
 
-def decode_block(data: bytes) -> Block:
-    """Inverse of :func:`encode_block`; raises :class:`BadBatch` on anything invalid."""
+def _unpack(data: object) -> dict[str, Any]:
+    """The msgpack map in ``data``, within :data:`MAX_ENTRY_BYTES` and :data:`MAX_ITEMS`.
+
+    The length is checked before anything is decoded, and the unpacker refuses
+    an over-long map, list, string or bytes from its header: an entry costs at
+    most the work of decoding :data:`MAX_ENTRY_BYTES`.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise BadBatch(f"entry must be bytes, got {type(data).__name__}")
+    if len(data) > MAX_ENTRY_BYTES:
+        raise BadBatch(f"entry of {len(data)} bytes: at most {MAX_ENTRY_BYTES}")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_map_len=MAX_ITEMS,
+            max_array_len=MAX_ITEMS,
+            max_ext_len=0,
+        )
     except Exception as exc:  # msgpack raises several unrelated types
         raise BadBatch(f"not msgpack: {exc}") from exc
     if not isinstance(raw, dict):
         raise BadBatch("block must be a map")
+    return raw
+
+
+def decode_block(data: bytes) -> Block:
+    """Inverse of :func:`encode_block`; raises :class:`BadBatch` on anything invalid."""
+    raw = _unpack(data)
     try:
         subs = raw.get("subbatches", [])
         if not isinstance(subs, list):
             raise BadBatch("subbatches must be a list")
-        batches = raw.get("batches", {})
-        if not isinstance(batches, dict) or not all(
-            isinstance(k, str) and isinstance(v, bytes) for k, v in batches.items()
-        ):
-            raise BadBatch("batches must map str prefixes to bytes ids")
+        batches = _batches(raw.get("batches", {}))
         return Block(
             num=raw["num"],
             weight=raw_weight(raw),
@@ -167,22 +194,31 @@ def decode_block(data: bytes) -> Block:
             updates=_updates(raw.get("updates", {})),
             deletes=_deletes(raw.get("deletes", [])),
             batches=batches,
-            subbatches=tuple(
-                SubBatch(
-                    id=s["id"],
-                    updates=_updates(s.get("updates", {})),
-                    deletes=_deletes(s.get("deletes", [])),
-                )
-                for s in subs
-                if isinstance(s, dict) or _raise("subbatch must be a map")
-            ),
+            subbatches=tuple(_subbatch(s) for s in subs),
         )
     except KeyError as exc:
         raise BadBatch(f"block is missing {exc.args[0]!r}") from exc
 
 
-def _raise(message: str) -> bool:
-    raise BadBatch(message)
+def _batches(raw: Any) -> dict[str, bytes]:
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, bytes) for k, v in raw.items()
+    ):
+        raise BadBatch("batches must map str prefixes to bytes ids")
+    return raw
+
+
+def _subbatch(raw: Any) -> SubBatch:
+    if not isinstance(raw, dict):
+        raise BadBatch("subbatch must be a map")
+    sub_id = raw.get("id")
+    if not isinstance(sub_id, bytes):
+        raise BadBatch("subbatch id must be bytes")
+    return SubBatch(
+        id=sub_id,
+        updates=_updates(raw.get("updates", {})),
+        deletes=_deletes(raw.get("deletes", [])),
+    )
 
 
 # --- the seed's JSON form (websocket) ------------------------------------------
@@ -249,14 +285,30 @@ def _short(value: object) -> str:
 
 
 def decode_raw(data: bytes) -> dict[str, Any]:
-    """The msgpack map of :func:`encode_block`, unchecked beyond being a map (fast path)."""
-    try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise BadBatch(f"not msgpack: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise BadBatch("block must be a map")
-    return raw
+    """The msgpack map of :func:`encode_block`, unchecked beyond being a map within the
+    bounds of :func:`_unpack` (fast path; :func:`check_raw` checks the rest)."""
+    return _unpack(data)
+
+
+def check_raw(raw: dict[str, Any]) -> None:
+    """:class:`BadBatch` unless ``raw`` has the shape :func:`decode_block` accepts.
+
+    What the catch-up encoders rely on when they read a :func:`decode_raw` map.
+    """
+    Block(
+        num=raw.get("num"),  # type: ignore[arg-type]  # checked by Block
+        hash=raw.get("hash"),  # type: ignore[arg-type]
+        parent=raw.get("parent"),  # type: ignore[arg-type]
+        weight=raw_weight(raw),
+    )
+    _updates(raw.get("updates", {}))
+    _deletes(raw.get("deletes", []))
+    _batches(raw.get("batches", {}))
+    subs = raw.get("subbatches", [])
+    if not isinstance(subs, list):
+        raise BadBatch("subbatches must be a list")
+    for sub in subs:
+        _subbatch(sub)
 
 
 _KEY_CACHE: dict[str, str] = {}

@@ -17,10 +17,11 @@ import signal
 from aiohttp import web
 
 from pipeline import redischeck
+from pipeline.chain.appkeys import GUARD
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.server import create_app
-from pipeline.cli import non_negative
+from pipeline.cliargs import non_negative, plain
 from pipeline.errors import MuxError
 from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
@@ -29,7 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice serve", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="sluice serve",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", help="listen address (SLUICE_SERVE_HOST)")
     p.add_argument("--port", type=int, help="listen port (SLUICE_SERVE_PORT)")
     p.add_argument("--stream", help="chain stream name (SLUICE_SERVE_STREAM)")
@@ -73,8 +78,8 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
     app = create_app(settings, relay=not in_process, hub=hub)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, settings.serve.host, settings.serve.port)
-    await site.start()
+    # aiohttp's TCPSite, behind the connection cap and the request-head deadline
+    listener = await app[GUARD].listen(runner, settings.serve.host, settings.serve.port)
     base = f"ws://{settings.serve.host}:{settings.serve.port}"
     log.info(
         "serving %s on %s/ws (the seed's JSON-RPC dialect) and %s/cardinal "
@@ -94,7 +99,9 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
         if producer is not None:
             stop.set()
             await producer
-        await runner.cleanup()
+        listener.close()
+        await runner.cleanup()  # closes the connections still open
+        await listener.wait_closed()
 
 
 def main(argv: list[str]) -> int:
@@ -109,7 +116,7 @@ def main(argv: list[str]) -> int:
         }.items()
         if v is not None
     }
-    settings = Settings.load(**overrides)
+    settings = Settings.load(parts=("redis", "serve", "lake"), **overrides)
     redischeck.check(settings.redis.url)
     asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
     return 0

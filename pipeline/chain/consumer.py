@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 ZERO_HASH = bytes(32)
 #: Notifications kept while waiting for the reply to the subscribe call.
 MAX_EARLY = 10_000
+#: A subscription failing again and again logs one line per this many seconds.
+WARN_EVERY_S = 10.0
 
 
 async def subscribe(
@@ -68,6 +72,7 @@ async def subscribe(
     )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     failures = 0
+    warn = _RetryLog(url)
     async with aiohttp.ClientSession() as session:
         while True:
             head = chain.head
@@ -101,11 +106,41 @@ async def subscribe(
                     failures = 0
                     continue
             except (aiohttp.ClientError, ConnectionError, TimeoutError, OrderingError) as exc:
-                log.warning("subscription interrupted: %r", exc)
+                warn.interrupted(exc)
             failures = 0 if got_any else failures + 1
             if failures > max_retries:
                 raise SubscriptionLost(f"no block after {max_retries} reconnections to {url}")
             await asyncio.sleep(min(retry_delay_s * (2 ** min(failures, 6)), 5.0))
+
+
+class _RetryLog:
+    """One short warning line per :data:`WARN_EVERY_S` while a subscription keeps failing.
+
+    A subscriber retrying a server that is down would otherwise log a long
+    exception repr on every attempt; the retries in between are counted.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.last = -math.inf
+        self.since = 0
+
+    def interrupted(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self.last < WARN_EVERY_S:
+            self.since += 1
+            return
+        more = f"; {self.since} more failures since the last line" if self.since else ""
+        log.warning("subscription to %s interrupted: %s; retrying%s", self.url, _short(exc), more)
+        self.last, self.since = now, 0
+
+
+def _short(exc: BaseException) -> str:
+    """What went wrong in a few words (an aiohttp repr runs to 200 characters)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 async def _subscribe(

@@ -28,21 +28,45 @@ from pipeline.chain.subscription import Subscription, parse_subscribe
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
 from pipeline.dialogue.server import DialogueServer
-from pipeline.errors import BadParams, PeerLeft, ResumptionError, SlowConsumer
+from pipeline.errors import (
+    BadParams,
+    DialogueError,
+    PeerLeft,
+    ResumptionError,
+    SlowConsumer,
+)
 
 log = logging.getLogger(__name__)
 
 _BATCH = 256
 
 
-async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buffer: int) -> None:
+async def serve_duplex(
+    resumption: TieredResumption,
+    duplex: Duplex,
+    *,
+    send_buffer: int,
+    stall_s: float | None = None,
+) -> None:
     """Serve one subscription on an incoming duplex until the peer leaves or falls behind."""
+    initial = duplex.initial or b"null"
     try:
-        parsed = parse_subscribe(json.loads(duplex.initial or b"null"))
-    except ValueError:  # not JSON (the decoder's text stays here, as for every error)
-        text = "invalid params: not JSON"
+        if len(initial) > jsonrpc.MAX_CHARS:
+            raise BadParams(f"params longer than {jsonrpc.MAX_CHARS} bytes")
+        # Bounded like the websocket's requests: a nesting bomb is refused by a linear
+        # pre-scan, never handed to Python's recursive decoder.
+        params = jsonrpc.loads_bounded(initial)
+    except ValueError as exc:  # not JSON, or nested too deep (the decoder's text stays here)
+        deep = str(exc).startswith("nested deeper")
+        text = f"invalid params: {exc}" if deep else "invalid params: not JSON"
         await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, text).encode())
         return
+    except BadParams as exc:
+        error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
+        await duplex.end(error=error.encode())
+        return
+    try:
+        parsed = parse_subscribe(params)
     except BadParams as exc:
         error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
         await duplex.end(error=error.encode())
@@ -64,7 +88,7 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
         error = jsonrpc.error(None, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
         await duplex.end(error=error.encode())
         return
-    outbox = Outbox(send_buffer)
+    outbox = Outbox(send_buffer, stall_s=stall_s)
     sub = Subscription("0x1", parsed, outbox, envelope=False)
 
     async def write() -> None:
@@ -85,6 +109,10 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
             group.create_task(resumption.stream(plan, keep, sub))
     except* PeerLeft:
         pass
+    except* (DialogueError, ConnectionError) as gone:
+        # The subscriber went away mid-send (a closed duplex or connection): one line,
+        # not a traceback of the task group.
+        log.info("dialogue subscriber gone: %r", gone.exceptions[0])
     except* SlowConsumer:
         await duplex.end(error=b"subscriber too slow: send buffer full")
     except* ResumptionError as group_exc:
@@ -95,10 +123,15 @@ async def serve_duplex(resumption: TieredResumption, duplex: Duplex, *, send_buf
 
 
 def dialogue_server(
-    resumption: TieredResumption, host: str, port: int, *, send_buffer: int
+    resumption: TieredResumption,
+    host: str,
+    port: int,
+    *,
+    send_buffer: int,
+    stall_s: float | None = None,
 ) -> DialogueServer:
     async def on_duplex(duplex: Duplex) -> None:
-        await serve_duplex(resumption, duplex, send_buffer=send_buffer)
+        await serve_duplex(resumption, duplex, send_buffer=send_buffer, stall_s=stall_s)
 
     return DialogueServer(host, port, on_duplex=on_duplex)
 

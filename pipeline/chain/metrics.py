@@ -35,6 +35,27 @@ class Metrics:
         ),
         "sluice_serve_redis_errors_total": ("counter", "redis errors seen by the live tailer"),
         "sluice_serve_redis_up": ("gauge", "1 when the live tailer is connected to redis"),
+        "sluice_serve_connections_refused_total": (
+            "counter",
+            "connections answered 503 and closed: the connection cap was reached",
+        ),
+        "sluice_serve_header_timeouts_total": (
+            "counter",
+            "connections closed (408) for not sending a complete request head in time",
+        ),
+        "sluice_serve_entries_refused_total": (
+            "counter",
+            "chain-stream entries refused (too large, too many items, too deep, wrong shape)",
+        ),
+        "sluice_serve_resident_bytes": ("gauge", "resident memory of the process"),
+        "sluice_serve_memory_releases_total": (
+            "counter",
+            "times free native memory was given back after the resident size grew",
+        ),
+        "sluice_serve_memory_released_bytes_total": (
+            "counter",
+            "resident bytes given back by those releases",
+        ),
     }
 
     def __init__(self) -> None:

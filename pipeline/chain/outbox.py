@@ -25,6 +25,8 @@ import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
+from pipeline.errors import SlowConsumer
+
 
 class FanoutBatch:
     """Writer wake-ups deferred while the hub publishes one block (see the module doc)."""
@@ -82,7 +84,7 @@ class Outbox:
     the writer if anything is left.
     """
 
-    __slots__ = ("_batch", "_inline", "_items", "_noted", "_room", "_waiter", "limit")
+    __slots__ = ("_batch", "_inline", "_items", "_noted", "_room", "_waiter", "limit", "stall_s")
 
     def __init__(
         self,
@@ -90,10 +92,13 @@ class Outbox:
         *,
         batch: FanoutBatch | None = None,
         inline: Callable[[], Awaitable[None]] | None = None,
+        stall_s: float | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError("outbox limit must be positive")
         self.limit = limit
+        #: How long :meth:`put` waits for room before the subscriber counts as too slow.
+        self.stall_s = stall_s
         self._items: deque[bytes] = deque()
         #: the writer waiting for texts (None: not waiting, or already woken)
         self._waiter: asyncio.Future[None] | None = None
@@ -136,10 +141,22 @@ class Outbox:
             self._wake()
 
     async def put(self, texts: list[bytes]) -> None:
-        """Queue, waiting for room; a list longer than the limit goes in once the queue is empty."""
+        """Queue, waiting for room; a list longer than the limit goes in once the queue is empty.
+
+        :class:`SlowConsumer` when no room came (the queue did not drain to half
+        its limit) within ``stall_s``: a reader that stopped reading is let go,
+        not waited for forever.
+        """
         while self._items and len(self._items) + len(texts) > self.limit:
             self._room.clear()
-            await self._room.wait()
+            try:
+                async with asyncio.timeout(self.stall_s):
+                    await self._room.wait()
+            except TimeoutError:
+                raise SlowConsumer(
+                    f"send buffer of {self.limit} messages full for {self.stall_s}s",
+                    public=f"subscriber too slow: send buffer of {self.limit} messages full",
+                ) from None
         self._items.extend(texts)
         self._wake()
 

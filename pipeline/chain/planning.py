@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,6 +25,7 @@ from pipeline.chain.batch import (
     ENTRY_FIELD,
     MAX_BLOCK_NUM,
     Block,
+    check_raw,
     decode_block,
     decode_raw,
     effective_weight,
@@ -326,14 +327,20 @@ class TailIndex:
 
 
 def index_entry(
-    tail: TailIndex, entry_id: bytes, fields: dict[bytes, bytes]
+    tail: TailIndex,
+    entry_id: bytes,
+    fields: dict[bytes, bytes],
+    refused: Callable[[bytes, Exception], None] | None = None,
 ) -> tuple[int, str] | None:
     """Add one Redis entry's metadata to ``tail``: its (num, hash), or None when invalid.
 
-    An invalid entry only moves ``last_id``.
+    The whole entry is checked (size, then shape: :func:`check_raw`), so the
+    catch-up encoders never meet a block the live path would refuse. An
+    invalid entry only moves ``last_id``, and is handed to ``refused`` (else logged).
     """
     try:
         raw = decode_raw(fields[ENTRY_FIELD])
+        check_raw(raw)
         num, hash = raw["num"], raw["hash"].hex()
         if not indexable(num, raw["hash"], raw["parent"]):
             raise BadBatch("block number or hashes out of range")
@@ -342,8 +349,11 @@ def index_entry(
         if below is not None and below[0] == parent:
             parent = below[0]  # one string for the parent and its hash: about 110 bytes an entry
         tail.add(num, hash, parent, entry_id, raw_weight(raw))
-    except (BadBatch, KeyError, AttributeError, TypeError):
-        log.warning("skipping invalid chain entry %r", entry_id)
+    except (BadBatch, KeyError, AttributeError, TypeError) as exc:
+        if refused is not None:
+            refused(entry_id, exc)
+        else:
+            log.warning("skipping invalid chain entry %r: %s", entry_id, exc)
         tail.last_id = entry_id
         return None
     return num, hash

@@ -1,6 +1,7 @@
 """``sluice produce``: write a synthetic chain into the Redis chain stream at a rate.
 
-It rides out a Redis restart: a block that cannot be written is retried with
+It rides out a Redis restart or a Redis refusing writes (``maxmemory`` reached
+with ``noeviction``, a replica, a failed RDB save): a block that cannot be written is retried with
 backoff (one log line when the outage starts, one when it ends) for up to
 ``--retry-for`` seconds, then the command fails with a one-line error. The
 append is idempotent, so a retry after a write whose answer was lost never
@@ -24,10 +25,10 @@ from redis.exceptions import NoScriptError, RedisError
 from pipeline import keys, redischeck
 from pipeline.chain.batch import ENTRY_FIELD, Block, decode_block, encode_block
 from pipeline.chain.generator import SyntheticChain
-from pipeline.cli import non_negative
+from pipeline.cliargs import non_negative, plain
 from pipeline.durability import Durability
 from pipeline.errors import BadBatch, NotReplicated, ProducerGaveUp
-from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha
+from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha, unavailable
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,15 @@ return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
 
 #: Entries read back to go on from a stream's head (enough for reorgs below it).
 RESUME_ENTRIES = 256
-#: Retried until ``--retry-for`` runs out: Redis away or moving, or a write too few replicas took.
-_RETRIED: tuple[type[BaseException], ...] = (*UNAVAILABLE, NotReplicated)
+#: Retried until ``--retry-for`` runs out: Redis away, moving or refusing writes (see
+#: :func:`~pipeline.redisconn.unavailable`), or a write too few replicas took.
+_RETRIED: tuple[type[BaseException], ...] = (*UNAVAILABLE, NotReplicated, RedisError)
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 2.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice produce", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="sluice produce", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--stream", help="chain stream name (default SLUICE_SERVE_STREAM)")
     p.add_argument(
         "--rate",
@@ -86,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         "--retry-for",
         type=non_negative(float),
         default=600.0,
-        help="seconds to keep retrying while Redis is unreachable before giving up "
+        help="seconds to keep retrying while Redis is unreachable or refuses writes before giving up "
         "(default: %(default)s)",
     )
     return p
@@ -140,11 +142,15 @@ class _Writer:
                 result = await op()
             except _RETRIED as exc:
                 checkpoint(exc)
+                if isinstance(exc, RedisError) and not unavailable(exc):
+                    raise  # e.g. WRONGTYPE: retrying cannot help
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
                     self.outages += 1
-                    log.warning("redis unavailable (%s); retrying %s", exc, what)
+                    log.warning(
+                        "redis unavailable (%s: %s); retrying %s", type(exc).__name__, exc, what
+                    )
                 elif now - down_since > self.retry_for:
                     raise ProducerGaveUp(
                         f"redis unavailable for {self.retry_for:.0f}s: {exc}"
@@ -220,6 +226,6 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    settings = Settings.load()
+    settings = Settings.load(parts=("redis", "serve"))
     redischeck.check(settings.redis.url)
     return asyncio.run(_run(args, settings))

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from pipeline import keys
 from pipeline.chain.batch import ENTRY_FIELD
+from pipeline.chain.entries import Refusals
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.planning import Entries, decode_servable
 from pipeline.chain.producer import LiveBlock, WebsocketHub
@@ -37,7 +38,9 @@ class RedisTailer:
         *,
         block_ms: int = 1000,
         give_up_s: float = 300.0,
+        refused: Refusals | None = None,
     ) -> None:
+        self._refused = refused if refused is not None else Refusals(metrics)
         self._redis = redis
         self._key = keys.stream(stream)
         self._hub = hub
@@ -89,8 +92,8 @@ class RedisTailer:
                     self.last_id = entry_id
                     try:
                         block = decode_servable(fields[ENTRY_FIELD])
-                    except (BadBatch, KeyError):
-                        log.warning("live tailer: skipping invalid entry %r", entry_id)
+                    except (BadBatch, KeyError) as exc:
+                        self._refused(entry_id, exc)
                         continue
                     self._metrics.inc("sluice_serve_blocks_live_total")
                     self._hub.publish(LiveBlock.from_block(block, self.last_id))

@@ -60,6 +60,7 @@ from pipeline.chain.batch import (
     raw_weight,
 )
 from pipeline.chain.cardinal import encode_results
+from pipeline.chain.entries import Refusals
 from pipeline.chain.lakepages import (
     ENCODE_ROWS,
     close_pages,
@@ -81,6 +82,7 @@ from pipeline.chain.planning import (
 from pipeline.chain.producer import LiveBlock, WebsocketHub
 from pipeline.chain.resolve import Locator
 from pipeline.chain.tail import PAGE, RedisTail, SharedTail
+from pipeline.chain.turns import Turn, Turns
 from pipeline.errors import BadBatch, ResumptionError, SlowConsumer
 from pipeline.redisconn import checkpoint, parse_entry_id
 
@@ -110,7 +112,11 @@ class TieredResumption:
         reorg_threshold: int = 64,
         max_tail: int = 1_000_000,
         batch_rows: int = 8192,
+        refused: Refusals | None = None,
+        turns: Turns | None = None,
     ) -> None:
+        #: Event-loop time shared by catch-ups (pipeline/chain/turns.py).
+        self.turns = turns if turns is not None else Turns()
         self._stream = stream
         self._key = keys.stream(stream)
         self._hub = hub
@@ -118,8 +124,9 @@ class TieredResumption:
         self._threshold = reorg_threshold
         self._max_tail = max_tail
         self._batch_rows = batch_rows
-        self._tail = SharedTail(redis, self._key, max_entries=max_tail)
-        self._entries: TailReads = RedisTail(redis, self._key)
+        self._refused = refused if refused is not None else Refusals()
+        self._tail = SharedTail(redis, self._key, max_entries=max_tail, refused=self._refused)
+        self._entries: TailReads = RedisTail(redis, self._key, self._refused)
         self._locator = Locator(
             stream=stream,
             tail=self._tail,
@@ -217,7 +224,8 @@ class TieredResumption:
                         table = await asyncio.to_thread(next, pages, None)
                         if table is None:
                             return pos
-                    emits = page_emits(table.slice(0, ENCODE_ROWS), keep)
+                    async with Turn(self.turns):
+                        emits = page_emits(table.slice(0, ENCODE_ROWS), keep)
                     table = table.slice(ENCODE_ROWS)
                 if not emits:
                     continue  # every block of the slice was skipped (see page_emits)
@@ -256,25 +264,35 @@ class TieredResumption:
             ]
             if not nums:
                 continue
-            wanted = {tail.chain[n][2]: n for n in nums}
-            ids = sorted(wanted, key=parse_entry_id)
-            entries = await self._entries.between(ids[0], ids[-1])
-            payloads = {eid: f[ENTRY_FIELD] for eid, f in entries if eid in wanted}
-            emits = []
-            for n in nums:
-                h, parent, eid = tail.chain[n]
-                payload = payloads.get(eid)
-                if payload is None:
-                    payload = await self._payload_from_history(plan.history, n, h)
-                raw = decode_raw(payload)
-                emit = Emit(n, h, parent, [], 0, effective_weight(n, raw_weight(raw)))
-                depth = sender.accept(n, h, emit.weight, emit)
-                if depth is None:
-                    continue
-                emit.results, emit.reorg = encode_results(raw, n, h, parent, keep), depth
-                emits.append(emit)
-            if emits:
-                await sink.put(emits)
+            # The page is read and parsed (about 10 ms for 1,000 entries) in a turn too:
+            # 16 catch-ups parsing their pages in one loop iteration delayed live blocks
+            # by seconds. The read is a bounded Redis call, never a wait for the subscriber.
+            async with Turn(self.turns):
+                wanted = {tail.chain[n][2]: n for n in nums}
+                ids = sorted(wanted, key=parse_entry_id)
+                entries = await self._entries.between(ids[0], ids[-1])
+                payloads = {eid: f[ENTRY_FIELD] for eid, f in entries if eid in wanted}
+            for n in nums:  # trimmed meanwhile: read from the lake (not while holding a turn)
+                h, _parent, eid = tail.chain[n]
+                if eid not in payloads:
+                    payloads[eid] = await self._payload_from_history(plan.history, n, h)
+            i = 0
+            while i < len(nums):  # decoded and encoded a turn at a time (pipeline/chain/turns.py)
+                emits = []
+                async with Turn(self.turns) as turn:
+                    while i < len(nums) and not turn.over():
+                        n = nums[i]
+                        i += 1
+                        h, parent, eid = tail.chain[n]
+                        raw = decode_raw(payloads[eid])
+                        emit = Emit(n, h, parent, [], 0, effective_weight(n, raw_weight(raw)))
+                        depth = sender.accept(n, h, emit.weight, emit)
+                        if depth is None:
+                            continue
+                        emit.results, emit.reorg = encode_results(raw, n, h, parent, keep), depth
+                        emits.append(emit)
+                if emits:
+                    await sink.put(emits)
 
     async def _payload_from_history(self, history: History | None, num: int, h: str) -> bytes:
         if history is not None:
@@ -300,26 +318,39 @@ class TieredResumption:
         in block numbers: that range is read from the lake first.
         """
         while True:
-            entries = await self._entries.after(last_id, PAGE)
+            turn = Turn(self.turns)  # read and decoded a turn at a time (pipeline/chain/turns.py)
             emits: list[Emit] = []
-            for entry_id, fields in entries:
-                last_id = entry_id
-                try:
-                    block = decode_servable(fields[ENTRY_FIELD])
-                except (BadBatch, KeyError):
-                    log.warning("skipping invalid chain entry %r", entry_id)
-                    continue
-                if (
-                    sender.sent
-                    and block.num > sender.head
-                    and not sender.knows(block.num - 1, block.parent.hex())
-                ):
-                    if emits:
-                        await sink.put(emits)
-                        emits = []
-                    await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
-                item = LiveBlock.from_block(block, entry_id)
-                emits.extend(sender.take(live_emit(item, keep)))
+            try:
+                await turn.acquire()
+                entries = await self._entries.after(last_id, PAGE)
+                for entry_id, fields in entries:
+                    if turn.held and turn.over():
+                        turn.release()
+                        if emits:
+                            await sink.put(emits)
+                            emits = []
+                    await turn.acquire()
+                    last_id = entry_id
+                    try:
+                        block = decode_servable(fields[ENTRY_FIELD])
+                    except (BadBatch, KeyError) as exc:
+                        self._refused(entry_id, exc)
+                        continue
+                    if (
+                        sender.sent
+                        and block.num > sender.head
+                        and not sender.knows(block.num - 1, block.parent.hex())
+                    ):
+                        turn.release()
+                        if emits:
+                            await sink.put(emits)
+                            emits = []
+                        await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
+                        await turn.acquire()
+                    item = LiveBlock.from_block(block, entry_id)
+                    emits.extend(sender.take(live_emit(item, keep)))
+            finally:
+                turn.release()
             if emits:
                 await sink.put(emits)
             if len(entries) < PAGE:

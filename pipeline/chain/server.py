@@ -47,10 +47,14 @@ from collections.abc import AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, web
+from redis.exceptions import RedisError
 
+from pipeline import health, memory
+from pipeline.chain.admission import ConnectionGuard
 from pipeline.chain.appkeys import (
     CALLS,
     CONNECTIONS,
+    GUARD,
     HISTORY,
     HUB,
     METRICS,
@@ -61,6 +65,7 @@ from pipeline.chain.appkeys import (
 )
 from pipeline.chain.auth import authorized, refusal
 from pipeline.chain.cardinal import DIALECTS
+from pipeline.chain.entries import Refusals
 from pipeline.chain.history import SharedHistory
 from pipeline.chain.metrics import CONTENT_TYPE, Metrics
 from pipeline.chain.planning import History
@@ -86,12 +91,20 @@ def _tailer_ended(app: web.Application, tailer: RedisTailer, task: asyncio.Task[
     app[METRICS].set("sluice_serve_redis_up", 0.0)
 
 
-async def _warm(resumption: TieredResumption) -> None:
-    """Index the tail at start; if Redis is not there yet, the first call will."""
+async def _warm(resumption: TieredResumption, history: SharedHistory | None) -> None:
+    """Index the tail and open the lake at start; what is not there yet, the first call does.
+
+    Opening the lake (importing pyarrow and deltalake, loading the Delta log)
+    cost the first subscriber after a start 0.7-2.6 s.
+    """
     try:
         await resumption.warm()
     except (aioredis.RedisError, OSError) as exc:
         log.warning("tail index not built at start: %r", exc)
+    if history is not None:
+        error = await asyncio.to_thread(history.probe)
+        if error is not None:
+            log.warning("lake not opened at start: %s", error)
 
 
 async def ws_handler(request: web.Request) -> web.StreamResponse:
@@ -121,6 +134,22 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+async def _write_probe(app: web.Application) -> str | None:
+    """None when Redis takes a write (:func:`pipeline.health.redis_writable`), else why not."""
+    client = app.get(REDIS)
+    if client is None:
+        return None
+    check = health.redis_writable(client, f"serve:{app[SETTINGS].serve.port}")
+    try:
+        async with asyncio.timeout(health.CHECK_TIMEOUT_S):
+            await check()
+    except TimeoutError:
+        return f"timed out after {health.CHECK_TIMEOUT_S}s"
+    except (RedisError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return None
+
+
 async def healthz(request: web.Request) -> web.Response:
     app = request.app
     tailer = app.get(TAILER)
@@ -129,11 +158,15 @@ async def healthz(request: web.Request) -> web.Response:
     # The lake answers history requests: a store that cannot be read is "down" here,
     # not an "ok" server that answers every resumption with "lake error".
     lake_error = await asyncio.to_thread(history.probe) if history is not None else None
-    healthy = redis_up is not False and lake_error is None
+    # Serve only reads, but a Redis that refuses writes stops the chain's producer:
+    # say so here rather than serve a head that no longer moves.
+    write_error = await _write_probe(app) if redis_up is not None else None
+    healthy = redis_up is not False and lake_error is None and write_error is None
     hub = app[HUB]
     body = {
         "status": "ok" if healthy else "degraded",
         "redis": {True: "up", False: "down", None: "in-process"}[redis_up],
+        "redis_write": "n/a" if redis_up is None else (write_error or "ok"),
         "lake": "n/a" if history is None else ("up" if lake_error is None else "down"),
         "connections": len(app[CONNECTIONS]),
         "live_subscriptions": len(hub),
@@ -150,7 +183,18 @@ async def metrics_handler(request: web.Request) -> web.Response:
         metrics.inc("sluice_serve_auth_failures_total")
         return refusal()
     metrics.set("sluice_serve_connections_open", len(request.app[CONNECTIONS]))
+    metrics.set("sluice_serve_resident_bytes", memory.rss_bytes())
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def _releaser(metrics: Metrics) -> memory.Releaser:
+    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics."""
+
+    def released(before: int, after: int) -> None:
+        metrics.inc("sluice_serve_memory_releases_total")
+        metrics.inc("sluice_serve_memory_released_bytes_total", max(0, before - after))
+
+    return memory.Releaser(on_release=released)
 
 
 def create_app(
@@ -165,6 +209,12 @@ def create_app(
     app[SETTINGS] = settings
     app[HUB] = hub if hub is not None else WebsocketHub()
     app[METRICS] = Metrics()
+    app[GUARD] = ConnectionGuard(
+        max_connections=settings.serve.max_connections,
+        header_timeout_s=settings.serve.header_timeout_s,
+        metrics=app[METRICS],
+    )
+    app.middlewares.append(app[GUARD].middleware)
     app[CONNECTIONS] = set()
     app[CALLS] = set()
     if history_factory is None:
@@ -190,6 +240,7 @@ def create_app(
         client = connect(settings.redis.url, Role.SERVE)
         tail_client = connect(settings.redis.url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
         app[REDIS] = client
+        refused = Refusals(app[METRICS])  # one count and one log line per entry, whoever reads it
         app[RESUMPTION] = TieredResumption(
             redis=client,
             stream=settings.serve.stream,
@@ -198,6 +249,7 @@ def create_app(
             reorg_threshold=settings.lake.reorg_threshold,
             batch_rows=512,
             max_tail=settings.serve.tail_index_max,
+            refused=refused,
         )
         feed = None
         if settings.serve.dialogue_port:
@@ -208,9 +260,11 @@ def create_app(
                 settings.serve.host,
                 settings.serve.dialogue_port,
                 send_buffer=settings.serve.send_buffer,
+                stall_s=settings.serve.stall_s,
             )
             await feed.start()
-        warm = asyncio.create_task(_warm(app[RESUMPTION]), name="tail-index-warm")
+        warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
+        releaser = asyncio.create_task(_releaser(app[METRICS]).run(), name="memory-releaser")
         task: asyncio.Task[None] | None = None
         if relay:
             tailer = RedisTailer(
@@ -219,6 +273,7 @@ def create_app(
                 app[HUB],
                 app[METRICS],
                 block_ms=_TAIL_BLOCK_MS,
+                refused=refused,
             )
             app[TAILER] = tailer
             task = asyncio.create_task(tailer.run(), name="redis-tailer")
@@ -226,9 +281,10 @@ def create_app(
         try:
             yield
         finally:
-            warm.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await warm
+            for background in (warm, releaser):
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
             if task is not None:
                 task.cancel()
                 try:

@@ -11,12 +11,13 @@ from pipeline.chain.batch import parse_hash
 from pipeline.chain.cardinal import CARDINAL, DIALECTS, SEED
 from pipeline.chain.consumer import subscribe
 from pipeline.chain.ordered import Added
+from pipeline.cliargs import non_negative, plain
 from pipeline.errors import BadBatch, ConfigError
 from pipeline.settings import Settings
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice subscribe", description=__doc__)
+    p = argparse.ArgumentParser(prog="sluice subscribe", description=plain(__doc__))
     p.add_argument(
         "--url",
         help="ws://host:port/ws, or .../cardinal for --dialect cardinal "
@@ -29,11 +30,19 @@ def _parser() -> argparse.ArgumentParser:
         help="wire dialect: seed (sluice serve's /ws) or cardinal (sluice serve's /cardinal, "
         "or a cardinal-streams websocket producer)",
     )
-    p.add_argument("--from", dest="from_num", type=int, default=0, help="first block number")
+    p.add_argument(
+        "--from", dest="from_num", type=non_negative(int), default=0, help="first block number"
+    )
     p.add_argument("--hash", help="0x hash of block --from, when known")
     p.add_argument("--prefix", action="append", default=[], help="RE2 key prefix pattern (repeat)")
     p.add_argument("--count", type=int, default=0, help="stop after this many updates (0: never)")
     p.add_argument("--token", help="bearer token (default SLUICE_SERVE_TOKEN)")
+    p.add_argument(
+        "--retries",
+        type=non_negative(int),
+        default=20,
+        help="reconnections without a block before giving up (default: %(default)s)",
+    )
     return p
 
 
@@ -52,6 +61,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         args.prefix,
         token=args.token or settings.serve.token or None,
         dialect=args.dialect,
+        max_retries=args.retries,
     )
     try:
         async for update in updates:
@@ -83,4 +93,4 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    return asyncio.run(_run(args, Settings.load()))
+    return asyncio.run(_run(args, Settings.load(parts=("serve",))))

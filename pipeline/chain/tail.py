@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import redis.asyncio as aioredis
 
+from pipeline.chain.entries import Refusals
 from pipeline.chain.planning import Entries, TailIndex, index_entry
 from pipeline.redisconn import checkpoint, parse_entry_id
 
@@ -26,22 +27,55 @@ log = logging.getLogger(__name__)
 PAGE = 1000
 
 
+#: Refused entries a read steps around (more in one read: it reads through them).
+SKIP_AT_MOST = 16
+
+
 class RedisTail:
-    """:class:`~pipeline.chain.planning.TailReads` over one Redis stream key."""
+    """:class:`~pipeline.chain.planning.TailReads` over one Redis stream key.
 
-    __slots__ = ("_key", "_redis")
+    With ``refused``, reads leave out the entries already refused
+    (:class:`~pipeline.chain.entries.Refusals`): the ranges around them are
+    read instead, so a hostile entry is not fetched again by every catch-up.
+    """
 
-    def __init__(self, redis: aioredis.Redis, key: str) -> None:
+    __slots__ = ("_key", "_redis", "_refused")
+
+    def __init__(self, redis: aioredis.Redis, key: str, refused: Refusals | None = None) -> None:
         self._redis = redis
         self._key = key
+        self._refused = refused
+
+    def _skips(self, after: bytes, upto: bytes | None = None) -> list[bytes]:
+        if self._refused is None:
+            return []
+        skips = self._refused.within(after, upto)
+        return skips if len(skips) <= SKIP_AT_MOST else []
 
     async def between(self, first: bytes, last: bytes) -> Entries:
-        return await _xrange(self._redis, self._key, min=first, max=last)
+        skips = [s for s in self._skips(first, last) if s != last]
+        if not skips:
+            return await _xrange(self._redis, self._key, min=first, max=last)
+        pipe = self._redis.pipeline(transaction=False)
+        lo: str | bytes = first
+        for skip in skips:
+            pipe.xrange(self._key, min=lo, max="(" + skip.decode())
+            lo = "(" + skip.decode()
+        pipe.xrange(self._key, min=lo, max=last)
+        pages = cast(list[Entries], await pipe.execute())
+        checkpoint()
+        return [entry for page in pages for entry in page]
 
     async def after(self, last_id: bytes, count: int) -> Entries:
-        return await _xrange(
-            self._redis, self._key, min="(" + last_id.decode(), max="+", count=count
-        )
+        lo = "(" + last_id.decode()
+        out: Entries = []
+        for skip in [*self._skips(last_id), None]:
+            hi = "+" if skip is None else "(" + skip.decode()
+            out += await _xrange(self._redis, self._key, min=lo, max=hi, count=count - len(out))
+            if skip is None or len(out) >= count:
+                return out
+            lo = "(" + skip.decode()
+        return out
 
 
 class SharedTail:
@@ -63,8 +97,10 @@ class SharedTail:
         *,
         max_entries: int = 1_000_000,
         writer_wait_s: float = 2.0,
+        refused: Callable[[bytes, Exception], None] | None = None,
     ) -> None:
         self._redis = redis
+        self._refused = refused
         self._key = key
         self._max = max_entries
         self._writer_wait_s = writer_wait_s
@@ -133,7 +169,7 @@ class SharedTail:
                     return True
                 self._drop_before(parse_entry_id(first[0][0]))
                 for entry_id, fields in entries:
-                    added = index_entry(self.index, entry_id, fields)
+                    added = index_entry(self.index, entry_id, fields, self._refused)
                     num, hash = added if added is not None else (-1, "")
                     self._order.append((parse_entry_id(entry_id), num, hash))
                 if len(self._order) > self._max:
@@ -203,4 +239,4 @@ async def _xrange(
     return entries
 
 
-__all__ = ["PAGE", "RedisTail", "SharedTail"]
+__all__ = ["PAGE", "SKIP_AT_MOST", "RedisTail", "SharedTail"]

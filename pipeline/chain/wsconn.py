@@ -94,7 +94,10 @@ class Connection:
         self.resumption = app[RESUMPTION]
         self.dialect = dialect_of(request) or SEED
         self.outbox = Outbox(
-            self.settings.serve.send_buffer, batch=app[HUB].batch, inline=self._send_inline
+            self.settings.serve.send_buffer,
+            batch=app[HUB].batch,
+            inline=self._send_inline,
+            stall_s=self.settings.serve.stall_s,
         )
         #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
         self._writing = False
@@ -273,6 +276,8 @@ class Connection:
             log.info(fmt + " (%s)", *args, self.request.remote)
 
     def _slow(self) -> None:
+        if self._failure.done():
+            return  # one disconnect, however many of its subscriptions found it too slow
         self.metrics.inc("sluice_serve_slow_disconnects_total")
         self.fail(
             WSCloseCode.POLICY_VIOLATION,

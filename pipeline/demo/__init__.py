@@ -17,9 +17,7 @@ def main(argv: list[str]) -> int:
     from pipeline.errors import ConfigError
 
     if importlib.util.find_spec("rich") is None:  # comes with Airflow; the view needs it
-        raise ConfigError(
-            "rich is not installed: pip install -e '.[lake,airflow]' (or make install)"
-        )
+        raise ConfigError("rich is not installed: pip install 'sluice[demo]' (or make install)")
     from pipeline.demo.app import main as run
 
     return run(argv)

@@ -62,6 +62,8 @@ class Options:
     var_dir: Path
     #: for tests: stop as soon as everything is up
     up_then_stop: bool = False
+    #: "local" or "s3" (an S3 server the demo runs)
+    lake: str = "local"
 
 
 def repo_root() -> Path:
@@ -92,6 +94,13 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument(
         "--deadline", type=float, default=900.0, help="--check: seconds before it gives up"
     )
+    p.add_argument(
+        "--lake",
+        choices=("local", "s3"),
+        default="local",
+        help="where the lake lives: a local directory, or an S3 server the demo starts "
+        "(versitygw, built by make install)",
+    )
     p.add_argument("--up-then-stop", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -120,11 +129,12 @@ def parse(argv: list[str]) -> Options:
         deadline_s=args.deadline,
         var_dir=Path(settings.var_dir).expanduser().absolute(),
         up_then_stop=args.up_then_stop,
+        lake=args.lake,
     )
 
 
 def plan_for(opts: Options, root: Path, demo_id: str = "") -> comp.Plan:
-    timing: dict[str, float | int | str] = {"demo_id": demo_id}
+    timing: dict[str, float | int | str] = {"demo_id": demo_id, "lake": opts.lake}
     if opts.check:  # faster blocks and a shorter hot window: the check waits for a trim
         timing |= {"rate": 4.0, "reorg_every": 8, "hot_retention_s": 15}
     return comp.Plan.make(
@@ -160,6 +170,8 @@ def prepare(plan: comp.Plan) -> None:
 
 def components_for(plan: comp.Plan, only: tuple[str, ...]) -> list[Component]:
     made: list[Component] = []
+    if plan.lake == "s3":
+        made.append(comp.store_component(plan))
     if "spark" in only:
         made.append(comp.spark_component(plan))
     if "serve" in only:
@@ -183,7 +195,7 @@ def main(argv: list[str]) -> int:
     # a caller (a test) may name the marker to look for leftovers itself
     demo_id = os.environ.get(MARKER) or uuid.uuid4().hex[:12]
     plan = plan_for(opts, root, demo_id)
-    problems = prereq.missing(root, plan.dir, user_ports(opts))
+    problems = prereq.missing(root, plan.dir, user_ports(opts), lake=opts.lake)
     if "airflow" not in opts.only:
         problems = [p for p in problems if "airflow" not in p]
     if problems:
@@ -273,7 +285,7 @@ async def start_all(
             took = await warm()
             progress.update(step, completed=1, description=f"spark: warm in {took:.1f}s")
 
-    first = [n for n in ("redis", "postgres") if n in supervisor.children]
+    first = [n for n in ("redis", "postgres", "s3") if n in supervisor.children]
     await asyncio.gather(*(one(n) for n in first))  # what the others connect to
     rest = [n for n in supervisor.children if n not in first]
     starting: asyncio.Future[Any] = asyncio.gather(*(one(n) for n in rest))

@@ -40,6 +40,7 @@ from pipeline.demo.activity import Activity, Counts
 from pipeline.demo.supervisor import Supervisor
 from pipeline.demo.verify import Follower, Known, canonical_chain
 from pipeline.errors import BrokenChain, DemoTimeout
+from pipeline.settings import LakeSettings
 
 #: Seconds the subscriber keeps listening after it reached the expected head.
 QUIET_S = 3.0
@@ -204,7 +205,7 @@ async def _expected(
 ) -> tuple[list[Row], list[Known], tuple[int, bytes] | None]:
     """Rows about the lake and Redis, the expected canonical chain, and Redis's head."""
     redis_blocks, redis_head = await _redis_blocks(plan)
-    lake_rows = await asyncio.to_thread(_lake_canonical, plan.lake_uri)
+    lake_rows = await asyncio.to_thread(_lake_canonical, plan.lake_settings())
     known = [Known(num=r.num, hash=r.hash, parent=r.parent, weight=r.weight) for r in lake_rows]
     name = "lake + Redis hold one chain from block 0"
     try:
@@ -260,10 +261,10 @@ async def _redis_blocks(plan: comp.Plan) -> tuple[list[Known], tuple[int, bytes]
     return blocks, (None if last is None else (last.num, last.hash))
 
 
-def _lake_canonical(lake_uri: str) -> list[Any]:
+def _lake_canonical(lake: LakeSettings) -> list[Any]:
     from pipeline.lake.reader import LakeReader
 
-    reader = LakeReader(lake_uri)
+    reader = LakeReader(lake)
     rows: list[Any] = []
     for batch in reader.iter_canonical(comp.STREAM, 0, None):
         rows += batch

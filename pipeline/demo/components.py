@@ -21,15 +21,18 @@ from pathlib import Path
 
 import aiohttp
 
-from pipeline import localpostgres
+from pipeline import localpostgres, localstore
 from pipeline.demo import airflowdb
 from pipeline.demo.procs import MARKER
 from pipeline.demo.supervisor import Component, Probe
 from pipeline.ports import free_port
+from pipeline.settings import LakeSettings
 
 STREAM = "chain:demo"
 RPC_CMD = "demo.ping"
 TWINS = (1, 2)
+#: the bucket of the lake when it is on the demo's S3 server
+LAKE_BUCKET = "lake"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +64,9 @@ class Plan:
     #: Entries younger than this stay in Redis after they are archived.
     hot_retention_s: int = 30
     airflow_parallelism: int = 3
+    #: "local" (a directory) or "s3" (a versitygw the demo runs on ``store_port``)
+    lake: str = "local"
+    store_port: int = 0
 
     @classmethod
     def make(
@@ -82,6 +88,7 @@ class Plan:
             bus_ports=(free_port(), free_port()),
             bus_health=(free_port(), free_port()),
             log_ports=(free_port(), free_port()),
+            store_port=free_port(),
             **timing,  # type: ignore[arg-type]
         )
 
@@ -101,7 +108,29 @@ class Plan:
 
     @property
     def lake_uri(self) -> str:
-        return str(self.dir / "lake")
+        return f"s3://{LAKE_BUCKET}/sluice" if self.lake == "s3" else str(self.dir / "lake")
+
+    @property
+    def store_dir(self) -> Path:
+        """The S3 server's root: each subdirectory is a bucket."""
+        return self.dir / "s3"
+
+    def lake_settings(self) -> LakeSettings:
+        """The lake as every component reads it (the S3 server's address when on S3)."""
+        if self.lake != "s3":
+            return LakeSettings.from_url(self.lake_uri)
+        s3 = {
+            k.removeprefix("lake_"): v for k, v in localstore.lake_settings(self.store_port).items()
+        }
+        return LakeSettings(uri=self.lake_uri, **s3)  # type: ignore[arg-type]
+
+    def lake_env(self) -> dict[str, str]:
+        """``SLUICE_LAKE_*`` for the lake: its URI, and the S3 server's address when on S3."""
+        env = {"SLUICE_LAKE_URI": self.lake_uri}
+        if self.lake == "s3":
+            for key, value in localstore.lake_settings(self.store_port).items():
+                env[f"SLUICE_{key.upper()}"] = str(value).lower() if value is True else str(value)
+        return env
 
     @property
     def status_url(self) -> str:
@@ -140,7 +169,7 @@ class Plan:
         """``SLUICE_*`` every Sluice child shares."""
         return {
             "SLUICE_REDIS_URL": self.redis_url(),
-            "SLUICE_LAKE_URI": self.lake_uri,
+            **self.lake_env(),
             "SLUICE_VAR_DIR": str(self.dir),
             "SLUICE_STREAMS": STREAM,
             "SLUICE_CHAIN_STREAMS": STREAM,
@@ -315,6 +344,22 @@ def postgres_component(plan: Plan) -> Component:
         ready=tcp_probe(plan.postgres_port),
         ready_timeout_s=60,
         stop_grace_s=10,
+    )
+
+
+def store_component(plan: Plan) -> Component:
+    """The lake's S3 server (versitygw), its bucket a directory made before it starts."""
+    (plan.store_dir / LAKE_BUCKET).mkdir(parents=True, exist_ok=True)
+    return Component(
+        name="s3",
+        role="S3 server holding the lake (versitygw)",
+        argv=tuple(
+            localstore.server_argv(localstore.binary_path(), plan.store_port, plan.store_dir)
+        ),
+        env=localstore.server_env(),
+        ready=tcp_probe(plan.store_port),
+        ready_timeout_s=30,
+        stop_grace_s=5,
     )
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipeline import localpostgres
+from pipeline import localpostgres, localstore
 from pipeline.errors import ConfigError
 from pipeline.ports import port_free
 
@@ -52,9 +52,16 @@ def git_ignored(path: Path, root: Path) -> bool | None:
     return done.returncode == 0
 
 
-def missing(root: Path, demo_dir: Path, ports: Iterable[tuple[int, str]]) -> list[str]:
+def missing(
+    root: Path, demo_dir: Path, ports: Iterable[tuple[int, str]], *, lake: str = "local"
+) -> list[str]:
     """One line per missing prerequisite."""
     problems: list[str] = []
+    if lake == "s3" and not localstore.binary_path().exists():
+        problems.append(
+            f"versitygw (the demo's S3 server) is not built: make install builds it into "
+            f"{localstore.binary_path()}"
+        )
     if java_version() is None:
         problems.append(
             "Java is missing: Spark needs Java 17 or 21 (Debian: apt-get install openjdk-17-jre-headless)"

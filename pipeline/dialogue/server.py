@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 
+from pipeline import lifecycle
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.protocol import Role
 
@@ -51,6 +52,15 @@ def least_valuable(conns: Iterable[Connection]) -> Connection | None:
 
 
 class DialogueServer:
+    """Accepts Dialogue connections over TCP; each runs ``on_connection`` (or the
+    handlers in ``options``: ``on_request``, ``on_duplex``, ``on_message``).
+
+    ``async with DialogueServer(host, 0, ...) as server`` listens (``server.port``
+    is the bound port) and closes on exit. :meth:`close` stops accepting, closes
+    every connection the seed's way within ``close_timeout`` and returns when
+    done; it is safe to call twice, and a second caller waits for the first.
+    """
+
     def __init__(
         self,
         host: str,
@@ -73,8 +83,10 @@ class DialogueServer:
         self.evicted = 0
         self._server: asyncio.Server | None = None
         self._closing = False
+        self._closed = lifecycle.Once()
 
     async def start(self) -> None:
+        """Listen on ``host:port`` (port 0: any free port, then read ``self.port``)."""
         self._server = await asyncio.start_server(self._accept, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -88,6 +100,10 @@ class DialogueServer:
         await self.close()
 
     async def close(self) -> None:
+        """Stop accepting, close every connection, wait for them (safe to call twice)."""
+        await self._closed.run(self._close)
+
+    async def _close(self) -> None:
         self._closing = True
         if self._server is not None:
             self._server.close()

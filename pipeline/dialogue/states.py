@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 
 class Role(enum.Enum):
+    """Which end of a Dialogue connection this is (the seed's close rules differ)."""
+
     CLIENT = "client"
     SERVER = "server"
 

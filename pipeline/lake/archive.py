@@ -70,7 +70,7 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import source, sparkwrite, store, tables
+from pipeline.lake import source, sparkwrite, store, streamset, tables
 from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
@@ -151,7 +151,7 @@ def archive_interval(
     if not 0 <= start_ms < end_ms:
         raise ArchiveError(f"bad interval [{start_ms}, {end_ms}) for stream {stream!r}")
     key = keys.stream(stream)
-    chain = stream in settings.lake.chain_streams
+    chain = streamset.is_chain(settings.lake, stream)
     in_redis = _check_redis(settings, stream, key, start_ms, end_ms)
     lake = settings.lake
     ensure_tables(lake)

@@ -71,46 +71,69 @@ STOP_GRACE_S = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice lake", description="run one lake job")
-    jobs = parser.add_subparsers(dest="job", required=True)
-    archive = jobs.add_parser("archive", help="archive one interval of a stream into Delta")
-    archive.add_argument("--stream", required=True)
-    archive.add_argument("--start-ms", type=int, required=True)
-    archive.add_argument("--end-ms", type=int, required=True)
-    archive.add_argument("--run-id")
+    parser = argparse.ArgumentParser(
+        prog="sluice lake",
+        description="Run one lake job and print its result as one JSON line. Settings: "
+        "SLUICE_LAKE_URI, SLUICE_REDIS_URL, SLUICE_SPARK_REMOTE (else a local Spark).",
+    )
+    jobs = parser.add_subparsers(dest="job", required=True, metavar="JOB")
+
+    def job(name: str, text: str) -> argparse.ArgumentParser:
+        return jobs.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+
+    def stream(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--stream", required=True, help="the chain stream, e.g. chain:demo")
+
+    def interval(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--start-ms", type=int, required=True, help="first entry id (ms) of the interval"
+        )
+        p.add_argument(
+            "--end-ms", type=int, required=True, help="end (ms, excluded) of the interval"
+        )
+        p.add_argument("--run-id", help="the run's id in archive_log (default: a new one)")
+
+    archive = job("archive", "archive one interval of a stream into Delta")
+    stream(archive)
+    interval(archive)
     archive.add_argument(
         "--force", action="store_true", help="re-read Redis even if archive_log has the interval"
     )
-    many = jobs.add_parser(
-        "archive-streams", help="archive one interval of several streams in one job"
+    many = job("archive-streams", "archive one interval of several streams in one job")
+    many.add_argument(
+        "--stream", dest="streams", action="append", required=True, help="a stream (repeat)"
     )
-    many.add_argument("--stream", dest="streams", action="append", required=True)
-    many.add_argument("--start-ms", type=int, required=True)
-    many.add_argument("--end-ms", type=int, required=True)
-    many.add_argument("--run-id")
+    interval(many)
     many.add_argument(
         "--catchup",
         action="store_true",
         help="archive each stream's earlier holes in archive_log first (oldest first)",
     )
-    canonical = jobs.add_parser("canonical", help="mark the canonical chain of a stream")
-    canonical.add_argument("--stream", required=True)
-    trim = jobs.add_parser("trim", help="trim Redis below what archive_log proves archived")
-    trim.add_argument("--stream", required=True)
-    trim.add_argument("--now-ms", type=int)
-    replay = jobs.add_parser("replay", help="republish canonical blocks from Delta into Redis")
-    replay.add_argument("--stream", required=True)
-    replay.add_argument("--from", dest="from_num", type=int, required=True)
-    replay.add_argument("--to", dest="to_num", type=int, required=True)
-    replay.add_argument("--target")
-    audit = jobs.add_parser("audit", help="check the continuity of the canonical chain")
-    audit.add_argument("--stream", required=True)
-    maintain = jobs.add_parser("maintain", help="compact and VACUUM every table")
-    maintain.add_argument("--retain-hours", type=int, default=168)
-    backfill = jobs.add_parser(
-        "backfill", help="archive every missing interval of a stream up to --until (default now)"
+    stream(job("canonical", "mark the canonical chain of a stream"))
+    trim = job("trim", "trim Redis below what archive_log proves archived")
+    stream(trim)
+    trim.add_argument("--now-ms", type=int, help="the time to trim as of, in ms (default: now)")
+    replay = job("replay", "republish canonical blocks from Delta into Redis")
+    stream(replay)
+    replay.add_argument(
+        "--from", dest="from_num", type=int, required=True, help="first block number"
     )
-    backfill.add_argument("--stream", required=True)
+    replay.add_argument(
+        "--to", dest="to_num", type=int, required=True, help="last block number (included)"
+    )
+    replay.add_argument("--target", help="the stream to publish into (default: --stream)")
+    stream(job("audit", "check the continuity of the canonical chain"))
+    maintain = job("maintain", "compact and VACUUM every table")
+    maintain.add_argument(
+        "--retain-hours",
+        type=int,
+        default=168,
+        help="VACUUM keeps files younger than this (default: %(default)s)",
+    )
+    backfill = job(
+        "backfill", "archive every missing interval of a stream up to --until (default now)"
+    )
+    stream(backfill)
     backfill.add_argument("--since", help="ISO time: start at the interval holding it")
     backfill.add_argument(
         "--from-coverage",
@@ -121,8 +144,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_ranges(args: argparse.Namespace) -> None:
+    """Refuse an empty or negative interval or block range (bad input: exit 2)."""
+    if args.job in ("archive", "archive-streams") and not 0 <= args.start_ms < args.end_ms:
+        raise ConfigError(
+            f"--start-ms {args.start_ms} --end-ms {args.end_ms}: "
+            "need 0 <= start < end (the end is excluded)"
+        )
+    if args.job == "replay" and not 0 <= args.from_num <= args.to_num:
+        raise ConfigError(
+            f"--from {args.from_num} --to {args.to_num}: need 0 <= from <= to (both included)"
+        )
+
+
 def check_args(args: argparse.Namespace, settings: Settings) -> None:
     """Refuse bad input before any work (:class:`ConfigError`: one line, exit 2)."""
+    _check_ranges(args)
     if args.job == "maintain" and args.retain_hours < settings.lake.min_retain_hours:
         raise ConfigError(
             f"--retain-hours {args.retain_hours} is below {settings.lake.min_retain_hours}: "
@@ -132,8 +169,9 @@ def check_args(args: argparse.Namespace, settings: Settings) -> None:
     if args.job != "backfill":
         return
     from pipeline.lake.backfill import iso, parse_time
+    from pipeline.lake.streamset import is_configured
 
-    if args.stream not in settings.lake.streams:
+    if not is_configured(settings.lake, args.stream):
         raise ConfigError(
             f"unknown stream {args.stream!r} (SLUICE_STREAMS: {', '.join(settings.lake.streams)})"
         )

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -148,6 +149,23 @@ def spark_conf(settings: Settings, *, jars: bool = True) -> dict[str, str]:
     return conf
 
 
+def require_java() -> None:
+    """Raise :class:`SparkUnavailable` (one line) when no Java can start a local JVM.
+
+    Spark's launcher takes ``$JAVA_HOME/bin/java``, else ``java`` on ``PATH``;
+    without either it fails with an exit code and a page of log.
+    """
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if java is None or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME={home} has no bin/java" if home else "no java on PATH"
+        raise SparkUnavailable(
+            f"Spark needs Java 17 or 21 and there is none ({where}): install a JDK "
+            "(e.g. apt-get install openjdk-17-jre-headless) or point "
+            "SLUICE_SPARK_REMOTE at a Spark Connect server"
+        )
+
+
 def build_session(settings: Settings | None = None, *, app_name: str = APP_NAME) -> SparkSession:
     """A SparkSession with Delta Lake: a Connect client when ``spark_remote`` is set, else local.
 
@@ -157,6 +175,7 @@ def build_session(settings: Settings | None = None, *, app_name: str = APP_NAME)
     settings = settings or Settings.load()
     if settings.spark.remote:
         return connect_session(settings.spark.remote)
+    require_java()
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

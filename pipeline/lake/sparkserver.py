@@ -37,7 +37,7 @@ from types import FrameType
 from typing import IO
 
 from pipeline.errors import SparkUnavailable
-from pipeline.lake.session import probe, spark_conf
+from pipeline.lake.session import probe, require_java, spark_conf
 from pipeline.ports import port_free
 from pipeline.settings import Settings
 
@@ -237,6 +237,7 @@ def main(argv: Sequence[str]) -> int:
         args = _parser(settings).parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
+    require_java()  # one line, before anything starts
     if not port_free(args.port, args.host):
         # The readiness check is a TCP connect: it would take the other program for ours.
         _say(f"sluice spark: port {args.port} on {args.host} is in use; choose another with --port")

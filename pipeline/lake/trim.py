@@ -22,6 +22,7 @@ from pipeline.errors import LakePathError, RedisUnavailable
 from pipeline.lake import store, tables
 from pipeline.lake.chainwalk import pending
 from pipeline.lake.redisread import connect, parse_id
+from pipeline.lake.streamset import is_chain
 from pipeline.settings import LakeSettings, Settings
 
 
@@ -93,7 +94,7 @@ def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> 
         if covered is None:
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=None)
         limit = min(covered, now_ms - settings.lake.hot_retention_s * 1000)
-        if stream in settings.lake.chain_streams:
+        if is_chain(settings.lake, stream):
             unmarked = pending(settings.lake, stream).mark
             if unmarked:
                 limit = min(limit, min(node.order[0] for node in unmarked))

@@ -43,6 +43,8 @@ MAX_STREAM_NAME = 200
 
 
 class AddressType(enum.IntEnum):
+    """The type of an :class:`Address`: a local worker, a TCP ``host:port``, a stream pair."""
+
     LOCAL = 0
     TCP = 1
     STREAM = 2

@@ -14,7 +14,10 @@ Every message a node routes goes through one path, :meth:`Node.deliver`:
   first :meth:`Worker.intercept` it synchronously (used for correlated
   replies, so a worker waiting for an answer never deadlocks on its own
   mailbox);
-* otherwise the transport registered for ``first.type`` sends it.
+* otherwise the transport registered for ``first.type`` sends it; if it
+  cannot (e.g. the stream transport's retries ran out at the message's
+  deadline), a worker that sent it (``Context.send`` / ``reply`` /
+  ``forward``) gets the transport's error raised: never a silent drop.
 
 :meth:`Node.deliver_tracked` returns a future that completes when the worker's
 handler returned (or the transport accepted the message), or fails with the
@@ -30,7 +33,8 @@ Transports (the interface other transports, e.g. TCP, build on)::
                                                       # be started by whoever registers it
         async def send(self, message: TransportMessage) -> None
             # message.onward_route[0].type == address_type; raise a SluiceError
-            # subclass on failure (the node logs and counts it)
+            # subclass on failure, once retrying is over (the node counts it and
+            # raises it to a sending worker, or logs it: see Node.deliver)
         async def stop(self) -> None
 
     node.register_transport(t)
@@ -55,6 +59,7 @@ import time
 from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
+from pipeline import lifecycle
 from pipeline.errors import (
     LocalProtocolError,
     PayloadTooLarge,
@@ -108,12 +113,13 @@ class Context:
     ) -> None:
         """Send a new message; replies come back to this worker unless told otherwise."""
         ret = Route([self.address]) if return_route is None else Route(return_route)
-        await self.node.deliver(TransportMessage(Route(onward_route), ret, payload))
+        await self.node.deliver(TransportMessage(Route(onward_route), ret, payload), strict=True)
 
     async def reply(self, payload: bytes) -> None:
         """Answer along the traced return route."""
         await self.node.deliver(
-            TransportMessage(self.message.return_route, Route([self.address]), payload)
+            TransportMessage(self.message.return_route, Route([self.address]), payload),
+            strict=True,
         )
 
     async def forward(
@@ -127,7 +133,7 @@ class Context:
         onward = self.message.onward_route.rest() if onward_route is None else Route(onward_route)
         ret = self.message.return_route.prepend(via or self.address)
         body = self.message.payload if payload is None else payload
-        await self.node.deliver(TransportMessage(onward, ret, body))
+        await self.node.deliver(TransportMessage(onward, ret, body), strict=True)
 
 
 class WorkerContext:
@@ -212,6 +218,7 @@ class Node:
         self._started = False
         self._stopping = False
         self._stopped = False
+        self._stopping_once = lifecycle.Once()
 
     # --- configuration ----------------------------------------------------
 
@@ -281,7 +288,15 @@ class Node:
 
     # --- lifecycle --------------------------------------------------------
 
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
+        """Start the registered transports (once)."""
         if self._started:
             return
         self._started = True
@@ -289,9 +304,14 @@ class Node:
             await transport.start(self)
 
     async def stop(self, grace_s: float = 10.0) -> None:
-        """Graceful, bounded shutdown; safe to call twice."""
-        if self._stopped or self._stopping:
-            return
+        """Graceful shutdown bounded by ``grace_s``: workers drain, then transports stop.
+
+        Safe to call twice: a second (or concurrent) caller returns once the first
+        caller's drain has finished.
+        """
+        await self._stopping_once.run(lambda: self._stop(grace_s))
+
+    async def _stop(self, grace_s: float) -> None:
         self._stopping = True
         deadline = time.monotonic() + grace_s
         await self._stop_slots(list(self._slots.values()), grace_s)
@@ -333,9 +353,18 @@ class Node:
 
     # --- routing ----------------------------------------------------------
 
-    async def deliver(self, message: TransportMessage) -> None:
-        """Route one message (from a worker or a transport). Never raises for a bad route."""
-        await self._route(message, None)
+    async def deliver(self, message: TransportMessage, *, strict: bool = False) -> None:
+        """Route one message (from a worker or a transport). Never raises for a bad route.
+
+        A transport that could not send it (its retries ran out at the message's
+        deadline) is counted (``transport_errors``); with ``strict`` (a worker sending:
+        :class:`Context`'s ``send``, ``reply``, ``forward``) its :class:`SluiceError`
+        is raised to the sender, who reports it (a handler that fails so makes its
+        stream entry retried, then dead-lettered); without, it is logged here.
+        """
+        pending = self._route_now(message, None, strict)
+        if pending is not None:
+            await pending
 
     async def deliver_tracked(self, message: TransportMessage) -> asyncio.Future[None]:
         """Route, and return a future that completes when the message was handled."""
@@ -365,7 +394,7 @@ class Node:
             await pending
 
     def _route_now(
-        self, message: TransportMessage, done: _Done
+        self, message: TransportMessage, done: _Done, strict: bool = False
     ) -> Coroutine[Any, Any, None] | None:
         """Route synchronously if possible; else return what is left to await."""
         onward = message.onward_route
@@ -408,7 +437,7 @@ class Node:
                 done,
             )
             return None
-        return self._send(transport, message, done)
+        return self._send(transport, message, done, strict)
 
     async def _put_when_room(self, slot: _Slot, message: TransportMessage, done: _Done) -> None:
         size = len(message.payload)
@@ -418,11 +447,15 @@ class Node:
         slot.bytes += size
         await slot.queue.put((message, done))
 
-    async def _send(self, transport: Transport, message: TransportMessage, done: _Done) -> None:
+    async def _send(
+        self, transport: Transport, message: TransportMessage, done: _Done, strict: bool = False
+    ) -> None:
         try:
             await transport.send(message)
         except SluiceError as exc:
             self.counters["transport_errors"] += 1
+            if strict and done is None:
+                raise  # the sender reports it (logged once, there)
             log.error(
                 "node %s: transport %d failed to send: %s", self.name, transport.address_type, exc
             )
@@ -466,6 +499,12 @@ class Node:
                     if done is not None and not done.done():
                         done.cancel()
                 raise
+            except SluiceError as exc:  # e.g. its reply could not be sent: no traceback
+                self.counters["handler_errors"] += 1
+                log.error("node %s: worker %s failed on a message: %s", self.name, slot.name, exc)
+                for _, done in items:
+                    if done is not None and not done.done():
+                        done.set_exception(exc)
             except Exception as exc:  # a handler bug must not stop the node: log, count, report
                 self.counters["handler_errors"] += 1
                 log.exception("node %s: worker %s failed on a message", self.name, slot.name)

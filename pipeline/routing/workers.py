@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import IO
 
+from pipeline.errors import SluiceError
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Context, Worker, WorkerContext
 
@@ -25,6 +26,8 @@ class Requester(Worker):
 
     Replies are kept in :attr:`replies` and, if ``record`` is given, appended
     one per line to that file (flushed at once, so another process can watch).
+    A request its node could not send (by the transport's deadline) is logged,
+    counted (:attr:`failed`, the node's ``requester.failed``) and skipped.
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class Requester(Worker):
         self.replies: list[bytes] = []
         self.max_replies = max_replies
         self.sent = 0
+        self.failed = 0
         self._stop = asyncio.Event()
         self._file: IO[bytes] | None = record.open("ab") if record else None
 
@@ -50,7 +54,14 @@ class Requester(Worker):
             if self._stop.is_set():
                 break
             payload = f"req-{i}".encode()
-            await wctx.node.deliver(TransportMessage(self.route, Route([wctx.address]), payload))
+            message = TransportMessage(self.route, Route([wctx.address]), payload)
+            try:
+                await wctx.node.deliver(message, strict=True)
+            except SluiceError as exc:
+                self.failed += 1
+                wctx.node.counters["requester.failed"] += 1
+                log.error("requester: request %d not sent: %s", i, exc)
+                continue
             self.sent += 1
             if self.interval_s:
                 try:

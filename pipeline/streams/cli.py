@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import health, redischeck
+from pipeline.cliargs import plain
 from pipeline.durability import Durability
 from pipeline.errors import ConfigError
 from pipeline.routing.message import parse_route
@@ -34,9 +35,11 @@ ENTRY_OVERHEAD = 1 << 16
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="sluice node", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="sluice node", description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--name", help="node name (SLUICE_NODE_NAME)")
-    ap.add_argument("--workers", help="comma-separated workers: echo, requester")
+    ap.add_argument(
+        "--workers", help="comma-separated workers: echo, requester (SLUICE_NODE_WORKERS)"
+    )
     ap.add_argument("--consume", default="", help="comma-separated streams to subscribe to")
     ap.add_argument("--listen", help="TCP listen address host:port (SLUICE_NODE_LISTEN)")
     ap.add_argument("--request-route", default="", help="requester route, e.g. stream:b/a,echo")
@@ -54,7 +57,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         overrides["node_workers"] = args.workers
     if args.listen is not None:
         overrides["node_listen"] = args.listen
-    return Settings.load(**overrides)
+    return Settings.load(parts=("redis", "node"), **overrides)
 
 
 def _tcp_transport(settings: Settings) -> Transport:
@@ -91,6 +94,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
         StreamTransport(
             max_failures=settings.node.consumer_max_failures,
             lease_ttl_ms=int(settings.node.lease_ttl_s * 1000),
+            send_timeout_s=settings.node.send_timeout_s,
         )
     )
     node.register_transport(_tcp_transport(settings))
@@ -116,7 +120,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
         async with health.serving(
             settings.node.health_listen,
             "sluice_node",
-            checks={"redis": redis.ping},
+            checks={"redis": health.redis_writable(redis, f"node:{settings.node.name}")},
             samples=lambda: health.counter_samples("sluice_node", node.statistics()),
         ):
             print(f"node {settings.node.name} ready", flush=True)

@@ -505,36 +505,56 @@ class StreamClient:
         await self.call(self.service, req, p.Ok)
 
 
+#: Seconds a push is retried (Redis away or refusing writes) before its sender is told.
+DEFAULT_SEND_TIMEOUT_S = 45.0
+
+
 class StreamPusher:
-    """Pushes batches to one stream with idempotent retries (used by Publisher and the transport)."""
+    """Pushes batches to one stream with idempotent retries (used by Publisher and the transport).
+
+    A push that fails for a reason a retry can cure (the service answered "redis
+    unavailable": Redis away, failing over or refusing writes; no answer in time) is
+    retried with the same request id, backing off up to ``backoff_max_s``, until its
+    deadline; then :class:`StreamError` reaches the sender (counted as
+    ``stream_client.push_failures``). An outage is logged once when it starts and once
+    when it ends, not per attempt.
+    """
 
     def __init__(
         self,
         client: StreamClient,
         stream: str,
         *,
-        max_attempts: int = 8,
+        timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
         backoff_max_s: float = 1.0,
     ) -> None:
         self.client = client
         self.stream = stream
-        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
         self.backoff_max_s = backoff_max_s
         self._address: str | None = None
+        #: When the current run of failed attempts began (None: the last push went through).
+        self._failing_since: float | None = None
 
     async def ensure(self) -> str:
         if self._address is None:
             self._address = (await self.client.create(self.stream)).address
         return self._address
 
-    async def push(self, data: list[bytes]) -> p.PushConfirm:
-        """Push ``data`` as one request; retried with the same request id on failure."""
+    async def push(self, data: list[bytes], *, deadline: float | None = None) -> p.PushConfirm:
+        """Push ``data`` as one request, retried with the same request id until ``deadline``
+        (a ``time.monotonic()`` value; default ``timeout_s`` from now)."""
         rid = new_request_id()
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
         delay = 0.05
-        for attempt in range(1, self.max_attempts + 1):
+        attempts = 0
+        counters = self.client.node.counters
+        while True:
+            attempts += 1
             try:
                 address = await self.ensure()
-                return await self.client.push(address, data, rid)
+                confirm = await self.client.push(address, data, rid)
             except StreamNotFound:
                 self._address = None  # the service lost the stream's address: create again
                 last: SluiceError = StreamNotFound(f"stream {self.stream!r} not found")
@@ -542,17 +562,29 @@ class StreamPusher:
                 raise
             except StreamError as exc:
                 last = exc
-            self.client.node.counters["stream_client.push_retries"] += 1
-            log.warning(
-                "push to %s failed (attempt %d/%d): %s",
-                self.stream,
-                attempt,
-                self.max_attempts,
-                last,
-            )
-            await asyncio.sleep(delay)
+            else:
+                if self._failing_since is not None:
+                    log.warning(
+                        "push to %s works again after %.1fs",
+                        self.stream, time.monotonic() - self._failing_since,
+                    )  # fmt: skip
+                    self._failing_since = None
+                return confirm
+            left = deadline - time.monotonic()
+            if left <= 0:
+                counters["stream_client.push_failures"] += 1
+                raise StreamError(
+                    f"push to {self.stream!r} failed until its deadline "
+                    f"({attempts} attempt(s)): {last}"
+                )
+            counters["stream_client.push_retries"] += 1
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
+                log.warning(
+                    "push to %s failing (%s); retrying until its deadline", self.stream, last
+                )
+            await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self.backoff_max_s)
-        raise StreamError(f"push to {self.stream!r} failed {self.max_attempts} times: {last}")
 
 
 class Publisher(Worker):

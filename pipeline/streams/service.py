@@ -42,6 +42,7 @@ import asyncio
 import collections
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -51,7 +52,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys, redisconn
 from pipeline.durability import Durability
-from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError
+from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError, SluiceError
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -125,6 +126,8 @@ return ARGV[2]
 
 #: Public text of every Redis failure sent to a peer (the details go to the log).
 REDIS_UNAVAILABLE = "redis unavailable"
+#: Seconds between two log lines of "redis unavailable" answers (all are counted).
+UNAVAILABLE_LOG_S = 10.0
 INTERNAL_ERROR = "internal error"
 #: Retried Redis errors: a dropped connection, Redis loading or going away.
 _REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, *redisconn.UNAVAILABLE)
@@ -301,6 +304,10 @@ class StreamService(Worker):
         self._node: Node | None = None
         self._closing = False
         self.name = "stream_service"
+        #: "redis unavailable" answers are logged at most every UNAVAILABLE_LOG_S: when
+        #: Redis is away or refuses writes every client retries, each answer counted.
+        self._unavailable_logged = -UNAVAILABLE_LOG_S
+        self._unavailable_quiet = 0
 
     async def setup(self, wctx: WorkerContext) -> None:
         self._node = wctx.node
@@ -334,11 +341,21 @@ class StreamService(Worker):
         """An error reply with ``text`` (public), logged and counted; ``detail`` (if any)
         goes only to the log."""
         self._count(str(code))
+        more = ""
+        if code == p.ErrorCode.UNAVAILABLE:
+            now = time.monotonic()
+            if now - self._unavailable_logged < UNAVAILABLE_LOG_S:
+                self._unavailable_quiet += 1
+                return p.Error(request_id=request_id, code=code, message=text)
+            if self._unavailable_quiet:
+                more = f" (and {self._unavailable_quiet} more since the last such line)"
+            self._unavailable_logged, self._unavailable_quiet = now, 0
         log.error(
-            "stream service: %s from %s: %s",
+            "stream service: %s from %s: %s%s",
             code,
             origin,
             text if detail is None else f"{text}: {detail!r}",
+            more,
         )
         return p.Error(request_id=request_id, code=code, message=text)
 
@@ -355,7 +372,13 @@ class StreamService(Worker):
 
     async def _answer(self, ctx: _Origin, reply: p.StreamMessage) -> None:
         if not isinstance(ctx, Direct):
-            await ctx.reply(p.encode(reply))
+            try:
+                await ctx.reply(p.encode(reply))
+            except SluiceError as exc:  # its client times out and asks again; the others go on
+                self._count("replies_not_sent")
+                log.warning(
+                    "stream service: reply to %s not sent: %s", ctx.message.return_route, exc
+                )
             return
         self._trace_reply(ctx.address, ctx.return_route, reply)
         ctx.answer(reply)

@@ -14,7 +14,10 @@ send, and pushes the wire-encoded message (the same codec as TCP) through the
 stream service with return route ``[<node>:transport]``. Sends to one stream
 are batched into multi-entry pushes (at most ``max_batch`` entries and the
 node's ``max_payload`` bytes each); ``send`` returns once the message is in
-Redis. Subscribed consumers decode each entry and route it on the node
+Redis. A push that fails is retried until the message's deadline (``send_timeout_s``
+after ``send`` was called); then ``send`` raises the :class:`StreamError` to the node,
+which reports it to the sender (see :meth:`pipeline.routing.node.Node.deliver`).
+Subscribed consumers decode each entry and route it on the node
 unchanged (the sender already traced the route).
 """
 
@@ -22,12 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from pipeline.errors import LocalProtocolError, RemoteProtocolError, SluiceError, StreamError
 from pipeline.routing.message import Address, AddressType, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker
 from pipeline.streams.client import (
+    DEFAULT_SEND_TIMEOUT_S,
     PUSH_ENTRY_OVERHEAD,
     PUSH_OVERHEAD,
     Consumer,
@@ -54,10 +59,15 @@ class _ReplyWorker(Worker):
         log.warning("stream transport: unexpected message %r", ctx.message)
 
 
+#: A queued message: its encoded bytes, its sender's future, its deadline (monotonic).
+_Item = tuple[bytes, asyncio.Future[None], float]
+
+
 class _Batcher:
     """Queues encoded messages for one stream and pushes them many at a time: at most
     ``max_batch`` per push, and at most ``max_bytes`` once encoded (the node's limit),
-    so messages that fit one by one never fail for being sent together."""
+    so messages that fit one by one never fail for being sent together. A batch is
+    retried until the earliest deadline among its messages."""
 
     def __init__(
         self, pusher: StreamPusher, *, max_batch: int, max_queue: int, max_bytes: int
@@ -65,23 +75,23 @@ class _Batcher:
         self.pusher = pusher
         self.max_batch = max_batch
         self.max_bytes = max_bytes
-        self.queue: asyncio.Queue[tuple[bytes, asyncio.Future[None]]] = asyncio.Queue(max_queue)
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue(max_queue)
         #: Taken from the queue but left for the next push (it did not fit this one).
-        self._carry: tuple[bytes, asyncio.Future[None]] | None = None
+        self._carry: _Item | None = None
         self.busy = False
         self.task = asyncio.create_task(self._loop(), name=f"push:{pusher.stream}")
 
-    async def submit(self, data: bytes) -> None:
+    async def submit(self, data: bytes, deadline: float) -> None:
         if not self.busy and self.queue.empty():
             # Nothing to batch with: push from the caller's task (saves two loop hops).
             self.busy = True
             try:
-                await self.pusher.push([data])
+                await self.pusher.push([data], deadline=deadline)
             finally:
                 self.busy = False
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.queue.put((data, done))
+        await self.queue.put((data, done, deadline))
         await done
 
     async def _loop(self) -> None:
@@ -89,6 +99,7 @@ class _Batcher:
             first, self._carry = self._carry or await self.queue.get(), None
             items = [first]
             size = PUSH_OVERHEAD + len(first[0]) + PUSH_ENTRY_OVERHEAD
+            deadline = first[2]
             while len(items) < self.max_batch and not self.queue.empty():
                 item = self.queue.get_nowait()
                 size += len(item[0]) + PUSH_ENTRY_OVERHEAD
@@ -96,18 +107,19 @@ class _Batcher:
                     self._carry = item
                     break
                 items.append(item)
+                deadline = min(deadline, item[2])
             try:
-                await self.pusher.push([data for data, _ in items])
+                await self.pusher.push([data for data, _, _ in items], deadline=deadline)
             except SluiceError as exc:  # any failure of this batch fails its senders, not the loop
-                for _, done in items:
+                for _, done, _ in items:
                     if not done.done():
                         done.set_exception(exc)
             except asyncio.CancelledError:
-                for _, done in items:
+                for _, done, _ in items:
                     done.cancel()
                 raise
             else:
-                for _, done in items:
+                for _, done, _ in items:
                     if not done.done():
                         done.set_result(None)
 
@@ -135,8 +147,10 @@ class StreamTransport:
         max_streams: int = 1000,
         max_batch: int = 1000,
         max_queue: int = 10_000,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
     ) -> None:
         self.service = service
+        self.send_timeout_s = send_timeout_s
         self.max_failures = max_failures
         self.lease_ttl_ms = lease_ttl_ms
         self.max_streams = max_streams
@@ -210,7 +224,7 @@ class StreamTransport:
             if len(self._batchers) >= self.max_streams:
                 raise StreamError(f"more than {self.max_streams} onward streams")
             assert self._client is not None
-            pusher = StreamPusher(self._client, stream)
+            pusher = StreamPusher(self._client, stream, timeout_s=self.send_timeout_s)
             batcher = _Batcher(
                 pusher,
                 max_batch=self.max_batch,
@@ -221,6 +235,7 @@ class StreamTransport:
         return batcher
 
     async def send(self, message: TransportMessage) -> None:
+        deadline = time.monotonic() + self.send_timeout_s
         first = message.onward_route.first
         pair = self._parsed.get(first)
         if pair is None:
@@ -238,7 +253,7 @@ class StreamTransport:
         )
         if address.return_stream not in self.consumers:
             await self.subscribe(address.return_stream)
-        await self._batcher(address.onward_stream).submit(forwarded.encode())
+        await self._batcher(address.onward_stream).submit(forwarded.encode(), deadline)
 
     async def stop(self) -> None:
         batchers, self._batchers = list(self._batchers.values()), {}

@@ -298,7 +298,7 @@ def _run(duration_s: float, redis_url: str, workdir: Path) -> list[dict[str, Any
     port = free_port()
     log = workdir / "node.log"
     env = {**os.environ, **NODE_ENV, "SLUICE_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
-    env["SLUICE_CONFIG"] = str(workdir / "none.toml")
+    env["SLUICE_CONFIG"] = os.devnull  # no config file
     env.pop("PYTHONASYNCIODEBUG", None)
     cmd = [sys.executable, "-m", "pipeline.cli", "node", "--name", "victim", "--workers", "echo"]
     cmd += ["--consume", "abuse", "--listen", f"127.0.0.1:{port}"]

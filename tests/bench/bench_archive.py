@@ -14,6 +14,12 @@ Metrics (JSON lines via Report), all in one run with their baselines:
   same run (local disk), so its ratio is S3 against local disk.
 - ``archive_entries_per_s_spark_writer``: local mode with ``SLUICE_ARCHIVE_WRITER=spark``
   (the Spark writer), for comparison, same run.
+- ``archive_entries_per_s_merge``: local mode, N/4 entries of a chain stream whose
+  every block is in it twice (a repeated hash: the path the Arrow writer cannot
+  take, the Spark writer's MERGE); baseline = raw ``XRANGE``, same run.
+- ``canonical_s``: canonical marking of one interval of 3,000 new blocks on top of
+  the N archived (and marked) ones, what one ``sluice_archive`` run of a chain stream
+  does; baseline = the read and walk alone (``chainwalk.pending``), same run.
 - ``archive_job_overhead_s``: a whole ``sluice lake archive`` child process (what an
   Airflow task runs) against an interval with nothing in Redis, through Connect.
 - ``spark_session_start_s``: the local one-JVM session with Delta (cached jars),
@@ -21,7 +27,7 @@ Metrics (JSON lines via Report), all in one run with their baselines:
 - ``deltars_read_blocks_per_s`` / ``deltars_read_arrow_blocks_per_s``: the JVM-free reader.
 
 N = 1,000,000 x ``SLUICE_BENCH_SCALE`` (default 1). ``SLUICE_BENCH_MODES`` picks
-the parts (default ``session,local,s3,connect,standalone``). Each archive runs in its own
+the parts (default ``session,local,merge,canonical,s3,connect,standalone``). Each archive runs in its own
 child process (a Python process is a Spark Connect client or a local driver,
 never both).
 """
@@ -50,25 +56,38 @@ from pipeline.localredis import LocalRedis  # noqa: E402
 
 STREAM = "bench"
 WARM = "warm"
+#: A chain stream whose every block is in it twice (the archive's MERGE path).
+TWICE = "twice"
+#: New blocks of the interval ``canonical_s`` marks.
+TAIL = 3000
 PAGE = 5000
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fill(client: redis.Redis, stream: str, n: int) -> tuple[int, int]:
-    """XADD n chained blocks (~300 B each); returns the [start_ms, end_ms) interval holding them."""
+def _block_hash(num: int) -> bytes:
+    return hashlib.sha256(num.to_bytes(8, "big")).digest()
+
+
+def _fill(
+    client: redis.Redis, stream: str, n: int, *, start: int = 0, repeat: int = 1
+) -> tuple[int, int]:
+    """XADD n chained blocks (~300 B each) from num ``start``, each ``repeat`` times;
+    returns the [start_ms, end_ms) interval holding them."""
     key = keys.stream(stream)
-    parent = b"\x00" * 32
+    parent = _block_hash(start - 1) if start else b"\x00" * 32
     pipe = client.pipeline(transaction=False)
     filler = os.urandom(200)
-    for num in range(n):
-        h = hashlib.sha256(num.to_bytes(8, "big")).digest()
+    first = None
+    for num in range(start, start + n):
+        h = _block_hash(num)
         block = Block(num=num, hash=h, parent=parent, updates={"state": filler})
-        pipe.xadd(key, {ENTRY_FIELD: encode_block(block)})
+        for _ in range(repeat):
+            pipe.xadd(key, {ENTRY_FIELD: encode_block(block)})
         parent = h
         if num % 2000 == 1999:
-            pipe.execute()
-    pipe.execute()
-    first = client.xrange(key, "-", "+", count=1)[0][0]
+            first = first or pipe.execute()[0]
+    ids = pipe.execute()
+    first = first or ids[0]
     last = client.xrevrange(key, "+", "-", count=1)[0][0]
     return int(first.split(b"-")[0]), int(last.split(b"-")[0]) + 1
 
@@ -185,6 +204,29 @@ def _child_archive(stream: str, start_ms: int, end_ms: int, warm: str) -> None:
     print(json.dumps({"seconds": seconds, "entries": result.entries, "stages": result.stages}))
 
 
+def _child_canonical(stream: str, start_ms: int, end_ms: int) -> None:
+    """Mark the lake's chain (untimed), archive one more interval, time its canonical marking."""
+    from pipeline.lake.archive import archive_interval
+    from pipeline.lake.canonical import mark_canonical, pending
+    from pipeline.lake.session import build_session, close_session
+    from pipeline.settings import Settings
+
+    settings = Settings.load()
+    spark = build_session(settings, app_name="sluice-bench-canonical")
+    try:
+        mark_canonical(spark, settings, stream)
+        archive_interval(spark, settings, stream, start_ms, end_ms)
+        began = time.perf_counter()
+        pending(settings.lake, stream)
+        walk_s = time.perf_counter() - began
+        began = time.perf_counter()
+        result = mark_canonical(spark, settings, stream)
+        seconds = time.perf_counter() - began
+    finally:
+        close_session(spark)
+    print(json.dumps({"seconds": seconds, "walk_s": walk_s, "marked": result.marked}))
+
+
 # --- the standalone cluster ---------------------------------------------------------
 
 
@@ -223,6 +265,9 @@ def main() -> int:
     if sys.argv[1:2] == ["--child-session"]:
         _child_session(sys.argv[2])
         return 0
+    if sys.argv[1:2] == ["--child-canonical"]:
+        _child_canonical(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return 0
     if sys.argv[1:2] == ["--child-archive"]:
         _child_archive(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
@@ -232,7 +277,9 @@ def main() -> int:
 
     scale = float(os.environ.get("SLUICE_BENCH_SCALE", "1"))
     n = max(1000, int(1_000_000 * scale))
-    modes = os.environ.get("SLUICE_BENCH_MODES", "session,local,s3,connect,standalone").split(",")
+    modes = os.environ.get(
+        "SLUICE_BENCH_MODES", "session,local,merge,canonical,s3,connect,standalone"
+    ).split(",")
     cores = os.cpu_count() or 2
     report = Report("archive")
     with tempfile.TemporaryDirectory() as tmp_text:
@@ -242,7 +289,9 @@ def main() -> int:
             client = redis.Redis.from_url(server.url)
             w_start, w_end = _fill(client, WARM, 2000)
             start_ms, end_ms = _fill(client, STREAM, n)
-            while int(client.time()[0]) * 1000 <= end_ms:  # the interval must be closed
+            twice_n = n // 8
+            t_start, t_end = _fill(client, TWICE, twice_n, repeat=2)
+            while int(client.time()[0]) * 1000 <= t_end:  # the intervals must be closed
                 time.sleep(0.05)
             count, raw_s, pages = _raw_xrange(client)
             assert count == n, (count, n)
@@ -251,6 +300,10 @@ def main() -> int:
             read_s, pages = _raw_pages(server.url)
             decode_s = _decode(pages)
             del pages
+            # The chain goes on after the measured interval: canonical_s's next run.
+            tail_start, tail_end = _fill(client, STREAM, TAIL, start=n)
+            while int(client.time()[0]) * 1000 <= tail_end:
+                time.sleep(0.05)
             # The per-entry work outside Spark, one process: the archive's read (paged XRANGE,
             # raw replies) and decode; xrange_us is the baseline's (redis-py's dict per entry).
             report.emit("archive_read_decode_us_per_entry", (read_s + decode_s) / n * 1e6,
@@ -260,8 +313,8 @@ def main() -> int:
             base_env = {
                 "SLUICE_CONFIG": os.devnull,
                 "SLUICE_REDIS_URL": server.url,
-                "SLUICE_STREAMS": f"{STREAM},{WARM}",
-                "SLUICE_CHAIN_STREAMS": f"{STREAM},{WARM}",
+                "SLUICE_STREAMS": f"{STREAM},{WARM},{TWICE}",
+                "SLUICE_CHAIN_STREAMS": f"{STREAM},{WARM},{TWICE}",
                 "SLUICE_SPARK_MASTER": "local[*]",
                 "SLUICE_ARCHIVE_PARTITIONS": str(cores),
                 "SLUICE_SPARK_SHUFFLE_PARTITIONS": str(cores),
@@ -284,17 +337,18 @@ def main() -> int:
             def archive(
                 mode: str, metric: str, remote: str = "", writer: str = "arrow",
                 lake: dict[str, str] | None = None, baseline: float | None = None,
+                args: list[str] = archive_args, count: int = n, expect: str = "",
             ) -> None:  # fmt: skip
                 env = {**base_env, "SLUICE_LAKE_URI": str(tmp / f"lake-{mode}-{writer}"),
                        "SLUICE_SPARK_REMOTE": remote, "SLUICE_ARCHIVE_WRITER": writer,
                        **(lake or {})}  # fmt: skip
                 load = _load()
-                doc = _child(archive_args, env)
-                assert doc["entries"] == n, doc
+                doc = _child(args, env)
+                assert doc["entries"] == count, doc
                 used = "arrow" if "commit_entries" in doc["stages"] else "spark"
-                assert used == writer, doc
-                rates[metric] = n / doc["seconds"]
-                report.emit(metric, rates[metric], baseline or raw_rate, entries=n, mode=mode,
+                assert used == (expect or writer), doc
+                rates[metric] = count / doc["seconds"]
+                report.emit(metric, rates[metric], baseline or raw_rate, entries=count, mode=mode,
                             writer=used, archive_s=round(doc["seconds"], 2),
                             xrange_s=round(raw_s, 2), stages=doc["stages"],
                             load=[load, _load()])  # fmt: skip
@@ -307,6 +361,20 @@ def main() -> int:
                     cause = str(exc).rsplit("causes:\n", 1)[-1].splitlines()
                     report.emit("archive_entries_per_s_spark_writer", 0.0, raw_rate,
                                 writer="spark", error=(cause or ["?"])[-1][:300])  # fmt: skip
+            if "merge" in modes:
+                archive("merge", "archive_entries_per_s_merge", count=2 * twice_n, expect="spark",
+                        args=["--child-archive", TWICE, str(t_start), str(t_end), warm])  # fmt: skip
+            if "canonical" in modes and "local" in modes:
+                import shutil
+
+                # on a copy: the reads below measure the archived lake as it was
+                shutil.copytree(tmp / "lake-local-arrow", tmp / "lake-canonical")
+                doc = _child(
+                    ["--child-canonical", STREAM, str(tail_start), str(tail_end)],
+                    {**base_env, "SLUICE_LAKE_URI": str(tmp / "lake-canonical")},
+                )
+                report.emit("canonical_s", doc["seconds"], doc["walk_s"], marked=doc["marked"],
+                            blocks=n + TAIL, load=_load())  # fmt: skip
             if "s3" in modes:
                 # The same archive onto versitygw (a real S3 server on this machine), against
                 # the local-disk figure of this run (or raw XRANGE when "local" did not run).

@@ -49,12 +49,9 @@ from pipeline.bus.server import BusServer  # noqa: E402
 from pipeline.durability import Durability  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 from pipeline.ports import free_port  # noqa: E402
-from pipeline.routing.message import Route, TransportMessage  # noqa: E402
-from pipeline.routing.node import Node  # noqa: E402
+from pipeline.routing.message import Route  # noqa: E402
 from pipeline.streams import protocol as p  # noqa: E402
-from pipeline.streams.bidirectional import ReturnRegistry, bidirectional_consumer  # noqa: E402
-from pipeline.streams.service import StreamService, connect, connect_hot  # noqa: E402
-from pipeline.streams.transport import StreamTransport  # noqa: E402
+from pipeline.streams.service import StreamService, connect  # noqa: E402
 from tests.support.redisha import LocalCluster, LocalSentinels  # noqa: E402
 
 N = int(os.environ.get("BENCH_HA_N", "20000"))
@@ -65,39 +62,10 @@ PAYLOAD = b"x" * 256
 
 
 async def oneway(url: str, durability: Durability) -> float:
-    from bench_streams import Counter  # the streams benchmark's counting sink
+    from bench_streams import sluice_oneway  # the streams benchmark's one-process loop
 
-    made: list[tuple[Node, Any]] = []
-    for name in ("A", "B"):
-        redis = connect(url)
-        node = Node(name)
-        node.register_transport(StreamTransport(lease_ttl_ms=10_000))
-        service = StreamService(
-            redis, max_payload=(1 << 20) + 65536, hot=connect_hot(url), durability=durability
-        )
-        await node.add_worker("stream_service", service)
-        await node.start()
-        made.append((node, redis))
-    (node_a, _), (node_b, _) = made
-    stream = f"bench_ha_{time.monotonic_ns()}"
-    registry_b = ReturnRegistry(node_b, stream)
-    consumer = bidirectional_consumer(node_b, registry_b, client_id="B", holder="B")
-    await node_b.add_worker(f"consumer:{stream}", consumer)
-    sink = Counter(N)
-    await node_b.add_worker("sink", sink)
-    registry_a = ReturnRegistry(node_a, f"{stream}_a")
-    await registry_a.ensure(stream, name="pub")
-    await asyncio.wait_for(consumer.ready.wait(), 30)
-    route, ret = Route(["pub", "sink"]), Route(["src"])
-    start = time.perf_counter()
-    for _ in range(N):
-        await node_a.deliver(TransportMessage(route, ret, PAYLOAD))
-    await asyncio.wait_for(sink.done.wait(), 600)
-    elapsed = time.perf_counter() - start
-    for node, redis in made:
-        await node.stop()
-        await redis.aclose()
-    return N / elapsed
+    stream = f"bench_ha_{time.monotonic_ns()}"  # fresh streams: each layout runs twice
+    return await sluice_oneway(url, N, durability=durability, streams=(f"{stream}_a", stream))
 
 
 async def push_latencies(url: str, durability: Durability) -> list[float]:

@@ -9,6 +9,9 @@
 - ``fanout_p50_ms`` / ``fanout_p99_ms``: 500 subscribers, 100 blocks/s
   produced, latency from XADD to each client; baseline: a raw aiohttp server
   that XREADs the stream and sends each entry to every socket.
+- ``catchup_blocks_per_s_s3``: the same catch-up with the lake on a local S3
+  server (versitygw, :mod:`pipeline.localstore`); baseline: the local-disk
+  lake's ``catchup_blocks_per_s`` of the same run.
 - ``catchup_cpu_us_per_block`` / ``fanout_cpu_us_per_message``: CPU time
   (user + system) of the server process per block sent in catch-up and per
   notification received in fan-out, against the raw servers' own: on a
@@ -76,7 +79,7 @@ def make_block(num: int) -> Block:
     )
 
 
-def write_lake(lake_uri: str) -> None:
+def write_lake(lake_uri: str, options: dict[str, str] | None = None) -> None:
     from deltalake import write_deltalake
 
     chunk = 250_000
@@ -96,7 +99,7 @@ def write_lake(lake_uri: str) -> None:
             },
             schema=BLOCKS_ARROW,
         )
-        write_deltalake(f"{lake_uri}/{BLOCKS}", table, mode="append")
+        write_deltalake(f"{lake_uri}/{BLOCKS}", table, mode="append", storage_options=options)
 
 
 BASELINE_SERVER = r"""
@@ -363,6 +366,35 @@ async def fanout(
     return latencies, cpu
 
 
+async def s3_catchup(report: Report, tmp: str, env: dict[str, str], local: float) -> None:
+    """The catch-up figure again with the lake on a local S3 server, against ``local``."""
+    from pipeline.localstore import LocalStore
+    from pipeline.settings import Settings
+
+    with LocalStore(Path(tmp) / "s3") as store:
+        store.create_bucket("bench")
+        flat = {"lake_uri": "s3://bench/lake", **store.lake_settings()}
+        t = time.perf_counter()
+        write_lake("s3://bench/lake", Settings.load(env={}, **flat).lake.storage_options())
+        print(f"# wrote {N} blocks to S3 in {time.perf_counter() - t:.1f}s", file=sys.stderr)
+        s3_env = {
+            **env,
+            **{
+                "SLUICE_" + k.upper(): str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in flat.items()
+            },
+        }
+        port = free_port()
+        server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=s3_env)
+        try:
+            await wait_port(port)
+            value = await catchup(port, N)
+        finally:
+            server.terminate()
+            server.wait(30)
+    report.emit("catchup_blocks_per_s_s3", value, local, blocks=N)
+
+
 async def main() -> None:
     report = Report("resume")
     ordered_drain(report)  # pure code, first: nothing else runs yet
@@ -446,6 +478,7 @@ async def main() -> None:
             if sub is not None and raw_sub is not None:
                 report.emit("subscribe_cpu_ms", sub / FANOUT_SUBS * 1e3,
                             raw_sub / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
+            await s3_catchup(report, tmp, env, value)
         finally:
             for proc in procs:
                 if proc.poll() is None:

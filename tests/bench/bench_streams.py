@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import Report, percentile  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 
+from pipeline.durability import Durability  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 from pipeline.routing.message import Route, StreamAddress, TransportMessage  # noqa: E402
 from pipeline.routing.node import Context, Node, Worker  # noqa: E402
@@ -72,12 +73,16 @@ class Waiter(Worker):
             self.future.set_result(ctx.payload)
 
 
-async def make_node(name: str, url: str) -> tuple[Node, Redis, StreamTransport]:
+async def make_node(
+    name: str, url: str, durability: Durability | None = None
+) -> tuple[Node, Redis, StreamTransport]:
     redis = connect(url)
     node = Node(name)
     transport = StreamTransport(lease_ttl_ms=10_000)
     node.register_transport(transport)
-    service = StreamService(redis, max_payload=(1 << 20) + 65536, hot=connect_hot(url))
+    service = StreamService(
+        redis, max_payload=(1 << 20) + 65536, hot=connect_hot(url), durability=durability
+    )
     await node.add_worker("stream_service", service)
     await node.start()
     return node, redis, transport
@@ -153,27 +158,37 @@ async def sluice_oneway_two_processes(url: str) -> float:
     return N / elapsed
 
 
-async def sluice_oneway(url: str) -> float:
-    node_a, redis_a, _ = await make_node("A", url)
-    node_b, redis_b, _ = await make_node("B", url)
-    registry_b = ReturnRegistry(node_b, "bench_b")
+async def sluice_oneway(
+    url: str,
+    n: int = N,
+    *,
+    durability: Durability | None = None,
+    streams: tuple[str, str] = ("bench_a", "bench_b"),
+) -> float:
+    """Messages/s of ``n`` routed messages from a publisher on node A through stream
+    ``streams[1]`` to a counting worker on node B, both nodes on this event loop
+    (``bench_ha`` runs it on Sentinel and Cluster URLs, with and without ``durability``)."""
+    node_a, redis_a, _ = await make_node("A", url, durability)
+    node_b, redis_b, _ = await make_node("B", url, durability)
+    stream_a, stream_b = streams
+    registry_b = ReturnRegistry(node_b, stream_b)
     consumer = bidirectional_consumer(node_b, registry_b, client_id="B", holder="B")
-    await node_b.add_worker("consumer:bench_b", consumer)
-    sink = Counter(N)
+    await node_b.add_worker(f"consumer:{stream_b}", consumer)
+    sink = Counter(n)
     await node_b.add_worker("sink", sink)
-    registry_a = ReturnRegistry(node_a, "bench_a")
-    await registry_a.ensure("bench_b", name="pub")
-    await asyncio.wait_for(consumer.ready.wait(), 10)
+    registry_a = ReturnRegistry(node_a, stream_a)
+    await registry_a.ensure(stream_b, name="pub")
+    await asyncio.wait_for(consumer.ready.wait(), 30)
     route, ret = Route(["pub", "sink"]), Route(["src"])
     start = time.perf_counter()
-    for _ in range(N):
+    for _ in range(n):
         await node_a.deliver(TransportMessage(route, ret, PAYLOAD))
-    await asyncio.wait_for(sink.done.wait(), 300)
+    await asyncio.wait_for(sink.done.wait(), 600)
     elapsed = time.perf_counter() - start
     for node, redis in ((node_a, redis_a), (node_b, redis_b)):
         await node.stop()
         await redis.aclose()
-    return N / elapsed
+    return n / elapsed
 
 
 async def raw_rtt(url: str) -> list[float]:

@@ -52,7 +52,7 @@ def job_env(
         "SLUICE_CHAIN_STREAMS": "c",
         "SLUICE_ARCHIVE_PARTITIONS": "2",
         "SLUICE_LAKE_LOCK_WAIT_S": "5",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         **extra,
     }
 

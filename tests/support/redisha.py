@@ -17,9 +17,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
+import pytest
 import redis
 
 from pipeline.ports import free_port
@@ -102,7 +104,67 @@ def _data_args(port: int, directory: Path) -> list[str]:
     ]  # fmt: skip
 
 
-class LocalCluster:
+class _Group:
+    """What both layouts share: started once per session, made whole and empty per test."""
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def start(self) -> _Group:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def wait_whole(self) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def live_masters(self) -> list[Server]:
+        raise NotImplementedError
+
+    def wait_replicated(self) -> None:
+        """Until every master's replicas hold all it has written (so that a kill loses
+        nothing: what a test wrote before it is the ground truth after the failover)."""
+
+        def caught_up() -> bool:
+            for master in self.live_masters():
+                info = master.client().info("replication")
+                offsets = [v["offset"] for k, v in info.items() if k.startswith("slave")]
+                if not offsets or min(offsets) < info["master_repl_offset"]:
+                    return False
+            return True
+
+        _wait(caught_up, "replicas caught up with their masters")
+
+    def ready_url(self) -> str:
+        """The URL of this group, whole again (after a failover test's heal) and flushed."""
+        self.wait_whole()
+        self.flush()
+        return str(self.url)
+
+
+G = TypeVar("G", bound=_Group)
+
+
+def session_group(make: Callable[[], G], what: str) -> Iterator[G]:
+    """A session fixture's body: ``make()`` started, stopped at the end; skipped (naming
+    ``what``) where the tools are missing."""
+    reason = missing_tools()
+    if reason:
+        pytest.skip(f"no {what}: {reason}")
+    group = make()
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
+
+
+class LocalCluster(_Group):
     """Six cluster-mode ``redis-server``s made into 3 masters + 3 replicas by ``redis-cli``."""
 
     def __init__(self, directory: Path, *, node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
@@ -137,6 +199,9 @@ class LocalCluster:
     def _state_ok(self, node: Server) -> bool:
         info = node.client().cluster("info")
         return bool(info["cluster_state"] == "ok")
+
+    def live_masters(self) -> list[Server]:
+        return self.masters()
 
     def masters(self) -> list[Server]:
         return [
@@ -175,9 +240,16 @@ class LocalCluster:
         return node
 
     def wait_failed_over(self, dead: Server) -> None:
-        """Until a live node reports ``cluster_state:ok`` without ``dead``."""
+        """Until every live node reports ``cluster_state:ok`` with no slot served by ``dead``
+        (right after the kill the nodes still report ok: they have not noticed yet)."""
         live = [n for n in self.nodes if n is not dead and n.alive()]
-        _wait(lambda: all(self._state_ok(n) for n in live), "cluster ok after failover")
+
+        def failed_over(node: Server) -> bool:
+            if not self._state_ok(node):
+                return False
+            return all(entry[2][1] != dead.port for entry in node.client().cluster("slots"))
+
+        _wait(lambda: all(failed_over(n) for n in live), "cluster ok after failover")
 
     def heal(self) -> None:
         for node in self.nodes:
@@ -197,7 +269,7 @@ class LocalCluster:
 SERVICE = "sluice"
 
 
-class LocalSentinels:
+class LocalSentinels(_Group):
     """A master, one replica and three Sentinels watching them as service :data:`SERVICE`."""
 
     def __init__(self, directory: Path, *, node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
@@ -235,6 +307,9 @@ class LocalSentinels:
             server.start()
         self.wait_whole()
         return self
+
+    def live_masters(self) -> list[Server]:
+        return [self.master()]
 
     def master(self) -> Server:
         host, port = self.sentinels[0].client().sentinel_get_master_addr_by_name(SERVICE)

@@ -6,9 +6,11 @@ Debian's ``docker-compose config`` (scripts/ensure-compose.sh installs it),
 and checks the rendered file: every dependency waits for health or for a
 one-shot's success, every long-running service restarts and has a health
 check, the bus gets a generated key and directory, Airflow runs on Postgres
-with LocalExecutor and unpaused DAGs, the lake volume is shared. Without any
+with LocalExecutor and unpaused DAGs, the lake is on the S3 service and every
+lake user reaches it the same way. Without any
 Compose the structural checks still run on the file itself and the validation
-is skipped with that reason. Also runs docker/init.sh for real, twice.
+is skipped with that reason. Also runs docker/init.sh for real, twice, and once
+against the session's S3 server (versitygw), where it creates the lake's bucket.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 from pipeline.bus.directory import FileDirectory
+from pipeline.localstore import LocalStore
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
@@ -160,16 +163,37 @@ def test_airflow_on_postgres_local_executor_unpaused(rendered: dict[str, Any]) -
     assert services["airflow-init"]["command"] == ["db", "migrate"]
 
 
-def test_lake_volume_shared_by_spark_airflow_and_servers(rendered: dict[str, Any]) -> None:
+def test_lake_on_the_s3_service_reached_alike_by_every_user(rendered: dict[str, Any]) -> None:
     services = rendered["services"]
-    users = ["spark-master", "spark-worker", "airflow-scheduler", "serve-a", "serve-b"]
-    sources = set()
+    s3 = services["s3"]
+    assert s3["image"].startswith("versity/versitygw:"), s3["image"]
+    assert any(target == "/data" for _, target in _mounts(s3)), "the store keeps no volume"
+    command = s3["command"]
+    port = command[command.index("--port") + 1].rsplit(":", 1)[1]
+    health = " ".join(s3["healthcheck"]["test"])
+    assert command[command.index("--health") + 1] in health and port in health
+    server = _env(s3)
+    users = [
+        "init",
+        "spark-connect",
+        "airflow-scheduler",
+        "airflow-apiserver",
+        "serve-a",
+        "serve-b",
+    ]
+    lakes = set()
     for name in users:
-        lake = {source for source, target in _mounts(services[name]) if target == "/lake"}
-        assert lake, f"{name} does not mount the lake"
-        sources |= lake
-        assert _env(services[name])["SLUICE_LAKE_URI"] == "/lake"
-    assert len(sources) == 1 and "lake" in str(sources.pop())
+        env = _env(services[name])
+        lakes.add(env["SLUICE_LAKE_URI"])
+        assert env["SLUICE_LAKE_S3_ENDPOINT"] == f"http://s3:{port}", name
+        assert env["SLUICE_LAKE_S3_ALLOW_HTTP"] == "true", name
+        assert env["SLUICE_LAKE_S3_ACCESS_KEY"] == server["ROOT_ACCESS_KEY"], name
+        assert env["SLUICE_LAKE_S3_SECRET_KEY"] == server["ROOT_SECRET_KEY"], name
+        # delta-rs' safe commits (conditional puts), never "last writer wins"
+        assert env.get("SLUICE_LAKE_S3_CONDITIONAL_PUT", "etag") == "etag", name
+        assert services[name]["depends_on"]["s3"]["condition"] == "service_healthy", name
+        assert not any(target == "/lake" for _, target in _mounts(services[name])), name
+    assert len(lakes) == 1 and lakes.pop().startswith("s3://")
 
 
 def test_dockerignore_keeps_the_context_small_and_keys_out() -> None:
@@ -213,3 +237,32 @@ def test_init_script_generates_key_and_directory_idempotently(tmp_path: Path) ->
     doc = json.loads((secrets / "twins.json").read_text())
     assert doc["3"]["url"] == "http://bus:8051" and doc["3"]["key"]
     assert directory.peers[3].url == "http://bus:8051" and (tmp_path / "lake").is_dir()
+
+
+def test_init_script_creates_the_lake_bucket_on_s3(tmp_path: Path, s3_store: LocalStore) -> None:
+    import pyarrow.fs as pafs
+
+    bucket = "init-" + tmp_path.name.lower().replace("_", "-")[-20:]
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SLUICE_SECRETS_DIR": str(tmp_path / "secrets"),
+        "SLUICE_LAKE_URI": f"s3://{bucket}/sluice",
+        **{
+            "SLUICE_" + k.upper(): str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in s3_store.lake_settings().items()
+        },
+    }
+    script = ROOT / "docker" / "init.sh"
+    for _ in range(2):  # idempotent: the second run finds the bucket
+        done = subprocess.run(
+            ["sh", str(script)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+    fs = pafs.S3FileSystem(
+        access_key=env["SLUICE_LAKE_S3_ACCESS_KEY"],
+        secret_key=env["SLUICE_LAKE_S3_SECRET_KEY"],
+        endpoint_override=s3_store.endpoint.removeprefix("http://"),
+        scheme="http",
+    )
+    assert fs.get_file_info(bucket).type == pafs.FileType.Directory

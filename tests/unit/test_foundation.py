@@ -50,3 +50,9 @@ def test_cli_usage(capsys):
     assert main(["--help"]) == 0
     assert "serve" in capsys.readouterr().out
     assert main(["nope"]) == 2
+
+
+def test_health_probe_key_is_one_hash_tag_for_any_process_name():
+    assert keys.health_probe("node:n1") == "sluice:health:{node:n1}"
+    assert keys.health_probe("node:a {b}") == "sluice:health:{node:a__b_}"
+    assert keys.health_probe("") == "sluice:health:{_}"

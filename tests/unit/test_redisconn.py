@@ -83,3 +83,19 @@ def test_cluster_client_carries_the_roles_bounds_to_every_node() -> None:
     )
     assert sorted(n.port for n in client.nodes_manager.startup_nodes.values()) == [1, 2]
     asyncio.run(client.aclose())
+
+
+def test_write_refusals_count_as_unavailable() -> None:
+    # What redis-py raises for an OOM / READONLY / MISCONF reply (seen from redis-server 7).
+    from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
+
+    from pipeline.redisconn import UNAVAILABLE, unavailable
+
+    oom = OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    assert isinstance(oom, UNAVAILABLE) and unavailable(oom)
+    assert unavailable(ReadOnlyError("You can't write against a read only replica."))
+    assert unavailable(ResponseError("MISCONF Redis is configured to save RDB snapshots, but ..."))
+    assert not unavailable(
+        ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+    )
+    assert not unavailable(ValueError("MISCONF"))

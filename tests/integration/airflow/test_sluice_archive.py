@@ -243,3 +243,49 @@ def test_the_dag_archives_into_an_s3_lake_and_the_coverage_view_reads_it(
 
     view = sluice_coverage.ArchiveLogReader(lake).read()
     assert [(i.entries, i.run_id) for i in view.newest[stream]] == [(5, run.run_id)]
+
+
+def test_a_stream_pattern_archives_and_trims_every_matching_stream(
+    dag_runner: DagRunner, lake_redis: Any, lake_redis_url: str, tmp_path: Path
+) -> None:
+    """``SLUICE_STREAMS=pat:*``: the streams Redis holds when the run starts, each archived
+    and trimmed; a matching stream created later is archived by the next run."""
+    from pipeline import keys
+
+    day = timedelta(days=1)
+    names = ["pat:a", "pat:b"]
+
+    def write(name: str, days: int) -> list[str]:
+        ids = [f"{sc.START_MS + days * 86_400_000 + 1000 * i}-0" for i in range(1, 4)]
+        for entry_id in ids:
+            lake_redis.xadd(keys.stream(name), {b"n": entry_id.encode()}, id=entry_id)
+        return ids
+
+    ids = {name: write(name, 5) for name in names}
+    lake = str(tmp_path / "lake")
+    env = {
+        "SLUICE_REDIS_URL": lake_redis_url,
+        "SLUICE_LAKE_URI": lake,
+        "SLUICE_STREAMS": "pat:*",
+        "SLUICE_CHAIN_STREAMS": "",
+        "SLUICE_HOT_RETENTION_S": "3600",
+    }
+    try:
+        run = dag_runner.run("sluice_archive", sc.END + 5 * day, env=env)
+        states = task_states(run)
+        assert str(run.state) == "success", states
+        assert {f"trim[{i}]": "success" for i in range(2)}.items() <= states.items(), states
+        rows = sc.table_rows(lake, "archive_log")
+        assert sorted((r["stream"], r["entries"]) for r in rows) == [(n, 3) for n in names]
+        # trimmed below what the lake holds (all of it: older than the hot window)
+        assert [lake_redis.xlen(keys.stream(n)) for n in names] == [0, 0]
+        # a stream created after the first run is picked up by the next one
+        ids["pat:c"] = write("pat:c", 6)
+        run = dag_runner.run("sluice_archive", sc.END + 6 * day, env=env)
+        assert str(run.state) == "success", task_states(run)
+        rows = sc.table_rows(lake, "archive_log")
+        assert sorted(r["stream"] for r in rows if r["entries"]) == [*names, "pat:c"]
+    finally:
+        lake_redis.delete(*(keys.stream(n) for n in [*names, "pat:c"]))
+    entries = sc.table_rows(lake, "stream_entries")
+    assert sorted(r["entry_id"] for r in entries) == sorted(i for v in ids.values() for i in v)

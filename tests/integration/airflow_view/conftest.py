@@ -114,7 +114,7 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
     return env
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGTERM)
@@ -167,45 +167,40 @@ def start_api_server(
     Yields (url, admin JWT, api-server log). Every process runs in its own
     process group and is ended as a whole on exit.
     """
-    airflow = [sys.executable, "-m", "airflow"]
-    _airflow(env, home, "db", "migrate")
+    airflow_cli(env, home, "db", "migrate")
     log_path = home / "api-server.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        with log_path.open("wb") as log_file:
-            procs.append(
-                subprocess.Popen(
-                    [*airflow, "api-server", "--port", str(port), "--workers", "1"],
-                    env=env,
-                    cwd=home,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        procs.append(spawn(env, home, "api-server", "--port", str(port), "--workers", "1"))
         # The server needs no DAG to start: serialize dags/ while it starts.
-        _airflow(env, home, "dags", "reserialize")
+        airflow_cli(env, home, "dags", "reserialize")
         if scheduler:
-            with (home / "scheduler.log").open("wb") as log_file:
-                procs.append(
-                    subprocess.Popen(
-                        [*airflow, "scheduler"],
-                        env=env,
-                        cwd=home,
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
+            procs.append(spawn(env, home, "scheduler"))
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, procs[0], log_path)
-        yield url, _token(url, home), log_path
+        wait_healthy(url, procs[0], log_path)
+        yield url, admin_token(url, home), log_path
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
 
 
-def _airflow(env: dict[str, str], home: Path, *args: str) -> None:
+def spawn(
+    env: dict[str, str], home: Path, command: str, *args: str, log: str = ""
+) -> subprocess.Popen[bytes]:
+    """Start ``airflow COMMAND ARGS`` in its own process group, output appended to ``home/LOG``
+    (default ``COMMAND.log``); :func:`stop` ends it as a whole."""
+    with (home / (log or f"{command}.log")).open("ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "airflow", command, *args],
+            env=env,
+            cwd=home,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def airflow_cli(env: dict[str, str], home: Path, *args: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "airflow", *args],
         env=env,
@@ -217,7 +212,7 @@ def _airflow(env: dict[str, str], home: Path, *args: str) -> None:
     assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stderr.decode()[-3000:]}"
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
     deadline = time.monotonic() + START_DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -235,7 +230,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log_path: Path) -> No
     )
 
 
-def _token(url: str, home: Path) -> str:
+def admin_token(url: str, home: Path) -> str:
     """A JWT for the simple auth manager's admin, with its generated password."""
     passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
     reply = httpx.post(

@@ -25,6 +25,7 @@ from pipeline.bus.directory import FileDirectory
 from pipeline.bus.process import BusProcess
 from pipeline.bus.server import BusServer
 from pipeline.bus.signing import Signer
+from pipeline.durability import Durability
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
 from tests.support.poll import until
@@ -65,10 +66,14 @@ class Twin:
         values.update(overrides)
         return BusConfig(**values)
 
-    async def start_bus(self, **overrides: Any) -> BusProcess:
+    async def start_bus(self, durability: Durability | None = None, **overrides: Any) -> BusProcess:
         directory = FileDirectory.load(self.directory_file)
         self.bus = BusProcess(
-            self.config(**overrides), redis_url=self.url, directory=directory, signer=self.signer
+            self.config(**overrides),
+            redis_url=self.url,
+            directory=directory,
+            signer=self.signer,
+            durability=durability,
         )
         await self.bus.start()
         return self.bus

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ from redis.exceptions import RedisError
 from pipeline.bus.config import CLUSTER_REFUSAL
 from pipeline.bus.directory import FileDirectory
 from pipeline.bus.process import BusProcess
+from pipeline.durability import Durability
 from pipeline.errors import ConfigError, SluiceError
 from tests.support.poll import until
 
@@ -57,41 +56,6 @@ async def test_call_between_a_sentinel_twin_and_a_single_one(twins: Any, sentine
             await stop(task)
 
 
-@pytest.fixture(autouse=True)
-def _collect_here() -> Iterator[None]:
-    """Collect this module's garbage in its own tests' teardown, not in a later test's.
-
-    Connections leaked by the failover test below (see there) were collected
-    during the next module's tests, where no filter applies (80 unraisable
-    StreamWriter warnings failed a bus soak test in a fresh-clone run).
-    """
-    yield
-    previous = sys.unraisablehook
-
-    def drop_leak(unraisable: Any) -> None:
-        # only the leak described below: ResourceWarnings of unclosed connections
-        if not isinstance(unraisable.exc_value, ResourceWarning):
-            previous(unraisable)
-
-    sys.unraisablehook = drop_leak
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = previous
-
-
-# A leak we could not trace in time (pyproject's rule: a narrow filter where it occurs): in
-# about 1 run of 3, redis-py 8.1 connections to the first *Sentinel* (plain Connections of
-# the Sentinel manager's clients) and their StreamWriters are garbage-collected unclosed
-# after the master's SIGKILL, with ~70 clients asking the Sentinels for the master at once.
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <function StreamWriter.__del__"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
-@pytest.mark.filterwarnings(
-    "ignore:Exception ignored in. <function AbstractConnection.__del__"
-    ":pytest.PytestUnraisableExceptionWarning"
-)
 async def test_bus_calls_survive_the_masters_death(
     twins: Any, redis_sentinels: Any, sentinel_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -148,6 +112,49 @@ async def test_bus_calls_survive_the_masters_death(
         await asyncio.gather(*callers, return_exceptions=True)
         await stop(task)
         await asyncio.to_thread(redis_sentinels.heal)
+
+
+async def test_requests_leave_once_a_replica_holds_their_backlog(
+    twins: Any, redis_sentinels: Any, sentinel_url: str
+) -> None:
+    """SLUICE_REDIS_MIN_REPLICAS=1 on Sentinel: each batch of requests is followed by a WAIT
+    that a replica answers before the requests go on; none is counted as not replicated."""
+    (a,) = twins(1)
+    on_sentinel(a, sentinel_url)
+    master = redis_sentinels.master().client()
+    try:
+        waits_before = _wait_calls(master)
+        bus = await a.start_bus(durability=Durability(1, 5000))
+        _, task = serve(a, echo=echo)
+        try:
+            for i in range(5):
+                assert await a.client().call("echo", dst=[a.id], data=str(i)) == [
+                    f"echo:{i}".encode()
+                ]
+        finally:
+            await stop(task)
+        assert _wait_calls(master) >= waits_before + 5  # at least one WAIT per call's batch
+        assert bus.queues.not_replicated == 0
+    finally:
+        master.close()
+
+
+async def test_requests_no_replica_took_are_counted(twins: Any) -> None:
+    """One server with no replica, WAIT 1: calls are still answered (the master holds their
+    backlog), and every request that left unreplicated is counted."""
+    (a,) = twins(1)
+    bus = await a.start_bus(durability=Durability(1, 50))
+    _, task = serve(a, echo=echo)
+    try:
+        assert await a.client().call("echo", dst=[a.id], data="x") == [b"echo:x"]
+    finally:
+        await stop(task)
+    # counted once its WAIT timed out (the answer to a request to itself may come first)
+    await until(lambda: bus.queues.not_replicated >= 1, "the request counted", within_s=30)
+
+
+def _wait_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
 
 
 async def test_bus_refuses_a_cluster_url(twins: Any) -> None:

@@ -185,12 +185,22 @@ async def test_reserved_ret_is_set_aside_not_looped(twins):
         await ra.aclose()
 
 
-async def test_ret_over_256_characters_is_answered_with_err(twins):
+async def test_ret_over_256_characters_is_set_aside_not_answered_on(twins):
+    """Issue 21: an over-long ret was refused as invalid, yet the refusal was pushed to it."""
     (a,) = twins(1)
     await a.start_bus()
-    ret = "r" * 300
-    [answer] = await raw_call(a.url, seed_request("echo", [a.id], b"", ret=ret), 1)
-    assert "ret must be" in answer["err"] and answer["ret"] == ret
+    ra = aioredis.Redis.from_url(a.url)
+    try:
+        ret = "r" * 300
+        await ra.rpush(keys.BUS_LOCAL, json.dumps(seed_request("echo", [a.id], b"", ret=ret)))
+        marker = seed_request("nobody", [9999], b"")
+        [answer] = await raw_call(a.url, marker, 1)  # handled after the one above
+        assert answer["err"] == "destination not found"
+        assert not await ra.exists(ret)
+        [letter] = await dead_letters(ra)
+        assert "ret must be" in letter.reason and "no usable ret" in letter.reason
+    finally:
+        await ra.aclose()
 
 
 async def test_now_in_milliseconds_still_expires_and_is_answered(twins):

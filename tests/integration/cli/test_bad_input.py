@@ -32,7 +32,7 @@ def sluice(
 ) -> subprocess.CompletedProcess[str]:
     full = {
         **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         "SLUICE_LOG_LEVEL": "WARNING",
         **env,
     }

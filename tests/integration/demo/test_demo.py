@@ -165,3 +165,26 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     proc.wait(timeout=60)
     out = _out(tmp_path)
     assert proc.returncode == 2 and "unknown component(s) nope" in out, out
+
+
+def test_the_lake_on_the_demos_s3_server_starts_before_serve_and_stops_with_it(
+    tmp_path: Path,
+) -> None:
+    demo_id = f"test-{uuid.uuid4().hex[:8]}"
+    proc = _demo(
+        tmp_path, demo_id, "--only", "serve", "--lake", "s3", "--up-then-stop",
+        "--serve-port", str(free_port()),
+    )  # fmt: skip
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            asyncio.run(sweep(demo_id))
+    out = _out(tmp_path)
+    assert proc.returncode == 0, out
+    assert out.index("s3 up in") < out.index("serve up in"), out
+    assert (tmp_path / "var" / "demo" / "s3" / "lake").is_dir()  # the lake's bucket
+    assert "the sweep had to stop" not in out, out
+    assert marked_pids(demo_id) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -23,6 +24,32 @@ async def test_async_clients_of_every_layout(any_redis_url: str) -> None:
     finally:
         await client.aclose()
     redischeck.check(any_redis_url)  # a correct URL passes the start-up check
+
+
+async def test_many_connections_at_once_keep_every_sentinel_client(sentinel_url: str) -> None:
+    """Many connections asking the Sentinels at once, the first Sentinel not answering (as
+    in a failover): every Sentinel client stays in the manager, so closing the client
+    closes all their connections (redis-py 8.1's own discovery dropped one, whose open
+    connections were then garbage-collected unclosed)."""
+    from pipeline.ports import free_port
+
+    hosts = sentinel_url.split("//")[1].split("/")[0]
+    url = sentinel_url.replace(hosts, f"127.0.0.1:{free_port()},{hosts}")
+    client = redisconn.connect(url, Role.STREAM_SERVICE)
+    manager = client.connection_pool.sentinel_manager  # type: ignore[attr-defined]
+    before = list(manager.sentinels)
+    try:
+        assert all(await asyncio.gather(*(client.ping() for _ in range(30))))
+        assert sorted(map(id, manager.sentinels)) == sorted(map(id, before))
+    finally:
+        await client.aclose()
+    open_left = [
+        c
+        for s in before
+        for c in s.connection_pool._available_connections  # noqa: SLF001 - what aclose closed
+        if c.is_connected
+    ]
+    assert open_left == []
 
 
 def test_sync_clients_of_every_layout(any_redis_url: str) -> None:

@@ -71,7 +71,7 @@ def _env(local: LocalRedis, tmp_path: Path, **extra: str) -> dict[str, str]:
         **os.environ,
         "SLUICE_REDIS_URL": local.url,
         "SLUICE_LOG_LEVEL": "WARNING",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         **extra,
     }
 
@@ -93,7 +93,14 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
             }
         )
     )
-    env = _env(local, tmp_path, SLUICE_BUS_HEALTH_LISTEN=f"127.0.0.1:{health_port}")
+    env = _env(
+        local,
+        tmp_path,
+        SLUICE_BUS_HEALTH_LISTEN=f"127.0.0.1:{health_port}",
+        # one server, no replica: the request's backlog is counted as not replicated
+        SLUICE_REDIS_MIN_REPLICAS="1",
+        SLUICE_REDIS_MIN_REPLICAS_TIMEOUT_MS="50",
+    )
     log = tmp_path / "bus.log"
     proc = start(
         ["bus", "--twin", "7", "--listen", f"127.0.0.1:{bus_port}", "--directory", str(directory),
@@ -108,6 +115,7 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
         assert "sluice_bus_up 1" in text
         assert 'sluice_bus_queue_length{queue="msgbus.system.remote"} 0' in text
         assert "sluice_bus_backlog_size" in text and "sluice_bus_outbox_size" in text
+        assert "sluice_bus_dead_length 0" in text
         # A call to a peer that is down: /healthz degraded with the peer named, counted,
         # and once its exp is up the caller is told it never reached the peer.
         client = redis.Redis.from_url(local.url)
@@ -128,6 +136,7 @@ def test_bus_health_and_metrics(redis_factory: Callable[..., LocalRedis], tmp_pa
         code, text = curl(f"{base}/metrics")
         assert 'sluice_bus_outbound_total{kind="remote",outcome="unreachable"} 1' in text
         assert "sluice_bus_peers_unreachable 1" in text
+        assert "sluice_bus_not_replicated_total 1" in text
         [retries] = [
             line for line in text.splitlines() if line.startswith("sluice_bus_retries_total ")
         ]

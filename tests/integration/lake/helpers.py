@@ -87,25 +87,35 @@ def append_blocks(
     """Append rows for ``blocks`` to the lake's ``blocks`` table with delta-rs (no Spark).
 
     Entry ids are made up from the block number: block ``n`` came from entry ``n+1-0``.
+    An existing table is written with its own schema (a column not set here is null).
     """
     import pyarrow as pa
-    from deltalake import write_deltalake
+    from deltalake import DeltaTable, write_deltalake
 
     from pipeline.lake import tables
     from pipeline.settings import LakeSettings
 
-    table = pa.table(
-        {
-            "stream": [stream] * len(blocks),
-            "num": [b.num for b in blocks],
-            "hash": [b.hash.hex() for b in blocks],
-            "parent": [b.parent.hex() for b in blocks],
-            "canonical": [canonical] * len(blocks),
-            "entry_id": [f"{b.num + 1}-0" for b in blocks],
-            "entry_ms": [b.num + 1 for b in blocks],
-            "payload": [encode_block(b) for b in blocks],
-            "archived_at": [None] * len(blocks),
-        },
-        schema=tables.BLOCKS_ARROW,
+    values = {
+        "stream": [stream] * len(blocks),
+        "num": [b.num for b in blocks],
+        "hash": [b.hash.hex() for b in blocks],
+        "parent": [b.parent.hex() for b in blocks],
+        "canonical": [canonical] * len(blocks),
+        "entry_id": [f"{b.num + 1}-0" for b in blocks],
+        "entry_ms": [b.num + 1 for b in blocks],
+        "payload": [encode_block(b) for b in blocks],
+        "weight": [b.weight.to_bytes(32, "big") if b.weight else None for b in blocks],
+    }
+    path = LakeSettings.from_url(lake_uri).table(tables.BLOCKS)
+    schema = (
+        pa.schema(DeltaTable(path).schema().to_arrow())
+        if DeltaTable.is_deltatable(path)
+        else tables.BLOCKS_ARROW
     )
-    write_deltalake(LakeSettings.from_url(lake_uri).table(tables.BLOCKS), table, mode="append")
+    columns = {
+        f.name: pa.array(values[f.name], f.type)
+        if f.name in values
+        else pa.nulls(len(blocks), f.type)
+        for f in schema
+    }
+    write_deltalake(path, pa.table(columns, schema=schema), mode="append")

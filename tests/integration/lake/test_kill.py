@@ -55,7 +55,7 @@ def test_killed_archive_is_invisible_then_rerun_is_exact(
         "SLUICE_CHAIN_STREAMS": "c",
         "SLUICE_STREAMS": "c",
         "SLUICE_ARCHIVE_PARTITIONS": "2",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         "SPARK_LOCAL_DIRS": str(tmp_path / "spark"),
     }
     args = ["archive", "--stream", "c", "--start-ms", "1000", "--end-ms", str(1000 + N)]

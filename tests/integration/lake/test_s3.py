@@ -245,7 +245,7 @@ def test_cli_on_a_broken_store_is_one_line_and_exit_1(
         "SLUICE_REDIS_URL": redis_url,
         "SLUICE_STREAMS": "c",
         "SLUICE_CHAIN_STREAMS": "c",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         "SLUICE_VAR_DIR": str(tmp_path / "var"),
         **change,
     }  # fmt: skip

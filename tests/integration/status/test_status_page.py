@@ -76,7 +76,7 @@ def system(
         "SLUICE_SERVE_STREAM": STREAM,
         "SLUICE_CHAIN_STREAMS": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
     }
     sluice = [sys.executable, "-m", "pipeline.cli"]
     port = free_port()

@@ -77,7 +77,7 @@ def env(redis_url: str, tmp_path: Path) -> dict[str, str]:
     made = {
         **os.environ,
         "SLUICE_REDIS_URL": redis_url,
-        "SLUICE_CONFIG": str(tmp_path / "none.toml"),
+        "SLUICE_CONFIG": os.devnull,  # no config file
         "SLUICE_LEASE_TTL_S": "3",
         "SLUICE_LOG_LEVEL": "INFO",
         "SLUICE_NODE_LISTEN": "",

@@ -18,12 +18,14 @@ def main(argv: list[str]) -> int:
     if what == "ok":
         sys.stderr.write("starting\nworking on it\n")
         sys.stdout.write("log noise on stdout\n")
-        sys.stdout.write(json.dumps({"job": "ok", "args": args, "env": os.environ.get("SLUICE_X")}))
+        sys.stdout.write(
+            json.dumps({"job": "ok", "args": args, "env": os.environ.get("SLUICE_TEST_X")})
+        )
         return 0
     if what == "archive-streams":
-        # each --stream archived, or failed when SLUICE_X=fail (exit 1 with the result)
+        # each --stream archived, or failed when SLUICE_TEST_X=fail (exit 1 with the result)
         names = [args[i + 1] for i, a in enumerate(args) if a == "--stream"]
-        error = os.environ.get("SLUICE_X") == "fail"
+        error = os.environ.get("SLUICE_TEST_X") == "fail"
         streams = {
             n: {"stream": n, "error": "it broke"} if error else {"stream": n, "entries": 2}
             for n in names

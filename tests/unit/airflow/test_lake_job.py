@@ -12,7 +12,7 @@ from sluice_lake_job import parse_result, run_lake_job
 from pipeline.errors import LakeJobError
 
 HERE = Path(__file__).resolve().parent
-ENV = {"PYTHONPATH": str(HERE), "SLUICE_X": "from-env"}
+ENV = {"PYTHONPATH": str(HERE), "SLUICE_TEST_X": "from-env"}
 
 
 def run(*args: str, timeout_s: float = 60.0) -> object:
@@ -107,7 +107,7 @@ def test_parse_result_prefers_the_whole_stdout_then_the_last_line() -> None:
 
 def test_environment_is_not_leaked_back() -> None:
     run("ok")
-    assert os.environ.get("SLUICE_X") is None
+    assert os.environ.get("SLUICE_TEST_X") is None
 
 
 def test_the_job_dies_with_a_killed_task_process(tmp_path: Path) -> None:

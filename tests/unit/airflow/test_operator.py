@@ -177,7 +177,7 @@ def test_a_stream_task_takes_its_result_from_the_shared_job_or_archives_itself(
     ti = _TI(2, done)
     assert op.execute(_context(ti=ti)) == {"stream": "b", "entries": 2} and ti.pulled == []
     # its own job fails for the stream: the task fails with the stream's error
-    monkeypatch.setenv("SLUICE_X", "fail")
+    monkeypatch.setenv("SLUICE_TEST_X", "fail")
     with pytest.raises(Exception, match="archive of 'b' failed: it broke"):
         op.execute(_context(ti=_TI(2, done)))
 
@@ -189,7 +189,7 @@ def test_the_shared_job_whose_every_stream_failed_fails_and_logs_each_error(
 
     monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
-    monkeypatch.setenv("SLUICE_X", "fail")
+    monkeypatch.setenv("SLUICE_TEST_X", "fail")
     ops = _operators()
     op = ops.ArchiveStreamsOperator(
         task_id="archive_streams", streams=["a", "b"], module="job_child"

@@ -115,13 +115,21 @@ def test_maintenance_runs_on_its_schedule_only_never_at_start() -> None:
     spec.loader.exec_module(module)
     dag = module.sluice_maintenance()
     assert dag.start_date is None and dag.catchup is False
-    now = datetime.now(UTC)
     # What the scheduler asks when the DAG is first seen (no run yet): the next
-    # 03:00 in the future, never the last one already past.
-    info = dag.timetable.next_dagrun_info(
-        last_automated_data_interval=None,
-        restriction=TimeRestriction(earliest=None, latest=None, catchup=False),
-    )
-    assert info is not None
-    assert now < info.run_after <= now + timedelta(days=1)
-    assert (info.run_after.hour, info.run_after.minute) == (3, 0)
+    # 03:00 in the future, never the last one already past, at any time of day
+    # (just after 03:00 included: Airflow's default runs the past one then).
+    import airflow.timetables.trigger as trigger
+
+    day = datetime(2026, 11, 27, tzinfo=UTC)
+    for now in (
+        day + timedelta(hours=h, minutes=m) for h, m in ((3, 1), (4, 59), (12, 0), (2, 59))
+    ):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trigger, "utcnow", lambda now=now: now)
+            info = dag.timetable.next_dagrun_info(
+                last_automated_data_interval=None,
+                restriction=TimeRestriction(earliest=None, latest=None, catchup=False),
+            )
+        assert info is not None
+        assert now < info.run_after <= now + timedelta(days=1), now
+        assert (info.run_after.hour, info.run_after.minute) == (3, 0)

@@ -142,3 +142,14 @@ def test_answer_parts_put_any_ret_back_in_place():
     for ret in ("r-1", 'q"uo\\te/slash', "ünï", '"ret":""'):
         joined = head + json.dumps(ret).encode() + tail
         assert decode(joined, reply=True) == reply.copy(ret=ret)
+
+
+def test_salvage_gives_no_ret_the_request_was_refused_for():
+    # An over-long ret is refused as invalid: the refusal must not be pushed to it either.
+    long_ret = "q" * 300
+    raw = doc(ret=long_ret, ver=9)
+    with pytest.raises(EnvelopeError, match="at most 256"):
+        decode(doc(ret=long_ret))
+    assert salvage(raw)[0] == ""
+    assert salvage(b'{"ret":"' + long_ret.encode() + b'","cmd":"a.b","dst":[')[0] == ""
+    assert salvage(doc(ret="msgbus.system.local", ver=9))[0] == ""

@@ -135,12 +135,13 @@ def test_reserved_ret_is_refused(value):
     assert decode(raw(ret=value)).ret == value  # the copy a handler gets
 
 
-def test_salvage_keeps_a_long_ret_but_not_a_reserved_one():
+def test_salvage_keeps_neither_a_long_ret_nor_a_reserved_one():
+    # Issue 21: a ret refused as invalid must not get the refusal pushed to it.
     long_ret = "r" * 1000
-    assert salvage(raw(ret=long_ret))[0] == long_ret
+    assert salvage(raw(ret=long_ret))[0] == ""
     assert salvage(raw(ret="msgbus.system.local", ver=2)) == ("", "wallet.balance")
     broken = b'{"ret":"' + long_ret.encode() + b'","cmd":"a.b","dst":['
-    assert salvage(broken) == (long_ret, "a.b")
+    assert salvage(broken) == ("", "a.b")
     assert salvage(b'{"ret":"msgbus.system.local","dst":[') == ("", "")
 
 

@@ -17,6 +17,7 @@ from pipeline.settings import (
     BusSettings,
     LakeSettings,
     RedisSettings,
+    ServeSettings,
     Settings,
     flat_names,
 )
@@ -296,8 +297,30 @@ def test_bad_override_and_unknown_names() -> None:
         Settings.load(env={}, config_path=NO_FILE, nonsense=1)
     with pytest.raises(ConfigError, match="'bus_twin' cannot read 'x'"):
         Settings.load(env={}, config_path=NO_FILE, bus_twin="x")
-    # unknown SLUICE_* variables are other tools' (SLUICE_CONFIG, SLUICE_BUS_URL...): ignored
+    # SLUICE_* variables read by other tools (docker/init.sh's SLUICE_BUS_URL...): not settings
     Settings.load(env={"SLUICE_BUS_URL": "http://bus:8051"}, config_path=NO_FILE)
+
+
+def test_an_unknown_variable_is_refused_like_the_same_key_in_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting 'bus_twinn' \(from SLUICE_BUS_TWINN\)"):
+        Settings.load(env={"SLUICE_BUS_TWINN": "3"}, config_path=NO_FILE)
+    cfg = tmp_path / "sluice.toml"
+    cfg.write_text("[sluice]\nbus_twinn = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown setting 'bus_twinn' \(from .*sluice.toml\)"):
+        Settings.load(env={}, config_path=cfg)
+
+
+def test_a_config_file_named_in_sluice_config_must_exist() -> None:
+    with pytest.raises(ConfigError, match=r"config file /nonexistent.toml \(from SLUICE_CONFIG\)"):
+        Settings.load(env={"SLUICE_CONFIG": "/nonexistent.toml"})
+
+
+def test_parts_leave_the_other_sections_unread() -> None:
+    env = {"SLUICE_SERVE_PORT": "99999", "SLUICE_BUS_TWIN": "7"}
+    with pytest.raises(ConfigError, match="serve_port"):
+        Settings.load(env=env, config_path=NO_FILE)
+    settings = Settings.load(env=env, config_path=NO_FILE, parts=("redis", "bus"))
+    assert settings.bus.twin == 7 and settings.serve.port == ServeSettings().port
 
 
 def test_bools() -> None:
@@ -337,10 +360,11 @@ def test_bus_config_is_the_bus_section() -> None:
 
 
 def test_cli_turns_a_bad_setting_into_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("SLUICE_CONFIG", NO_FILE)
+    monkeypatch.delenv("SLUICE_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./sluice.toml
     monkeypatch.setenv("SLUICE_BUS_LEGACY_PEERS", "maybe")
-    assert main(["produce"]) == 2
+    assert main(["bus"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bus_legacy_peers" in err[0] and "SLUICE_BUS_LEGACY_PEERS" in err[0]

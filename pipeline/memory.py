@@ -1,0 +1,159 @@
+"""Native memory given back to the system after load, for always-on processes that read Arrow.
+
+Python's own objects are not the problem: after many catch-ups `sluice serve`
+held a few MB more in traced Python objects but hundreds of MB more resident.
+The rest sits in native allocators that keep freed memory for reuse:
+
+- pyarrow's default pool (mimalloc here) reserves 1 GiB arenas and keeps pages
+  freed from another thread than the one that allocated them until that thread
+  allocates again (the read threads of a catch-up go idle): 658 MB of 1,090 MB
+  in one measured serve process;
+- delta-rs (the lake's log and file lists) allocates through its own jemalloc,
+  which purges freed pages only on later activity unless a background thread
+  does it;
+- glibc keeps free pages at the top and in the middle of its heaps, and gives
+  each new thread an arena of its own, up to eight per core.
+
+:func:`tune` (called by ``sluice serve`` before anything loads pyarrow) points each at returning memory (Arrow on the system allocator,
+jemalloc with background purging, glibc with few arenas); :class:`Releaser`
+trims what glibc still holds once the resident size has grown, from a thread,
+at most every ``every_s`` seconds. Both are no-ops where an allocator is absent
+(non-glibc systems) or where the operator chose otherwise (an
+``ARROW_DEFAULT_MEMORY_POOL`` or ``_RJEM_MALLOC_CONF`` already set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: delta-rs' jemalloc (tikv-jemallocator, prefixed ``_rjem_``) reads this when it starts.
+RJEM_CONF_VAR = "_RJEM_MALLOC_CONF"
+RJEM_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+#: glibc's mallopt parameter numbers (malloc.h)
+_M_ARENA_MAX = -8
+#: glibc arenas for a process that reads Arrow from a few threads at once
+ARENA_MAX = 2
+
+
+def _libc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def tune() -> list[str]:
+    """Point the native allocators at giving memory back; returns what was changed.
+
+    Call it at the start of the process, before pyarrow is imported: Arrow's
+    C++ code (the parquet reader's threads) takes its pool from
+    ``ARROW_DEFAULT_MEMORY_POOL`` once, at import, and delta-rs' jemalloc reads
+    its setting when it is loaded.
+    """
+    changed: list[str] = []
+    for var, value, what in (
+        ("ARROW_DEFAULT_MEMORY_POOL", "system", "arrow pool=system"),
+        (RJEM_CONF_VAR, RJEM_CONF, f"delta-rs jemalloc {RJEM_CONF}"),
+    ):
+        if var not in os.environ:
+            os.environ[var] = value
+            changed.append(what)
+    late = [name for name in ("pyarrow", "deltalake") if name in sys.modules]
+    if late:
+        log.warning("%s already loaded: its allocator keeps its own settings", " and ".join(late))
+    libc = _libc()
+    if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        if libc.mallopt(_M_ARENA_MAX, ARENA_MAX) == 1:
+            changed.append(f"glibc arenas<={ARENA_MAX}")
+    return changed
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (0 where /proc is absent)."""
+    try:
+        fields = Path("/proc/self/statm").read_text().split()
+    except OSError:
+        return 0
+    return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def release() -> None:
+    """Give free native memory back now (blocking: call it from a thread)."""
+    if "pyarrow" in sys.modules:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+class Releaser:
+    """Calls :func:`release` while the resident size stays ``growth_bytes`` above its floor.
+
+    The floor is the lowest resident size seen after a release. A release made
+    while subscribers still catch up gives back little; the next ones, once they
+    left, give back the rest. A release that gives back under 1 MB doubles the
+    wait before the next (up to 16 times ``every_s``), so a process whose data
+    really grew (its caches filling) is not trimmed every few seconds for
+    nothing. ``on_release(before, after)`` is told each time (for metrics).
+    """
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds until the next check."""
+        return self._wait_s
+
+    def __init__(
+        self,
+        *,
+        every_s: float = 10.0,
+        growth_bytes: int = 32 << 20,
+        on_release: Callable[[int, int], None] | None = None,
+        measure: Callable[[], int] = rss_bytes,
+        give_back: Callable[[], None] = release,
+    ) -> None:
+        if every_s <= 0 or growth_bytes < 0:
+            raise ValueError("every_s must be positive and growth_bytes non-negative")
+        self._every_s = every_s
+        self._growth = growth_bytes
+        self._on_release = on_release
+        self._measure = measure
+        self._give_back = give_back
+        self._floor = measure()
+        self._wait_s = every_s
+
+    async def run(self) -> None:
+        """Check every ``every_s`` seconds (longer after fruitless releases) until cancelled."""
+        while True:
+            await asyncio.sleep(self._wait_s)
+            await self.check()
+
+    async def check(self) -> bool:
+        """Release if the resident size is past the floor; True if it did."""
+        before = self._measure()
+        if before - self._floor < self._growth:
+            self._floor = min(self._floor, before)
+            self._wait_s = self._every_s
+            return False
+        await asyncio.to_thread(self._give_back)
+        after = self._measure()
+        self._floor = min(self._floor, after)
+        fruitless = before - after < 1 << 20
+        self._wait_s = min(self._wait_s * 2, self._every_s * 16) if fruitless else self._every_s
+        log.debug("gave back %d MB (%d MB resident)", (before - after) >> 20, after >> 20)
+        if self._on_release is not None:
+            self._on_release(before, after)
+        return True

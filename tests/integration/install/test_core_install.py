@@ -1,0 +1,187 @@
+"""The core install: ``pip install sluice`` without extras runs the bus and Dialogue.
+
+A fresh virtualenv gets the package built from this checkout with its core
+dependencies only (pip resolves them from its cache or the index), then runs
+the README's bus handler and bus call between two real ``sluice bus``
+processes on two real redis-servers, and the README's Dialogue example, all
+with that venv's interpreter. No pyarrow, deltalake, pandas, rich or RE2 may
+be installed there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.localredis import LocalRedis
+from pipeline.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+HEAVY = ("pyarrow", "deltalake", "pandas", "rich", "re2", "pyspark")
+PIP_S = 900  # a cold pip cache downloads the core's wheels: bounds a hang only
+
+
+def _readme_python() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def _block(marker: str) -> str:
+    [block] = [b for b in _readme_python() if marker in b]
+    return block
+
+
+@pytest.fixture(scope="module")
+def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with this checkout installed without extras (a wheel, not editable)."""
+    base = tmp_path_factory.mktemp("core")
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # build the wheel from a copy: the checkout stays free of build/ and *.egg-info
+    src = base / "src"
+    _copy_tree(src)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(src)],
+        check=True,
+        env=env,
+        timeout=PIP_S,
+    )
+    return venv
+
+
+def _copy_tree(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
+    for name in filter(None, files):
+        source = ROOT / name
+        if source.is_file() and (name.startswith("pipeline/") or "/" not in name):
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+
+
+def _run(venv: Path, code: str, *, cwd: Path, timeout: float = 120) -> str:
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        cwd=cwd,  # not the checkout: the installed package is the one imported
+        capture_output=True,
+        text=True,
+        timeout=timeout,  # bounds a hang only
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_core_installs_nothing_heavy(core_venv: Path, tmp_path: Path) -> None:
+    found = _run(
+        core_venv,
+        "import importlib.util, pipeline\n"
+        f"print([m for m in {HEAVY!r} if importlib.util.find_spec(m)])\n"
+        "print(pipeline.__file__)",
+        cwd=tmp_path,
+    ).split("\n")
+    assert found[0] == "[]"
+    assert str(core_venv) in found[1]  # the installed copy, not the checkout
+
+
+#: What the core install holds: every module of these parts imports without an extra.
+CORE_PARTS = ("routing", "streams", "bus", "dialogue")
+
+
+def test_every_core_module_imports_without_an_extra(core_venv: Path, tmp_path: Path) -> None:
+    modules = [
+        f"pipeline.{part}.{path.stem}"
+        for part in CORE_PARTS
+        for path in sorted((ROOT / "pipeline" / part).glob("*.py"))
+        if path.stem != "__init__"
+    ]
+    modules += [f"pipeline.{name}" for name in ("cli", "settings", "errors", "keys", "health")]
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    _run(core_venv, code, cwd=tmp_path)
+    out = subprocess.run(
+        [str(core_venv / "bin" / "sluice"), "node", "--help"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0 and "sluice node" in out.stdout, out.stderr
+
+
+def test_the_readme_dialogue_example_runs_on_the_core(core_venv: Path, tmp_path: Path) -> None:
+    out = _run(core_venv, _block("DialogueServer"), cwd=tmp_path)
+    assert out.split("\n")[:2] == ["b'pong: ping'", "b'CHUNK'"]
+
+
+@pytest.fixture
+def two_buses(
+    core_venv: Path, redis_factory: Callable[..., LocalRedis], tmp_path: Path
+) -> Iterator[dict[int, LocalRedis]]:
+    """Twins 1001 and 1002, each a real ``sluice bus`` of the core venv on its own Redis."""
+    sluice = str(core_venv / "bin" / "sluice")
+    twins = {1001: redis_factory(), 1002: redis_factory()}
+    ports = {twin: free_port() for twin in twins}
+    keys = {}
+    for twin in twins:
+        out = subprocess.run(
+            [sluice, "bus", "keygen", "--out", str(tmp_path / f"twin{twin}.key")],
+            check=True, capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        keys[twin] = out.stdout.strip()
+    directory = tmp_path / "twins.json"
+    directory.write_text(
+        json.dumps({str(t): {"url": f"http://127.0.0.1:{ports[t]}", "key": keys[t]} for t in twins})
+    )
+    procs = []
+    try:
+        for twin, redis in twins.items():
+            proc = subprocess.Popen(
+                [
+                    sluice, "bus", "--twin", str(twin),
+                    "--listen", f"127.0.0.1:{ports[twin]}",
+                    "--directory", str(directory),
+                    "--key", str(tmp_path / f"twin{twin}.key"),
+                    "--redis", redis.url,
+                ],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path,
+            )  # fmt: skip
+            procs.append(proc)
+            assert proc.stdout is not None
+            assert b"listening" in proc.stdout.readline()
+        yield twins
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def test_the_readme_bus_examples_run_on_the_core(
+    core_venv: Path, two_buses: dict[int, LocalRedis], tmp_path: Path
+) -> None:
+    handler = _block("BusServer").replace("redis://127.0.0.1:6402/0", two_buses[1002].url)
+    call = _block("BusClient").replace("redis://127.0.0.1:6401/0", two_buses[1001].url)
+    server = subprocess.Popen(
+        [str(core_venv / "bin" / "python"), "-c", handler],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out = _run(core_venv, call, cwd=tmp_path)
+        assert out.strip() == "b'18024884.1393419'"
+    finally:
+        server.terminate()
+        server.wait(30)
+        assert server.stderr is not None
+        server.stderr.close()

@@ -1,0 +1,21 @@
+"""Lake jobs' Redis writes while Redis refuses them (``maxmemory``, ``noeviction``).
+
+A refusal is reported like a lost connection (``RedisUnavailable``, which the
+jobs' callers retry), not as an unknown Redis error that fails the job for good.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import RedisUnavailable
+from pipeline.lake.lock import StreamLock
+from tests.support.refusal import refusing
+
+
+def test_archive_lock_under_refused_writes_is_redis_unavailable(redis_url: str) -> None:
+    with refusing(redis_url):
+        with pytest.raises(RedisUnavailable, match="maxmemory"), StreamLock(redis_url, "refused"):
+            pass
+    with StreamLock(redis_url, "refused", wait_s=1):
+        pass  # and it works once memory is freed

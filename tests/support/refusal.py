@@ -1,0 +1,87 @@
+"""A real redis-server made to refuse writes: ``maxmemory`` reached under ``noeviction``.
+
+``with refusing(url): ...`` fills the server with keys until a write gets
+``OOM command not allowed when used memory > 'maxmemory'``, holds it there (the
+limit lowered below what is used, so keys expiring meanwhile cannot let a write
+in), and on exit deletes the fillers and lifts the limit. Reads and deletes go on
+working throughout, as on a full production server.
+
+``with misconf(url): ...`` makes the server refuse writes with ``MISCONF`` (an
+RDB save failed while ``stop-writes-on-bgsave-error`` is on): its directory is
+deleted (the server's working directory: moving it would not do) with what it
+holds, so use it on a private server only; a save point is set and a ``BGSAVE``
+fails. On exit the save point is dropped (which lifts the refusal) and an empty
+directory made again at the path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+from redis.exceptions import OutOfMemoryError
+
+FILLER = b"x" * (128 << 10)
+
+
+class Refusal:
+    """Fill a Redis until it refuses writes (:meth:`start`), then free it (:meth:`end`)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.fillers: list[str] = []
+
+    def start(self) -> None:
+        self.client.config_set("maxmemory-policy", "noeviction")
+        used = int(self.client.info("memory")["used_memory"])
+        self.client.config_set("maxmemory", used + (4 << 20))
+        while len(self.fillers) < 1000:
+            name = f"test:filler:{len(self.fillers)}"
+            try:
+                self.client.set(name, FILLER)
+            except OutOfMemoryError:
+                used = int(self.client.info("memory")["used_memory"])
+                self.client.config_set("maxmemory", used // 2)
+                return
+            self.fillers.append(name)
+        raise AssertionError("redis never refused a write")
+
+    def end(self) -> None:
+        if self.fillers:
+            self.client.delete(*self.fillers)  # DEL works while writes are refused
+        self.client.config_set("maxmemory", 0)
+        self.client.close()
+
+
+@contextmanager
+def refusing(url: str) -> Iterator[Refusal]:
+    refusal = Refusal(url)
+    refusal.start()
+    try:
+        yield refusal
+    finally:
+        refusal.end()
+
+
+@contextmanager
+def misconf(url: str) -> Iterator[None]:
+    client = redis.Redis.from_url(url)
+    directory = str(client.config_get("dir")["dir"])
+    shutil.rmtree(directory)
+    try:
+        client.config_set("save", "3600 1")
+        client.bgsave()
+        deadline = time.monotonic() + 30
+        while client.info("persistence")["rdb_last_bgsave_status"] != "err":
+            if time.monotonic() > deadline:
+                raise AssertionError("the RDB save did not fail")
+            time.sleep(0.05)
+        yield
+    finally:
+        client.config_set("save", "")
+        os.makedirs(directory, exist_ok=True)
+        client.close()

@@ -1,0 +1,68 @@
+"""The releaser's policy: give back while above the floor, back off when it gives nothing."""
+
+from __future__ import annotations
+
+from pipeline import memory
+
+MB = 1 << 20
+
+
+class Process:
+    """A resident size the test moves, and what a release would give back."""
+
+    def __init__(self, rss: int) -> None:
+        self.rss = rss
+        self.frees = 0  # bytes the next release gives back
+        self.releases = 0
+
+    def give_back(self) -> None:
+        self.releases += 1
+        self.rss -= self.frees
+
+
+async def test_growth_under_the_threshold_is_left_alone() -> None:
+    proc = Process(200 * MB)
+    rel = memory.Releaser(growth_bytes=32 * MB, measure=lambda: proc.rss, give_back=proc.give_back)
+    proc.rss += 31 * MB
+    assert not await rel.check() and proc.releases == 0
+
+
+async def test_it_keeps_releasing_until_back_near_the_floor() -> None:
+    proc = Process(200 * MB)
+    told: list[tuple[int, int]] = []
+    rel = memory.Releaser(
+        growth_bytes=32 * MB,
+        measure=lambda: proc.rss,
+        give_back=proc.give_back,
+        on_release=lambda b, a: told.append((b, a)),
+    )
+    proc.rss = 400 * MB  # subscribers catching up: a release gives little
+    proc.frees = 2 * MB
+    assert await rel.check()
+    proc.frees = 150 * MB  # they left: the next release gives back the rest
+    assert await rel.check()
+    assert proc.rss == 248 * MB and told == [(400 * MB, 398 * MB), (398 * MB, 248 * MB)]
+    proc.frees = 0
+    assert await rel.check()  # still 48 MB above the 200 MB floor: tried again
+    assert rel.wait_s == 20  # nothing came back: it backs off
+
+
+async def test_fruitless_releases_back_off_and_a_fruitful_one_resets() -> None:
+    proc = Process(100 * MB)
+    rel = memory.Releaser(
+        every_s=10, growth_bytes=32 * MB, measure=lambda: proc.rss, give_back=proc.give_back
+    )
+    proc.rss = 500 * MB  # a cache that really filled: nothing to give back
+    waits = []
+    for _ in range(6):
+        await rel.check()
+        waits.append(rel.wait_s)
+    assert waits == [20, 40, 80, 160, 160, 160]
+    proc.frees = 300 * MB
+    await rel.check()
+    assert rel.wait_s == 10 and proc.rss == 200 * MB
+
+
+def test_release_and_rss_work_on_this_machine() -> None:
+    memory.release()
+    assert memory.rss_bytes() > 0
