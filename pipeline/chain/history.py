@@ -57,6 +57,23 @@ class SharedHistory:
             reader: History | None = self._reader
             return reader
 
+    def fresh(self) -> History | None:
+        """The shared reader if it is open and was checked less than ``check_every_s`` ago,
+        else None (then call the factory, in a thread: it may read the store).
+
+        No I/O and no wait, so the event loop may call it: a subscribe then needs no
+        thread hop to find the reader (``subscribe_cpu_ms`` of ``make bench B=resume``).
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            reader: History | None = self._reader
+            if reader is None or self._clock() - self._checked >= self._every:
+                return None
+            return reader
+        finally:
+            self._lock.release()
+
     def refresh(self) -> None:
         """Move the shared reader to the latest version now."""
         with self._lock:

@@ -14,7 +14,7 @@ import asyncio
 
 from pipeline.blockcodec import KeyTest
 from pipeline.chain.planning import BlockSink, Emit, Sender
-from pipeline.chain.producer import LiveBlock, share_key
+from pipeline.chain.producer import UNSHARED, LiveBlock, share_key
 from pipeline.errors import SlowConsumer
 from pipeline.redisconn import parse_entry_id
 
@@ -24,6 +24,21 @@ LIVE_ATTEMPTS = 5
 
 class LiveListener:
     """Buffers live blocks (bounded) until the replay caught up, then feeds the sink directly."""
+
+    # Slots and a plain flag: offer runs once per subscriber and block, and each
+    # subscriber's objects are cold in the CPU's caches by the time the hub reaches them.
+    __slots__ = (
+        "_buffer",
+        "_dead",
+        "_keep",
+        "_key",
+        "_limit",
+        "_live",
+        "_overflow",
+        "_sender",
+        "_sink",
+        "failed",
+    )
 
     def __init__(
         self, sender: Sender, keep: KeyTest | None, sink: BlockSink, *, limit: int = 4096
@@ -38,6 +53,8 @@ class LiveListener:
         self._overflow = False
         self._live = False
         self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: :meth:`_fail` ran: offers are ignored from then on
+        self._dead = False
 
     def reset(self) -> None:
         self._buffer.clear()
@@ -55,15 +72,17 @@ class LiveListener:
         return True
 
     def offer(self, item: LiveBlock) -> None:
-        if self.failed.done():
+        if self._dead:
             return
         if self._live:  # once per subscriber and block: kept short
-            emits = self._sender.take(item.emit(self._keep, self._key))
+            key = self._key
+            emit = item.by_key.get(key) if key is not UNSHARED else None
+            emits = self._sender.take(emit if emit is not None else item.emit(self._keep, key))
             if emits:
                 try:
                     self._sink.put_nowait(emits)
                 except SlowConsumer as exc:
-                    self.failed.set_exception(exc)
+                    self._fail(exc)
             return
         if len(self._buffer) >= self._limit:
             self._overflow = True
@@ -82,8 +101,12 @@ class LiveListener:
         try:
             self._sink.put_nowait(emits)
         except SlowConsumer as exc:
-            if not self.failed.done():
-                self.failed.set_exception(exc)
+            self._fail(exc)
+
+    def _fail(self, exc: SlowConsumer) -> None:
+        self._dead = True
+        if not self.failed.done():  # (cancelled with its subscription: nothing to report)
+            self.failed.set_exception(exc)
 
 
 def live_emit(item: LiveBlock, keep: KeyTest | None) -> Emit:

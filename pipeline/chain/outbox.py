@@ -84,6 +84,8 @@ class Outbox:
     the writer if anything is left.
     """
 
+    __slots__ = ("_batch", "_inline", "_items", "_noted", "_room", "_waiter", "limit", "stall_s")
+
     def __init__(
         self,
         limit: int,

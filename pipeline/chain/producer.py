@@ -95,7 +95,8 @@ class LiveBlock:
     entry_id: bytes | None = None
     #: the effective weight (``num + 1`` for a block without one): what fork choice compares
     weight: int = 0
-    _emits: dict[Hashable, Emit] = field(default_factory=dict)
+    #: the shared :class:`Emit` of each :func:`share_key` (see :meth:`emit`)
+    by_key: dict[Hashable, Emit] = field(default_factory=dict)
 
     @classmethod
     def from_block(cls, block: Block, entry_id: bytes | None = None) -> LiveBlock:
@@ -117,12 +118,12 @@ class LiveBlock:
         """
         if key is UNSHARED:
             return Emit(self.num, self.hash, self.parent, self._encode(keep), 0, self.weight)
-        hit = self._emits.get(key)
+        hit = self.by_key.get(key)
         if hit is None:
             hit = Emit(self.num, self.hash, self.parent, self._encode(keep), 0, self.weight)
-            if len(self._emits) < ENCODINGS_PER_BLOCK:
+            if len(self.by_key) < ENCODINGS_PER_BLOCK:
                 hit.frames = {}
-                self._emits[key] = hit
+                self.by_key[key] = hit
         return hit
 
     def results(self, keep: KeyTest | None) -> list[str]:

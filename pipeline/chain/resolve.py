@@ -82,7 +82,10 @@ class Locator:
         return plan
 
     async def _resolve(self, tail: TailIndex, num: int, hash: bytes, keep: KeyTest | None) -> Plan:
-        history = await asyncio.to_thread(self.open_history)
+        fresh = getattr(self._history_factory, "fresh", None)  # a SharedHistory's, no I/O
+        history = fresh() if fresh is not None else None
+        if history is None:
+            history = await asyncio.to_thread(self.open_history)
         want = hash.hex()
         lo = tail.lo
         if num not in tail.chain and history is not None and (lo is None or num < lo):

@@ -92,6 +92,20 @@ class Subscription:
     a catch-up burst, it made the library drop whole runs of heights.
     """
 
+    __slots__ = (
+        "_announce",
+        "_deep_reorg",
+        "_outbox",
+        "_prefix",
+        "_suffix",
+        "blocks",
+        "cardinal",
+        "id",
+        "is_live",
+        "keep",
+        "params",
+    )
+
     def __init__(
         self,
         sub_id: str,
@@ -152,10 +166,15 @@ class Subscription:
 
     def put_nowait(self, emits: list[Emit]) -> None:
         if len(emits) == 1 and not emits[0].reorg and not self._announce:
-            # one live block, nothing to announce (either dialect): its shared frames as they are
+            # one live block, nothing to announce (either dialect): its shared frames as they
+            # are (frames_for's cache hit spelt out: once per subscriber and block)
             emit = emits[0]
             self.blocks += 1
-            texts: Sequence[bytes] = frames_for(emit, self._prefix, self._suffix)
+            cache = emit.frames
+            hit = cache.get(self._prefix) if cache is not None else None
+            texts: Sequence[bytes] = (
+                hit if hit is not None else frames_for(emit, self._prefix, self._suffix)
+            )
         else:
             texts = self._texts(emits, shared=True)
         if not self._outbox.offer(texts):

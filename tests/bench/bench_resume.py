@@ -17,6 +17,12 @@
   notification received in fan-out, against the raw servers' own: on a
   loaded machine these move much less than the wall-clock figures (Linux:
   read from ``/proc``; left out elsewhere).
+- ``fanout_publish_cpu_us_per_message``: the same CPU, counted only from the
+  first block produced until every subscriber received every block (the
+  per-message cost of fan-out itself); ``fanout_cpu_us_per_message`` also
+  counts the 500 subscribes before it, which ``subscribe_cpu_ms`` gives per
+  subscriber (the raw server's subscribe is a handshake and one reply, sent
+  from nowhere: lake and Redis lookups are not in its figure).
 
 The servers run in child processes so server and clients use both cores.
 """
@@ -24,6 +30,7 @@ The servers run in child processes so server and clients use both cores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -281,22 +288,35 @@ def raw_first_page(lake_uri: str, samples: int) -> list[float]:
     return out
 
 
-async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
+async def fanout(
+    port: int, redis_url: str, subs: int, pid: int | None = None
+) -> tuple[list[float], dict[str, float | None]]:
+    """Latencies (ms) of every live message, and the server's CPU by phase when ``pid`` is
+    given: ``subscribe`` (the subscribes) and ``publish`` (from the first block until each
+    subscriber got every block, bounded by a minute, or the messages that came in it)."""
     latencies: list[float] = []
+    cpu: dict[str, float | None] = {}
+    received = 0
     client = redis.Redis.from_url(redis_url)
     key = keys.stream(STREAM)
     head = client.xrevrange(key, count=1)
     start_num = N if not head else None
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         sockets = []
+        cpu0 = cpu_s(pid) if pid else None
         for _ in range(subs):
             ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=1 << 22)
             await ws.send_str(subscribe_frame(N - 1, block_hash(N - 1)))
             await ws.receive(timeout=30)
             sockets.append(ws)
-        done = asyncio.Event()
+        if pid:
+            after = cpu_s(pid)
+            cpu["subscribe"] = None if cpu0 is None or after is None else after - cpu0
+        done, all_in = asyncio.Event(), asyncio.Event()
+        expected = len(sockets) * FANOUT_RATE * FANOUT_SECONDS
 
         async def reader(ws: aiohttp.ClientWebSocketResponse) -> None:
+            nonlocal received
             while not done.is_set():
                 try:
                     msg = await ws.receive(timeout=0.5)
@@ -310,11 +330,16 @@ async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
                 if at >= 0:
                     sent = int(msg.data[at + 7 : at + 23], 16)
                     latencies.append((time.time_ns() - sent) / 1e6)
+                    received += 1
+                    if received >= expected:
+                        all_in.set()
 
         readers = [asyncio.create_task(reader(ws)) for ws in sockets]
         await asyncio.sleep(1.0)  # subscribers reach the live head
         latencies.clear()
+        received = 0
         num = start_num or N
+        cpu1 = cpu_s(pid) if pid else None
         t0 = time.perf_counter()
         for i in range(FANOUT_RATE * FANOUT_SECONDS):
             block = Block(
@@ -326,13 +351,19 @@ async def fanout(port: int, redis_url: str, subs: int) -> list[float]:
             client.xadd(key, {ENTRY_FIELD: encode_block(block)})
             await asyncio.sleep(max(0.0, t0 + (i + 1) / FANOUT_RATE - time.perf_counter()))
         await asyncio.sleep(1.0)
+        if pid:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_in.wait(), 60)
+            after = cpu_s(pid)
+            cpu["publish"] = None if cpu1 is None or after is None else after - cpu1
+            cpu["published"] = received
         done.set()
         await asyncio.gather(*readers)
         for ws in sockets:
             await ws.close()
     client.delete(key)
     client.close()
-    return latencies
+    return latencies, cpu
 
 
 async def s3_catchup(report: Report, tmp: str, env: dict[str, str], local: float) -> None:
@@ -415,7 +446,7 @@ async def main() -> None:
             )
 
             cpu0 = cpu_s(server.pid)
-            lat = await fanout(port, redis_server.url, FANOUT_SUBS)
+            lat, phases = await fanout(port, redis_server.url, FANOUT_SUBS, server.pid)
             fan_cpu = cpu_per(server.pid, cpu0, len(lat))
             server.terminate()
             server.wait(30)
@@ -428,7 +459,7 @@ async def main() -> None:
             procs.append(proc)
             await wait_port(fport)
             cpu0 = cpu_s(proc.pid)
-            raw_lat = await fanout(fport, redis_server.url, FANOUT_SUBS)
+            raw_lat, raw_phases = await fanout(fport, redis_server.url, FANOUT_SUBS, proc.pid)
             raw_fan_cpu = cpu_per(proc.pid, cpu0, len(raw_lat))
             report.emit("fanout_p50_ms", percentile(lat, 50), percentile(raw_lat, 50),
                         subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
@@ -437,6 +468,16 @@ async def main() -> None:
             if fan_cpu is not None and raw_fan_cpu is not None:
                 report.emit("fanout_cpu_us_per_message", fan_cpu, raw_fan_cpu,
                             subscribers=FANOUT_SUBS, samples=len(lat))  # fmt: skip
+            pub, raw_pub = phases.get("publish"), raw_phases.get("publish")
+            if pub is not None and raw_pub is not None:
+                count, raw_count = phases["published"] or 1, raw_phases["published"] or 1
+                report.emit("fanout_publish_cpu_us_per_message", pub / count * 1e6,
+                            raw_pub / raw_count * 1e6, subscribers=FANOUT_SUBS,
+                            samples=int(count), raw_samples=int(raw_count))  # fmt: skip
+            sub, raw_sub = phases.get("subscribe"), raw_phases.get("subscribe")
+            if sub is not None and raw_sub is not None:
+                report.emit("subscribe_cpu_ms", sub / FANOUT_SUBS * 1e3,
+                            raw_sub / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
             await s3_catchup(report, tmp, env, value)
         finally:
             for proc in procs:

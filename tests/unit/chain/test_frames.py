@@ -140,7 +140,7 @@ def test_encodings_per_block_are_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     for n in range(5):
         sub = _sub("0x1", SEED, [f"k{n}"])
         assert _live(sub, item) == _old_frames(block, sub, "0x1")
-    assert len(item._emits) == 2
+    assert len(item.by_key) == 2
 
 
 def test_a_filter_without_patterns_is_encoded_per_subscriber() -> None:

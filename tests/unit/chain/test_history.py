@@ -64,3 +64,18 @@ def test_a_failed_open_is_retried_and_reported() -> None:
 def test_negative_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="check_every_s"):
         SharedHistory(Reader, check_every_s=-1)
+
+
+def test_fresh_gives_the_reader_only_while_no_refresh_is_due_and_never_waits() -> None:
+    clock = Clock()
+    reader = Reader()
+    shared = SharedHistory(lambda: reader, check_every_s=1.0, clock=clock)
+    assert shared.fresh() is None  # not opened yet: the factory must run (in a thread)
+    assert shared() is reader
+    assert shared.fresh() is reader and reader.refreshed == 0
+    clock.now += 1.0
+    assert shared.fresh() is None and reader.refreshed == 0  # due: the factory refreshes it
+    assert shared() is reader and reader.refreshed == 1
+    assert shared.fresh() is reader
+    with shared._lock:  # another thread is opening or refreshing: no wait, no answer
+        assert shared.fresh() is None
