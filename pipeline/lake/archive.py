@@ -70,7 +70,7 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import source, sparkwrite, store, streamset, tables
+from pipeline.lake import mergewrite, source, sparkwrite, store, streamset, tables
 from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
@@ -265,15 +265,18 @@ def _write(spark: Any, job: WriteJob) -> Stats:
     empty = not any_rows(
         lake, tables.STREAM_ENTRIES, job.stream, "entry_ms", job.start_ms, job.end_ms - 1
     )
-    if _arrow_writer(lake) and empty:
+    arrow = _arrow_writer(lake)
+    if arrow and empty:
         written = _write_arrow(spark, job)
         if written is not None:
             return written
+    if arrow:
+        return mergewrite.write(job, empty)
     if lake.remote:
         raise LakeError(
-            f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE (the lake "
-            "holds part of it, or a block hash repeats), which only the Spark writer does, "
-            f"and Spark does not write a lake on object storage ({lake.uri})"
+            f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE and the "
+            f"tables of the lake ({lake.uri}) are not in the layout the merge writer writes "
+            "(Spark does not write a lake on object storage)"
         )
     return sparkwrite.write(spark, job, empty)
 
@@ -348,7 +351,7 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
         arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
         log.info(
             "stream %s [%d, %d): blocks of the interval are in the lake already from other "
-            "entries or repeat a hash; writing it with Spark (MERGE)",
+            "entries or repeat a hash; writing it with the merge writer",
             stream, start_ms, end_ms,
         )  # fmt: skip
         lap("plan")
