@@ -43,11 +43,13 @@ with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
 when every valid hash is new (not in ``blocks``) and seen once (the plan of
 step 3 with nothing to mark), or only the entries when ``blocks`` holds every
 written block from the same entry already (:func:`_arrow_plan`). Otherwise it
-deletes its files and the Spark writer runs. Both write the same rows.
+deletes its files and the merge writer (:mod:`pipeline.lake.mergewrite`)
+runs: the driver reads the interval and appends, with delta-rs, exactly the
+rows the Spark writer's MERGE adds (no Spark write). All three write the same
+rows; ``archive_writer = spark`` takes the Spark writer for every interval.
 
-On object storage only the Arrow writer runs (Spark does not write there;
-docs/DESIGN.md says why): an interval that needs the Spark writer's MERGE is
-refused with one line.
+On object storage Spark never writes (docs/DESIGN.md says why): the Arrow
+writer and the merge writer do.
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ class ArchiveResult:
     #: seconds of one Spark task, overlapping in parallel tasks), slowest_task (its wall
     #: seconds), files (the Spark job's wall seconds), plan, commit_blocks, commit_entries,
     #: log. Spark writer: check, scan (read + decode, chain streams), plan, blocks, entries,
-    #: stats (a read-back, when the lake held part of the interval), log.
+    #: stats (a read-back, when the lake held part of the interval), log. Merge writer
+    #: (after the Arrow writer's stages when it fell back): merge_read, merge_plan,
+    #: merge_blocks, merge_entries, stats, log.
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -282,11 +286,12 @@ def _write(spark: Any, job: WriteJob) -> Stats:
 
 
 def _arrow_writer(lake: LakeSettings) -> bool:
-    """True when the Arrow writer may write this lake's tables (else the Spark writer does).
+    """True when the Arrow and merge writers may write this lake's tables (else the Spark
+    writer does).
 
-    It needs ``archive_writer = arrow`` and both tables in the layout it
-    writes (:data:`tables.LAYOUT`). A lake on object storage takes only the
-    Arrow writer (its commits go through delta-rs' conditional puts).
+    It needs ``archive_writer = arrow`` and both tables in the layout they
+    write (:data:`tables.LAYOUT`). A lake on object storage takes only these
+    writers (their commits go through delta-rs' conditional puts).
     """
     if lake.archive_writer not in ("arrow", "spark"):
         raise ConfigError(
@@ -316,7 +321,7 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
     Spark tasks read, decode and write the files; they are committed only when
     they hold exactly what the Spark writer would write with no marks
     (:func:`_arrow_plan`). Otherwise the files are deleted and None
-    returned (the caller takes the Spark writer, which MERGEs). Commits:
+    returned (the caller takes the merge writer). Commits:
     ``blocks``, then ``stream_entries``, one atomic append each.
     """
     from pipeline.lake import arrowwrite
@@ -386,7 +391,7 @@ class _Plan(enum.Enum):
 
     BOTH = "both"  # every valid block is new: blocks, then stream_entries
     ENTRIES = "entries"  # blocks holds every written block already, from the same entry
-    FALLBACK = "fallback"  # anything else: the Spark writer MERGEs
+    FALLBACK = "fallback"  # anything else: the merge writer
 
 
 def _arrow_plan(lake: LakeSettings, stream: str, written: Any) -> _Plan:
