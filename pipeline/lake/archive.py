@@ -271,9 +271,7 @@ def _write(spark: Any, job: WriteJob) -> Stats:
     )
     arrow = _arrow_writer(lake)
     if arrow and empty:
-        written = _write_arrow(spark, job)
-        if written is not None:
-            return written
+        return _write_arrow(spark, job)
     if arrow:
         return mergewrite.write(job, empty)
     if lake.remote:
@@ -315,13 +313,13 @@ def _arrow_writer(lake: LakeSettings) -> bool:
     return True
 
 
-def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
+def _write_arrow(spark: Any, job: WriteJob) -> Stats:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; they are committed only when
     they hold exactly what the Spark writer would write with no marks
-    (:func:`_arrow_plan`). Otherwise the files are deleted and None
-    returned (the caller takes the merge writer). Commits:
+    (:func:`_arrow_plan`). Otherwise the merge writer takes the interval as the
+    files hold it (no second read of Redis) and the files are deleted. Commits:
     ``blocks``, then ``stream_entries``, one atomic append each.
     """
     from pipeline.lake import arrowwrite
@@ -352,15 +350,18 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
     options = lake.storage_options()
     plan = _arrow_plan(lake, stream, written)
     if plan is _Plan.FALLBACK:
-        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
-        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
+        lap("plan")
         log.info(
             "stream %s [%d, %d): blocks of the interval are in the lake already from other "
             "entries or repeat a hash; writing it with the merge writer",
             stream, start_ms, end_ms,
         )  # fmt: skip
-        lap("plan")
-        return None
+        try:
+            read = mergewrite.read_files(lake, written)
+        finally:
+            arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
+            arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
+        return mergewrite.write(job, True, read)
     commit_blocks = plan is _Plan.BOTH
     if not commit_blocks:
         arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)

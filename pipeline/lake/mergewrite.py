@@ -46,14 +46,16 @@ from pipeline.settings import LakeSettings
 BLOCK_FIELD = "block"
 
 
-def write(job: WriteJob, empty: bool) -> Stats:
+def write(job: WriteJob, empty: bool, read: pa.Table | None = None) -> Stats:
     """Insert the interval's missing rows into ``blocks`` then ``stream_entries``.
 
     Returns what ``stream_entries`` holds for the interval afterwards.
     ``empty``: the lake holds no entry of the interval (no read-back then).
+    ``read``: the interval already read (:func:`read_files`), else Redis is read.
     """
     lake, stream, lap = job.settings.lake, job.stream, job.lap
-    read = read_interval(job)
+    if read is None:
+        read = read_interval(job)
     lap("merge_read")
     archived_at = pa.scalar(job.archived_at, pa.timestamp("us", tz="UTC"))
     in_blocks = fields = None
@@ -95,6 +97,35 @@ def read_interval(job: WriteJob) -> pa.Table:
     finally:
         client.close()
     return pa.Table.from_batches(batches, schema=source.ARROW_SCHEMA)
+
+
+def read_files(lake: LakeSettings, written: Any) -> pa.Table:
+    """The interval as the Arrow writer's uncommitted files hold it (a
+    :class:`~pipeline.lake.arrowwrite.Written`), shaped as :func:`read_interval` returns it.
+
+    Its entry files hold the rows in id order (tasks in range order, each in id
+    order) with split-off payloads' ``fields`` empty; its block files hold each
+    valid entry's payload and weight, in the same order.
+    """
+    import pyarrow.parquet as pq
+
+    def rows(name: str, files: Any, columns: list[str]) -> pa.Table:
+        fs, root = store.filesystem(lake, lake.table(name))
+        parts = [pq.read_table(f"{root}/{f.path}", columns=columns, filesystem=fs) for f in files]
+        empty = source.ARROW_SCHEMA.empty_table().select(columns)
+        return pa.concat_tables([empty, *(p.cast(empty.schema) for p in parts)])
+
+    head = [n for n in source.ARROW_SCHEMA.names if n not in ("payload", "weight")]
+    entries = rows(tables.STREAM_ENTRIES, written.entries_files, head)
+    blocks = rows(tables.BLOCKS, written.blocks_files, ["payload", "weight"])
+    valid = pc.fill_null(entries.column("valid_block"), False).to_numpy(zero_copy_only=False)
+    if int(valid.sum()) != blocks.num_rows:
+        raise AssertionError("the Arrow writer's files disagree: one block row per valid entry")
+    at = np.cumsum(valid) - 1
+    where = pa.array(at, mask=~valid)
+    columns = [entries.column(n) for n in head]
+    columns += [blocks.column(n).take(where) for n in ("payload", "weight")]
+    return pa.Table.from_arrays(columns, schema=source.ARROW_SCHEMA)
 
 
 def _owners(lake: LakeSettings, stream: str, read: pa.Table) -> pa.Table:
@@ -249,4 +280,4 @@ def _commit(lake: LakeSettings, name: str, stream: str, rows: pa.Table) -> None:
     arrowwrite.commit(uri, (written,), stream, lake.storage_options())
 
 
-__all__ = ["plan", "read_interval", "write"]
+__all__ = ["plan", "read_files", "read_interval", "write"]
