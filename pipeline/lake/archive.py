@@ -43,11 +43,13 @@ with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
 when every valid hash is new (not in ``blocks``) and seen once (the plan of
 step 3 with nothing to mark), or only the entries when ``blocks`` holds every
 written block from the same entry already (:func:`_arrow_plan`). Otherwise it
-deletes its files and the Spark writer runs. Both write the same rows.
+deletes its files and the merge writer (:mod:`pipeline.lake.mergewrite`)
+runs: the driver reads the interval and appends, with delta-rs, exactly the
+rows the Spark writer's MERGE adds (no Spark write). All three write the same
+rows; ``archive_writer = spark`` takes the Spark writer for every interval.
 
-On object storage only the Arrow writer runs (Spark does not write there;
-docs/DESIGN.md says why): an interval that needs the Spark writer's MERGE is
-refused with one line.
+On object storage Spark never writes (docs/DESIGN.md says why): the Arrow
+writer and the merge writer do.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import source, sparkwrite, store, streamset, tables
+from pipeline.lake import mergewrite, source, sparkwrite, store, streamset, tables
 from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
 from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
 from pipeline.lake.redisread import MAX_SEQ, connect
@@ -106,7 +108,9 @@ class ArchiveResult:
     #: seconds of one Spark task, overlapping in parallel tasks), slowest_task (its wall
     #: seconds), files (the Spark job's wall seconds), plan, commit_blocks, commit_entries,
     #: log. Spark writer: check, scan (read + decode, chain streams), plan, blocks, entries,
-    #: stats (a read-back, when the lake held part of the interval), log.
+    #: stats (a read-back, when the lake held part of the interval), log. Merge writer
+    #: (after the Arrow writer's stages when it fell back): merge_read, merge_plan,
+    #: merge_blocks, merge_entries, stats, log.
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -265,25 +269,27 @@ def _write(spark: Any, job: WriteJob) -> Stats:
     empty = not any_rows(
         lake, tables.STREAM_ENTRIES, job.stream, "entry_ms", job.start_ms, job.end_ms - 1
     )
-    if _arrow_writer(lake) and empty:
-        written = _write_arrow(spark, job)
-        if written is not None:
-            return written
+    arrow = _arrow_writer(lake)
+    if arrow and empty:
+        return _write_arrow(spark, job)
+    if arrow:
+        return mergewrite.write(job, empty)
     if lake.remote:
         raise LakeError(
-            f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE (the lake "
-            "holds part of it, or a block hash repeats), which only the Spark writer does, "
-            f"and Spark does not write a lake on object storage ({lake.uri})"
+            f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE and the "
+            f"tables of the lake ({lake.uri}) are not in the layout the merge writer writes "
+            "(Spark does not write a lake on object storage)"
         )
     return sparkwrite.write(spark, job, empty)
 
 
 def _arrow_writer(lake: LakeSettings) -> bool:
-    """True when the Arrow writer may write this lake's tables (else the Spark writer does).
+    """True when the Arrow and merge writers may write this lake's tables (else the Spark
+    writer does).
 
-    It needs ``archive_writer = arrow`` and both tables in the layout it
-    writes (:data:`tables.LAYOUT`). A lake on object storage takes only the
-    Arrow writer (its commits go through delta-rs' conditional puts).
+    It needs ``archive_writer = arrow`` and both tables in the layout they
+    write (:data:`tables.LAYOUT`). A lake on object storage takes only these
+    writers (their commits go through delta-rs' conditional puts).
     """
     if lake.archive_writer not in ("arrow", "spark"):
         raise ConfigError(
@@ -307,13 +313,13 @@ def _arrow_writer(lake: LakeSettings) -> bool:
     return True
 
 
-def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
+def _write_arrow(spark: Any, job: WriteJob) -> Stats:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; they are committed only when
     they hold exactly what the Spark writer would write with no marks
-    (:func:`_arrow_plan`). Otherwise the files are deleted and None
-    returned (the caller takes the Spark writer, which MERGEs). Commits:
+    (:func:`_arrow_plan`). Otherwise the merge writer takes the interval as the
+    files hold it (no second read of Redis) and the files are deleted. Commits:
     ``blocks``, then ``stream_entries``, one atomic append each.
     """
     from pipeline.lake import arrowwrite
@@ -344,15 +350,18 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats | None:
     options = lake.storage_options()
     plan = _arrow_plan(lake, stream, written)
     if plan is _Plan.FALLBACK:
-        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
-        arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
+        lap("plan")
         log.info(
             "stream %s [%d, %d): blocks of the interval are in the lake already from other "
-            "entries or repeat a hash; writing it with Spark (MERGE)",
+            "entries or repeat a hash; writing it with the merge writer",
             stream, start_ms, end_ms,
         )  # fmt: skip
-        lap("plan")
-        return None
+        try:
+            read = mergewrite.read_files(lake, written)
+        finally:
+            arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
+            arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
+        return mergewrite.write(job, True, read)
     commit_blocks = plan is _Plan.BOTH
     if not commit_blocks:
         arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
@@ -383,7 +392,7 @@ class _Plan(enum.Enum):
 
     BOTH = "both"  # every valid block is new: blocks, then stream_entries
     ENTRIES = "entries"  # blocks holds every written block already, from the same entry
-    FALLBACK = "fallback"  # anything else: the Spark writer MERGEs
+    FALLBACK = "fallback"  # anything else: the merge writer
 
 
 def _arrow_plan(lake: LakeSettings, stream: str, written: Any) -> _Plan:

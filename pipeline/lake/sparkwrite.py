@@ -1,9 +1,8 @@
 """The archive's Spark writer: Delta writes of Spark DataFrames read by the ``redis-streams`` source.
 
-What :mod:`pipeline.lake.archive` runs when the Arrow writer
-(:mod:`pipeline.lake.arrowwrite`) does not take the interval: the lake holds
-part of it already, a hash repeats or its blocks are in the lake (insert-only
-MERGEs then), ``SLUICE_ARCHIVE_WRITER=spark``, or a lake on object storage.
+What :mod:`pipeline.lake.archive` runs with ``SLUICE_ARCHIVE_WRITER=spark``
+(local lakes only), or when the tables are not in the layout the Arrow and
+merge writers write. :mod:`pipeline.lake.mergewrite` reproduces its rows.
 Steps 2 to 5 of the archive's theory of operation.
 """
 

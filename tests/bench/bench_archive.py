@@ -16,7 +16,9 @@ Metrics (JSON lines via Report), all in one run with their baselines:
   (the Spark writer), for comparison, same run.
 - ``archive_entries_per_s_merge``: local mode, N/4 entries of a chain stream whose
   every block is in it twice (a repeated hash: the path the Arrow writer cannot
-  take, the Spark writer's MERGE); baseline = raw ``XRANGE``, same run.
+  take: the merge writer, :mod:`pipeline.lake.mergewrite`); baseline = raw ``XRANGE``,
+  same run. With ``merge_spark`` in ``SLUICE_BENCH_MODES`` also
+  ``archive_entries_per_s_merge_spark``: the same with ``SLUICE_ARCHIVE_WRITER=spark``.
 - ``canonical_s``: canonical marking of one interval of 3,000 new blocks on top of
   the N archived (and marked) ones, what one ``sluice_archive`` run of a chain stream
   does; baseline = the read and walk alone (``chainwalk.pending``), same run.
@@ -345,7 +347,11 @@ def main() -> int:
                 load = _load()
                 doc = _child(args, env)
                 assert doc["entries"] == count, doc
-                used = "arrow" if "commit_entries" in doc["stages"] else "spark"
+                stages = doc["stages"]
+                used = (
+                    "merge" if "merge_entries" in stages
+                    else "arrow" if "commit_entries" in stages else "spark"
+                )  # fmt: skip
                 assert used == (expect or writer), doc
                 rates[metric] = count / doc["seconds"]
                 report.emit(metric, rates[metric], baseline or raw_rate, entries=count, mode=mode,
@@ -362,8 +368,12 @@ def main() -> int:
                     report.emit("archive_entries_per_s_spark_writer", 0.0, raw_rate,
                                 writer="spark", error=(cause or ["?"])[-1][:300])  # fmt: skip
             if "merge" in modes:
-                archive("merge", "archive_entries_per_s_merge", count=2 * twice_n, expect="spark",
-                        args=["--child-archive", TWICE, str(t_start), str(t_end), warm])  # fmt: skip
+                twice_args = ["--child-archive", TWICE, str(t_start), str(t_end), warm]
+                archive("merge", "archive_entries_per_s_merge", count=2 * twice_n, expect="merge",
+                        args=twice_args)  # fmt: skip
+                if "merge_spark" in modes:  # the Spark writer on the same path, for comparison
+                    archive("merge", "archive_entries_per_s_merge_spark", count=2 * twice_n,
+                            writer="spark", args=twice_args)  # fmt: skip
             if "canonical" in modes and "local" in modes:
                 import shutil
 

@@ -136,15 +136,15 @@ def test_arrow_and_spark_writers_write_the_same_rows(
     written = list(Path(lake.table(tables.BLOCKS)).glob("stream=chain%3Aa%3Db/part-*.parquet"))
     assert written and all(p.name.endswith(".c000.snappy.parquet") for p in written)
 
-    # A rerun is skipped; a forced one re-reads and merges (Spark writer): nothing changes.
+    # A rerun is skipped; a forced one re-reads and merges (merge writer): nothing changes.
     entries_before = _rows(arrow, tables.STREAM_ENTRIES)
     assert _archive(spark, redis_url, arrow, "arrow").skipped
     forced = _archive(spark, redis_url, arrow, "arrow", force=True)
-    assert "commit_entries" not in forced.stages
+    assert "commit_entries" not in forced.stages and "merge_entries" in forced.stages
     assert _rows(arrow, tables.STREAM_ENTRIES) == entries_before
 
 
-def test_a_repeated_hash_falls_back_to_the_spark_writer(
+def test_a_repeated_hash_falls_back_to_the_merge_writer(
     spark: Any, redis_client: Any, redis_url: str, tmp_path: Path
 ) -> None:
     blocks = chain(0, 10)
@@ -154,6 +154,7 @@ def test_a_repeated_hash_falls_back_to_the_spark_writer(
     fast = _archive(spark, redis_url, arrow, "arrow")
     _archive(spark, redis_url, slow, "spark")
     assert "commit_entries" not in fast.stages and "files" in fast.stages
+    assert "merge_entries" in fast.stages  # the merge writer, the same rows as Spark's
     assert (fast.entries, fast.blocks) == (11, 11)
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
         assert _rows(arrow, name) == _rows(slow, name), name

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline import keys
 from pipeline.blockcodec import decode_block
-from pipeline.errors import LakeError, LakePathError
+from pipeline.errors import LakePathError
 from pipeline.lake import arrowwrite, store, tables
 from pipeline.lake.archive import ArchiveResult, _write_log, archive_interval
 from pipeline.lake.audit import audit
@@ -204,21 +204,6 @@ def test_the_store_stopped_mid_archive_then_the_rerun_is_exact(
         assert logged_intervals(lake, "c") == [(1000, 1040)]
     finally:
         own.stop()
-
-
-def test_a_merge_the_arrow_writer_cannot_do_is_refused_in_one_line(
-    spark: Any, redis_client: Any, redis_url: str, s3_lake: dict[str, Any]
-) -> None:
-    """A hash seen twice needs the Spark writer's MERGE, which does not write to the store."""
-    settings = settings_for(redis_url, **s3_lake)
-    blocks = chain(0, 3)
-    publish(redis_client, "c", blocks, first_ms=1000)
-    publish(redis_client, "c", blocks[2:], first_ms=1003)  # block 2 again
-    with pytest.raises(LakeError, match="object storage") as refused:
-        archive_interval(spark, settings, "c", 1000, 1004)
-    assert "\n" not in str(refused.value)
-    assert logged_intervals(settings.lake, "c") == []
-    assert _objects(settings.lake, tables.BLOCKS) == set()  # its files were deleted
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,74 @@
+"""The merge writer's plan and payload columns (pure Arrow; the rows against the Spark
+writer's: tests/integration/lake/test_mergewrite.py)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.lake import source
+from pipeline.lake.mergewrite import _payload_columns, plan
+
+
+def _read(rows: list[tuple[str, bool, str | None, dict[str, bytes]]]) -> pa.Table:
+    """``(entry_id, valid, hash, fields)`` rows; a valid one with no fields is split off."""
+    return pa.Table.from_pylist(
+        [
+            {
+                "entry_id": entry_id,
+                "entry_ms": int(entry_id.split("-")[0]),
+                "entry_seq": int(entry_id.split("-")[1]),
+                "fields": list(fields.items()),
+                "valid_block": valid,
+                "block_num": 1 if valid else None,
+                "block_hash": digest,
+                "payload": f"p{entry_id}".encode() if valid else None,
+            }
+            for entry_id, valid, digest, fields in rows
+        ],
+        schema=source.ARROW_SCHEMA,
+    )
+
+
+def _owners(pairs: list[tuple[str, str]]) -> pa.Table:
+    return pa.table(
+        {"hash": [h for h, _ in pairs], "entry_id": [e for _, e in pairs]},
+        schema=pa.schema([("hash", pa.string()), ("entry_id", pa.string())]),
+    )
+
+
+def test_first_entry_of_an_unknown_hash_is_new_others_present_or_dup() -> None:
+    read = _read(
+        [
+            ("1-0", True, "a", {}),  # new
+            ("2-0", True, "a", {}),  # dup in the read
+            ("3-0", True, "b", {}),  # in blocks from this entry: present
+            ("4-0", True, "b", {}),  # in blocks from 3-0: dup
+            ("5-0", True, "c", {}),  # in blocks from another entry: dup
+            ("6-0", False, None, {"x": b"1"}),  # not a block
+            ("7-0", True, "d", {"block": b"q", "note": b"n"}),  # new, keeps its fields
+        ]
+    )
+    new, dup = plan(read, _owners([("b", "3-0"), ("c", "9-0")]))
+    assert new.to_pylist() == [True, False, False, False, False, False, True]
+    assert dup.to_pylist() == [False, True, False, True, True, False, False]
+
+    in_blocks, fields = _payload_columns(read, dup)
+    assert in_blocks.to_pylist() == [True, False, True, False, False, False, False]
+    assert fields.to_pylist() == [
+        [],
+        [("block", b"p2-0")],
+        [],
+        [("block", b"p4-0")],
+        [("block", b"p5-0")],
+        [("x", b"1")],
+        [("block", b"q"), ("note", b"n")],
+    ]
+
+
+def test_no_owners_and_distinct_hashes_make_every_valid_entry_new() -> None:
+    read = _read(
+        [("1-0", True, "a", {}), ("2-0", False, None, {"x": b"1"}), ("3-0", True, "b", {})]
+    )
+    new, dup = plan(read, _owners([]))
+    assert new.to_pylist() == [True, False, True]
+    assert dup.to_pylist() == [False, False, False]
