@@ -341,7 +341,8 @@ def test_produce_and_node_ride_out_misconf(
     health = f"http://127.0.0.1:{port}/healthz"
     until_sync(health_is(health, 200), "node up", within_s=30)
     producer = Proc(
-        ["produce", "--stream", "misconf", "--rate", "20", "--count", "60"],
+        # 15 s of blocks: the failed RDB save (a fork) must come while it still writes
+        ["produce", "--stream", "misconf", "--rate", "20", "--count", "300"],
         env, tmp_path / "produce.log",
     )  # fmt: skip
     procs.append(producer)
@@ -357,4 +358,4 @@ def test_produce_and_node_ride_out_misconf(
         entries = client.xrange(keys.stream("misconf"))
     finally:
         client.close()
-    assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(60))
+    assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
