@@ -351,6 +351,9 @@ def test_produce_and_node_ride_out_misconf(
         until_sync(lambda: client.xlen(keys.stream("misconf")) >= 5, "first blocks", within_s=30)
         with misconf(server.url):
             until_sync(health_is(health, 503, "MISCONF"), "node /healthz down", within_s=30)
+            # held until the producer has met the refusal: /healthz can flip between
+            # two of its writes (one every 50 ms), and leaving then tests nothing
+            producer.wait_for("redis unavailable (", within_s=30)
             assert producer.proc.poll() is None, producer.text()
         until_sync(health_is(health, 200), "node /healthz up", within_s=30)
         assert producer.proc.wait(60) == 0, producer.text()
