@@ -308,9 +308,9 @@ class Source(Generic[T]):
 
     async def fresh(self, first_wait_s: float) -> None:
         """Start a read when the last one is stale; wait for it only when there is nothing yet."""
-        if time.monotonic() - self._at >= max(self._ttl_s, 10 * self._took_s):
-            if self._task is None or self._task.done():
-                self._task = asyncio.ensure_future(self._read())
+        stale = time.monotonic() - self._at >= max(self._ttl_s, 10 * self._took_s)
+        if stale and (self._task is None or self._task.done()):
+            self._task = asyncio.ensure_future(self._read())
         if self._task is not None and self.value is None and self.error is None:
             await asyncio.wait({self._task}, timeout=first_wait_s)
 
@@ -590,7 +590,7 @@ def redis_url(settings: Any) -> tuple[str, str]:
         url = hook.get_url()
     except ConfigError:
         raise  # a connection that names a bad URL: shown on the page, not replaced
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - secrets backends raise their own types
         # The connection could not be looked up (secrets backend, metadata DB):
         # fall back to the settings, and say so on the page and in the log.
         log.warning("sluice coverage: connection %s: %r", hook.redis_conn_id, exc)

@@ -24,6 +24,7 @@ gets SIGTERM from the kernel if the supervisor dies (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import enum
 import os
@@ -97,10 +98,8 @@ class Child:
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the supervisor dies (Linux only)."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
 
 
 class Supervisor:

@@ -893,7 +893,7 @@ class Consumer(Worker):
                         if self._cancelling():
                             raise
                         error = StreamError("handler was cancelled")
-                    except Exception as exc:  # same: counted below, never hidden
+                    except Exception as exc:  # noqa: BLE001 - same: counted below, never hidden
                         error = exc
                 if error is None:
                     continue
@@ -910,7 +910,7 @@ class Consumer(Worker):
         if self.batch_handler is not None:
             try:
                 outcomes = await self.batch_handler(todo)
-            except Exception as exc:  # counted as a failure of every entry, then retried
+            except Exception as exc:  # noqa: BLE001 - the application's code: every entry failed, retried
                 outcomes = [exc] * len(todo)
             return [(i, d, o) for (i, d), o in zip(todo, outcomes, strict=True)]
         assert self.handler is not None
@@ -918,7 +918,7 @@ class Consumer(Worker):
         for index, data in todo:
             try:
                 started.append((index, data, await self.handler(index, data)))
-            except Exception as exc:  # a handler failure is counted, retried, then dead-lettered
+            except Exception as exc:  # noqa: BLE001 - the application's handler: counted, retried, dead-lettered
                 started.append((index, data, exc))
         return started
 
