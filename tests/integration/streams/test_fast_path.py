@@ -4,7 +4,6 @@ ways around it: the node's delivery path, queued pulls, slow handlers, stops and
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -185,15 +184,15 @@ async def test_a_slow_handler_keeps_the_lease_and_the_order(make_node: MakeNode)
 async def test_stop_interrupts_a_long_poll_served_in_the_consumers_task(
     make_node: MakeNode, redis_client: sync_redis.Redis
 ) -> None:
-    node, _ = await make_node("A", max_wait_ms=5000)
+    # A 100 s long poll: a stop that waited for it would take that long; the limit
+    # below only bounds that wait, not how fast the interruption is.
+    node, _ = await make_node("A", max_wait_ms=100_000, lease_ttl_ms=300_000)
     sink = Sink()
-    consumer = Consumer("s", sink, client_id="c", holder="A", wait_ms=5000)
+    consumer = Consumer("s", sink, client_id="c", holder="A", wait_ms=100_000, lease_ttl_ms=300_000)
     await node.add_worker("consumer:s", consumer)
     service = service_of(node)
-    await eventually(lambda: service._inline_pulls == 1)  # in its 5 s XREAD BLOCK
-    started = time.monotonic()
-    await node.stop(grace_s=10)
-    assert time.monotonic() - started < 2.5
+    await eventually(lambda: service._inline_pulls == 1)  # in its XREAD BLOCK
+    await asyncio.wait_for(node.stop(grace_s=200), 60)
     assert redis_client.get(keys.consumer_lease("s")) is None  # released on the way out
     assert node.counters["consumer.errors"] == 0
     assert node.counters["consumer.crashes"] == 0
@@ -278,12 +277,12 @@ async def test_a_stalled_redis_is_bounded_by_the_callers_deadline_not_a_socket_t
     await node.add_worker("w", worker)
     address = (await worker.client.create("stalled")).address
     rid = new_request_id()
-    redis_client.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+    # Paused for 60 s: without the caller's deadline the push would wait for the
+    # pause's end and succeed; with it, it fails (how soon is the benchmark's business).
+    redis_client.execute_command("CLIENT", "PAUSE", "60000", "WRITE")
     try:
-        began = time.monotonic()
         with pytest.raises(StreamError, match="did not answer Push in time"):
             await worker.client.push(address, [b"x"], rid)
-        assert time.monotonic() - began < 1.2  # 0.3 s and the deadline timer's tick
     finally:
         redis_client.execute_command("CLIENT", "UNPAUSE")
     confirm = await worker.client.push(address, [b"x"], rid)  # the same push, retried
