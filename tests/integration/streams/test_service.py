@@ -21,6 +21,7 @@ from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
 from pipeline.streams.client import StreamClient, new_request_id
+from pipeline.streams.service import StreamService
 
 from .conftest import MakeNode, eventually
 
@@ -81,13 +82,15 @@ async def test_push_is_idempotent(make_node: MakeNode, redis_client: sync_redis.
 
 
 async def test_pull_is_a_long_poll(make_node: MakeNode) -> None:
-    node, _ = await make_node("A")
+    node, _ = await make_node("A", max_wait_ms=60_000)
     client = await probe(node)
     address = (await client.create("s")).address
     empty = await client.pull(address, "0-0", 10, 20)
     assert empty.messages == ()
-    pull = asyncio.create_task(client.pull(address, "0-0", 10, 5000))
-    await asyncio.sleep(0.05)
+    pull = asyncio.create_task(client.pull(address, "0-0", 10, 60_000))
+    service = node.worker("stream_service")
+    assert isinstance(service, StreamService)
+    await eventually(lambda: service._active_pulls() == 1)  # in its XREAD BLOCK
     assert not pull.done()
     await client.push(address, [b"late"], new_request_id())
     got = await asyncio.wait_for(pull, 5)
