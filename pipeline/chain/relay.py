@@ -23,6 +23,7 @@ from pipeline.chain.metrics import Metrics
 from pipeline.chain.planning import Entries, decode_servable
 from pipeline.chain.producer import LiveBlock, WebsocketHub
 from pipeline.errors import BadBatch, RedisUnavailable
+from pipeline.loggate import LogGate
 from pipeline.redisconn import checkpoint
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class RedisTailer:
         self._give_up_s = give_up_s
         self.last_id: bytes | None = None
         self.up = False
+        self._gate = LogGate(log)
 
     async def _start_id(self) -> bytes:
         newest = cast(Entries, await self._redis.xrevrange(self._key, max="+", min="-", count=1))
@@ -71,6 +73,7 @@ class RedisTailer:
                 checkpoint()
                 self._set_up(True)
                 down_since, delay = None, 0.05
+                self._gate.ended("redis", "live tailer: redis works again")
             except (
                 aioredis.ConnectionError,
                 aioredis.TimeoutError,
@@ -83,7 +86,7 @@ class RedisTailer:
                 down_since = down_since or now
                 if now - down_since > self._give_up_s:
                     raise RedisUnavailable(f"redis down for over {self._give_up_s}s") from exc
-                log.warning("live tailer: redis error %r; retrying in %.2fs", exc, delay)
+                self._gate.failed("redis", "live tailer: redis error %r; retrying", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue

@@ -58,6 +58,7 @@ from pipeline.errors import (
     StreamError,
     StreamNotFound,
 )
+from pipeline.loggate import LogGate
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -674,6 +675,8 @@ class Consumer(Worker):
         self._client: StreamClient | None = None
         self._node: Node | None = None
         self._has_lease = False
+        #: Retried session failures by class: one line per interval, one when they end.
+        self._gate = LogGate(log, level=logging.ERROR)
 
     async def setup(self, wctx: WorkerContext) -> None:
         self._node = wctx.node
@@ -712,7 +715,7 @@ class Consumer(Worker):
                 log.error("consumer %s: stream vanished, creating it again: %s", self.stream, exc)
             except SluiceError as exc:  # Redis down, service timeout, bad reply: retry
                 self._count("errors")
-                log.error("consumer %s: %s; retrying in %.2fs", self.stream, exc, delay)
+                self._gate.failed(type(exc).__name__, "consumer %s: %s; retrying", self.stream, exc)
             except Exception:  # a bug: logged with its traceback and counted; the stream goes on
                 self._count("crashes")
                 log.exception("consumer %s: session failed; retrying in %.2fs", self.stream, delay)
@@ -773,6 +776,8 @@ class Consumer(Worker):
         # What this process already handled (and may not have saved yet) is not handled again.
         self.index = self.index if _id_key(self.index) > _id_key(saved) else saved or "0-0"
         self.ready.set()
+        for key in self._gate.keys():
+            self._gate.ended(key, "consumer %s: session started again", self.stream)
         # Crash guard: sessions that start without the previous one having made
         # progress are counted in Redis. More than max_failures of them mean an
         # entry ahead kills this process: go one entry at a time, counting each.
