@@ -33,7 +33,7 @@ from pipeline.bus.signing import Signer
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
 from tests.support.poll import until_sync
-from tests.support.refusal import Refusal, misconf
+from tests.support.refusal import Refusal, misconf, replica
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -359,6 +359,50 @@ def test_produce_and_node_ride_out_misconf(
         assert producer.proc.wait(60) == 0, producer.text()
         assert "1 redis outage(s) ridden out" in producer.text()
         entries = client.xrange(keys.stream("misconf"))
+    finally:
+        client.close()
+    assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
+
+
+def test_produce_and_node_ride_out_readonly(
+    redis_factory: Callable[..., LocalRedis], tmp_path: Path, procs: list[Proc]
+) -> None:
+    """A server turned into a replica mid-run (``READONLY You can't write against a read
+    only replica``: a client still on a demoted master) is retried like an outage and
+    /healthz says so; ``REPLICAOF NO ONE`` ends it and nothing is lost."""
+    server, spare = redis_factory(), redis_factory()
+    port = free_port()
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": server.url,
+        "SLUICE_CONFIG": os.devnull,
+        "SLUICE_LOG_LEVEL": "WARNING",
+        "SLUICE_NODE_LISTEN": "",
+        "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{port}",
+    }
+    env.pop("PYTHONASYNCIODEBUG", None)
+    node = Proc(["node", "--name", "R", "--workers", "echo"], env, tmp_path / "node.log")
+    procs.append(node)
+    node.wait_for("node R ready")
+    health = f"http://127.0.0.1:{port}/healthz"
+    until_sync(health_is(health, 200), "node up", within_s=30)
+    producer = Proc(
+        ["produce", "--stream", "readonly", "--rate", "20", "--count", "300"],
+        env, tmp_path / "produce.log",
+    )  # fmt: skip
+    procs.append(producer)
+    client = redis.Redis.from_url(server.url)
+    try:
+        until_sync(lambda: client.xlen(keys.stream("readonly")) >= 5, "first blocks", within_s=30)
+        with replica(server.url, spare.url):
+            assert client.info("replication")["role"] == "slave"
+            until_sync(health_is(health, 503, "ReadOnlyError"), "node /healthz down", within_s=30)
+            producer.wait_for("redis unavailable (ReadOnlyError", within_s=30)
+            assert producer.proc.poll() is None, producer.text()
+        until_sync(health_is(health, 200), "node /healthz up", within_s=30)
+        assert producer.proc.wait(60) == 0, producer.text()
+        assert "1 redis outage(s) ridden out" in producer.text()
+        entries = client.xrange(keys.stream("readonly"))
     finally:
         client.close()
     assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
