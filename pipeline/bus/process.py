@@ -205,9 +205,10 @@ class BusProcess:
                     recover = await self._recover_one(queue, handle)
                     continue
                 batch = await self.store.claim(queue, batch_size)
-                self._gate.ended(queue, "bus: %s loop: redis works again", queue)
                 if not batch:
                     first = await self.store.wait_one(queue, _WAIT_S)
+                    # (a claim of an empty queue can pass while writes are refused)
+                    self._gate.ended(queue, "bus: %s loop: redis works again", queue)
                     if first is None:
                         continue
                     # What arrived while the wait returned joins it: under load most
@@ -217,6 +218,7 @@ class BusProcess:
                     batch = [first, *await self.store.claim(queue, batch_size - 1)]
                 await handle(batch)
                 pause = 0.1
+                self._gate.ended(queue, "bus: %s loop: redis works again", queue)
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 recover = True
