@@ -534,8 +534,8 @@ class StreamPusher:
         self.timeout_s = timeout_s
         self.backoff_max_s = backoff_max_s
         self._address: str | None = None
-        #: When the current run of failed attempts began (None: the last push went through).
-        self._failing_since: float | None = None
+        #: A run of failed attempts: logged when it starts, every 10 s, and when it ends.
+        self._gate = LogGate(log)
 
     async def ensure(self) -> str:
         if self._address is None:
@@ -564,12 +564,7 @@ class StreamPusher:
             except StreamError as exc:
                 last = exc
             else:
-                if self._failing_since is not None:
-                    log.warning(
-                        "push to %s works again after %.1fs",
-                        self.stream, time.monotonic() - self._failing_since,
-                    )  # fmt: skip
-                    self._failing_since = None
+                self._gate.ended("push", "push to %s works again", self.stream)
                 return confirm
             left = deadline - time.monotonic()
             if left <= 0:
@@ -579,11 +574,9 @@ class StreamPusher:
                     f"({attempts} attempt(s)): {last}"
                 )
             counters["stream_client.push_retries"] += 1
-            if self._failing_since is None:
-                self._failing_since = time.monotonic()
-                log.warning(
-                    "push to %s failing (%s); retrying until its deadline", self.stream, last
-                )
+            self._gate.failed(
+                "push", "push to %s failing (%s); retrying until its deadline", self.stream, last
+            )
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self.backoff_max_s)
 
