@@ -9,9 +9,9 @@ condition (a failure class, a peer, a queue) and logs for it:
 - then at most one line per ``every_s`` seconds, saying how many were
   suppressed since the line before (every one is still counted where the
   caller counts it, in ``/metrics``);
-- one line when the condition ends (:meth:`LogGate.ended`), with how long it
-  lasted and how many failures it saw; an end with no open condition logs
-  nothing, so callers may call it on every success.
+- one line when the condition ends (:meth:`LogGate.ended`, at WARNING at
+  most), with how long it lasted and how many failures it saw; an end with no
+  open condition logs nothing, so callers may call it on every success.
 
 Pure: no I/O besides the logger, the clock injected. Not thread-safe (each
 gate belongs to one event loop or one thread). At most ``max_keys`` conditions
@@ -104,7 +104,7 @@ class LogGate:
         if state is None:
             return False
         self._log.log(
-            self._level,
+            min(self._level, logging.WARNING),  # a recovery is no error
             msg + " (after %.1fs, %d failure(s))",
             *args,
             self._clock() - state.since,

@@ -87,7 +87,8 @@ def test_levels(lines: Lines) -> None:
     gate = _gate(lines, clock, level=logging.ERROR)
     gate.failed("k", "x")
     gate.failed("j", "y", level=logging.INFO)
-    assert [level for level, _ in lines.lines] == [logging.ERROR, logging.INFO]
+    gate.ended("k", "x is over")  # a recovery is no error
+    assert [level for level, _ in lines.lines] == [logging.ERROR, logging.INFO, logging.WARNING]
 
 
 def test_bad_arguments() -> None:
