@@ -282,7 +282,6 @@ def create_app(
                 settings.serve.stream,
                 app[HUB],
                 app[METRICS],
-                block_ms=_TAIL_BLOCK_MS,
                 refused=refused,
             )
             app[TAILER] = tailer
