@@ -58,6 +58,7 @@ from pipeline.errors import (
     StreamError,
     StreamNotFound,
 )
+from pipeline.loggate import LogGate
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -494,8 +495,8 @@ class StreamPusher:
         self.timeout_s = timeout_s
         self.backoff_max_s = backoff_max_s
         self._address: str | None = None
-        #: When the current run of failed attempts began (None: the last push went through).
-        self._failing_since: float | None = None
+        #: A run of failed attempts: logged when it starts, every 10 s, and when it ends.
+        self._gate = LogGate(log)
 
     async def ensure(self) -> str:
         if self._address is None:
@@ -524,12 +525,7 @@ class StreamPusher:
             except StreamError as exc:
                 last = exc
             else:
-                if self._failing_since is not None:
-                    log.warning(
-                        "push to %s works again after %.1fs",
-                        self.stream, time.monotonic() - self._failing_since,
-                    )  # fmt: skip
-                    self._failing_since = None
+                self._gate.ended("push", "push to %s works again", self.stream)
                 return confirm
             left = deadline - time.monotonic()
             if left <= 0:
@@ -539,11 +535,9 @@ class StreamPusher:
                     f"({attempts} attempt(s)): {last}"
                 )
             counters["stream_client.push_retries"] += 1
-            if self._failing_since is None:
-                self._failing_since = time.monotonic()
-                log.warning(
-                    "push to %s failing (%s); retrying until its deadline", self.stream, last
-                )
+            self._gate.failed(
+                "push", "push to %s failing (%s); retrying until its deadline", self.stream, last
+            )
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self.backoff_max_s)
 
@@ -635,6 +629,8 @@ class Consumer(Worker):
         self._client: StreamClient | None = None
         self._node: Node | None = None
         self._has_lease = False
+        #: Retried session failures by class: one line per interval, one when they end.
+        self._gate = LogGate(log, level=logging.ERROR)
 
     async def setup(self, wctx: WorkerContext) -> None:
         self._node = wctx.node
@@ -673,7 +669,7 @@ class Consumer(Worker):
                 log.error("consumer %s: stream vanished, creating it again: %s", self.stream, exc)
             except SluiceError as exc:  # Redis down, service timeout, bad reply: retry
                 self._count("errors")
-                log.error("consumer %s: %s; retrying in %.2fs", self.stream, exc, delay)
+                self._gate.failed(type(exc).__name__, "consumer %s: %s; retrying", self.stream, exc)
             except Exception:  # a bug: logged with its traceback and counted; the stream goes on
                 self._count("crashes")
                 log.exception("consumer %s: session failed; retrying in %.2fs", self.stream, delay)
@@ -734,6 +730,8 @@ class Consumer(Worker):
         # What this process already handled (and may not have saved yet) is not handled again.
         self.index = self.index if _id_key(self.index) > _id_key(saved) else saved or "0-0"
         self.ready.set()
+        for key in self._gate.keys():
+            self._gate.ended(key, "consumer %s: session started again", self.stream)
         # Crash guard: sessions that start without the previous one having made
         # progress are counted in Redis. More than max_failures of them mean an
         # entry ahead kills this process: go one entry at a time, counting each.

@@ -42,7 +42,6 @@ import asyncio
 import collections
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -53,6 +52,7 @@ from redis.exceptions import NoScriptError, RedisError
 from pipeline import keys, redisconn
 from pipeline.durability import Durability
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError, SluiceError
+from pipeline.loggate import LogGate
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -306,8 +306,7 @@ class StreamService(Worker):
         self.name = "stream_service"
         #: "redis unavailable" answers are logged at most every UNAVAILABLE_LOG_S: when
         #: Redis is away or refuses writes every client retries, each answer counted.
-        self._unavailable_logged = -UNAVAILABLE_LOG_S
-        self._unavailable_quiet = 0
+        self._gate = LogGate(log, UNAVAILABLE_LOG_S, level=logging.ERROR)
 
     async def setup(self, wctx: WorkerContext) -> None:
         self._node = wctx.node
@@ -341,22 +340,11 @@ class StreamService(Worker):
         """An error reply with ``text`` (public), logged and counted; ``detail`` (if any)
         goes only to the log."""
         self._count(str(code))
-        more = ""
+        args = (code, origin, text if detail is None else f"{text}: {detail!r}")
         if code == p.ErrorCode.UNAVAILABLE:
-            now = time.monotonic()
-            if now - self._unavailable_logged < UNAVAILABLE_LOG_S:
-                self._unavailable_quiet += 1
-                return p.Error(request_id=request_id, code=code, message=text)
-            if self._unavailable_quiet:
-                more = f" (and {self._unavailable_quiet} more since the last such line)"
-            self._unavailable_logged, self._unavailable_quiet = now, 0
-        log.error(
-            "stream service: %s from %s: %s%s",
-            code,
-            origin,
-            text if detail is None else f"{text}: {detail!r}",
-            more,
-        )
+            self._gate.failed(code, "stream service: %s from %s: %s", *args)
+        else:
+            log.error("stream service: %s from %s: %s", *args)
         return p.Error(request_id=request_id, code=code, message=text)
 
     async def _error(
@@ -541,6 +529,7 @@ class StreamService(Worker):
             code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
             return self._fail(origin, req.request_id, code, text, result)
         status, joined = result
+        self._gate.ended(p.ErrorCode.UNAVAILABLE, "stream service: redis takes pushes again")
         indexes = tuple(_text(joined).split(",")) if joined else ()
         self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
         return p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)
