@@ -88,7 +88,7 @@ class LogGate:
         state.logged_at, state.suppressed = now, 0
         return True
 
-    def keys(self) -> list[Hashable]:
+    def open_keys(self) -> list[Hashable]:
         """The open conditions' keys, oldest first."""
         return list(self._open)
 

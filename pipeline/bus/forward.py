@@ -40,6 +40,7 @@ Batch body negotiation (the seed's single-envelope POST stays the default)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import io
 import json
@@ -397,10 +398,8 @@ class Forwarder:
                 self._enqueue(heapq.heappop(self._delayed))
             wait = self._delayed[0].due - now if self._delayed else 1.0
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, min(wait, 1.0)))
-            except TimeoutError:
-                pass
 
     # --- one POST ------------------------------------------------------------
 
@@ -417,7 +416,7 @@ class Forwarder:
             return [result for result in results if result is not None]
         try:
             peer = await self._directory.lookup(to)
-        except Exception as exc:  # the directory's outage: nothing was sent
+        except Exception as exc:  # noqa: BLE001 - any directory failure: nothing was sent
             failed = (Outcome.UNREACHABLE, f"directory lookup failed: {type(exc).__name__}")
             return [result or failed for result in results]
         if peer is None:

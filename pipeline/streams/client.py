@@ -730,7 +730,7 @@ class Consumer(Worker):
         # What this process already handled (and may not have saved yet) is not handled again.
         self.index = self.index if _id_key(self.index) > _id_key(saved) else saved or "0-0"
         self.ready.set()
-        for key in self._gate.keys():
+        for key in self._gate.open_keys():
             self._gate.ended(key, "consumer %s: session started again", self.stream)
         # Crash guard: sessions that start without the previous one having made
         # progress are counted in Redis. More than max_failures of them mean an
