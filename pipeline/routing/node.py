@@ -56,7 +56,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from pipeline import lifecycle
@@ -172,6 +172,12 @@ class Worker:
     def intercept(self, message: TransportMessage) -> bool:
         """Synchronous fast path at delivery time; True means consumed (not mailed)."""
         return False
+
+    async def serve_inline(self, address: Address, request: object, origin: Route) -> object | None:
+        """Answer ``request`` (a decoded message from a worker on this node, at ``address``)
+        in the caller's task, without a message, mailbox or codec (:meth:`Node.call_inline`);
+        None: it cannot be served so now, and the caller routes it as any other."""
+        return None
 
     async def run(self, wctx: WorkerContext) -> None:
         """Optional long-running loop (a consumer's pull loop); owned by the node."""
@@ -365,6 +371,37 @@ class Node:
         pending = self._route_now(message, None, strict)
         if pending is not None:
             await pending
+
+    async def call_inline(
+        self,
+        route: Route,
+        origin: Route,
+        request: object,
+        encode: Callable[[Any], bytes],
+    ) -> object | None:
+        """Ask the local worker at ``route``'s one address to answer ``request`` in this
+        task (:meth:`Worker.serve_inline`); its answer, or None when there is no such
+        worker or it cannot answer so now (then route the request: :meth:`deliver`).
+
+        The same delivery as a routed message but for the hops: the address resolves
+        as in routing, the call is counted (``inline``) and the trace shows the request
+        and the answer as routed messages (``encode`` makes their payloads, only when
+        the node keeps a trace).
+        """
+        if len(route) != 1 or route[0].type != AddressType.LOCAL:
+            return None
+        first = route[0]
+        slot = self._addresses.get(first.value)
+        if slot is None:
+            return None
+        reply = await slot.worker.serve_inline(first, request, origin)
+        if reply is None:
+            return None
+        self.counters["inline"] += 1
+        if self.trace.maxlen:
+            self.trace.append((first, TransportMessage(route, origin, encode(request))))
+            self.trace.append((origin[0], TransportMessage(origin, route, encode(reply))))
+        return reply
 
     async def deliver_tracked(self, message: TransportMessage) -> asyncio.Future[None]:
         """Route, and return a future that completes when the message was handled."""

@@ -62,7 +62,6 @@ from pipeline.loggate import LogGate
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
-from pipeline.streams.service import StreamService
 
 log = logging.getLogger(__name__)
 
@@ -120,21 +119,6 @@ def split_pushes(data: list[bytes], max_bytes: int) -> list[list[bytes]]:
     if chunk:
         chunks.append(chunk)
     return chunks
-
-
-def _direct_size(request: p.StreamMessage) -> int | None:
-    """An upper bound of ``request``'s encoded size when it is a well-formed push or pull
-    (what :func:`~pipeline.streams.protocol.decode` would accept, entries included);
-    None for anything else, which then goes through the codec."""
-    if isinstance(request, p.Push):
-        data = request.data
-        if not 0 < len(data) <= p.MAX_BATCH or set(map(type, data)) != {bytes}:
-            return None
-        # msgpack: at most 5 header bytes per bin, 3 for the array, small ints and short strs.
-        return sum(map(len, data)) + 5 * len(data) + len(request.request_id) + 16
-    if isinstance(request, p.Pull):
-        return len(request.index) + len(request.request_id) + 32
-    return None
 
 
 def _wake(waiter: asyncio.Future[None], *_: object) -> None:
@@ -242,7 +226,6 @@ class StreamClient:
         self._routes: dict[str, Route] = {}
         self._service_name = service.encode()
         self._service_prefix = self._service_name + b":"
-        self._service_str = service
         self.timeout_s = timeout_s
         self._pending: dict[str, asyncio.Future[p.StreamMessage]] = {}
         self._pulls: set[str] = set()
@@ -358,14 +341,7 @@ class StreamClient:
         """
         if not isinstance(request, (p.Push, p.Pull)) or len(route) != 1:
             return None
-        first = route[0]
-        if first.type != 0 or not first.value.startswith(self._service_prefix):
-            return None
-        service = self.node.worker(self._service_str)
-        if not isinstance(service, StreamService):
-            return None
-        size = _direct_size(request)
-        if size is None or size > min(self.node.max_payload, service.max_payload):
+        if not route[0].value.startswith(self._service_prefix):
             return None
         back = self._back
         rid = request.request_id
@@ -375,7 +351,7 @@ class StreamClient:
                 if pull:
                     self._running[rid] = task
                 try:
-                    reply = await service.serve_now(first, request, back)
+                    reply = await self.node.call_inline(route, back, request, p.encode)
                 finally:
                     if pull:
                         del self._running[rid]
@@ -383,10 +359,10 @@ class StreamClient:
             raise StreamError(
                 f"stream service did not answer {type(request).__name__} in time"
             ) from exc
-        if reply is not None and self.node.trace.maxlen:  # shown as if routed, both ways
-            trace = self.node.trace
-            trace.append((first, TransportMessage(route, back, p.encode(request))))
-            trace.append((self.address, TransportMessage(back, route, p.encode(reply))))
+        if reply is None:
+            return None
+        if not isinstance(reply, p.StreamMessage):
+            raise RemoteProtocolError(f"stream service answered inline with {type(reply).__name__}")
         return reply
 
     async def _routed(

@@ -405,3 +405,18 @@ __all__ = [
     "encode",
     "is_reply",
 ]
+
+
+def size_bound(request: StreamMessage) -> int | None:
+    """An upper bound of ``request``'s encoded size when it is a well-formed push or pull
+    (what :func:`decode` would accept, entries included);
+    None for anything else, which then goes through the codec."""
+    if isinstance(request, Push):
+        data = request.data
+        if not 0 < len(data) <= MAX_BATCH or set(map(type, data)) != {bytes}:
+            return None
+        # msgpack: at most 5 header bytes per bin, 3 for the array, small ints and short strs.
+        return sum(map(len, data)) + 5 * len(data) + len(request.request_id) + 16
+    if isinstance(request, Pull):
+        return len(request.index) + len(request.request_id) + 32
+    return None

@@ -334,6 +334,21 @@ class StreamService(Worker):
             self._count("replies_not_sent")
             log.warning("stream service: reply to %s not sent: %s", ctx.message.return_route, exc)
 
+    async def serve_inline(
+        self, address: Address, request: object, origin: Route
+    ) -> p.StreamMessage | None:
+        """:meth:`serve_now` for a push or pull that fits the limits the codec checks
+        (the node's and this service's ``max_payload``), asked through
+        :meth:`Node.call_inline <pipeline.routing.node.Node.call_inline>`; None for
+        the rest, which the caller routes."""
+        if not isinstance(request, (p.Push, p.Pull)):
+            return None
+        size = p.size_bound(request)
+        node_max = self._node.max_payload if self._node is not None else self.max_payload
+        if size is None or size > min(self.max_payload, node_max):
+            return None
+        return await self.serve_now(address, request, origin)
+
     async def serve_now(
         self, address: Address, request: p.Push | p.Pull, origin: Route
     ) -> p.StreamMessage | None:
