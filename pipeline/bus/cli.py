@@ -333,7 +333,7 @@ def main(argv: list[str]) -> int:
             overrides[name] = value
     settings = Settings.load(parts=("redis", "bus"), **overrides)
     bus_redis_url(settings.redis.url)  # a cluster URL: one line, before anything starts
-    redischeck.check(settings.redis.url)
+    redischeck.check(settings.redis.url, command="bus")
     if settings.bus.twin <= 0:
         raise ConfigError("the bus needs a twin id: --twin ID or SLUICE_BUS_TWIN")
     signer: Signer | None = None
