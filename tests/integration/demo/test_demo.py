@@ -234,3 +234,27 @@ def test_live_demo_on_the_users_sentinel_or_cluster(
     out = _out(tmp_path)
     assert proc.returncode == 0, out
     assert marked_pids(demo_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_demo_check_passes_on_a_cluster(tmp_path: Path, cluster_url: str) -> None:
+    """``sluice demo --check --redis redis+cluster://...``: the whole scripted scenario
+    (Spark, Airflow's archive runs, trim, serve, a subscriber from 0, the nodes) with
+    every part but the bus twins on the session's 3+3 Redis Cluster (about 150 s)."""
+    demo_id = f"test-{uuid.uuid4().hex[:8]}"
+    proc = _demo(
+        tmp_path, demo_id, "--check", "--redis", cluster_url,
+        "--serve-port", str(free_port()), "--airflow-port", str(free_port()),
+        "--spark-port", str(free_port()),
+    )  # fmt: skip
+    try:
+        proc.wait(timeout=1100)  # bounds a hang only: the check has its own deadline
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            asyncio.run(sweep(demo_id))
+    out = _out(tmp_path)
+    assert proc.returncode == 0, out
+    assert marked_pids(demo_id) == []
