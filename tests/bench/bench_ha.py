@@ -191,10 +191,12 @@ async def main() -> None:
                     report.emit(
                         f"oneway_msgs_per_s_{metric}", rate[metric], rate[base], messages=N,
                         rounds=ROUNDS, runs=[round(r) for r, _ in runs[metric]],
+                        baseline_runs=[round(r) for r, _ in runs[base]],
                     )  # fmt: skip
                 report.emit(
                     f"oneway_cpu_us_per_msg_{name}", cpu[name], cpu["single"], messages=N,
                     rounds=ROUNDS, runs=[round(c, 1) for _, c in runs[name]],
+                    baseline_runs=[round(c, 1) for _, c in runs["single"]],
                 )  # fmt: skip
             base_samples = await push_latencies(single.url, off)
             for name, group in layouts.items():
