@@ -230,6 +230,8 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     try:
         if not await _until_redis(bus.redis, stop):
             return 0  # stopped while waiting: nothing was started
+        # Redis was down at start: its layout was not checked yet (one line, exit 2)
+        await asyncio.to_thread(redischeck.check, settings.redis.url)
         await bus.start()
         print(f"sluice bus: twin {config.twin} listening on {config.host}:{bus.port}", flush=True)
 
@@ -333,7 +335,7 @@ def main(argv: list[str]) -> int:
             overrides[name] = value
     settings = Settings.load(parts=("redis", "bus"), **overrides)
     bus_redis_url(settings.redis.url)  # a cluster URL: one line, before anything starts
-    redischeck.check(settings.redis.url)
+    redischeck.check(settings.redis.url, command="bus")
     if settings.bus.twin <= 0:
         raise ConfigError("the bus needs a twin id: --twin ID or SLUICE_BUS_TWIN")
     signer: Signer | None = None

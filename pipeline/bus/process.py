@@ -176,7 +176,9 @@ class BusProcess:
                 log.error("bus: HTTP requests still running after %.1fs; stopping anyway", grace_s)
         for task in self._tasks:
             task.cancel()
-        _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
+        # none yet when stopped while it waited for Redis at start (asyncio.wait refuses
+        # an empty set)
+        _, pending = await asyncio.wait(self._tasks, timeout=grace_s) if self._tasks else ((), ())
         for task in self._tasks:
             if task in pending:
                 log.error("bus: task %s did not stop in %.1fs", task.get_name(), grace_s)

@@ -117,6 +117,6 @@ def main(argv: list[str]) -> int:
         if v is not None
     }
     settings = Settings.load(parts=("redis", "serve", "lake"), **overrides)
-    redischeck.check(settings.redis.url)
+    redischeck.check(settings.redis.url, command="serve")
     asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
     return 0

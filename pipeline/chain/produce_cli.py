@@ -228,5 +228,5 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     settings = Settings.load(parts=("redis", "serve"))
-    redischeck.check(settings.redis.url)
+    redischeck.check(settings.redis.url, command="produce")
     return asyncio.run(_run(args, settings))

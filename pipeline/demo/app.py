@@ -61,6 +61,9 @@ class Options:
     up_then_stop: bool = False
     #: "local" or "s3" (an S3 server the demo runs)
     lake: str = "local"
+    #: a Redis of the user's for streams, chain, nodes, lake jobs and Airflow (any URL form:
+    #: redis+sentinel://, redis+cluster://); empty: the demo's own Redis holds everything
+    redis: str = ""
 
 
 def repo_root() -> Path:
@@ -98,6 +101,14 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
         help="where the lake lives: a local directory, or an S3 server the demo starts "
         "(versitygw, built by make install)",
     )
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        default="",
+        help="run streams, the chain, the nodes, the lake jobs and Airflow on this Redis "
+        "(redis://, redis+sentinel://, redis+cluster://; best empty: the demo writes stream "
+        f"{comp.STREAM!r}); the bus twins stay on the demo's own Redis",
+    )
     p.add_argument("--up-then-stop", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -117,6 +128,10 @@ def parse(argv: list[str]) -> Options:
         parser.error("--deadline must be between 30 and 7200 seconds")
     if args.check and only != ALL:
         parser.error("--check runs every component; drop --only")
+    if args.redis:
+        from pipeline import redischeck
+
+        redischeck.check(args.redis)  # a bad URL or layout: one line, exit 2
     return Options(
         check=args.check,
         only=only,
@@ -127,11 +142,16 @@ def parse(argv: list[str]) -> Options:
         var_dir=Path(settings.var_dir).expanduser().absolute(),
         up_then_stop=args.up_then_stop,
         lake=args.lake,
+        redis=args.redis,
     )
 
 
 def plan_for(opts: Options, root: Path, demo_id: str = "") -> comp.Plan:
-    timing: dict[str, float | int | str] = {"demo_id": demo_id, "lake": opts.lake}
+    timing: dict[str, float | int | str] = {
+        "demo_id": demo_id,
+        "lake": opts.lake,
+        "redis": opts.redis,
+    }
     if opts.check:  # faster blocks and a shorter hot window: the check waits for a trim
         timing |= {"rate": 4.0, "reorg_every": 8, "hot_retention_s": 15}
     return comp.Plan.make(

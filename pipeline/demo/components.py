@@ -67,6 +67,9 @@ class Plan:
     #: "local" (a directory) or "s3" (a versitygw the demo runs on ``store_port``)
     lake: str = "local"
     store_port: int = 0
+    #: the user's Redis for everything but the bus twins (``sluice demo --redis``); empty:
+    #: the demo's own
+    redis: str = ""
 
     @classmethod
     def make(
@@ -104,6 +107,10 @@ class Plan:
         return f"postgresql+psycopg2://{localpostgres.USER}@127.0.0.1:{self.postgres_port}/postgres"
 
     def redis_url(self, db: int = 0) -> str:
+        """Database 0: streams, chain, nodes, lake jobs, Airflow (the user's Redis when
+        given); 1 and 2: the bus twins, always on the demo's own Redis."""
+        if db == 0 and self.redis:
+            return self.redis
         return f"redis://127.0.0.1:{self.redis_port}/{db}"
 
     @property
@@ -300,7 +307,7 @@ def redis_component(plan: Plan) -> Component:
     data.mkdir(parents=True, exist_ok=True)
     return Component(
         name="redis",
-        role="Redis (streams, bus queues)",
+        role="Redis (bus queues)" if plan.redis else "Redis (streams, bus queues)",
         argv=(
             exe,
             "--port",

@@ -110,12 +110,14 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
     except errors as exc:
         text = str(exc)
         first = _first_line(text)
+        # Redis first: a task's "Connection refused" from Redis is not Spark Connect's.
+        if "RedisUnavailable" in text or "redis.exceptions.ConnectionError" in text:
+            cause = _worker_error(text, ("RedisUnavailable: ", "ConnectionError: ")) or first
+            raise RedisUnavailable(f"{what} failed: Redis is unavailable ({cause})") from exc
         if _connect_lost(exc, text):
             raise SparkUnavailable(
                 f"{what} failed: the Spark Connect server went away ({first})"
             ) from exc
-        if "RedisUnavailable" in text or "redis.exceptions.ConnectionError" in text:
-            raise RedisUnavailable(f"{what} failed: Redis is unavailable ({first})") from exc
         if "Permission denied" in text or "AccessDenied" in text:
             raise LakePathError(f"{what} failed: the lake is not writable ({first})") from exc
         raise LakeError(f"{what} failed: {first}") from exc
@@ -139,6 +141,17 @@ def _test_hold() -> None:
     deadline = time.monotonic() + HOLD_MAX_S
     while os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _worker_error(text: str, marks: tuple[str, ...]) -> str | None:
+    """The message of the first line of a Python worker's traceback carrying one of
+    ``marks`` (Spark's own first line only says a worker raised)."""
+    for line in text.splitlines():
+        for mark in marks:
+            at = line.find(mark)
+            if at >= 0:
+                return line[at + len(mark) :].strip()[:500]
+    return None
 
 
 def _first_line(text: str) -> str:

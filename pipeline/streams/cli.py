@@ -135,7 +135,7 @@ async def serve(settings: Settings, args: argparse.Namespace, stop: asyncio.Even
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     settings = _settings(args)
-    redischeck.check(settings.redis.url)
+    redischeck.check(settings.redis.url, command="node")
 
     async def run() -> Node:
         stop = asyncio.Event()

@@ -6,7 +6,12 @@ Redis Cluster (tests/support/redisha.py; failure detection 1 s), then:
 * ``oneway_msgs_per_s_<layout>``: N routed messages of 256 B from a publisher on
   node A through a stream to a worker on node B (both on one event loop, as
   ``make bench B=streams``'s ``oneway_msgs_per_s_one_process``). Baseline: the
-  same on the single server.
+  same on the single server. The layouts take turns, ``BENCH_HA_ROUNDS`` rounds
+  (default 3), and each figure is the median of its rounds (``runs`` lists them):
+  one run of each on this shared 2-core machine swung by 2x with the load.
+* ``oneway_cpu_us_per_msg_<layout>``: this process's CPU seconds per message of the
+  same runs (median), against the single server's: what the client costs, which
+  other processes' load does not move much.
 * ``oneway_msgs_per_s_<layout>_wait1``: the same with ``SLUICE_REDIS_MIN_REPLICAS=1``
   (every push followed by WAIT 1 on its connection). Baseline: WAIT off, same layout.
 * ``push_p50_ms`` / ``push_p99_ms`` ``_<layout>[_wait1]``: one push at a time through
@@ -55,17 +60,38 @@ from pipeline.streams.service import StreamService, connect  # noqa: E402
 from tests.support.redisha import LocalCluster, LocalSentinels  # noqa: E402
 
 N = int(os.environ.get("BENCH_HA_N", "20000"))
+ROUNDS = int(os.environ.get("BENCH_HA_ROUNDS", "3"))
 PUSHES = int(os.environ.get("BENCH_HA_PUSHES", "2000"))
 CALLS = int(os.environ.get("BENCH_HA_CALLS", "5000"))
 CONCURRENCY = 50
 PAYLOAD = b"x" * 256
 
 
-async def oneway(url: str, durability: Durability) -> float:
+async def oneway(url: str, durability: Durability) -> tuple[float, float]:
+    """Messages/s of one run, and this process's CPU microseconds per message."""
     from bench_streams import sluice_oneway  # the streams benchmark's one-process loop
 
-    stream = f"bench_ha_{time.monotonic_ns()}"  # fresh streams: each layout runs twice
-    return await sluice_oneway(url, N, durability=durability, streams=(f"{stream}_a", stream))
+    stream = f"bench_ha_{time.monotonic_ns()}"  # fresh streams: each layout runs many times
+    cpu = time.process_time()
+    rate = await sluice_oneway(url, N, durability=durability, streams=(f"{stream}_a", stream))
+    return rate, (time.process_time() - cpu) / N * 1e6
+
+
+async def oneway_rounds(urls: dict[str, str]) -> dict[str, list[tuple[float, float]]]:
+    """``ROUNDS`` runs of each of ``urls`` (WAIT off, and WAIT 1 for all but ``single``),
+    taking turns so that a burst of load falls on every layout alike."""
+    off, wait1 = Durability(), Durability(1, 1000)
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(ROUNDS):
+        for name, url in urls.items():
+            runs.setdefault(name, []).append(await oneway(url, off))
+            if name != "single":
+                runs.setdefault(f"{name}_wait1", []).append(await oneway(url, wait1))
+    return runs
+
+
+def median(values: list[float]) -> float:
+    return percentile(values, 50)
 
 
 async def push_latencies(url: str, durability: Durability) -> list[float]:
@@ -156,12 +182,22 @@ async def main() -> None:
         layouts = {"sentinel": sentinels, "cluster": cluster}
         off, wait1 = Durability(), Durability(1, 1000)
         try:
-            base = await oneway(single.url, off)
-            for name, group in layouts.items():
-                value = await oneway(group.url, off)
-                report.emit(f"oneway_msgs_per_s_{name}", value, base, messages=N)
-                durable = await oneway(group.url, wait1)
-                report.emit(f"oneway_msgs_per_s_{name}_wait1", durable, value, messages=N)
+            urls = {"single": single.url} | {name: g.url for name, g in layouts.items()}
+            runs = await oneway_rounds(urls)
+            rate = {name: median([r for r, _ in found]) for name, found in runs.items()}
+            cpu = {name: median([c for _, c in found]) for name, found in runs.items()}
+            for name in layouts:
+                for metric, base in ((name, "single"), (f"{name}_wait1", name)):
+                    report.emit(
+                        f"oneway_msgs_per_s_{metric}", rate[metric], rate[base], messages=N,
+                        rounds=ROUNDS, runs=[round(r) for r, _ in runs[metric]],
+                        baseline_runs=[round(r) for r, _ in runs[base]],
+                    )  # fmt: skip
+                report.emit(
+                    f"oneway_cpu_us_per_msg_{name}", cpu[name], cpu["single"], messages=N,
+                    rounds=ROUNDS, runs=[round(c, 1) for _, c in runs[name]],
+                    baseline_runs=[round(c, 1) for _, c in runs["single"]],
+                )  # fmt: skip
             base_samples = await push_latencies(single.url, off)
             for name, group in layouts.items():
                 plain = await push_latencies(group.url, off)

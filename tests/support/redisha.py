@@ -233,6 +233,12 @@ class LocalCluster(_Group):
                     return node
         raise LookupError(f"no master for slot {slot}")
 
+    def replica(self) -> Server:
+        """A live replica (killing it starts no failover)."""
+        return next(
+            n for n in self.nodes if n.alive() and n.client().info("replication")["role"] == "slave"
+        )
+
     def kill_master(self, key: str) -> Server:
         """SIGKILL the master owning ``key``; return it (for :meth:`heal`)."""
         node = self.master_of(key)

@@ -18,10 +18,15 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from pipeline import keys, redisconn
+from pipeline.demo.components import STREAM
 from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.demo.supervisor import sweep
 from pipeline.ports import free_port
+from pipeline.redisconn import Role
 from tests.support.poll import until_sync
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -187,4 +192,69 @@ def test_the_lake_on_the_demos_s3_server_starts_before_serve_and_stops_with_it(
     assert out.index("s3 up in") < out.index("serve up in"), out
     assert (tmp_path / "var" / "demo" / "s3" / "lake").is_dir()  # the lake's bucket
     assert "the sweep had to stop" not in out, out
+    assert marked_pids(demo_id) == []
+
+
+@pytest.mark.parametrize("layout", ["sentinel", "cluster"])
+def test_live_demo_on_the_users_sentinel_or_cluster(
+    tmp_path: Path, layout: str, request: pytest.FixtureRequest
+) -> None:
+    """``sluice demo --redis URL``: the producer, the server and the two nodes run on the
+    user's Sentinel-watched master or Redis Cluster (the chain stream and the nodes'
+    streams are there, the nodes talk through it); the bus twins keep the demo's own."""
+    url = request.getfixturevalue(f"{layout}_url")
+    demo_id = f"test-{uuid.uuid4().hex[:8]}"
+    demo_dir = tmp_path / "var" / "demo"
+    proc = _demo(
+        tmp_path, demo_id, "--only", SUBSET, "--serve-port", str(free_port()), "--redis", url
+    )
+    client = redisconn.connect_sync(url, Role.CLI)
+    try:
+        _wait_for("all up", lambda: "all up in" in _out(tmp_path), tmp_path)
+        _wait_for(
+            "round trips",
+            lambda: (
+                _lines(demo_dir / "node-a.replies") > 0 and _lines(demo_dir / "node-b.replies") > 0
+            ),
+            tmp_path,
+        )
+        _wait_for(
+            "blocks in the user's Redis",
+            lambda: client.xlen(keys.stream(STREAM)) >= 3,
+            tmp_path,
+        )
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            asyncio.run(sweep(demo_id))
+    out = _out(tmp_path)
+    assert proc.returncode == 0, out
+    assert marked_pids(demo_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_demo_check_passes_on_a_cluster(tmp_path: Path, cluster_url: str) -> None:
+    """``sluice demo --check --redis redis+cluster://...``: the whole scripted scenario
+    (Spark, Airflow's archive runs, trim, serve, a subscriber from 0, the nodes) with
+    every part but the bus twins on the session's 3+3 Redis Cluster (about 150 s)."""
+    demo_id = f"test-{uuid.uuid4().hex[:8]}"
+    proc = _demo(
+        tmp_path, demo_id, "--check", "--redis", cluster_url,
+        "--serve-port", str(free_port()), "--airflow-port", str(free_port()),
+        "--spark-port", str(free_port()),
+    )  # fmt: skip
+    try:
+        proc.wait(timeout=1100)  # bounds a hang only: the check has its own deadline
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            asyncio.run(sweep(demo_id))
+    out = _out(tmp_path)
+    assert proc.returncode == 0, out
     assert marked_pids(demo_id) == []

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
 
 from pipeline import redischeck, redisconn
 from pipeline.errors import ConfigError
+from pipeline.ports import free_port
 from pipeline.redisconn import Role
+from tests.support.poll import until_sync
 
 
 async def test_async_clients_of_every_layout(any_redis_url: str) -> None:
@@ -131,3 +135,102 @@ def test_commands_say_a_misconfiguration_in_one_line(
     assert started.returncode == 2
     [line] = started.stderr.strip().splitlines()
     assert line.startswith("sluice node: ") and "is a replica of" in line
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("command", ["node", "serve", "bus"])
+def test_a_cluster_node_down_at_start_is_said_in_one_line_once_it_answers(
+    redis_cluster: Any, command: str, tmp_path: Any
+) -> None:
+    """An always-on process started with a plain URL of a Cluster node that is down: it
+    waits for Redis as for any outage; when the node answers, the process ends with the
+    start-up check's one line and exit code 2 (it used to go on, every command MOVED)."""
+    redis_cluster.ready_url()
+    node = redis_cluster.replica()
+    node.kill()  # a replica: its death starts no failover
+    url = f"redis://127.0.0.1:{node.port}/0"
+    args = {
+        "node": ["node", "--name", "X", "--listen", f"127.0.0.1:{free_port()}"],
+        "serve": ["serve", "--port", str(free_port())],
+        "bus": ["bus", "--twin", "1", "--listen", f"127.0.0.1:{free_port()}"],
+    }[command]
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": url,
+        "SLUICE_BUS_LEGACY_PEERS": "1",
+        "SLUICE_LAKE_URI": str(tmp_path / "lake"),
+        "SLUICE_LOG_LEVEL": "INFO",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        # running, its Redis down: the process retries (node) or serves (serve) meanwhile
+        running = {
+            "node": "transport of X listening",
+            "serve": "live tailer: redis error",
+            "bus": "sluice bus: waiting for redis",
+        }
+        until_sync(
+            lambda: any(running[command] in line for line in lines) or proc.poll() is not None,
+            f"sluice {command} running with its Redis down",
+            within_s=120,
+            detail=lambda: "".join(lines[-20:]),
+        )
+        assert proc.poll() is None, "".join(lines)
+        redis_cluster.heal()
+        try:
+            code = proc.wait(120)  # bounds a hang only
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"sluice {command} still runs on a Cluster node named redis://")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 2, "".join(lines)
+    assert lines[-1].strip() == (
+        f"sluice {command}: {url} is a Redis Cluster node: use redis+cluster://127.0.0.1:{node.port}"
+    )
+
+
+def test_a_bus_stopped_while_it_waits_for_redis_at_start_exits_0(tmp_path: Any) -> None:
+    """SIGTERM while ``sluice bus`` waits for a Redis that is down: exit 0, no traceback
+    (its stop waited on an empty set of tasks: ValueError)."""
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "SLUICE_BUS_LEGACY_PEERS": "1",
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "bus", "--twin", "1",
+         "--listen", f"127.0.0.1:{free_port()}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        until_sync(
+            lambda: any("waiting for redis" in line for line in lines) or proc.poll() is not None,
+            "sluice bus waiting for redis",
+            within_s=60,
+        )
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)  # bounds a hang only
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 0, "".join(lines)
+    assert not any("Traceback" in line for line in lines), "".join(lines)
