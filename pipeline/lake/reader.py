@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,12 +77,22 @@ class LakeReader:
         self._table: Any = None  # deltalake.DeltaTable once the table exists
         self._min_nums: tuple[int | None, dict[str, int]] | None = None
         self._cache = _FileCache(cache_bytes)
+        self._files_read = 0
         self.refresh()
 
     @property
     def version(self) -> int | None:
         """The Delta version of the snapshot read, or None when there is no table yet."""
         return None if self._table is None else int(self._table.version())
+
+    def statistics(self) -> ReaderStatistics:
+        """Counters of this reader's work so far (data files read, the cache's use)."""
+        return ReaderStatistics(
+            files_read=self._files_read,
+            cache_files=len(self._cache),
+            cache_bytes=self._cache.size,
+            cache_limit=self._cache.limit,
+        )
 
     def refresh(self) -> None:
         """Move to the latest version of the table (or notice that it now exists)."""
@@ -198,11 +209,13 @@ class LakeReader:
         """The canonical rows of one file with ``start <= num < stop``, sorted by ``num``."""
         columns = [*ARROW_COLUMNS, "canonical"]
         if not self._cache.enabled:
+            self._files_read += 1
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=row_filter)
             return _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
         key = (fragment.path, stream)
         whole = self._cache.get(key)
         if whole is None:
+            self._files_read += 1
             table = fragment.to_table(
                 schema=dataset.schema, columns=columns, filter=_stream(stream)
             )
@@ -238,6 +251,14 @@ class LakeReader:
         return _rows(table, canonical=None)
 
     def _min_num(self, path: str) -> int:
+        """The smallest ``num`` in the data file at ``path`` (a dataset fragment's path),
+        from the Delta log's statistics; -1 when the log has none for it.
+
+        The two name a file differently: an add action's path is a URI, so a
+        partition directory that is already escaped on disk (``stream=chain%3Aa``
+        for ``chain:a``) is escaped once more in the log (``chain%253Aa``), while
+        the dataset gives the path on disk. Both are compared unescaped.
+        """
         if self._min_nums is None or self._min_nums[0] != self.version:
             actions = pa.table(self._table.get_add_actions(flatten=True))
             mins: dict[str, int] = {}
@@ -248,10 +269,36 @@ class LakeReader:
                     strict=True,
                 ):
                     if m is not None:
-                        mins[p] = int(m)
+                        mins[_file_key(p)] = int(m)
             self._min_nums = (self.version, mins)
+        mins = self._min_nums[1]
+        key = _file_key(path)
+        # A dataset on a store may name the file from the bucket: the log's path is the tail.
+        while key not in mins and "/" in key:
+            key = key.split("/", 1)[1]
         # A file without statistics may hold anything: read it first.
-        return self._min_nums[1].get(path, -1)
+        return mins.get(key, -1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReaderStatistics:
+    """What :meth:`LakeReader.statistics` reports."""
+
+    #: data files read by range scans (a cached file is read once)
+    files_read: int
+    #: files held by the per-file cache, their arrow bytes, and its bound (0: no cache)
+    cache_files: int
+    cache_bytes: int
+    cache_limit: int
+
+
+def _file_key(path: str) -> str:
+    """A data file's path with every level of percent-escaping undone (see ``_min_num``)."""
+    while True:
+        plain = unquote(path)
+        if plain == path:
+            return path.lstrip("/")
+        path = plain
 
 
 class _FileCache:
@@ -266,6 +313,9 @@ class _FileCache:
     @property
     def enabled(self) -> bool:
         return self.limit > 0
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, key: tuple[str, str]) -> pa.Table | None:
         with self._lock:
