@@ -211,7 +211,7 @@ class LakeReader:
         if not self._cache.enabled:
             self._files_read += 1
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=row_filter)
-            return _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
+            return _by_num(_canonical_only(table).select(list(ARROW_COLUMNS)))
         key = (fragment.path, stream)
         whole = self._cache.get(key)
         if whole is None:
@@ -219,7 +219,7 @@ class LakeReader:
             table = fragment.to_table(
                 schema=dataset.schema, columns=columns, filter=_stream(stream)
             )
-            whole = _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
+            whole = _by_num(_canonical_only(table).select(list(ARROW_COLUMNS)))
             self._cache.put(key, whole)
         lo = _count_below(whole, start)
         hi = whole.num_rows if stop is None else _count_below(whole, stop)
@@ -346,7 +346,22 @@ def _canonical_only(table: pa.Table) -> pa.Table:
     guarantee built from its statistics, and a file with no min/max on the
     boolean ``canonical`` (Spark collects none) turns any filter on it into null.
     """
-    return table.filter(pc.fill_null(table.column("canonical"), False))
+    flags = table.column("canonical")
+    if flags.null_count == 0 and pc.all(flags).as_py() is not False:
+        return table  # all canonical (the usual file): no copy of every payload
+    return table.filter(pc.fill_null(flags, False))
+
+
+def _by_num(table: pa.Table) -> pa.Table:
+    """``table`` sorted by ``num``; as it is when it already is (no copy of its payloads).
+
+    Archived files are mostly written in block order: sorting one anyway copied
+    every payload (``take``), 7% of a cold catch-up in ``make bench B=resume``.
+    """
+    nums = table.column("num")
+    if len(nums) < 2 or not pc.any(pc.less(nums.slice(1), nums.slice(0, len(nums) - 1))).as_py():
+        return table
+    return table.sort_by("num")
 
 
 def _stream(stream: str) -> pc.Expression:
