@@ -11,6 +11,10 @@ from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import Added, OrderedChain
+from pipeline.chain.producer import WebsocketHub
+from pipeline.chain.resumption import TieredResumption
+from pipeline.lake.reader import LakeReader
+from pipeline.redisconn import Role, connect
 from tests.support.poll import until
 
 from .conftest import STREAM, write_lake
@@ -199,11 +203,6 @@ async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
     # 10B 11B 12B. The archive moved everything up to 10A to the lake (10A as
     # not canonical: it lost) and trimmed Redis there, so the next entry after the
     # plan's tail is 11A, whose parent only the lake knows, on the lost branch.
-    from pipeline.chain.producer import WebsocketHub
-    from pipeline.chain.resumption import TieredResumption
-    from pipeline.lake.reader import LakeReader
-    from pipeline.redisconn import Role, connect
-
     gen = SyntheticChain(seed=13)
     canon = gen.take(10)
     key = keys.stream(STREAM)
