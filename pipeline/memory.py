@@ -74,9 +74,12 @@ def tune() -> list[str]:
     if late:
         log.warning("%s already loaded: its allocator keeps its own settings", " and ".join(late))
     libc = _libc()
-    if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
-        if libc.mallopt(_M_ARENA_MAX, ARENA_MAX) == 1:
-            changed.append(f"glibc arenas<={ARENA_MAX}")
+    if (
+        libc is not None
+        and "MALLOC_ARENA_MAX" not in os.environ
+        and libc.mallopt(_M_ARENA_MAX, ARENA_MAX) == 1
+    ):
+        changed.append(f"glibc arenas<={ARENA_MAX}")
     return changed
 
 
@@ -109,6 +112,11 @@ class Releaser:
     wait before the next (up to 16 times ``every_s``), so a process whose data
     really grew (its caches filling) is not trimmed every few seconds for
     nothing. ``on_release(before, after)`` is told each time (for metrics).
+
+    ``prune()`` (if given) drops what the process keeps but no longer uses (the
+    history cache's idle files) and says how many things it dropped; :meth:`run`
+    calls it every ``every_s`` seconds, from a thread, and releases at once after
+    it dropped something, whatever the backoff.
     """
 
     @property
@@ -124,6 +132,7 @@ class Releaser:
         on_release: Callable[[int, int], None] | None = None,
         measure: Callable[[], int] = rss_bytes,
         give_back: Callable[[], None] = release,
+        prune: Callable[[], int] | None = None,
     ) -> None:
         if every_s <= 0 or growth_bytes < 0:
             raise ValueError("every_s must be positive and growth_bytes non-negative")
@@ -132,14 +141,32 @@ class Releaser:
         self._on_release = on_release
         self._measure = measure
         self._give_back = give_back
+        self._prune = prune
         self._floor = measure()
         self._wait_s = every_s
 
     async def run(self) -> None:
-        """Check every ``every_s`` seconds (longer after fruitless releases) until cancelled."""
+        """Check every ``every_s`` seconds (longer after fruitless releases, unless
+        ``prune`` dropped something) until cancelled."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self._wait_s
         while True:
-            await asyncio.sleep(self._wait_s)
-            await self.check()
+            tick = self._every_s if self._prune is not None else due - loop.time()
+            await asyncio.sleep(max(tick, 0.0))
+            if await self.prune():
+                due = loop.time()
+            if loop.time() >= due:
+                await self.check()
+                due = loop.time() + self._wait_s
+
+    async def prune(self) -> int:
+        """Call ``prune`` (in a thread); what it dropped resets the release backoff."""
+        if self._prune is None:
+            return 0
+        dropped = await asyncio.to_thread(self._prune)
+        if dropped:
+            self._wait_s = self._every_s
+        return dropped
 
     async def check(self) -> bool:
         """Release if the resident size is past the floor; True if it did."""

@@ -23,6 +23,7 @@ from pipeline import keys, lifecycle, redisconn
 from pipeline.bus.config import bus_redis_url
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import CallFailed, RemoteError, RequestExpired
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class BusClient:
     def __init__(self, client: aioredis.Redis) -> None:
         self.redis = client
         self._closing = lifecycle.Once()
+        self._gate = LogGate(log)
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 64) -> BusClient:
@@ -105,11 +107,14 @@ class BusClient:
                     # Redis away or failing over: waiting for the answer is safe to repeat
                     # (the request itself is not resent: it may have landed).
                     redisconn.checkpoint(exc)
-                    log.warning("bus client: waiting on %s: %r; retrying", ret, exc)
+                    self._gate.failed(
+                        "wait", "bus client: waiting on %s: %r; retrying", ret, exc
+                    )  # fmt: skip
                     await asyncio.sleep(min(RETRY_S, max(limit - time.monotonic(), 0)))
             if popped is None:
                 await self.redis.delete(ret)
                 raise RequestExpired(f"no answer to {cmd} on {ret} in time")
+            self._gate.ended("wait", "bus client: redis answers again")
             answer = decode(popped[1], reply=True)
             by_src.setdefault(answer.src, []).append(answer)
         ordered: list[Envelope] = []

@@ -40,6 +40,7 @@ Batch body negotiation (the seed's single-envelope POST stays the default)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import io
 import json
@@ -54,6 +55,7 @@ import aiohttp
 
 from pipeline.bus.directory import Directory
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +207,7 @@ class Forwarder:
         self.outcomes: dict[tuple[str, str], int] = {}
         #: Peers whose last POST got no answer, and since when (epoch seconds).
         self.unreachable_since: dict[int, float] = {}
-        self._logged: dict[str, float] = {}
+        self._gate = LogGate(log, LOG_EVERY_S)
         self._last_failure: dict[int, float] = {}
 
     async def run(self) -> None:
@@ -366,6 +368,7 @@ class Forwarder:
         elif to in self.unreachable_since:
             down = time.time() - self.unreachable_since.pop(to)
             log.warning("bus: twin %s reachable again after %.1fs", to, down)
+            self._gate.forget(lambda key: isinstance(key, tuple) and key[-1] == to)
 
     def _count(self, item: Outbound, final: tuple[Outcome, str]) -> None:
         outcome, text = final
@@ -374,16 +377,11 @@ class Forwarder:
         if outcome is Outcome.DELIVERED:
             return
         # One line per failure class and peer every LOG_EVERY_S: a dead peer fails everything.
-        cls = f"{item.kind.value}:{outcome.value}:{item.to}"
-        now = time.monotonic()
-        if now - self._logged.get(cls, -LOG_EVERY_S) >= LOG_EVERY_S:
-            self._logged[cls] = now
-            if len(self._logged) > 1024:
-                self._logged.clear()
-            log.warning(
-                "bus: %s %s to twin %s failed: %s (more of this kind counted in /metrics)",
-                item.kind.value, item.uid, item.to, text,
-            )  # fmt: skip
+        self._gate.failed(
+            (item.kind.value, outcome.value, item.to),
+            "bus: %s %s to twin %s failed: %s (more of this kind counted in /metrics)",
+            item.kind.value, item.uid, item.to, text,
+        )  # fmt: skip
 
     async def _record(self, finals: list[Final]) -> None:
         for _ in finals:
@@ -400,10 +398,8 @@ class Forwarder:
                 self._enqueue(heapq.heappop(self._delayed))
             wait = self._delayed[0].due - now if self._delayed else 1.0
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, min(wait, 1.0)))
-            except TimeoutError:
-                pass
 
     # --- one POST ------------------------------------------------------------
 
@@ -420,7 +416,7 @@ class Forwarder:
             return [result for result in results if result is not None]
         try:
             peer = await self._directory.lookup(to)
-        except Exception as exc:  # the directory's outage: nothing was sent
+        except Exception as exc:  # noqa: BLE001 - any directory failure: nothing was sent
             failed = (Outcome.UNREACHABLE, f"directory lookup failed: {type(exc).__name__}")
             return [result or failed for result in results]
         if peer is None:

@@ -61,6 +61,7 @@ from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
 from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class BusProcess:
             idle_s=config.http_idle_s,
             max_connections=config.http_max_connections,
         )
+        #: Redis errors of the loops: one line per loop and interval, one when it recovers.
+        self._gate = LogGate(log)
         self.queues = QueueHandlers(
             config=config,
             client=self.redis,
@@ -204,6 +207,8 @@ class BusProcess:
                 batch = await self.store.claim(queue, batch_size)
                 if not batch:
                     first = await self.store.wait_one(queue, _WAIT_S)
+                    # (a claim of an empty queue can pass while writes are refused)
+                    self._gate.ended(queue, "bus: %s loop: redis works again", queue)
                     if first is None:
                         continue
                     # What arrived while the wait returned joins it: under load most
@@ -213,11 +218,12 @@ class BusProcess:
                     batch = [first, *await self.store.claim(queue, batch_size - 1)]
                 await handle(batch)
                 pause = 0.1
+                self._gate.ended(queue, "bus: %s loop: redis works again", queue)
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 recover = True
                 self.redis_errors += 1
-                log.warning("bus: %s loop: redis error %r, retrying in %.1fs", queue, exc, pause)
+                self._gate.failed(queue, "bus: %s loop: redis error %r; retrying", queue, exc)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
             except Exception:  # the boundary: a message broke its handler; isolate it
@@ -341,10 +347,11 @@ class BusProcess:
             await asyncio.sleep(self.config.scrub_interval_s)
             try:
                 await self.scrub(time.time())
+                self._gate.ended("scrubber", "bus: scrubber: redis works again")
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 self.redis_errors += 1
-                log.warning("bus: scrubber: redis error %r", exc)
+                self._gate.failed("scrubber", "bus: scrubber: redis error %r", exc)
             except Exception:  # the boundary: the scrubber must outlive any one entry
                 log.exception("bus: scrubber failed; trying again")
 

@@ -34,6 +34,7 @@ from pipeline.bus.forward import Forwarder, Kind, Outbound
 from pipeline.bus.store import BusStore
 from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class QueueHandlers:
         self.durability = durability or Durability()
         #: Requests that left although fewer replicas than required held their backlog.
         self.not_replicated = 0
-        self._warned_at = 0.0
+        self._gate = LogGate(log)
         self.twin = config.twin
         self.redis = client
         self.store = store
@@ -148,18 +149,17 @@ class QueueHandlers:
         them back would not undo the write): counted, and logged at most every 10 s."""
         failure = await self.store.replicated(self.durability)
         if failure is None:
+            self._gate.ended("replicas", "bus: requests held by enough replicas again")
             return
         self.not_replicated += requests
-        now = time.monotonic()
-        if now - self._warned_at >= 10.0:
-            self._warned_at = now
-            log.warning(
-                "bus: %d requests sent before enough replicas held them (%s); "
-                "%d so far: they are lost if the master dies before its replicas catch up",
-                requests,
-                failure,
-                self.not_replicated,
-            )
+        self._gate.failed(
+            "replicas",
+            "bus: %d requests sent before enough replicas held them (%s); "
+            "%d so far: they are lost if the master dies before its replicas catch up",
+            requests,
+            failure,
+            self.not_replicated,
+        )
 
     async def remote(self, batch: list[bytes]) -> None:
         pushes: list[tuple[str, bytes]] = []

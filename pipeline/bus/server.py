@@ -41,6 +41,7 @@ from pipeline.bus import dead
 from pipeline.bus.config import bus_redis_url, reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, deadline, decode, encode_data
 from pipeline.errors import EnvelopeError, HandlerError
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class BusServer:
         self.failed = 0
         #: Reply pushes repeated because Redis was away or refused writes.
         self.retried = 0
+        #: Redis errors of the workers: one line per interval, one when they end.
+        self._gate = LogGate(log)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: int | bool) -> BusServer:
@@ -150,6 +153,7 @@ class BusServer:
                 popped = await self.redis.blmpop(
                     _WAIT_S, len(queues), *queues, direction="LEFT", count=self.batch
                 )
+                self._gate.ended("worker", "bus server: redis works again")
                 if not popped:
                     continue
                 source, items = cast(bytes, popped[0]).decode(), cast(list[bytes], popped[1])
@@ -157,7 +161,7 @@ class BusServer:
                 pause = 0.1
             except (redis.exceptions.RedisError, OSError) as exc:
                 reraise_if_cancelling(exc)
-                log.warning("bus server: redis error %r, retrying in %.1fs", exc, pause)
+                self._gate.failed("worker", "bus server: redis error %r; retrying", exc)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
@@ -205,9 +209,13 @@ class BusServer:
                 else:
                     # One bad target (WRONGTYPE) must not cost the other replies.
                     log.error("bus server: reply to %s not delivered: %s", target, result)
-            if again and pause == 0.1:  # once per batch, not per attempt
+            if again:
                 why = next(r for r in results if isinstance(r, Exception))
-                log.warning("bus server: %d reply(ies) refused (%r); retrying", len(again), why)
+                self._gate.failed(
+                    "replies", "bus server: %d reply(ies) refused (%r); retrying", len(again), why
+                )
+            else:
+                self._gate.ended("replies", "bus server: replies delivered again")
             todo = again
             if todo:
                 self.retried += len(todo)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -42,6 +40,7 @@ from pipeline.chain.cardinal import (
 )
 from pipeline.chain.ordered import BlockAssembler, ChainUpdate, OrderedChain
 from pipeline.errors import BadBatch, BadParams, ChainGap, OrderingError, SubscriptionLost
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,8 @@ async def subscribe(
     )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     failures = 0
-    warn = _RetryLog(url)
+    #: a subscriber retrying a server that is down would log a long repr per attempt
+    gate = LogGate(log, WARN_EVERY_S)
     async with aiohttp.ClientSession() as session:
         while True:
             head = chain.head
@@ -84,6 +84,7 @@ async def subscribe(
                 ) as ws:
                     early: list[str] = []
                     sub_id = await _subscribe(ws, num, block_hash, prefixes, dialect, early)
+                    gate.ended(url, "subscription to %s resumed", url)
                     chain.expect_rewind()
                     assembler = BlockAssembler()
                     updates = _cardinal_updates if dialect == CARDINAL else _updates
@@ -106,33 +107,13 @@ async def subscribe(
                     failures = 0
                     continue
             except (aiohttp.ClientError, ConnectionError, TimeoutError, OrderingError) as exc:
-                warn.interrupted(exc)
+                gate.failed(
+                    url, "subscription to %s interrupted: %s; retrying", url, _short(exc)
+                )  # fmt: skip
             failures = 0 if got_any else failures + 1
             if failures > max_retries:
                 raise SubscriptionLost(f"no block after {max_retries} reconnections to {url}")
             await asyncio.sleep(min(retry_delay_s * (2 ** min(failures, 6)), 5.0))
-
-
-class _RetryLog:
-    """One short warning line per :data:`WARN_EVERY_S` while a subscription keeps failing.
-
-    A subscriber retrying a server that is down would otherwise log a long
-    exception repr on every attempt; the retries in between are counted.
-    """
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.last = -math.inf
-        self.since = 0
-
-    def interrupted(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self.last < WARN_EVERY_S:
-            self.since += 1
-            return
-        more = f"; {self.since} more failures since the last line" if self.since else ""
-        log.warning("subscription to %s interrupted: %s; retrying%s", self.url, _short(exc), more)
-        self.last, self.since = now, 0
 
 
 def _short(exc: BaseException) -> str:

@@ -58,10 +58,9 @@ class Refusals:
         if entry_id in self._seen:
             return
         self._seen[entry_id] = None
-        try:
+        # not a stream id (a test's): counted and logged, not skipped in reads
+        with contextlib.suppress(ValueError):
             bisect.insort(self._sorted, (parse_entry_id(entry_id), entry_id))
-        except ValueError:
-            pass  # not a stream id (a test's): counted and logged, not skipped in reads
         if len(self._seen) > self._remember:
             old, _ = self._seen.popitem(last=False)
             with contextlib.suppress(ValueError):

@@ -9,7 +9,8 @@ forces a refresh itself whenever the lake looks shorter than Redis says it
 must be, so a reader a little behind never causes a gap.
 
 Calls may come from several threads (``asyncio.to_thread``): a lock guards
-opening and refreshing.
+opening and refreshing. :meth:`SharedHistory.drop_idle` drops the reader's
+cached files that went unused (``SLUICE_SERVE_CACHE_IDLE_S``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,14 @@ class SharedHistory:
                 error = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
             self._probed = (now, error)
             return error
+
+    def drop_idle(self, idle_s: float) -> int:
+        """Drop the reader's cached files not used for ``idle_s`` seconds (an idle server
+        returns to its baseline; a busy one keeps its cache); how many were dropped."""
+        with self._lock:
+            reader = self._reader
+        drop = getattr(reader, "drop_idle_cache", None)
+        return int(drop(idle_s)) if drop is not None else 0
 
     def _refresh_locked(self, now: float) -> None:
         refresh = getattr(self._reader, "refresh", None)

@@ -10,6 +10,7 @@ resumption. Catch-up reads a page in a thread and encodes it with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator
 
@@ -50,10 +51,8 @@ def short_first(pages: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
 def close_pages(pages: Iterator[pa.Table]) -> None:
     close = getattr(pages, "close", None)
     if close is not None:
-        try:
+        with contextlib.suppress(ValueError):  # still running in its thread after a cancel
             close()
-        except ValueError:
-            pass  # still running in its thread after a cancel; it ends there
 
 
 def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:

@@ -56,6 +56,10 @@ class Metrics:
             "counter",
             "resident bytes given back by those releases",
         ),
+        "sluice_serve_history_cache_dropped_total": (
+            "counter",
+            "cached lake files dropped after going unused for SLUICE_SERVE_CACHE_IDLE_S",
+        ),
     }
 
     def __init__(self) -> None:

@@ -28,6 +28,7 @@ from pipeline.chain.generator import SyntheticChain
 from pipeline.cliargs import non_negative, plain
 from pipeline.durability import Durability
 from pipeline.errors import BadBatch, NotReplicated, ProducerGaveUp
+from pipeline.loggate import LogGate
 from pipeline.redisconn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha, unavailable
 from pipeline.settings import Settings
 
@@ -106,6 +107,7 @@ class _Writer:
         self.script = self.client.register_script(_APPEND)
         self.durability = durability or Durability()
         self.outages = 0
+        self._gate = LogGate(log)
 
     async def _write(self, data: bytes) -> None:
         """One append; with a durability setting, ``WAIT`` on its connection after it
@@ -148,18 +150,17 @@ class _Writer:
                 if down_since is None:
                     down_since = now
                     self.outages += 1
-                    log.warning(
-                        "redis unavailable (%s: %s); retrying %s", type(exc).__name__, exc, what
-                    )
                 elif now - down_since > self.retry_for:
                     raise ProducerGaveUp(
                         f"redis unavailable for {self.retry_for:.0f}s: {exc}"
                     ) from exc
+                self._gate.failed(
+                    "redis", "redis unavailable (%s: %s); retrying %s", type(exc).__name__, exc, what
+                )  # fmt: skip
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
                 continue
-            if down_since is not None:
-                log.warning("redis is back after %.1fs", time.monotonic() - down_since)
+            self._gate.ended("redis", "redis is back")
             return result, down_since is not None
 
     async def recent(self, count: int) -> list[Block]:

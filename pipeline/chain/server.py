@@ -187,14 +187,21 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def _releaser(metrics: Metrics) -> memory.Releaser:
-    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics."""
+def _releaser(metrics: Metrics, history: SharedHistory | None, idle_s: float) -> memory.Releaser:
+    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics;
+    first drops the history cache's files unused for ``idle_s`` seconds."""
 
     def released(before: int, after: int) -> None:
         metrics.inc("sluice_serve_memory_releases_total")
         metrics.inc("sluice_serve_memory_released_bytes_total", max(0, before - after))
 
-    return memory.Releaser(on_release=released)
+    def prune() -> int:
+        assert history is not None
+        dropped = history.drop_idle(idle_s)
+        metrics.inc("sluice_serve_history_cache_dropped_total", dropped)
+        return dropped
+
+    return memory.Releaser(on_release=released, prune=None if history is None else prune)
 
 
 def create_app(
@@ -264,7 +271,10 @@ def create_app(
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
-        releaser = asyncio.create_task(_releaser(app[METRICS]).run(), name="memory-releaser")
+        releaser = asyncio.create_task(
+            _releaser(app[METRICS], app.get(HISTORY), settings.serve.cache_idle_s).run(),
+            name="memory-releaser",
+        )
         task: asyncio.Task[None] | None = None
         if relay:
             tailer = RedisTailer(
@@ -272,7 +282,6 @@ def create_app(
                 settings.serve.stream,
                 app[HUB],
                 app[METRICS],
-                block_ms=_TAIL_BLOCK_MS,
                 refused=refused,
             )
             app[TAILER] = tailer

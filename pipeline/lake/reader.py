@@ -24,6 +24,7 @@ with :class:`~pipeline.errors.LakeError`.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -115,6 +116,11 @@ class LakeReader:
                 f"cannot read the lake table {self._uri}: {store.describe(exc)}"
             ) from exc
         _check_readable(self._table, self._uri)
+
+    def drop_idle_cache(self, idle_s: float) -> int:
+        """Drop cached files not used for ``idle_s`` seconds (their memory can then be
+        given back); how many were dropped."""
+        return self._cache.drop_idle(idle_s)
 
     # --- point queries -------------------------------------------------------
 
@@ -357,12 +363,15 @@ def _file_key(path: str) -> str:
 
 
 class _FileCache:
-    """LRU of sorted per-file tables, bounded by their total arrow size (thread-safe)."""
+    """LRU of sorted per-file tables, bounded by their total arrow size (thread-safe).
+
+    Each entry remembers when it was last used (``time.monotonic``), so that
+    :meth:`drop_idle` can give an idle server's memory back."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.size = 0
-        self._items: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[pa.Table, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -374,10 +383,12 @@ class _FileCache:
 
     def get(self, key: tuple[str, str]) -> pa.Table | None:
         with self._lock:
-            table = self._items.get(key)
-            if table is not None:
-                self._items.move_to_end(key)
-            return table
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items[key] = (hit[0], time.monotonic())
+            self._items.move_to_end(key)
+            return hit[0]
 
     def put(self, key: tuple[str, str], table: pa.Table) -> None:
         size = table.nbytes
@@ -386,12 +397,27 @@ class _FileCache:
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self.size -= old.nbytes
+                self.size -= old[0].nbytes
             while self._items and self.size + size > self.limit:
-                _, dropped = self._items.popitem(last=False)
+                _, (dropped, _) = self._items.popitem(last=False)
                 self.size -= dropped.nbytes
-            self._items[key] = table
+            self._items[key] = (table, time.monotonic())
             self.size += size
+
+    def drop_idle(self, idle_s: float) -> int:
+        """Drop the entries not used for ``idle_s`` seconds; how many were dropped."""
+        limit = time.monotonic() - idle_s
+        dropped = 0
+        with self._lock:
+            # least recently used first: stop at the first one used since
+            while self._items:
+                key, (table, used) = next(iter(self._items.items()))
+                if used > limit:
+                    break
+                del self._items[key]
+                self.size -= table.nbytes
+                dropped += 1
+        return dropped
 
 
 def _canonical_only(table: pa.Table) -> pa.Table:

@@ -18,9 +18,9 @@ are sent to; Redis is the store shared between nodes.
   at most ``max_pulls`` at once either way; further pulls wait in a queue of
   ``max_waiting_pulls`` (started as slots free up, answered ``unavailable``
   beyond it), so held long polls never stall a push, even one in the same batch.
-* A client on this node is served in its own task (``serve_now`` for pushes
-  and pulls, ``serve_direct`` for the rest): the same checks, errors and
-  counters as a routed request, without its message, mailbox hop and codec.
+* A client on this node has its pushes and pulls served in its own task
+  (``serve_now``): the same checks, errors and counters as a routed request,
+  without its message, mailbox hop and codec; its other requests are routed.
   The hot commands (a single push, a pull) run on single-connection clients
   of the service's pool held between commands (:class:`_Held`).
 * SaveIndex is monotonic (Lua compare of entry ids); GetIndex returns ``""``
@@ -42,7 +42,6 @@ import asyncio
 import collections
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -53,7 +52,8 @@ from redis.exceptions import NoScriptError, RedisError
 from pipeline import keys, redisconn
 from pipeline.durability import Durability
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError, SluiceError
-from pipeline.routing.message import Address, Route, TransportMessage
+from pipeline.loggate import LogGate
+from pipeline.routing.message import Address, Route
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
 from pipeline.streams.lease import Leases
@@ -163,36 +163,6 @@ def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class Direct:
-    """A request from a client on this node, served without the node's routing.
-
-    The request comes as ``request`` (an object the client built and checked
-    against the limits the codec enforces: no codec on this path) or, for the
-    rare requests it did not check, as the encoded ``payload`` (decoded and
-    checked as any other). The reply object goes out through ``answer``: no
-    routed message, no mailbox hop, no codec for the reply. What a
-    :class:`~pipeline.streams.client.StreamClient` on the service's own node
-    uses (see :meth:`StreamService.serve_direct`). Replies never wait:
-    ``answer`` only resolves the caller's future.
-    """
-
-    __slots__ = ("address", "answer", "payload", "request", "return_route")
-
-    def __init__(
-        self,
-        address: Address,
-        payload: bytes,
-        return_route: Route,
-        answer: Callable[[p.StreamMessage], None],
-        request: p.StreamMessage | None = None,
-    ) -> None:
-        self.address = address
-        self.payload = payload
-        self.return_route = return_route
-        self.answer = answer
-        self.request = request
-
-
 class _Held:
     """Single-connection clients of the service's hot pool, kept between commands (LIFO).
 
@@ -239,18 +209,17 @@ class _Held:
 #: Held clients kept while unused (see :class:`_Held`).
 HELD_IDLE = 16
 
-#: Where a request came from: a routed message, or a client on this node.
-_Origin = Context | Direct
+#: Where a request came from: a routed message (a client on this node uses
+#: :meth:`StreamService.serve_now` or is routed like any other).
+_Origin = Context
 
 
 def _request_id(ctx: _Origin) -> str:
-    if isinstance(ctx, Direct) and ctx.request is not None:
-        return str(getattr(ctx.request, "request_id", ""))
     return p.peek_request_id(ctx.payload)
 
 
 def _return_route(ctx: _Origin) -> Route:
-    return ctx.return_route if isinstance(ctx, Direct) else ctx.message.return_route
+    return ctx.message.return_route
 
 
 class StreamService(Worker):
@@ -306,8 +275,7 @@ class StreamService(Worker):
         self.name = "stream_service"
         #: "redis unavailable" answers are logged at most every UNAVAILABLE_LOG_S: when
         #: Redis is away or refuses writes every client retries, each answer counted.
-        self._unavailable_logged = -UNAVAILABLE_LOG_S
-        self._unavailable_quiet = 0
+        self._gate = LogGate(log, UNAVAILABLE_LOG_S, level=logging.ERROR)
 
     async def setup(self, wctx: WorkerContext) -> None:
         self._node = wctx.node
@@ -341,22 +309,11 @@ class StreamService(Worker):
         """An error reply with ``text`` (public), logged and counted; ``detail`` (if any)
         goes only to the log."""
         self._count(str(code))
-        more = ""
+        args = (code, origin, text if detail is None else f"{text}: {detail!r}")
         if code == p.ErrorCode.UNAVAILABLE:
-            now = time.monotonic()
-            if now - self._unavailable_logged < UNAVAILABLE_LOG_S:
-                self._unavailable_quiet += 1
-                return p.Error(request_id=request_id, code=code, message=text)
-            if self._unavailable_quiet:
-                more = f" (and {self._unavailable_quiet} more since the last such line)"
-            self._unavailable_logged, self._unavailable_quiet = now, 0
-        log.error(
-            "stream service: %s from %s: %s%s",
-            code,
-            origin,
-            text if detail is None else f"{text}: {detail!r}",
-            more,
-        )
+            self._gate.failed(code, "stream service: %s from %s: %s", *args)
+        else:
+            log.error("stream service: %s from %s: %s", *args)
         return p.Error(request_id=request_id, code=code, message=text)
 
     async def _error(
@@ -371,32 +328,18 @@ class StreamService(Worker):
         await self._answer(ctx, self._fail(_return_route(ctx), request_id, code, text, detail))
 
     async def _answer(self, ctx: _Origin, reply: p.StreamMessage) -> None:
-        if not isinstance(ctx, Direct):
-            try:
-                await ctx.reply(p.encode(reply))
-            except SluiceError as exc:  # its client times out and asks again; the others go on
-                self._count("replies_not_sent")
-                log.warning(
-                    "stream service: reply to %s not sent: %s", ctx.message.return_route, exc
-                )
-            return
-        self._trace_reply(ctx.address, ctx.return_route, reply)
-        ctx.answer(reply)
-
-    def _trace_reply(self, address: Address, return_route: Route, reply: p.StreamMessage) -> None:
-        """A reply handed back without routing shows in the node's trace as if routed."""
-        node = self._node
-        if node is not None and node.trace.maxlen:
-            back = TransportMessage(return_route, Route([address]), p.encode(reply))
-            node.trace.append((return_route[0], back))
+        try:
+            await ctx.reply(p.encode(reply))
+        except SluiceError as exc:  # its client times out and asks again; the others go on
+            self._count("replies_not_sent")
+            log.warning("stream service: reply to %s not sent: %s", ctx.message.return_route, exc)
 
     async def serve_now(
         self, address: Address, request: p.Push | p.Pull, origin: Route
     ) -> p.StreamMessage | None:
         """Serve a push or pull of a client on this node in the caller's task and return
         the reply (a pull's long poll included); None when it cannot be served so: the
-        service is stopping, or every pull slot is taken (then :meth:`serve_direct` or
-        routing queues it).
+        service is stopping, or every pull slot is taken (then routing queues it).
 
         The fast path of a :class:`~pipeline.streams.client.StreamClient` on this node:
         no task, no future, no codec, no mailbox (about half of a stream-transport round
@@ -439,20 +382,6 @@ class StreamService(Worker):
             )
         return reply
 
-    async def serve_direct(self, request: Direct) -> bool:
-        """Serve a request of a client on this node in the client's task; False once the
-        service is stopping (route the request instead: the mailbox still drains).
-
-        Safe to run concurrently with itself and the mailbox loop: a push or pull
-        only starts Redis I/O, and the dicts and sets it updates are updated
-        between awaits.
-        """
-        if self._closing:
-            return False
-        self._count("served_direct")
-        await self.handle_batch([request])
-        return True
-
     def stopping(self) -> None:
         self._closing = True
 
@@ -476,8 +405,7 @@ class StreamService(Worker):
 
     async def _one(self, ctx: _Origin, pushes: list[tuple[_Origin, str, p.Push]]) -> None:
         try:
-            checked = ctx.request if isinstance(ctx, Direct) else None
-            request = checked or p.decode(ctx.payload, max_payload=self.max_payload)
+            request = p.decode(ctx.payload, max_payload=self.max_payload)
         except PayloadTooLarge as exc:
             rid = p.peek_request_id(ctx.payload)
             await self._error(ctx, rid, p.ErrorCode.TOO_LARGE, exc.public_message, exc)
@@ -541,6 +469,7 @@ class StreamService(Worker):
             code, text = p.ErrorCode.UNAVAILABLE, REDIS_UNAVAILABLE
             return self._fail(origin, req.request_id, code, text, result)
         status, joined = result
+        self._gate.ended(p.ErrorCode.UNAVAILABLE, "stream service: redis takes pushes again")
         indexes = tuple(_text(joined).split(",")) if joined else ()
         self._count("pushed" if status else "duplicate_pushes", len(req.data) if status else 1)
         return p.PushConfirm(request_id=req.request_id, status=int(status), indexes=indexes)

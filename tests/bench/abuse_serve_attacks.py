@@ -93,6 +93,9 @@ _COUNTERS = (
     "sluice_serve_blocks_live_total",
     "sluice_serve_redis_errors_total",
     "sluice_serve_internal_errors_total",
+    "sluice_serve_memory_releases_total",
+    "sluice_serve_memory_released_bytes_total",
+    "sluice_serve_history_cache_dropped_total",
 )
 
 
@@ -338,7 +341,7 @@ async def _phases(
             phase.max_ms = max(delays, default=float("nan"))
             result.phases.append(phase)
         # descriptors and memory settle back once the attackers are gone
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + float(os.environ.get("BENCH_SETTLE_S", "20"))
         while True:
             result.rss_after_kb, result.fds_after = _proc_status(pid)
             settled = (

@@ -12,6 +12,13 @@ deleted (the server's working directory: moving it would not do) with what it
 holds, so use it on a private server only; a save point is set and a ``BGSAVE``
 fails. On exit the save point is dropped (which lifts the refusal) and an empty
 directory made again at the path.
+
+``with replica(url, spare_url): ...`` turns the server into a replica (``REPLICAOF``
+the spare, a second real server that first copied its data), so every write gets
+``READONLY You can't write against a read only replica``, as a client still pointed
+at a demoted master sees during a failover; reads go on. Writes are paused
+(``CLIENT PAUSE WRITE``) while the roles swap, so the spare holds every write and
+nothing is lost; on exit ``REPLICAOF NO ONE`` makes it a master again.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import redis
 from redis.exceptions import OutOfMemoryError
@@ -85,3 +93,43 @@ def misconf(url: str) -> Iterator[None]:
         client.config_set("save", "")
         os.makedirs(directory, exist_ok=True)
         client.close()
+
+
+def _until(cond: Callable[[], bool], what: str, within_s: float = 60.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached in {within_s}s")
+        time.sleep(0.05)
+
+
+@contextmanager
+def replica(url: str, spare_url: str) -> Iterator[None]:
+    client = redis.Redis.from_url(url)
+    spare = redis.Redis.from_url(spare_url)
+    parts, spare_parts = urlsplit(url), urlsplit(spare_url)
+    try:
+        spare.replicaof(parts.hostname, parts.port)
+
+        def caught_up() -> bool:
+            info = spare.info("replication")
+            return bool(
+                info.get("master_link_status") == "up"
+                and int(info.get("slave_repl_offset", -1))
+                == int(client.info("replication")["master_repl_offset"])
+            )
+
+        _until(lambda: spare.info("replication").get("master_link_status") == "up", "spare synced")
+        client.client_pause(30_000, all=False)  # writes wait; the spare catches up
+        try:
+            _until(caught_up, "spare caught up")
+            spare.replicaof("NO", "ONE")
+            client.replicaof(spare_parts.hostname, spare_parts.port)
+        finally:
+            client.client_unpause()
+        yield
+    finally:
+        client.replicaof("NO", "ONE")
+        spare.replicaof("NO", "ONE")
+        client.close()
+        spare.close()

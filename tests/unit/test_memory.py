@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pipeline import memory
+from tests.support.poll import until
 
 MB = 1 << 20
 
@@ -61,6 +64,39 @@ async def test_fruitless_releases_back_off_and_a_fruitful_one_resets() -> None:
     proc.frees = 300 * MB
     await rel.check()
     assert rel.wait_s == 10 and proc.rss == 200 * MB
+
+
+async def test_pruning_releases_at_once_whatever_the_backoff() -> None:
+    """A cache that was full and then dropped its idle entries (``prune``) is given back
+    on the next tick, not after the backoff its fruitless releases built up."""
+    proc = Process(100 * MB)
+    cache = {"entries": 0}
+
+    def prune() -> int:
+        dropped, cache["entries"] = cache["entries"], 0
+        proc.frees = dropped * MB
+        return dropped
+
+    rel = memory.Releaser(
+        every_s=0.01,
+        growth_bytes=32 * MB,
+        measure=lambda: proc.rss,
+        give_back=proc.give_back,
+        prune=prune,
+    )
+    proc.rss = 500 * MB  # a cache that really filled: releases give nothing
+    for _ in range(5):
+        await rel.check()
+    assert rel.wait_s == 0.16  # backed off
+    task = asyncio.create_task(rel.run())
+    try:
+        releases = proc.releases
+        cache["entries"] = 400  # then went idle and is dropped
+        await until(lambda: proc.rss, "given back", within_s=30, accept=lambda r: r == 100 * MB)
+        assert proc.releases == releases + 1 and rel.wait_s == 0.01
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def test_release_and_rss_work_on_this_machine() -> None:

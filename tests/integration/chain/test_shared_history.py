@@ -41,3 +41,26 @@ async def test_stale_shared_reader_is_refreshed_instead_of_rewinding(
             await client.subscribe(5, canon[5].hash)  # crosses the old end of the lake
             assert await client.blocks(35) == canon[5:40]
     assert shared.opened == 1 and shared() is reader and reader.version == 1
+
+
+def test_idle_cached_files_are_dropped_and_used_ones_kept(lake_uri: str) -> None:
+    """``drop_idle(s)`` drops the cached lake files unused for ``s`` seconds (the least
+    recently used first), keeps the others, and reads stay correct afterwards."""
+    gen = SyntheticChain(seed=5)
+    for _ in range(3):
+        write_lake(lake_uri, gen.take(50))
+    history = SharedHistory(lambda: LakeReader(lake_uri, cache_bytes=1 << 26))
+    assert history.drop_idle(0) == 0  # nothing read, nothing cached
+    reader = history()
+    assert isinstance(reader, LakeReader)
+
+    def nums(start: int, stop: int | None = None) -> list[int]:
+        return [n for t in reader.iter_canonical_arrow(STREAM, start, stop)
+                for n in t.column("num").to_pylist()]  # fmt: skip
+
+    assert nums(0) == list(range(150))
+    assert history.drop_idle(3600) == 0  # all used just now
+    assert history.drop_idle(0) == 3
+    assert history.drop_idle(0) == 0
+    assert nums(60, 70) == list(range(60, 70))  # read again, one file cached again
+    assert history.drop_idle(0) == 1

@@ -12,9 +12,11 @@ and up after; the retry counters moved.
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +35,7 @@ from pipeline.bus.signing import Signer
 from pipeline.localredis import LocalRedis
 from pipeline.ports import free_port
 from tests.support.poll import until_sync
-from tests.support.refusal import Refusal, misconf
+from tests.support.refusal import Refusal, misconf, refusing, replica
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,7 +83,7 @@ class Proc:
 def curl(url: str) -> tuple[int, str]:
     out = subprocess.run(
         ["curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", url],
-        capture_output=True, text=True, timeout=10,
+        capture_output=True, text=True, timeout=10, check=False,
     )  # fmt: skip
     body, _, code = out.stdout.rpartition("\n")
     return int(code or 0), body
@@ -133,7 +135,7 @@ class Caller:
                 if popped is not None:
                     answer = json.loads(popped[1])
                     self.answers[base64.b64decode(answer["dat"]).decode()] = answer["err"]
-        except BaseException as exc:  # surfaced by the test
+        except BaseException as exc:  # noqa: BLE001 - the thread's error, re-raised by the test
             self.error = exc
         finally:
             client.close()
@@ -362,3 +364,149 @@ def test_produce_and_node_ride_out_misconf(
     finally:
         client.close()
     assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
+
+
+def test_produce_and_node_ride_out_readonly(
+    redis_factory: Callable[..., LocalRedis], tmp_path: Path, procs: list[Proc]
+) -> None:
+    """A server turned into a replica mid-run (``READONLY You can't write against a read
+    only replica``: a client still on a demoted master) is retried like an outage and
+    /healthz says so; ``REPLICAOF NO ONE`` ends it and nothing is lost."""
+    server, spare = redis_factory(), redis_factory()
+    port = free_port()
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": server.url,
+        "SLUICE_CONFIG": os.devnull,
+        "SLUICE_LOG_LEVEL": "WARNING",
+        "SLUICE_NODE_LISTEN": "",
+        "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{port}",
+    }
+    env.pop("PYTHONASYNCIODEBUG", None)
+    node = Proc(["node", "--name", "R", "--workers", "echo"], env, tmp_path / "node.log")
+    procs.append(node)
+    node.wait_for("node R ready")
+    health = f"http://127.0.0.1:{port}/healthz"
+    until_sync(health_is(health, 200), "node up", within_s=30)
+    producer = Proc(
+        ["produce", "--stream", "readonly", "--rate", "20", "--count", "300"],
+        env, tmp_path / "produce.log",
+    )  # fmt: skip
+    procs.append(producer)
+    client = redis.Redis.from_url(server.url)
+    try:
+        until_sync(lambda: client.xlen(keys.stream("readonly")) >= 5, "first blocks", within_s=30)
+        with replica(server.url, spare.url):
+            assert client.info("replication")["role"] == "slave"
+            until_sync(health_is(health, 503, "ReadOnlyError"), "node /healthz down", within_s=30)
+            producer.wait_for("redis unavailable (ReadOnlyError", within_s=30)
+            assert producer.proc.poll() is None, producer.text()
+        until_sync(health_is(health, 200), "node /healthz up", within_s=30)
+        assert producer.proc.wait(60) == 0, producer.text()
+        assert "1 redis outage(s) ridden out" in producer.text()
+        entries = client.xrange(keys.stream("readonly"))
+    finally:
+        client.close()
+    assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
+
+
+#: Retries each loop must have met before the refusal ends (a loop retries every 2 s
+#: at most): the old code logged a line for each.
+RETRIES = 6
+
+
+def _metric(url: str, name: str) -> float:
+    code, text = curl(f"{url}/metrics")
+    assert code == 200, text
+    values = [float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " ")]
+    return values[0] if values else 0.0
+
+
+def _kind(line: str) -> str:
+    """A log line's kind: its logger and message with quoted text, causes and numbers cut."""
+    _, _, rest = line.partition(" ")  # the date
+    _, _, rest = rest.partition(" ")  # the time
+    return re.sub(r"\d+", "N", re.split(r"['\"(<]| - ", rest, maxsplit=1)[0])
+
+
+def test_retry_log_lines_are_bounded_while_redis_refuses_writes(
+    redis_factory: Callable[..., LocalRedis], tmp_path: Path, procs: list[Proc]
+) -> None:
+    """A node (stream consumer and service) and a bus on a Redis refusing writes for
+    ~10 s log each kind of failure once with its cause, then at most once per 10 s
+    (with the count suppressed), and once when it ends: before, a line per retry (every
+    2 s per loop)."""
+    server = redis_factory()
+    ports = {name: free_port() for name in ("node", "bus", "bus-http")}
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": server.url,
+        "SLUICE_CONFIG": os.devnull,
+        "SLUICE_LOG_LEVEL": "WARNING",
+        "SLUICE_NODE_LISTEN": "",
+        "SLUICE_LEASE_TTL_S": "5",
+        "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{ports['node']}",
+        "SLUICE_BUS_HEALTH_LISTEN": f"127.0.0.1:{ports['bus']}",
+    }
+    env.pop("PYTHONASYNCIODEBUG", None)
+    urls = {name: f"http://127.0.0.1:{ports[name]}" for name in ("node", "bus")}
+    signer = Signer.generate()
+    signer.write(tmp_path / "a.key")
+    directory = tmp_path / "twins.json"
+    directory.write_text(
+        json.dumps({str(A): {"url": f"http://127.0.0.1:{ports['bus-http']}",
+                             "key": signer.public_key}})
+    )  # fmt: skip
+    node = Proc(
+        ["node", "--name", "B", "--workers", "echo", "--consume", "rb"], env, tmp_path / "node.log"
+    )
+    bus = Proc(
+        ["bus", "--twin", str(A), "--listen", f"127.0.0.1:{ports['bus-http']}",
+         "--directory", str(directory), "--key", str(tmp_path / "a.key"), "--redis", server.url],
+        env, tmp_path / "bus.log",
+    )  # fmt: skip
+    procs.extend([node, bus])
+    node.wait_for("node B ready")
+    bus.wait_for("listening")
+    for url in urls.values():
+        until_sync(health_is(f"{url}/healthz", 200), f"{url} up", within_s=30)
+    marks = {proc: len(proc.text().splitlines()) for proc in (node, bus)}
+    errors = {
+        "node": "sluice_node_consumer_errors_total",
+        "bus": "sluice_bus_redis_errors_total",
+    }
+    before = {name: _metric(urls[name], metric) for name, metric in errors.items()}
+    started = time.monotonic()
+    with refusing(server.url):
+        for name, url in urls.items():
+            until_sync(health_is(f"{url}/healthz", 503, "OutOfMemoryError"), f"{name} down",
+                       within_s=30, every_s=0.2)  # fmt: skip
+        # Held until every loop retried often (the old code logged a line per retry).
+        until_sync(
+            lambda: all(
+                _metric(urls[name], metric) - before[name] >= RETRIES * (3 if name == "bus" else 1)
+                for name, metric in errors.items()
+            ),
+            "retries under the refusal",
+            within_s=120,
+            every_s=0.5,
+            detail=lambda: {n: _metric(urls[n], m) for n, m in errors.items()},
+        )
+        # Keep writes refused for the whole window: the scenario, not an assertion.
+        time.sleep(max(0.0, REFUSAL_S - (time.monotonic() - started)))
+        refused_s = time.monotonic() - started
+        logged = {proc: proc.text().splitlines()[marks[proc] :] for proc in (node, bus)}
+    allowed = 2 + int(refused_s / 10)  # the first, one per 10 s, one of slack
+    figures: dict[str, object] = {"refused_s": round(refused_s, 1)}
+    for proc, lines in logged.items():
+        kinds = collections.Counter(_kind(line) for line in lines)
+        figures[proc.log.name] = {"lines": len(lines), "kinds": len(kinds)}
+        assert kinds and max(kinds.values()) <= allowed, (allowed, kinds, "\n".join(lines))
+    # and one line each when it ends
+    for name, url in urls.items():
+        until_sync(health_is(f"{url}/healthz", 200), f"{name} up again", within_s=30)
+    node.wait_for("consumer rb: session started again")
+    for queue in (keys.BUS_LOCAL, keys.BUS_REMOTE, keys.BUS_REPLY):
+        bus.wait_for(f"bus: {queue} loop: redis works again")
+    retried = {n: _metric(urls[n], m) - before[n] for n, m in errors.items()}
+    logging.getLogger(__name__).info("retry log figures: %s, retries %s", figures, retried)

@@ -1,0 +1,57 @@
+"""The live tailer reads the chain stream through a script that leaves oversized
+entries in Redis: a 20 MB hostile entry is refused (counted) without ever being sent
+to ``sluice serve``, whose event loop would otherwise spend seconds reading it while
+catch-ups run (``make bench B=abuse``, phase ``hostile+catchup``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgpack
+import redis
+import redis.asyncio as aioredis
+
+from pipeline import keys
+from pipeline.blockcodec import ENTRY_FIELD, MAX_ENTRY_BYTES, encode_block
+from pipeline.chain.generator import SyntheticChain
+from pipeline.chain.metrics import Metrics
+from pipeline.chain.producer import WebsocketHub
+from pipeline.chain.relay import RedisTailer
+from tests.support.poll import until
+
+STREAM = "relay-filter"
+
+
+async def test_the_live_tailer_never_fetches_an_oversized_entry(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    sync = redis.Redis.from_url(redis_url)
+    key = keys.stream(STREAM)
+    hub, metrics = WebsocketHub(), Metrics()
+    tailer = RedisTailer(client, STREAM, hub, metrics)
+    task = asyncio.create_task(tailer.run())
+    try:
+        await until(lambda: tailer.up, "the tailer started")
+        blocks = SyntheticChain(seed=9).take(3)
+        hostile = msgpack.packb(
+            {"num": 1, "hash": b"\xee" * 32, "parent": blocks[0].hash,
+             "updates": {"k": b"\x00" * (20 << 20)}},
+            use_bin_type=True,
+        )  # fmt: skip
+        assert len(hostile) > MAX_ENTRY_BYTES
+        sent_before = int(sync.info("stats")["total_net_output_bytes"])
+        sync.xadd(key, {ENTRY_FIELD: encode_block(blocks[0])})
+        sync.xadd(key, {ENTRY_FIELD: hostile})
+        for block in blocks[1:]:
+            sync.xadd(key, {ENTRY_FIELD: encode_block(block)})
+        await until(lambda: hub.published >= 3, "the three good blocks published")
+        assert hub.published == 3 and hub.last is not None and hub.last.num == blocks[-1].num
+        assert metrics.values["sluice_serve_entries_refused_total"] == 1
+        sent = int(sync.info("stats")["total_net_output_bytes"]) - sent_before
+        assert sent < 1 << 20, f"{sent} bytes sent by redis: the hostile entry left it"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
+        sync.close()
