@@ -240,6 +240,11 @@ class Sender:
             out.append(_with_reorg(block, depth if i == 0 else 0))
         return out
 
+    def hold(self, emit: Emit) -> None:
+        """Keep a block of a side branch without sending it: a heavier child may bring it."""
+        if emit.hash not in self._blocks and self._hashes.get(emit.num) != emit.hash:
+            self._keep(emit)
+
     def knows(self, num: int, hash: str) -> bool:
         """Whether the block ``hash`` at ``num`` was sent or is held (so a child of it links)."""
         return self._hashes.get(num) == hash or hash in self._blocks

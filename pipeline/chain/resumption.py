@@ -345,8 +345,13 @@ class TieredResumption:
                         if emits:
                             await sink.put(emits)
                             emits = []
-                        await self._fill(history, block.num, block.parent.hex(), keep, sink, sender)
+                        linked = await self._fill(
+                            history, block.num, block.parent.hex(), keep, sink, sender
+                        )
                         await turn.acquire()
+                        if not linked:  # on a branch the lake says lost: held, not sent
+                            sender.hold(live_emit(LiveBlock.from_block(block, entry_id), keep))
+                            continue
                     item = LiveBlock.from_block(block, entry_id)
                     emits.extend(sender.take(live_emit(item, keep)))
             finally:
@@ -364,13 +369,16 @@ class TieredResumption:
         keep: KeyTest | None,
         sink: BlockSink,
         sender: Sender,
-    ) -> None:
+    ) -> bool:
         """Entries trimmed from Redis since they were scanned: read ``[.., stop)`` from the lake.
 
         The lake's canonical blocks from ``reorg_threshold`` below the point
         where Redis resumed are compared with what was sent: equal ones are
         skipped, others sent (as a reorg when they replace a sent block). The
-        result must link to ``parent``, the parent of the next Redis entry.
+        result must link to ``parent``, the parent of the next Redis entry,
+        unless the lake holds ``parent`` as a block that is not canonical: then
+        the entry is on a branch that lost (its lighter blocks were trimmed with
+        the others), and False says so. Anything else is a history gap.
         """
         if history is not None:
             await refresh_history(history)
@@ -385,11 +393,16 @@ class TieredResumption:
                         emits.append(emit)
                 if emits:
                     await sink.put(emits)
-        if sender.head != stop - 1 or sender.hash_at(stop - 1) != parent:
-            raise ResumptionError(
-                f"history gap: redis resumed at block {stop} but the lake does not link to it",
-                public=HISTORY_GAP,
-            )
+        if sender.head == stop - 1 and sender.hash_at(stop - 1) == parent:
+            return True
+        if history is not None:
+            row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(parent))
+            if row is not None and row.num == stop - 1 and not row.canonical:
+                return False
+        raise ResumptionError(
+            f"history gap: redis resumed at block {stop} but the lake does not link to it",
+            public=HISTORY_GAP,
+        )
 
     async def _replay_and_live(
         self,

@@ -1,10 +1,11 @@
 """The JVM-free reader of the ``blocks`` table (delta-rs through its pyarrow path).
 
 Theory of operation: a :class:`LakeReader` holds one snapshot of the
-``blocks`` Delta table (``refresh()`` moves it to the latest version). Every
+``blocks`` Delta table (``refresh()`` moves it to the latest version). A point
 query builds a pyarrow dataset of the snapshot's files, pruned by the Delta
-min/max statistics on ``num`` and by the ``stream`` partition, and filters
-rows after reading. ``iter_canonical`` streams a range in ``num`` order
+min/max statistics and by the ``stream`` partition, and filters rows after
+reading; range scans share one dataset per version and stream, with each
+file's ``num`` range from the Delta log. ``iter_canonical`` streams a range in ``num`` order
 without sorting the whole range: files are visited by their minimum ``num``
 and a row is emitted once no unread file can still hold a smaller ``num``.
 
@@ -28,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -75,14 +77,28 @@ class LakeReader:
             storage_options if storage_options is not None else store.delta_options(settings)
         )
         self._table: Any = None  # deltalake.DeltaTable once the table exists
-        self._min_nums: tuple[int | None, dict[str, int]] | None = None
+        #: (table version, stream -> its dataset and files), see :meth:`_stream_files`
+        self._files: tuple[int, dict[str, tuple[ds.Dataset, _Files]]] | None = None
+        self._ranges: tuple[int, dict[str, tuple[int, int | None]]] | None = None
         self._cache = _FileCache(cache_bytes)
+        self._files_read = 0
+        self._datasets = 0
         self.refresh()
 
     @property
     def version(self) -> int | None:
         """The Delta version of the snapshot read, or None when there is no table yet."""
         return None if self._table is None else int(self._table.version())
+
+    def statistics(self) -> ReaderStatistics:
+        """Counters of this reader's work so far (data files read, the cache's use)."""
+        return ReaderStatistics(
+            files_read=self._files_read,
+            datasets=self._datasets,
+            cache_files=len(self._cache),
+            cache_bytes=self._cache.size,
+            cache_limit=self._cache.limit,
+        )
 
     def refresh(self) -> None:
         """Move to the latest version of the table (or notice that it now exists)."""
@@ -157,18 +173,18 @@ class LakeReader:
             raise ValueError("batch_rows must be at least 1")
         if start < 0 or (stop is not None and stop < start):
             raise ValueError(f"bad block range [{start}, {stop})")
-        pruning: list[tuple[str, str, Any]] = [("stream", "=", stream), ("num", ">=", start)]
         row_filter = _stream(stream) & (pc.field("num") >= start)
         if stop is not None:
-            pruning.append(("num", "<", stop))
             row_filter = row_filter & (pc.field("num") < stop)
-        dataset = self._dataset(pruning)
-        if dataset is None:
+        found = self._stream_files(stream)
+        if found is None:
             return
-        fragments = sorted(
-            ((self._min_num(f.path), f) for f in dataset.get_fragments()),
-            key=lambda item: item[0],
-        )
+        dataset, files = found
+        fragments = [
+            (lo, fragment)
+            for lo, hi, fragment in files
+            if (hi is None or hi >= start) and (stop is None or lo < stop)
+        ]
         pending: pa.Table | None = None
         for index, (_, fragment) in enumerate(fragments):
             loaded = self._load(dataset, fragment, stream, start, stop, row_filter)
@@ -204,15 +220,17 @@ class LakeReader:
         """The canonical rows of one file with ``start <= num < stop``, sorted by ``num``."""
         columns = [*ARROW_COLUMNS, "canonical"]
         if not self._cache.enabled:
+            self._files_read += 1
             table = fragment.to_table(schema=dataset.schema, columns=columns, filter=row_filter)
-            return _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
+            return _by_num(_canonical_only(table).select(list(ARROW_COLUMNS)))
         key = (fragment.path, stream)
         whole = self._cache.get(key)
         if whole is None:
+            self._files_read += 1
             table = fragment.to_table(
                 schema=dataset.schema, columns=columns, filter=_stream(stream)
             )
-            whole = _canonical_only(table).select(list(ARROW_COLUMNS)).sort_by("num")
+            whole = _by_num(_canonical_only(table).select(list(ARROW_COLUMNS)))
             self._cache.put(key, whole)
         lo = _count_below(whole, start)
         hi = whole.num_rows if stop is None else _count_below(whole, stop)
@@ -221,6 +239,7 @@ class LakeReader:
     def _dataset(self, pruning: Sequence[tuple[str, str, Any]]) -> ds.Dataset | None:
         if self._table is None:
             return None
+        self._datasets += 1
         try:
             dataset: ds.Dataset = self._table.to_pyarrow_dataset(
                 file_pruning_predicate=list(pruning)
@@ -243,21 +262,104 @@ class LakeReader:
         table = dataset.to_table(columns=columns, filter=_stream(stream) & row_filter)
         return _rows(table, canonical=None)
 
-    def _min_num(self, path: str) -> int:
-        if self._min_nums is None or self._min_nums[0] != self.version:
-            actions = pa.table(self._table.get_add_actions(flatten=True))
-            mins: dict[str, int] = {}
-            if "min.num" in actions.column_names:
-                for p, m in zip(
-                    actions.column("path").to_pylist(),
-                    actions.column("min.num").to_pylist(),
-                    strict=True,
-                ):
-                    if m is not None:
-                        mins[p] = int(m)
-            self._min_nums = (self.version, mins)
-        # A file without statistics may hold anything: read it first.
-        return self._min_nums[1].get(path, -1)
+    def _stream_files(self, stream: str) -> tuple[ds.Dataset, _Files] | None:
+        """The dataset of ``stream``'s files and each file's ``num`` range, sorted by minimum.
+
+        Built once per table version and stream: a delta-rs dataset costs about
+        a millisecond, which every subscription's first page paid (about half of
+        ``subscribe_cpu_ms`` in ``make bench B=resume``). Range reads prune
+        files by these Delta statistics, as ``file_pruning_predicate`` would.
+        A file without statistics may hold anything: it is read, first.
+        """
+        version = self.version
+        if version is None:
+            return None
+        cached = self._files
+        if cached is None or cached[0] != version:
+            cached = self._files = (version, {})
+        hit = cached[1].get(stream)
+        if hit is not None:
+            return hit
+        dataset = self._dataset([("stream", "=", stream)])
+        if dataset is None:
+            return None
+        ranges = self._num_ranges(version)
+        files = sorted(
+            ((*_range_of(ranges, f.path), f) for f in dataset.get_fragments()),
+            key=lambda item: item[0],
+        )
+        if len(cached[1]) >= _STREAMS_KEPT:
+            cached[1].clear()
+        cached[1][stream] = (dataset, files)
+        return dataset, files
+
+    def _num_ranges(self, version: int) -> dict[str, tuple[int, int | None]]:
+        """(min, max) of ``num`` by data file (:func:`_file_key`), from the Delta log's statistics.
+
+        An add action's path is a URI, so a partition directory that is already
+        escaped on disk (``stream=chain%3Aa`` for ``chain:a``) is escaped once
+        more in the log (``chain%253Aa``), while the dataset gives the path on
+        disk: both are compared unescaped.
+        """
+        cached = self._ranges
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        actions = pa.table(self._table.get_add_actions(flatten=True))
+        ranges: dict[str, tuple[int, int | None]] = {}
+        if "min.num" in actions.column_names:
+            highs = (
+                actions.column("max.num").to_pylist()
+                if "max.num" in actions.column_names
+                else [None] * actions.num_rows
+            )
+            for p, lo, hi in zip(
+                actions.column("path").to_pylist(),
+                actions.column("min.num").to_pylist(),
+                highs,
+                strict=True,
+            ):
+                if lo is not None:
+                    ranges[_file_key(p)] = (int(lo), None if hi is None else int(hi))
+        self._ranges = (version, ranges)
+        return ranges
+
+
+#: (data file's min num, max num or None, its fragment), sorted by min.
+_Files = list[tuple[int, int | None, Any]]
+#: Streams whose file lists one reader keeps per table version.
+_STREAMS_KEPT = 64
+
+
+def _range_of(ranges: dict[str, tuple[int, int | None]], path: str) -> tuple[int, int | None]:
+    """The ``num`` range of the file at ``path`` (a fragment's), (-1, None) when unknown."""
+    key = _file_key(path)
+    # A dataset on a store may name the file from the bucket: the log's path is the tail.
+    while key not in ranges and "/" in key:
+        key = key.split("/", 1)[1]
+    return ranges.get(key, (-1, None))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReaderStatistics:
+    """What :meth:`LakeReader.statistics` reports."""
+
+    #: data files read by range scans (a cached file is read once)
+    files_read: int
+    #: delta-rs datasets built (each costs about a millisecond)
+    datasets: int
+    #: files held by the per-file cache, their arrow bytes, and its bound (0: no cache)
+    cache_files: int
+    cache_bytes: int
+    cache_limit: int
+
+
+def _file_key(path: str) -> str:
+    """A data file's path with every level of percent-escaping undone (see ``_num_ranges``)."""
+    while True:
+        plain = unquote(path)
+        if plain == path:
+            return path.lstrip("/")
+        path = plain
 
 
 class _FileCache:
@@ -275,6 +377,9 @@ class _FileCache:
     @property
     def enabled(self) -> bool:
         return self.limit > 0
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, key: tuple[str, str]) -> pa.Table | None:
         with self._lock:
@@ -322,7 +427,22 @@ def _canonical_only(table: pa.Table) -> pa.Table:
     guarantee built from its statistics, and a file with no min/max on the
     boolean ``canonical`` (Spark collects none) turns any filter on it into null.
     """
-    return table.filter(pc.fill_null(table.column("canonical"), False))
+    flags = table.column("canonical")
+    if flags.null_count == 0 and pc.all(flags).as_py() is not False:
+        return table  # all canonical (the usual file): no copy of every payload
+    return table.filter(pc.fill_null(flags, False))
+
+
+def _by_num(table: pa.Table) -> pa.Table:
+    """``table`` sorted by ``num``; as it is when it already is (no copy of its payloads).
+
+    Archived files are mostly written in block order: sorting one anyway copied
+    every payload (``take``), 7% of a cold catch-up in ``make bench B=resume``.
+    """
+    nums = table.column("num")
+    if len(nums) < 2 or not pc.any(pc.less(nums.slice(1), nums.slice(0, len(nums) - 1))).as_py():
+        return table
+    return table.sort_by("num")
 
 
 def _stream(stream: str) -> pc.Expression:

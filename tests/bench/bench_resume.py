@@ -25,6 +25,9 @@
   from nowhere: lake and Redis lookups are not in its figure).
 
 The servers run in child processes so server and clients use both cores.
+The lake is written as the jobs create it (partitioned by stream), in files of
+``BENCH_RESUME_FILE_BLOCKS`` blocks (250,000); ``BENCH_RESUME_PARTS`` picks the
+parts to run besides the catch-up (``first,fanout,s3``, all by default).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from ordered_drain import run as ordered_drain  # noqa: E402
 
 from pipeline import keys  # noqa: E402
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block  # noqa: E402
-from pipeline.lake.tables import BLOCKS, BLOCKS_ARROW  # noqa: E402
+from pipeline.lake.tables import BLOCKS  # noqa: E402
 from pipeline.localredis import LocalRedis  # noqa: E402
 from pipeline.ports import free_port  # noqa: E402
 
@@ -61,6 +64,10 @@ N = int(os.environ.get("BENCH_RESUME_BLOCKS", "1000000"))
 FANOUT_SUBS = int(os.environ.get("BENCH_RESUME_SUBS", "500"))
 FANOUT_RATE = 100
 FANOUT_SECONDS = 5
+#: Blocks per data file of the lake (the archive writes one or more files per interval).
+FILE_BLOCKS = int(os.environ.get("BENCH_RESUME_FILE_BLOCKS", "250000"))
+#: Parts to run (comma-separated): catchup (always), first, fanout, s3.
+PARTS = set(os.environ.get("BENCH_RESUME_PARTS", "catchup,first,fanout,s3").split(","))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -80,9 +87,21 @@ def make_block(num: int) -> Block:
 
 
 def write_lake(lake_uri: str, options: dict[str, str] | None = None) -> None:
-    from deltalake import write_deltalake
+    """N blocks in files of FILE_BLOCKS, in the ``blocks`` table as the jobs create it
+    (partitioned by stream: the chain stream's ``:`` is escaped in its directory)."""
+    from deltalake import DeltaTable, write_deltalake
 
-    chunk = 250_000
+    from pipeline.lake.tables import LAYOUT, TABLE_PROPERTIES
+
+    schema, partitions = LAYOUT[BLOCKS]
+    DeltaTable.create(
+        f"{lake_uri}/{BLOCKS}",
+        schema,
+        partition_by=list(partitions),
+        configuration=dict(TABLE_PROPERTIES),
+        storage_options=options,
+    )
+    chunk = FILE_BLOCKS
     for lo in range(0, N, chunk):
         blocks = [make_block(n) for n in range(lo, min(N, lo + chunk))]
         table = pa.table(
@@ -96,8 +115,9 @@ def write_lake(lake_uri: str, options: dict[str, str] | None = None) -> None:
                 "entry_ms": [b.num + 1 for b in blocks],
                 "payload": [encode_block(b) for b in blocks],
                 "archived_at": [None] * len(blocks),
+                "weight": [None] * len(blocks),
             },
-            schema=BLOCKS_ARROW,
+            schema=schema,
         )
         write_deltalake(f"{lake_uri}/{BLOCKS}", table, mode="append", storage_options=options)
 
@@ -226,6 +246,20 @@ async def wait_port(port: int, limit_s: float = 60) -> None:
         except OSError:
             await asyncio.sleep(0.1)
     raise RuntimeError(f"nothing listening on {port}")
+
+
+async def wait_healthy(port: int, limit_s: float = 120) -> None:
+    """Until the server's ``/healthz`` answers 200: it has opened the lake (its start-up
+    imports and Delta log load are not catch-up)."""
+    deadline = time.monotonic() + limit_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"http://127.0.0.1:{port}/healthz") as reply:
+                    if reply.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"server on {port} not healthy in {limit_s}s")
 
 
 def subscribe_frame(num: int, h: bytes) -> str:
@@ -388,6 +422,7 @@ async def s3_catchup(report: Report, tmp: str, env: dict[str, str], local: float
         server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=s3_env)
         try:
             await wait_port(port)
+            await wait_healthy(port)
             value = await catchup(port, N)
         finally:
             server.terminate()
@@ -428,6 +463,7 @@ async def main() -> None:
             server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=env)
             procs.append(server)
             await wait_port(port)
+            await wait_healthy(port)
             cpu0 = cpu_s(server.pid)
             value = await catchup(port, N)
             serve_cpu = cpu_per(server.pid, cpu0, N)
@@ -435,50 +471,20 @@ async def main() -> None:
             if serve_cpu is not None and base_cpu is not None:
                 report.emit("catchup_cpu_us_per_block", serve_cpu, base_cpu, blocks=N)
 
-            samples = 100
-            firsts = await first_blocks(port, samples)
-            raw = raw_first_page(lake_uri, samples)
-            report.emit(
-                "first_block_p50_ms", percentile(firsts, 50), percentile(raw, 50), samples=samples
-            )
-            report.emit(
-                "first_block_p99_ms", percentile(firsts, 99), percentile(raw, 99), samples=samples
-            )
-
-            cpu0 = cpu_s(server.pid)
-            lat, phases = await fanout(port, redis_server.url, FANOUT_SUBS, server.pid)
-            fan_cpu = cpu_per(server.pid, cpu0, len(lat))
+            if "first" in PARTS:
+                samples = 100
+                firsts = await first_blocks(port, samples)
+                raw = raw_first_page(lake_uri, samples)
+                report.emit("first_block_p50_ms", percentile(firsts, 50), percentile(raw, 50),
+                            samples=samples)  # fmt: skip
+                report.emit("first_block_p99_ms", percentile(firsts, 99), percentile(raw, 99),
+                            samples=samples)  # fmt: skip
+            if "fanout" in PARTS:
+                await fanouts(report, server, port, redis_server.url, procs)
             server.terminate()
             server.wait(30)
-
-            fport = free_port()
-            proc = spawn(
-                ["-c", FANOUT_BASELINE_SERVER, redis_server.url, keys.stream(STREAM), str(fport)],
-                ready="READY",
-            )
-            procs.append(proc)
-            await wait_port(fport)
-            cpu0 = cpu_s(proc.pid)
-            raw_lat, raw_phases = await fanout(fport, redis_server.url, FANOUT_SUBS, proc.pid)
-            raw_fan_cpu = cpu_per(proc.pid, cpu0, len(raw_lat))
-            report.emit("fanout_p50_ms", percentile(lat, 50), percentile(raw_lat, 50),
-                        subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
-            report.emit("fanout_p99_ms", percentile(lat, 99), percentile(raw_lat, 99),
-                        subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
-            if fan_cpu is not None and raw_fan_cpu is not None:
-                report.emit("fanout_cpu_us_per_message", fan_cpu, raw_fan_cpu,
-                            subscribers=FANOUT_SUBS, samples=len(lat))  # fmt: skip
-            pub, raw_pub = phases.get("publish"), raw_phases.get("publish")
-            if pub is not None and raw_pub is not None:
-                count, raw_count = phases["published"] or 1, raw_phases["published"] or 1
-                report.emit("fanout_publish_cpu_us_per_message", pub / count * 1e6,
-                            raw_pub / raw_count * 1e6, subscribers=FANOUT_SUBS,
-                            samples=int(count), raw_samples=int(raw_count))  # fmt: skip
-            sub, raw_sub = phases.get("subscribe"), raw_phases.get("subscribe")
-            if sub is not None and raw_sub is not None:
-                report.emit("subscribe_cpu_ms", sub / FANOUT_SUBS * 1e3,
-                            raw_sub / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
-            await s3_catchup(report, tmp, env, value)
+            if "s3" in PARTS:
+                await s3_catchup(report, tmp, env, value)
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -489,6 +495,49 @@ async def main() -> None:
                         proc.kill()
             redis_server.stop()
     report.save()
+
+
+async def fanouts(
+    report: Report,
+    server: subprocess.Popen[str],
+    port: int,
+    redis_url: str,
+    procs: list[subprocess.Popen[str]],
+) -> None:
+    """The fan-out figures: the server's (it is stopped after), then the raw fan-out server's."""
+    cpu0 = cpu_s(server.pid)
+    lat, phases = await fanout(port, redis_url, FANOUT_SUBS, server.pid)
+    fan_cpu = cpu_per(server.pid, cpu0, len(lat))
+    server.terminate()
+    server.wait(30)
+
+    fport = free_port()
+    proc = spawn(
+        ["-c", FANOUT_BASELINE_SERVER, redis_url, keys.stream(STREAM), str(fport)],
+        ready="READY",
+    )
+    procs.append(proc)
+    await wait_port(fport)
+    cpu0 = cpu_s(proc.pid)
+    raw_lat, raw_phases = await fanout(fport, redis_url, FANOUT_SUBS, proc.pid)
+    raw_fan_cpu = cpu_per(proc.pid, cpu0, len(raw_lat))
+    report.emit("fanout_p50_ms", percentile(lat, 50), percentile(raw_lat, 50),
+                subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
+    report.emit("fanout_p99_ms", percentile(lat, 99), percentile(raw_lat, 99),
+                subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
+    if fan_cpu is not None and raw_fan_cpu is not None:
+        report.emit("fanout_cpu_us_per_message", fan_cpu, raw_fan_cpu,
+                    subscribers=FANOUT_SUBS, samples=len(lat))  # fmt: skip
+    pub, raw_pub = phases.get("publish"), raw_phases.get("publish")
+    if pub is not None and raw_pub is not None:
+        count, raw_count = phases["published"] or 1, raw_phases["published"] or 1
+        report.emit("fanout_publish_cpu_us_per_message", pub / count * 1e6,
+                    raw_pub / raw_count * 1e6, subscribers=FANOUT_SUBS,
+                    samples=int(count), raw_samples=int(raw_count))  # fmt: skip
+    sub, raw_sub = phases.get("subscribe"), raw_phases.get("subscribe")
+    if sub is not None and raw_sub is not None:
+        report.emit("subscribe_cpu_ms", sub / FANOUT_SUBS * 1e3,
+                    raw_sub / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
 
 
 if __name__ == "__main__":

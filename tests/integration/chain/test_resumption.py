@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import redis
 
@@ -10,6 +11,11 @@ from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.ordered import Added, OrderedChain
+from pipeline.chain.producer import WebsocketHub
+from pipeline.chain.resumption import TieredResumption
+from pipeline.lake.reader import LakeReader
+from pipeline.redisconn import Role, connect
+from tests.support.poll import until
 
 from .conftest import STREAM, write_lake
 
@@ -171,3 +177,65 @@ async def test_lake_gap_is_reported(settings, serve, connect, redis_client) -> N
     assert msg.type.name in ("CLOSE", "CLOSED", "CLOSING")
     assert client.ws.close_code == 1011
     assert "history gap" in (msg.extra or "")
+
+
+class _Sink:
+    """A BlockSink keeping what it was given (catch-up only: nothing goes live here)."""
+
+    def __init__(self) -> None:
+        self.blocks: list = []
+        self.head: int | None = None
+
+    async def put(self, emits) -> None:
+        self.blocks += emits
+
+    def put_nowait(self, emits) -> None:
+        self.blocks += emits
+
+    def ready(self, num: int, hash: str) -> None:
+        self.head = num
+
+
+async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
+    settings, redis_url, redis_client: redis.Redis
+) -> None:
+    # After a plan was made, blocks 10A 11A were produced, then a heavier branch
+    # 10B 11B 12B. The archive moved everything up to 10A to the lake (10A as
+    # not canonical: it lost) and trimmed Redis there, so the next entry after the
+    # plan's tail is 11A, whose parent only the lake knows, on the lost branch.
+    gen = SyntheticChain(seed=13)
+    canon = gen.take(10)
+    key = keys.stream(STREAM)
+    write_blocks(redis_client, STREAM, canon)
+    client = connect(redis_url, Role.SERVE)
+    try:
+        resumption = TieredResumption(
+            redis=client,
+            stream=STREAM,
+            hub=WebsocketHub(),
+            history_factory=lambda: LakeReader(settings.lake),
+            reorg_threshold=8,
+        )
+        plan = await resumption.resolve(0, canon[0].hash)
+        lost = gen.take(2)
+        won = gen.reorg(2)
+        write_blocks(redis_client, STREAM, lost + won)
+        write_lake(settings.lake.uri, [*canon, lost[0]], {b.hash for b in canon})
+        ten_a = redis_client.xrange(key, "-", "+")[10][0]
+        redis_client.xtrim(key, minid=ten_a, approximate=False)
+        redis_client.xdel(key, ten_a)
+        sink = _Sink()
+        task = asyncio.create_task(resumption.stream(plan, None, sink))
+        try:
+            await until(lambda: sink.head is not None or task.done(), within_s=30)
+            if task.done():
+                task.result()  # the failure, if it failed
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await client.aclose()
+    got = [(e.num, e.hash) for e in sink.blocks]
+    assert got == [(b.num, b.hash.hex()) for b in [*canon, *won]]
+    assert sink.head == won[-1].num
