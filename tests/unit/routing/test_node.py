@@ -279,3 +279,56 @@ async def test_a_crashing_run_loop_is_logged_counted_and_the_node_goes_on(
     await node.deliver(msg(["crash"], ["rec"], b"?"))
     await asyncio.wait_for(rec.event.wait(), 5)
     assert rec.got[0].payload == b"still here"
+
+
+class Inline(Worker):
+    """Answers ``ask`` inline (its text upper-cased), declines anything else."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Address, object, Route]] = []
+
+    async def serve_inline(self, address: Address, request: object, origin: Route) -> object | None:
+        self.asked.append((address, request, origin))
+        return request.upper() if isinstance(request, str) and request.startswith("ask") else None
+
+    async def handle(self, ctx: Context) -> None:
+        pass
+
+
+async def test_call_inline_resolves_counts_and_traces_as_routed() -> None:
+    node = Node("N", trace_size=16)
+    worker = Inline()
+    await node.add_worker("svc", worker)
+    await node.add_worker("plain", Recorder())
+    back = Route([Address.local("caller")])
+    try:
+        assert (
+            await node.call_inline(Route([Address.local("svc")]), back, "ask me", str.encode)
+            == "ASK ME"
+        )
+        assert worker.asked == [(Address.local("svc"), "ask me", back)]
+        assert node.counters["inline"] == 1
+        (to, request), (to_back, reply) = list(node.trace)
+        assert (to, request.payload, request.return_route) == (
+            Address.local("svc"),
+            b"ask me",
+            back,
+        )
+        assert (to_back, reply.payload) == (Address.local("caller"), b"ASK ME")
+        # declined, no such worker, a worker without an inline path, more than one hop:
+        # None (the caller routes it), nothing counted or traced
+        assert (
+            await node.call_inline(Route([Address.local("svc")]), back, "other", str.encode) is None
+        )
+        assert (
+            await node.call_inline(Route([Address.local("nobody")]), back, "ask", str.encode)
+            is None
+        )
+        assert (
+            await node.call_inline(Route([Address.local("plain")]), back, "ask", str.encode) is None
+        )
+        two = Route([Address.local("svc"), Address.local("plain")])
+        assert await node.call_inline(two, back, "ask", str.encode) is None
+        assert node.counters["inline"] == 1 and len(node.trace) == 2
+    finally:
+        await node.stop()
