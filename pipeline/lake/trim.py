@@ -56,13 +56,42 @@ def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:
     )
 
 
-def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> TrimResult:
-    """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention."""
+def all_logged_intervals(lake: LakeSettings) -> dict[str, list[tuple[int, int]]]:
+    """Per stream, the ``[start_ms, end_ms)`` intervals ``archive_log`` records (one read)."""
+    if not store.is_table(lake, tables.ARCHIVE_LOG):
+        return {}
+    try:
+        table = store.open_table(lake, tables.ARCHIVE_LOG).to_pyarrow_table(
+            columns=["stream", "start_ms", "end_ms"]
+        )
+    except OSError as exc:
+        uri = lake.table(tables.ARCHIVE_LOG)
+        raise LakePathError(f"cannot read {uri}: {store.describe(exc)}") from exc
+    found: dict[str, list[tuple[int, int]]] = {}
+    columns = (table.column(name).to_pylist() for name in ("stream", "start_ms", "end_ms"))
+    for stream, start_ms, end_ms in zip(*columns, strict=True):
+        found.setdefault(stream, []).append((start_ms, end_ms))
+    return found
+
+
+def safe_trim(
+    settings: Settings,
+    stream: str,
+    *,
+    now_ms: int | None = None,
+    intervals: list[tuple[int, int]] | None = None,
+) -> TrimResult:
+    """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention.
+
+    ``intervals`` are the stream's ``archive_log`` intervals when the caller read
+    them already (:func:`all_logged_intervals`); read from the log otherwise.
+    """
 
     from pipeline.redisconn import UNAVAILABLE
 
     key = keys.stream(stream)
-    intervals = logged_intervals(settings.lake, stream)
+    if intervals is None:
+        intervals = logged_intervals(settings.lake, stream)
     client = connect(settings.redis.url)
     try:
         oldest = client.xrange(key, "-", "+", count=1)
