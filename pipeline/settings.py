@@ -150,7 +150,7 @@ class LakeSettings:
     archive_parallelism: int = _bare(1)
     #: How many streams one shared archive job (``archive-streams``) archives at once: a slow
     #: stream (a MERGE, a catch-up) holds one of them, never the rest.
-    archive_job_workers: int = _bare(4)
+    archive_job_workers: int = _bare(64)
     #: Entries younger than this stay in Redis even when archived.
     hot_retention_s: int = _bare(3600)
     reorg_threshold: int = _bare(64)

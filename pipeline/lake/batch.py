@@ -4,7 +4,7 @@
 [--run-id R] [--catchup]`` is what each ``sluice_archive`` DAG run starts once,
 instead of one job per stream (each job pays for its process and its Spark
 session: see the DAG's docstring for the figures). Up to ``archive_job_workers``
-(``SLUICE_ARCHIVE_JOB_WORKERS``, default 4) streams are archived at once, each
+(``SLUICE_ARCHIVE_JOB_WORKERS``, default 64) streams are archived at once, each
 on a worker thread of the job, chain streams started first: a slow stream (a
 MERGE, a long catch-up) holds one worker while the others go on with the rest,
 and each stream's result is reported as soon as that stream is done. Per stream:
@@ -95,6 +95,13 @@ def archive_streams(
             with ThreadPoolExecutor(workers, thread_name_prefix="sluice-archive") as pool:
                 for done in [pool.submit(run.one, stream) for stream in ordered]:
                     done.result()  # a JobCancelled (a stop) ends the job here
+    files, logs = run.shared.files, run.shared.logs
+    if files.batches:
+        log.info(
+            "%d Spark job(s) wrote the files of %d stream interval(s); %d archive_log "
+            "commit(s) logged %d", files.batches, files.items, logs.batches if logs else 0,
+            logs.items if logs else 0,
+        )  # fmt: skip
     results = {name: run.results[name] for name in names}
     failed = [name for name, result in results.items() if "error" in result]
     return {
@@ -123,6 +130,10 @@ class _Run:
         self.settings, self.start_ms, self.end_ms, self.run_id = settings, start_ms, end_ms, run_id
         self.catchup, self.locked, self.check, self.report = catchup, locked, check, report
         self.spark = spark
+        from pipeline.lake.arrowbatch import SharedWrites
+
+        #: the streams' Spark jobs, commits and log rows, coalesced across the workers
+        self.shared = SharedWrites(spark)
         began = time.monotonic()
         self.budget = began + settings.lake.job_timeout_s / 2
         self.last_start = began + settings.lake.job_timeout_s * START_WITHIN
@@ -139,8 +150,9 @@ class _Run:
 
         before = self.warnings()
         result = archive_interval(
-            self.spark, self.settings, stream, lo, hi, run_id=self.run_id, guard=self.check
-        )
+            self.spark, self.settings, stream, lo, hi, run_id=self.run_id, guard=self.check,
+            shared=self.shared,
+        )  # fmt: skip
         return dataclasses.asdict(result), self.warnings() - before
 
     def _skip(self, stream: str) -> bool:

@@ -245,13 +245,13 @@ def run(
     if args.job == "trim-streams":
         from pipeline.lake.trimstreams import trim_streams
 
-        stopper = stopper or Stopper(spark)
+        stop = stopper or Stopper(spark)
         return trim_streams(
             settings,
             args.streams,
             now_ms=args.now_ms,
-            locked=lambda stream: _stream_lock(settings, stopper, stream, "trim"),
-            check=stopper.check,
+            locked=lambda stream: _stream_lock(settings, stop, stream, "trim"),
+            check=stop.check,
         )
     if args.job == "archive":
         from pipeline.lake.archive import archive_interval

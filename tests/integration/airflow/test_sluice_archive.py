@@ -34,6 +34,8 @@ def test_both_runs_succeed_for_exactly_the_interval(archived: Any) -> None:
         assert [states.get(f"archive[{i}]") for i in range(streams + 1)] == [
             *["success"] * streams, None,
         ]  # fmt: skip
+        # one trim job for every stream, then each stream's trim result
+        assert states["trim_streams[-1]"] == "success"
         assert [states.get(f"trim[{i}]") for i in range(streams + 1)] == [
             *["success"] * streams, None,
         ]  # fmt: skip
@@ -289,3 +291,19 @@ def test_a_stream_pattern_archives_and_trims_every_matching_stream(
         lake_redis.delete(*(keys.stream(n) for n in [*names, "pat:c"]))
     entries = sc.table_rows(lake, "stream_entries")
     assert sorted(r["entry_id"] for r in entries) == sorted(i for v in ids.values() for i in v)
+
+
+def test_each_streams_archive_and_trim_result_is_its_own_task_s_xcom(archived: Any) -> None:
+    """The shared jobs' results stay visible per stream: each mapped task's XCom is its
+    stream's, and each task logged its stream's line."""
+    published = archived["published_first"]
+    assert [r["stream"] for r in published["archived"]] == [sc.CHAIN, sc.PLAIN]
+    assert all(r["entries"] > 0 and "error" not in r for r in published["archived"])
+    # run 1 trimmed nothing (everything inside the hot window), each stream says so itself
+    assert [(r["stream"], r["trimmed"]) for r in published["trimmed"]] == [
+        (sc.CHAIN, 0), (sc.PLAIN, 0),
+    ]  # fmt: skip
+    lines = [m for _, m in archived["records_first"]]
+    for stream in (sc.CHAIN, sc.PLAIN):
+        assert any(m.startswith(f"stream {stream}: archived by archive_streams") for m in lines)
+        assert any(m.startswith(f"stream {stream}: trimmed by trim_streams") for m in lines)

@@ -13,8 +13,6 @@ import threading
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
-
 from pipeline import keys
 from pipeline.lake.batch import archive_streams
 from tests.integration.lake.helpers import settings_for
