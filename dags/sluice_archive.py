@@ -9,8 +9,8 @@ stream) is each stream's result, and archives the stream again on its own
 when it failed in the shared job, with its own retries. Then the canonical
 chain of every chain stream is marked, and Redis trimmed below what
 ``archive_log`` proves archived and older than the hot-retention window: one
-``trim_streams`` job for every stream, then ``trim`` (mapped) with each
-stream's trim result (trimming the stream on its own when it failed there). Every step is
+``trim`` job for every stream (each stream's result in its XCom and its log
+lines; the task fails, and is retried, when a stream failed). Every step is
 idempotent for its interval, so re-runs, retries and Airflow 3 backfills
 (``airflow backfill create --dag-id sluice_archive ...``) just work.
 
@@ -49,9 +49,12 @@ took 266-268 s when the shared job archived one stream after another, 100
 ``trim`` jobs ran one child each, and the mapped tasks ran one at a time.
 Now the shared job archives ``SLUICE_ARCHIVE_JOB_WORKERS`` streams at once
 (a slow stream, such as a chain interval taking the MERGE path, holds one
-worker, not the others), one job trims every stream, and the mapped
-per-stream tasks, which only read the shared jobs' XCom, are not bounded:
-only the tasks that start Spark jobs (``archive_streams``, ``canonical``) are.
+worker, not the others) and runs what its workers write at the same moment
+as one Spark job and one commit (:mod:`pipeline.lake.arrowbatch`), one job
+trims every stream (a task per stream cost more than its trim), and the
+mapped ``archive`` tasks, which only read the shared job's XCom, are not
+bounded: only the tasks that start Spark jobs (``archive_streams``,
+``canonical``) are.
 
 Retries back off exponentially: 30 s, 1 min, 2 min, ... capped at 10 min
 (``SLUICE_LAKE_TASK_RETRIES`` retries).
@@ -89,7 +92,6 @@ from sluice_lake_operator import (
     ArchiveStreamsOperator,
     LakeJobOperator,
     StreamArchiveOperator,
-    StreamTrimOperator,
     TrimStreamsOperator,
 )
 
@@ -133,13 +135,10 @@ def sluice_archive() -> None:
         job="canonical",
         max_active_tis_per_dag=_settings.lake.archive_parallelism,
     )
-    # No chain stream configured: the mapped canonical task is skipped, not failed.
-    trim = StreamTrimOperator.partial(
-        task_id="trim", batch_task_id="trim_streams", trigger_rule="none_failed"
-    )
 
+    # No chain stream configured: the mapped canonical task is skipped, not failed.
     @task(trigger_rule="none_failed", outlets=[LAKE_BLOCKS])
-    def publish(archived: list[dict[str, Any]], trimmed: list[dict[str, Any]]) -> dict[str, Any]:
+    def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str, Any]:
         """Emit the lake Asset (schedules ``sluice_audit``) with a summary of the run."""
         context = get_current_context()
         start_ms, end_ms = interval_ms(
@@ -150,7 +149,7 @@ def sluice_archive() -> None:
             "end_ms": end_ms,
             "streams": [r.get("stream") for r in archived],
             "archived": list(archived),
-            "trimmed": list(trimmed),
+            "trimmed": list((trimmed or {}).get("streams", {}).values()),
         }
         context["outlet_events"][LAKE_BLOCKS].extra = {
             "start_ms": start_ms,
@@ -170,14 +169,12 @@ def sluice_archive() -> None:
     archived = archive.expand(stream=names)
     shared >> archived
     marked = canonical.expand(stream=chain_streams(cast(Any, names)))
-    # One trim job for every stream, then each stream's trim result.
-    trim_all = TrimStreamsOperator(
-        task_id="trim_streams", streams=names, trigger_rule="none_failed"
-    )
-    trimmed = trim.expand(stream=names)
-    archived >> marked >> trim_all
-    archived >> trim_all
-    trim_all >> trimmed
+    # One trim job for every stream: each stream's result in its XCom and log lines (a
+    # trim costs milliseconds; a task per stream would cost more than the trims).
+    # No chain stream configured: the mapped canonical task is skipped, not failed.
+    trimmed = TrimStreamsOperator(task_id="trim", streams=names, trigger_rule="none_failed")
+    archived >> marked >> trimmed
+    archived >> trimmed
     # XComArgs: Airflow resolves them to the mapped tasks' results when publish runs
     publish(cast(Any, archived.output), cast(Any, trimmed.output))
 

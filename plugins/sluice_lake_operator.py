@@ -31,12 +31,12 @@ The archive DAG's operators (see ``dags/sluice_archive.py``):
   job (no job of its own); when the stream failed there, and on every retry,
   it archives the stream in a job of its own and fails with the stream's
   error if that fails too. So results, failures and retries stay per stream.
-- :class:`TrimStreamsOperator` and :class:`StreamTrimOperator` do the same
-  for trimming (``sluice lake trim-streams``, then each stream's result, or a
-  ``trim`` job of its own when the stream failed there or on a retry).
+- :class:`TrimStreamsOperator` trims every stream in one job (``sluice lake
+  trim-streams``); each stream's result is in its XCom and log lines.
 
-The per-stream tasks start no job in a healthy run, so the DAG does not bound
-them (``max_active_tis_per_dag``); only the shared jobs' tasks are bounded.
+The per-stream ``archive`` tasks start no job in a healthy run, so the DAG
+does not bound them (``max_active_tis_per_dag``); only the tasks that start
+Spark jobs are bounded.
 """
 
 from __future__ import annotations
@@ -139,6 +139,8 @@ class StreamsJobOperator(LakeJobOperator):
     template_fields: Sequence[str] = ("streams", "extra_args")
     #: what the job does to a stream, for the log lines ("archive", "trim")
     verb = "job"
+    #: what becomes of a stream that failed in the job (said after the failed ones)
+    retry_note = ""
 
     def __init__(self, *, streams: Any = (), **kwargs: Any) -> None:
         kwargs.setdefault("report_codes", (1,))  # some stream failed: the result still counts
@@ -172,8 +174,8 @@ class StreamsJobOperator(LakeJobOperator):
             )
         if failed:
             log.warning(
-                "%d stream(s) failed in this job: %s; each one's %s task tries it again",
-                len(failed), ", ".join(failed), self.verb,
+                "%d stream(s) failed in this job: %s%s",
+                len(failed), ", ".join(failed), self.retry_note,
             )  # fmt: skip
         return result
 
@@ -182,6 +184,7 @@ class ArchiveStreamsOperator(StreamsJobOperator):
     """``sluice lake archive-streams`` of the run's data interval; see the module docstring."""
 
     verb = "archive"
+    retry_note = "; each one's archive task archives it again"
 
     def __init__(self, *, catchup: bool = True, **kwargs: Any) -> None:
         super().__init__(job="archive-streams", interval=True, **kwargs)
@@ -202,12 +205,35 @@ class ArchiveStreamsOperator(StreamsJobOperator):
 
 
 class TrimStreamsOperator(StreamsJobOperator):
-    """``sluice lake trim-streams``: every stream of the run trimmed in one job."""
+    """``sluice lake trim-streams``: every stream of the run trimmed in one job.
+
+    Each stream's result is in the XCom (``streams``) and logged on its own
+    line. When a stream failed, the others are trimmed and the task fails
+    (naming it), so Airflow retries it: a trim is idempotent and costs milliseconds.
+    """
 
     verb = "trim"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(job="trim-streams", **kwargs)
+
+    def execute(self, context: Any) -> Any:
+        result = super().execute(context)
+        streams = result.get("streams") if isinstance(result, dict) else None
+        for name, mine in (streams or {}).items():
+            if isinstance(mine, dict) and "error" not in mine:
+                log.info(
+                    "stream %s: trimmed %s entries below %r", name, mine.get("trimmed"),
+                    mine.get("min_id"),
+                )  # fmt: skip
+        failed = list(result.get("failed") or ()) if isinstance(result, dict) else []
+        if failed:
+            raise LakeJobError(
+                f"trim failed for {len(failed)} stream(s): {', '.join(failed)}",
+                returncode=1,
+                stderr_tail="",
+            )
+        return result
 
 
 def _shared_result(context: Any, task_id: str, stream: str) -> dict[str, Any] | None:
@@ -263,31 +289,6 @@ class StreamArchiveOperator(ArchiveStreamsOperator):
                 stderr_tail="",
             )
         return mine
-
-
-class StreamTrimOperator(LakeJobOperator):
-    """One stream's trim of the run, mapped over ``stream``: its result in the shared
-    ``trim-streams`` job (``batch_task_id``) on the first try; when the stream failed
-    there, and on every retry, a ``trim`` job of its own. The XCom is the trim result."""
-
-    def __init__(self, *, batch_task_id: str = "trim_streams", **kwargs: Any) -> None:
-        super().__init__(job="trim", **kwargs)
-        self.batch_task_id = batch_task_id
-
-    def execute(self, context: Any) -> Any:
-        stream = str(self.stream)
-        mine = _shared_result(context, self.batch_task_id, stream)
-        if mine is not None and "error" not in mine:
-            log.info(
-                "stream %s: trimmed by %s: %s entries below %r", stream, self.batch_task_id,
-                mine.get("trimmed"), mine.get("min_id"),
-            )  # fmt: skip
-            return mine
-        if mine is not None:
-            log.warning(
-                "stream %s: %s: %s; trimming it here", stream, self.batch_task_id, mine["error"]
-            )
-        return super().execute(context)
 
 
 def _log_caught_up(stream: str, mine: dict[str, Any]) -> None:

@@ -36,20 +36,16 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
     assert dag.timetable.serialize()["expression"] == "*/5 * * * *"
     assert dag.catchup is False and dag.max_active_runs == 1
     assert {t.task_id for t in dag.tasks} == {
-        "streams", "chain_streams", "archive_streams", "archive", "canonical", "trim_streams",
-        "trim", "publish",
+        "streams", "chain_streams", "archive_streams", "archive", "canonical", "trim", "publish",
     }  # fmt: skip
     archive, canonical, trim = (dag.get_task(t) for t in ("archive", "canonical", "trim"))
     # one job for every stream, then each stream's result
     assert dag.get_task("archive_streams").downstream_task_ids == {"archive"}
     assert "streams" in dag.get_task("archive_streams").upstream_task_ids
     assert "canonical" in archive.downstream_task_ids
-    # one trim job for every stream after canonical marking, then each stream's trim result
-    trim_streams = dag.get_task("trim_streams")
-    assert "trim_streams" in canonical.downstream_task_ids
-    assert "trim_streams" in archive.downstream_task_ids
-    assert trim_streams.downstream_task_ids == {"trim"}
-    assert trim_streams.trigger_rule == "none_failed"
+    assert "trim" in canonical.downstream_task_ids and "trim" in archive.downstream_task_ids
+    # one trim job for every stream (not mapped), its result per stream in its XCom
+    assert trim.job == "trim-streams" and not trim.is_mapped
     # only the tasks that start Spark jobs are bounded; the per-stream results are not
     parallelism = dag.get_task("archive_streams").max_active_tis_per_dag
     assert parallelism == canonical.max_active_tis_per_dag == 1
