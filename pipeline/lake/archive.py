@@ -476,12 +476,14 @@ def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int)
     """The entry count ``archive_log`` records for exactly this interval, or None."""
     import pyarrow.compute as pc
 
+    from pipeline.lake.trim import stream_is
+
     table = (
         store.open_table(lake, tables.ARCHIVE_LOG)
         .to_pyarrow_dataset()
         .to_table(
             columns=["entries"],
-            filter=(pc.field("stream") == stream)
+            filter=stream_is(stream)
             & (pc.field("start_ms") == start_ms)
             & (pc.field("end_ms") == end_ms),
         )

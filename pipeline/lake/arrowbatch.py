@@ -183,7 +183,8 @@ class SharedWrites:
             if self.logs is None:
 
                 def run(rows: list[pa.Table]) -> list[None]:
-                    merge(pa.concat_tables(rows))
+                    # one chunk: delta-rs' MERGE misreads a chunked source (null keys)
+                    merge(pa.concat_tables(rows).combine_chunks())
                     return [None] * len(rows)
 
                 self.logs = Coalescer(run, limit=MAX_COMMIT)

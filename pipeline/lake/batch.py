@@ -93,8 +93,13 @@ def archive_streams(
             # and started early they end before the plain streams do.
             ordered = sorted(names, key=lambda name: not streamset.is_chain(settings.lake, name))
             with ThreadPoolExecutor(workers, thread_name_prefix="sluice-archive") as pool:
-                for done in [pool.submit(run.one, stream) for stream in ordered]:
-                    done.result()  # a JobCancelled (a stop) ends the job here
+                futures = [pool.submit(run.one, stream) for stream in ordered]
+                try:
+                    for done in futures:
+                        done.result()  # a JobCancelled (a stop) ends the job here
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)  # start no further stream
+                    raise
     files, logs = run.shared.files, run.shared.logs
     if files.batches:
         log.info(

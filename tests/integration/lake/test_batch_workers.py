@@ -9,8 +9,9 @@ streams for minutes when the job archived one stream after another).
 
 from __future__ import annotations
 
+import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from pipeline import keys
@@ -63,3 +64,36 @@ def test_a_slow_stream_does_not_hold_the_others_back(
     assert list(result["streams"]) == [slow, *others]
     assert all(result["streams"][s]["entries"] == 0 for s in (slow, *others))
     assert all(log_rows(lake_uri, s) == [(0, W, 0)] for s in (slow, *others))
+
+
+def test_log_rows_committed_together_are_read_back_per_stream(
+    redis_client: Any, redis_url: str, lake_uri: str
+) -> None:
+    """Rows of several streams logged in one MERGE (one file, ``stream`` as string_view)
+    are found again per stream: a rerun sees every interval as archived already."""
+    import pyarrow.parquet as pq
+
+    from pipeline.lake import tables
+
+    names = [f"q{i}" for i in range(8)]
+    for name in names:
+        redis_client.xadd(keys.stream(name), {b"n": b"1"}, id=f"{W + 1}-0")
+    settings = settings_for(redis_url, lake_uri, streams=tuple(names), chain_streams=())
+    entered = threading.Barrier(len(names))
+
+    @contextmanager
+    def together(stream: str) -> Any:
+        entered.wait(HOLD_S)  # every stream at work at once: their log rows meet
+        yield
+
+    result, ok = archive_streams(None, settings, names, 0, W, locked=together, check=lambda: None)
+    assert ok, result
+    log_dir = settings.lake.table(tables.ARCHIVE_LOG)
+    files = [f for f in os.listdir(log_dir) if f.endswith(".parquet")]
+    assert max(pq.read_metadata(f"{log_dir}/{f}").num_rows for f in files) > 1
+
+    again, ok = archive_streams(
+        None, settings, names, 0, W, locked=lambda s: nullcontext(), check=lambda: None
+    )
+    assert ok, again
+    assert all(again["streams"][name]["skipped"] for name in names)
