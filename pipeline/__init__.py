@@ -11,6 +11,7 @@ or Spark):
 - :mod:`pipeline.chain`: ``subscribe``, ``Added``, ``Removed``, the producers (needs ``[serve]``
   for the server side only)
 - :mod:`pipeline.lake`: ``LakeReader`` (needs the ``[lake]`` or ``[serve]`` extra)
+- ``airflow_folder("dags" | "plugins")``: Sluice's Airflow folders (``[airflow]``)
 
 Anything else under ``pipeline`` is internal and may change.
 
@@ -79,6 +80,7 @@ _EXPORTS = {
     "LockBusy": "pipeline.errors",
     "LockLost": "pipeline.errors",
     "LakeJobError": "pipeline.errors",
+    "airflow_folder": "pipeline.airflowfolders",
 }
 
 __all__ = [
@@ -137,11 +139,13 @@ __all__ = [
     "SubscriptionLost",
     "UnknownAddressType",
     "UnroutableMessage",
+    "airflow_folder",
 ]
 
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from pipeline.airflowfolders import airflow_folder as airflow_folder
     from pipeline.errors import (
         ArchiveError as ArchiveError,
     )

@@ -74,9 +74,12 @@ def tune() -> list[str]:
     if late:
         log.warning("%s already loaded: its allocator keeps its own settings", " and ".join(late))
     libc = _libc()
-    if libc is not None and "MALLOC_ARENA_MAX" not in os.environ:
-        if libc.mallopt(_M_ARENA_MAX, ARENA_MAX) == 1:
-            changed.append(f"glibc arenas<={ARENA_MAX}")
+    if (
+        libc is not None
+        and "MALLOC_ARENA_MAX" not in os.environ
+        and libc.mallopt(_M_ARENA_MAX, ARENA_MAX) == 1
+    ):
+        changed.append(f"glibc arenas<={ARENA_MAX}")
     return changed
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlparse
 
+import sluice_airflow_internals as internals
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -187,46 +188,18 @@ def read_dag_runs(named: Iterable[str]) -> dict[str, RunInfo]:
     worker thread. Raises SQLAlchemy's ``SQLAlchemyError`` when the database
     cannot be read.
     """
-    from airflow.models.dagrun import DagRun
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
     wanted = sorted(set(named))[: ROWS_PER_STREAM * 64]
-    with create_session() as session:
-        newest = session.scalars(
-            select(DagRun).where(DagRun.dag_id == DAG_ID).order_by(DagRun.id.desc()).limit(DAG_RUNS)
-        ).all()
-        found = list(newest)
-        if wanted:
-            found += session.scalars(
-                select(DagRun).where(DagRun.dag_id == DAG_ID, DagRun.run_id.in_(wanted))
-            ).all()
-        ids = list({r.run_id for r in found})
-        streams: dict[str, tuple[str, ...]] = {}
-        for run_id, value in session.execute(
-            select(XComModel.run_id, XComModel.value).where(
-                XComModel.dag_id == DAG_ID,
-                XComModel.task_id == "streams",
-                XComModel.key == "return_value",
-                XComModel.map_index == -1,
-                XComModel.run_id.in_(ids),
-            )
-        ):
-            names = _stream_list(value)
-            if names is not None:
-                streams[run_id] = names
-        return {
-            r.run_id: RunInfo(
-                run_id=r.run_id,
-                state=str(r.state) if r.state is not None else None,
-                run_type=str(r.run_type) if r.run_type is not None else None,
-                start_ms=_ms(r.data_interval_start),
-                end_ms=_ms(r.data_interval_end),
-                streams=streams.get(r.run_id),
-            )
-            for r in found
-        }
+    return {
+        r.run_id: RunInfo(
+            run_id=r.run_id,
+            state=r.state,
+            run_type=r.run_type,
+            start_ms=_ms(r.data_interval_start),
+            end_ms=_ms(r.data_interval_end),
+            streams=_stream_list(r.xcom),
+        )
+        for r in internals.read_runs(DAG_ID, DAG_RUNS, wanted, xcom_task="streams")
+    }
 
 
 def _stream_list(value: Any) -> tuple[str, ...] | None:
@@ -308,9 +281,9 @@ class Source(Generic[T]):
 
     async def fresh(self, first_wait_s: float) -> None:
         """Start a read when the last one is stale; wait for it only when there is nothing yet."""
-        if time.monotonic() - self._at >= max(self._ttl_s, 10 * self._took_s):
-            if self._task is None or self._task.done():
-                self._task = asyncio.ensure_future(self._read())
+        stale = time.monotonic() - self._at >= max(self._ttl_s, 10 * self._took_s)
+        if stale and (self._task is None or self._task.done()):
+            self._task = asyncio.ensure_future(self._read())
         if self._task is not None and self.value is None and self.error is None:
             await asyncio.wait({self._task}, timeout=first_wait_s)
 
@@ -349,17 +322,9 @@ def _lake_errors() -> tuple[type[BaseException], ...]:
     return (OSError, ValueError, DeltaError, LakeError)
 
 
-def _db_errors() -> tuple[type[BaseException], ...]:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    return (SQLAlchemyError,)
-
-
 def ui_base() -> str:
     """The path of Airflow's UI root (``[api] base_url``), without a trailing slash."""
-    from airflow.configuration import conf
-
-    return urlparse(conf.get("api", "base_url", fallback="/") or "/").path.rstrip("/")
+    return urlparse(internals.ui_base_url()).path.rstrip("/")
 
 
 class CoverageBoard:
@@ -375,7 +340,9 @@ class CoverageBoard:
         self._settings: Any = None
         self._settings_error: str | None = None
         self._lake: Source[LakeView] | None = None
-        self._runs = Source("airflow metadata", self._read_runs, AIRFLOW_TTL_S, _db_errors())
+        self._runs = Source(
+            "airflow metadata", self._read_runs, AIRFLOW_TTL_S, internals.db_errors()
+        )
         self._redis: Any = None
         self._redis_source: str | None = None
         self._snapshot = SharedSnapshot(self._build, SNAPSHOT_TTL_S)
@@ -590,7 +557,7 @@ def redis_url(settings: Any) -> tuple[str, str]:
         url = hook.get_url()
     except ConfigError:
         raise  # a connection that names a bad URL: shown on the page, not replaced
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - secrets backends raise their own types
         # The connection could not be looked up (secrets backend, metadata DB):
         # fall back to the settings, and say so on the page and in the log.
         log.warning("sluice coverage: connection %s: %r", hook.redis_conn_id, exc)
@@ -609,19 +576,10 @@ async def authorized(request: Request) -> None:
 
     The caller is the one Airflow's core API would see (a bearer JWT, else the
     UI's ``_token`` cookie), and the auth manager must let it read the DAG's
-    runs; otherwise 401/403 as the core API answers. Airflow's API modules are
-    imported here, not at the top: every Airflow process (scheduler, DAG
-    processor, task runner) imports this plugin, and only the API server
-    needs them (importing them costs seconds and tens of MB).
+    runs; otherwise 401/403 as the core API answers (see
+    :func:`sluice_airflow_internals.authorize_dag_runs`).
     """
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
-
-    credentials = await _bearer(request)
-    user = await get_user(request, None, credentials)
-    check = requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID)
-    # Blocking (the DAG's team comes from the metadata DB): as the core API, in a thread.
-    await asyncio.to_thread(check, request, user)
+    await internals.authorize_dag_runs(request, await _bearer(request), DAG_ID)
 
 
 def create_app(board: CoverageBoard | None = None) -> FastAPI:

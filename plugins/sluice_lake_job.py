@@ -27,6 +27,7 @@ document, the job's result, which becomes the task's XCom value.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -260,10 +261,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _killpg(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _join(threads: Sequence[threading.Thread], timeout: float = KILL_GRACE_S) -> bool:

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
+from redis.exceptions import RedisError
 
 from pipeline.errors import ConfigError
 from pipeline.settings import RedisSettings, Settings
@@ -71,7 +72,7 @@ class SluiceRedisHook(BaseHook):
         client = self.get_conn()
         try:
             client.ping()
-        except Exception as exc:  # reported to the UI, not hidden: this is the check itself
+        except (RedisError, OSError) as exc:  # reported to the UI: this is the check itself
             return False, f"redis ping failed: {exc}"
         finally:
             client.close()

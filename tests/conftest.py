@@ -21,6 +21,7 @@ from pipeline.demo import airflowdb
 from pipeline.localpostgres import LocalPostgres
 from pipeline.localredis import LocalRedis
 from pipeline.localstore import LocalStore
+from tests.support.spark import SparkHolder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,24 +111,40 @@ def any_redis_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A session-scoped local Spark with Delta (UI off, few shuffle partitions)."""
-    from pipeline.lake.session import build_session
-    from pipeline.settings import Settings
-
+def spark_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkHolder]:
+    """The session's local Spark, replaced when a test left it broken (see SparkHolder)."""
     # py4j logs from __del__ at interpreter exit, after pytest closed the streams
     logging.getLogger("py4j").setLevel(logging.WARNING)
-
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     os.environ.setdefault("SPARK_LOCAL_DIRS", str(warehouse))
-    session = build_session(
-        Settings.load(spark_master="local[2]", spark_shuffle_partitions=2),
-        app_name="sluice-tests",
-    )
+    holder = SparkHolder()
     try:
-        yield session
+        yield holder
     finally:
-        session.stop()
+        holder.close()
+
+
+@pytest.fixture
+def spark(spark_holder: SparkHolder, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A local Spark with Delta (UI off, few shuffle partitions), shared by the session's
+    tests; a test that fails (a timeout's signal may interrupt py4j mid-command) has the
+    next one check it and get a new one, in a new JVM, if it no longer answers."""
+    session = spark_holder.get()
+    yield session
+    if request.node.stash.get(FAILED, False):
+        spark_holder.suspect = True
+
+
+#: Set on a test item whose call phase failed (see pytest_runtest_makereport).
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+    return report
 
 
 @pytest.fixture

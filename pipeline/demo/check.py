@@ -273,9 +273,9 @@ def _lake_canonical(lake: LakeSettings) -> list[Any]:
 
 async def _server_head(plan: comp.Plan) -> tuple[int, bytes] | None:
     url = f"http://127.0.0.1:{plan.serve_port}/status.json"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        async with session.get(url) as resp:
-            doc = await resp.json()
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        doc = await resp.json()
     for stream in doc.get("streams", ()):
         if stream.get("name") == comp.STREAM and stream.get("head"):
             head = stream["head"]

@@ -245,9 +245,8 @@ def http_probe(url: str) -> Probe:
     async def check() -> bool:
         timeout = aiohttp.ClientTimeout(total=3)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(url) as resp:
-                    return resp.status == 200
+            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+                return resp.status == 200
         except aiohttp.ClientError:
             return False
 
@@ -261,11 +260,10 @@ def airflow_probe(plan: Plan) -> Probe:
     async def check() -> bool:
         timeout = aiohttp.ClientTimeout(total=3)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(url) as resp:
-                    if resp.status != 200:
-                        return False
-                    doc = await resp.json()
+            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+                if resp.status != 200:
+                    return False
+                doc = await resp.json()
         except (aiohttp.ClientError, ValueError):
             return False
         parts = ("scheduler", "dag_processor")

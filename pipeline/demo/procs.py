@@ -10,6 +10,7 @@ demo measures its memory and how it makes sure nothing outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -101,10 +102,8 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 def signal_pids(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def command_line(pid: int, proc: Path = _PROC) -> str:

@@ -24,12 +24,10 @@ gets SIGTERM from the kernel if the supervisor dies (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import enum
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from typing import IO
 
 from pipeline.demo import procs
 from pipeline.errors import DemoError
+from pipeline.parentdeath import bound_to_parent
 
 Probe = Callable[[], Awaitable[bool]]
 
@@ -94,15 +93,6 @@ class Child:
         return self.proc.pid if self.proc is not None else None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the supervisor dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-
-
 class Supervisor:
     def __init__(
         self,
@@ -141,13 +131,12 @@ class Supervisor:
         out.flush()
         env = {**os.environ, **comp.env, procs.MARKER: self.demo_id}
         child.proc = subprocess.Popen(
-            list(comp.argv),
+            bound_to_parent(comp.argv),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
         )
         child.started_at = time.monotonic()
         child.state = State.STARTING

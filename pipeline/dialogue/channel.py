@@ -13,6 +13,7 @@ stream (the writer batches whole frames into one message).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Protocol
 
 import aiohttp
@@ -61,10 +62,8 @@ class StreamChannel:
         except (ConnectionError, OSError):
             pass  # the peer is gone already: closing is all that is left
         writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
     def abort(self) -> None:
         self.writer.transport.abort()

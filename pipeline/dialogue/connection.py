@@ -376,9 +376,12 @@ class Connection:
             finally:
                 self._dispatching = False
         wake = self._writer_wake
-        if wake is not None and (proto.bytes_to_send or proto.state is State.CLOSED):
-            if not wake.done():
-                wake.set_result(None)
+        if (
+            wake is not None
+            and (proto.bytes_to_send or proto.state is State.CLOSED)
+            and not wake.done()
+        ):
+            wake.set_result(None)
         if proto.has_deadlines or self._timer is not None:
             when = proto.next_deadline()
             if when != self._timer_when:
@@ -469,7 +472,7 @@ class Connection:
         except RemoteProtocolError as exc:  # the channel's own check (a websocket text message)
             proto.peer_failed(exc)
             self._after()
-        except Exception as exc:  # a bug must end this connection, not leave it half alive
+        except Exception as exc:  # noqa: BLE001 - a bug must end this connection, not leave it half alive
             # (logged with its traceback when the close is dispatched; the peer
             # is told "internal error" only)
             proto.internal_error(exc)

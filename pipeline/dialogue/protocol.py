@@ -252,7 +252,7 @@ class Dialogue:
             except ProtocolError as exc:
                 self._fail(exc)
                 return
-            except Exception as exc:  # a bug here must close the dialogue, not kill its reader
+            except Exception as exc:  # noqa: BLE001 - a bug here must close the dialogue, not kill its reader
                 self.internal_error(exc)
                 return
 

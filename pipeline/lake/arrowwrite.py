@@ -38,6 +38,7 @@ the log does not reference and that is older than the retention window.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -439,10 +440,8 @@ class _File:
     def remove(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        try:
+        with contextlib.suppress(OSError):
             self.fs.delete_file(self.path)
-        except OSError:
-            pass
 
     def report(self, prefix: str) -> dict[str, Any]:
         """``<prefix>_path`` (file name), ``_size`` and ``_stats`` of the closed file, or nulls."""

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -503,10 +503,8 @@ class Stopper:
         for lock in list(self._locks.values()):
             lock.release()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(EXIT_CANCELLED)
 
     def check(self) -> None:

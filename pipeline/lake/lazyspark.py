@@ -86,7 +86,7 @@ class LazySpark:
                 session.interruptTag(self.tag)
             else:
                 session.sparkContext.cancelAllJobs()
-        except Exception as exc:  # the job is failing already; say why the interrupt did not land
+        except Exception as exc:  # noqa: BLE001 - the job fails already; say why the interrupt did not land
             log.warning("could not interrupt the Spark work: %s", str(exc).splitlines()[0][:200])
 
     def close(self) -> None:
@@ -98,5 +98,5 @@ class LazySpark:
 
         try:
             close_session(session)
-        except Exception as exc:  # closing a channel to a dead server must not hide the result
+        except Exception as exc:  # noqa: BLE001 - closing a dead server's channel must not hide the result
             log.debug("closing the Spark session failed: %s", exc)

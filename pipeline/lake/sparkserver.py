@@ -26,6 +26,7 @@ terminal or a task log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from typing import IO
 
 from pipeline.errors import SparkUnavailable
 from pipeline.lake.session import probe, require_java, spark_conf
+from pipeline.parentdeath import bound_to_parent
 from pipeline.ports import port_free
 from pipeline.settings import Settings
 
@@ -48,19 +50,6 @@ READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
 #: Lines of the log quoted when the server fails to start.
 LOG_TAIL = 15
-
-#: Set PR_SET_PDEATHSIG in the child, then exec spark-submit (the JVM keeps the pid).
-_BOOT = """\
-import ctypes, os, signal, sys
-if sys.platform.startswith("linux"):
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-if os.getppid() != int(sys.argv[1]):
-    sys.exit("sluice spark: the process that started the server is gone")
-os.execv(sys.argv[2], sys.argv[2:])
-"""
 
 
 def spark_home() -> Path:
@@ -128,7 +117,7 @@ class ConnectServer:
         }
         env.pop("SPARK_REMOTE", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(os.getpid()), *self.command()],
+            bound_to_parent(self.command()),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -200,10 +189,8 @@ class ConnectServer:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # --- the command ---------------------------------------------------------------

@@ -61,7 +61,7 @@ from pipeline.errors import (
 from pipeline.routing.message import Address, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
-from pipeline.streams.service import Direct, StreamService
+from pipeline.streams.service import StreamService
 
 log = logging.getLogger(__name__)
 
@@ -391,17 +391,16 @@ class StreamClient:
     async def _routed(
         self, route: Route, request: p.StreamMessage, rid: str, timeout_s: float
     ) -> p.StreamMessage:
-        """Send ``request`` (routed, or handed to a local service) and wait for the reply."""
+        """Send ``request`` through the node (:meth:`Node.deliver_tracked`) and wait for the reply."""
         async with self._slots:
             future: asyncio.Future[p.StreamMessage] = asyncio.get_running_loop().create_future()
             self._pending[rid] = future
             try:
                 async with asyncio.timeout(timeout_s):
-                    if not await self._direct(route, request, future):
-                        sent = await self.node.deliver_tracked(
-                            TransportMessage(route, self._back, p.encode(request))
-                        )
-                        sent.add_done_callback(lambda done: _fail_with(future, done))
+                    sent = await self.node.deliver_tracked(
+                        TransportMessage(route, self._back, p.encode(request))
+                    )
+                    sent.add_done_callback(lambda done: _fail_with(future, done))
                     reply = await future
             except TimeoutError as exc:
                 raise StreamError(
@@ -410,44 +409,6 @@ class StreamClient:
             finally:
                 self._pending.pop(rid, None)
         return reply
-
-    async def _direct(
-        self, route: Route, request: p.StreamMessage, future: asyncio.Future[p.StreamMessage]
-    ) -> bool:
-        """Hand a request to the service in this task when it runs on this node.
-
-        No routed message, no mailbox hop either way, and no codec either way:
-        the service gets the request object and answers with the reply object
-        (most of a short request's latency: the stream transport's pushes and
-        pulls). A push or pull goes as it is when it surely fits the limits the
-        codec would check (:func:`_direct_size`); any other request is encoded
-        and decoded as if routed. False when the request must be routed:
-        another node's service, one that is stopping, or a request the node
-        would refuse as too large (it then fails as it always did).
-        """
-        first = route[0] if len(route) == 1 else None
-        if first is None or first.type != 0 or not self._for_service(first.value):
-            return False
-        service = self.node.worker(self._service_name.decode())
-        if not isinstance(service, StreamService):
-            return False
-        limit = min(self.node.max_payload, service.max_payload)
-        size = _direct_size(request)
-        payload = b""
-        if size is None or size > limit or self.node.trace.maxlen:
-            payload = p.encode(request)
-            if len(payload) > self.node.max_payload:
-                return False
-        checked = request if size is not None and size <= limit else None
-
-        def answer(reply: p.StreamMessage) -> None:
-            if not future.done():
-                future.set_result(reply)
-
-        back = self._back
-        if self.node.trace.maxlen:  # the node's trace shows the request as if routed
-            self.node.trace.append((first, TransportMessage(route, back, payload)))
-        return await service.serve_direct(Direct(first, payload, back, answer, checked))
 
     async def create(self, name: str) -> p.Init:
         return await self.call(
@@ -893,7 +854,7 @@ class Consumer(Worker):
                         if self._cancelling():
                             raise
                         error = StreamError("handler was cancelled")
-                    except Exception as exc:  # same: counted below, never hidden
+                    except Exception as exc:  # noqa: BLE001 - same: counted below, never hidden
                         error = exc
                 if error is None:
                     continue
@@ -910,7 +871,7 @@ class Consumer(Worker):
         if self.batch_handler is not None:
             try:
                 outcomes = await self.batch_handler(todo)
-            except Exception as exc:  # counted as a failure of every entry, then retried
+            except Exception as exc:  # noqa: BLE001 - the application's code: every entry failed, retried
                 outcomes = [exc] * len(todo)
             return [(i, d, o) for (i, d), o in zip(todo, outcomes, strict=True)]
         assert self.handler is not None
@@ -918,7 +879,7 @@ class Consumer(Worker):
         for index, data in todo:
             try:
                 started.append((index, data, await self.handler(index, data)))
-            except Exception as exc:  # a handler failure is counted, retried, then dead-lettered
+            except Exception as exc:  # noqa: BLE001 - the application's handler: counted, retried, dead-lettered
                 started.append((index, data, exc))
         return started
 

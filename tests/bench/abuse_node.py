@@ -244,7 +244,7 @@ async def _routed_bombs(port: int, stop: asyncio.Event, counts: dict[str, int]) 
                 await conn.send_message(random.choice(bombs))
                 counts["bombs"] += 1
                 await _until_stopped(stop, 0.02)
-        except Exception:  # the node may drop us (eviction): reconnect
+        except Exception:  # noqa: BLE001 - the node may drop us (eviction) any way: reconnect
             counts["bomb_conn_dropped"] += 1
         finally:
             await conn.close(timeout=1)
@@ -267,7 +267,7 @@ async def _big_echoes(port: int, stop: asyncio.Event, counts: dict[str, int]) ->
                 await conn.send_message(_echo_request(payload))
                 counts["big_sent"] += 1
                 await _until_stopped(stop, 0.2)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the node may drop us any way: reconnect
             counts["big_conn_dropped"] += 1
         finally:
             await conn.close(timeout=1)

@@ -296,41 +296,43 @@ async def _soak(
             result.rss_high_kb = max(result.rss_high_kb, rss)
             await asyncio.sleep(0.1)
 
-    async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(base + "/ws", max_msg_size=1 << 22) as ws:
-            head = chain.canonical[-1]
-            await ws.send_str(
-                _frame("cardinal_subscribe", ["streams", hex(head.num), "0x" + head.hash.hex(), []])
-            )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(base + "/ws", max_msg_size=1 << 22) as ws,
+    ):
+        head = chain.canonical[-1]
+        await ws.send_str(
+            _frame("cardinal_subscribe", ["streams", hex(head.num), "0x" + head.hash.hex(), []])
+        )
 
-            async def witness() -> None:
-                async for msg in ws:
-                    if msg.type != aiohttp.WSMsgType.TEXT:
-                        result.notes.append(f"witness: {msg.type.name} {msg.data!r} {msg.extra!r}")
-                        break
-                    obj = json.loads(msg.data)
-                    res = obj.get("params", {}).get("result")
-                    if isinstance(res, dict) and res.get("type") == "batch":
-                        received.setdefault(int(res["num"], 16), time.perf_counter())
+        async def witness() -> None:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    result.notes.append(f"witness: {msg.type.name} {msg.data!r} {msg.extra!r}")
+                    break
+                obj = json.loads(msg.data)
+                res = obj.get("params", {}).get("result")
+                if isinstance(res, dict) and res.get("type") == "batch":
+                    received.setdefault(int(res["num"], 16), time.perf_counter())
 
-            reader = asyncio.create_task(witness())
-            await asyncio.sleep(1.0)  # warm: the first call indexes the tail
-            result.rss_base_kb, result.fds_base = _proc_status(pid)
-            result.rss_high_kb = result.rss_base_kb
-            tasks = [asyncio.create_task(produce()), asyncio.create_task(sample())]
-            first = chain.canonical[-1].num + 1
-            await _abuse_in_child(base, duration_s, result)
-            stop.set()
-            await asyncio.gather(*tasks)
-            last = chain.canonical[-1].num
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not all(  # noqa: ASYNC110 (polls a dict)
-                n in received for n in range(first, last + 1)
-            ):
-                await asyncio.sleep(0.1)
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        reader = asyncio.create_task(witness())
+        await asyncio.sleep(1.0)  # warm: the first call indexes the tail
+        result.rss_base_kb, result.fds_base = _proc_status(pid)
+        result.rss_high_kb = result.rss_base_kb
+        tasks = [asyncio.create_task(produce()), asyncio.create_task(sample())]
+        first = chain.canonical[-1].num + 1
+        await _abuse_in_child(base, duration_s, result)
+        stop.set()
+        await asyncio.gather(*tasks)
+        last = chain.canonical[-1].num
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(  # noqa: ASYNC110 (polls a dict)
+            n in received for n in range(first, last + 1)
+        ):
+            await asyncio.sleep(0.1)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
     wanted = range(first, last + 1)
     result.witness_blocks = sum(1 for n in wanted if n in received)
     result.witness_missing = len(wanted) - result.witness_blocks

@@ -21,6 +21,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import contextlib
+
 from common import Report  # noqa: E402
 
 from pipeline.dialogue.connection import Connection  # noqa: E402
@@ -112,10 +114,8 @@ async def raw_requests() -> float:
     await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
     elapsed = time.perf_counter() - start
     reading.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await reading
-    except asyncio.CancelledError:
-        pass
     writer.close()
     server.close()
     await server.wait_closed()

@@ -40,7 +40,9 @@ NO_PROBE = {"producer"}
 def _compose_cli() -> list[str] | None:
     docker = shutil.which("docker")
     if docker is not None:
-        probe = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30)
+        probe = subprocess.run(
+            [docker, "compose", "version"], capture_output=True, timeout=30, check=False
+        )
         if probe.returncode == 0:
             return [docker, "compose"]
     legacy = shutil.which("docker-compose")
@@ -57,7 +59,7 @@ def rendered() -> dict[str, Any]:
     out = subprocess.run(
         [*cli, "-f", str(COMPOSE), "config"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}, check=False,
     )  # fmt: skip
     assert out.returncode == 0, f"{' '.join(cli)} config failed:\n{out.stderr}"
     rendered_doc: dict[str, Any] = yaml.safe_load(out.stdout)
@@ -72,7 +74,7 @@ def test_compose_config_validates() -> None:
         )
     out = subprocess.run(
         [*cli, "-f", str(COMPOSE), "config", "--quiet"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
 
@@ -223,13 +225,15 @@ def test_init_script_generates_key_and_directory_idempotently(tmp_path: Path) ->
         "SLUICE_BUS_URL": "http://bus:8051",
     }
     script = ROOT / "docker" / "init.sh"
-    first = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    first = subprocess.run(
+        ["sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert first.returncode == 0, first.stderr
     key = secrets / "twin3.key"
     before = key.read_bytes(), (secrets / "airflow_jwt_secret").read_text()
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     second = subprocess.run(
-        ["sh", str(script)], env=env, capture_output=True, text=True, timeout=60
+        ["sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert second.returncode == 0, second.stderr
     assert (key.read_bytes(), (secrets / "airflow_jwt_secret").read_text()) == before
@@ -256,7 +260,7 @@ def test_init_script_creates_the_lake_bucket_on_s3(tmp_path: Path, s3_store: Loc
     script = ROOT / "docker" / "init.sh"
     for _ in range(2):  # idempotent: the second run finds the bucket
         done = subprocess.run(
-            ["sh", str(script)], env=env, capture_output=True, text=True, timeout=60
+            ["sh", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
         )
         assert done.returncode == 0, done.stderr
     fs = pafs.S3FileSystem(

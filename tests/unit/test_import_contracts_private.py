@@ -79,15 +79,17 @@ def defined_names(tree: ast.AST) -> set[str]:
             names.add(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
             names.add(node.attr)
-        elif isinstance(node, ast.arg):
-            names.add(node.arg)
-        elif isinstance(node, ast.keyword) and node.arg:
+        elif isinstance(node, ast.arg) or isinstance(node, ast.keyword) and node.arg:
             names.add(node.arg)
         elif isinstance(node, ast.alias):
             names.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.isidentifier() and node.value.startswith("_"):
-                names.add(node.value)  # __slots__ = ("_x",), setattr(self, "_x", ...)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.isidentifier()
+            and node.value.startswith("_")
+        ):
+            names.add(node.value)  # __slots__ = ("_x",), setattr(self, "_x", ...)
     return names
 
 

@@ -42,12 +42,12 @@ def signed(signer: Any, src: int, dst: int, path: str, body: bytes) -> dict[str,
 async def post_batch(
     port: int, path: str, body: bytes, headers: dict[str, str]
 ) -> tuple[int, Any, dict[str, str]]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"http://127.0.0.1:{port}{path}", data=body, headers=headers
-        ) as resp:
-            text = await resp.text()
-            return resp.status, json.loads(text), dict(resp.headers)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://127.0.0.1:{port}{path}", data=body, headers=headers) as resp,
+    ):
+        text = await resp.text()
+        return resp.status, json.loads(text), dict(resp.headers)
 
 
 async def test_a_batch_is_judged_envelope_by_envelope(twins):

@@ -173,7 +173,7 @@ def test_sluice_bus_refuses_a_cluster_url_in_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "bus", "--twin", "1", "--redis",
          "redis+cluster://127.0.0.1:7000"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"sluice bus: {CLUSTER_REFUSAL}"]

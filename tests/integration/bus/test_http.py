@@ -51,11 +51,11 @@ async def post(
 
 
 async def post_raw(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"http://127.0.0.1:{port}{path}", data=body, headers=headers
-        ) as resp:
-            return resp.status, await resp.text()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://127.0.0.1:{port}{path}", data=body, headers=headers) as resp,
+    ):
+        return resp.status, await resp.text()
 
 
 async def test_signed_request_accepted_once_then_replay_refused(twins):
@@ -149,9 +149,11 @@ async def test_unknown_path_wrong_method_and_oversized_body_refused(twins):
     await b.start_bus(max_size=4096)
     body = request_body(a.id, b.id, f"{b.id}.8")
     assert (await post(b.port, "/zbus-elsewhere", body, a.signer, a.id))[0] == 404
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://127.0.0.1:{b.port}/zbus-remote") as resp:
-            assert resp.status == 405
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{b.port}/zbus-remote") as resp,
+    ):
+        assert resp.status == 405
     big = request_body(a.id, b.id, f"{b.id}.9", dat="QUFB" * 4000)
     assert (await post(b.port, "/zbus-remote", big, a.signer, a.id))[0] == 413
     # the endpoint still works after those

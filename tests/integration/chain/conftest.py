@@ -195,9 +195,11 @@ class Client:
 def connect() -> Callable[..., Any]:
     @asynccontextmanager
     async def run(base: str, **kwargs: Any) -> AsyncIterator[Client]:
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(base + "/ws", **kwargs) as ws:
-                yield Client(session, ws)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(base + "/ws", **kwargs) as ws,
+        ):
+            yield Client(session, ws)
 
     return run
 
@@ -242,6 +244,7 @@ def go_programs() -> dict[str, str]:
                     capture_output=True,
                     text=True,
                     timeout=900,
+                    check=False,
                 )
                 if done.returncode != 0:
                     pytest.fail(f"go build ./{name} failed:\n{done.stderr[-4000:]}")

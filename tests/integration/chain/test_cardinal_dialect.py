@@ -42,16 +42,15 @@ BAD_REQUESTS = [
 
 async def _replies(base: str, path: str) -> list[Any]:
     out: list[Any] = []
-    async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(base + path) as ws:
-            for text in BAD_REQUESTS:
-                await ws.send_str(text)
-                out.append(json.loads((await ws.receive(timeout=10)).data))
-            await ws.send_bytes(b"\x00\x01")
+    async with aiohttp.ClientSession() as session, session.ws_connect(base + path) as ws:
+        for text in BAD_REQUESTS:
+            await ws.send_str(text)
             out.append(json.loads((await ws.receive(timeout=10)).data))
-            await ws.send_str("x" * (128 * 1024))  # over the frame limit
-            msg = await ws.receive(timeout=10)
-            out.append((msg.type, ws.close_code))
+        await ws.send_bytes(b"\x00\x01")
+        out.append(json.loads((await ws.receive(timeout=10)).data))
+        await ws.send_str("x" * (128 * 1024))  # over the frame limit
+        msg = await ws.receive(timeout=10)
+        out.append((msg.type, ws.close_code))
     return out
 
 

@@ -40,7 +40,7 @@ def test_produce_serve_subscribe(settings, redis_client: redis.Redis) -> None:
         while True:
             sub = subprocess.run(
                 [sys.executable, "-m", "pipeline.cli", "subscribe", "--url", url, "--count", "12"],
-                env=env, capture_output=True, text=True, timeout=60,
+                env=env, capture_output=True, text=True, timeout=60, check=False,
             )  # fmt: skip
             if sub.returncode == 0 or time.monotonic() > deadline:
                 break
@@ -50,7 +50,7 @@ def test_produce_serve_subscribe(settings, redis_client: redis.Redis) -> None:
         assert [line["added"] for line in lines] == list(range(12))
         bad = subprocess.run(
             [sys.executable, "-m", "pipeline.cli", "subscribe", "--url", url, "--hash", "0x12"],
-            env=env, capture_output=True, text=True, timeout=60,
+            env=env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert bad.returncode != 0 and "--hash" in bad.stderr
     finally:
@@ -86,6 +86,11 @@ def test_produce_goes_on_from_the_streams_head(settings, redis_client: redis.Red
     assert (
         "default: 100"
         in subprocess.run(
-            [*produce[:4], "--help"], env=env, capture_output=True, text=True, timeout=60
+            [*produce[:4], "--help"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         ).stdout
     )

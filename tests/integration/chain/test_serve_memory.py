@@ -58,9 +58,11 @@ async def catch_up(url: str, num: int, block_hash: str) -> int:
 
 
 async def _metric(port: int, name: str) -> float:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-            text = await resp.text()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as resp,
+    ):
+        text = await resp.text()
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])

@@ -66,16 +66,15 @@ async def test_bad_requests_get_standard_errors(
 ) -> None:
     gen = SyntheticChain(seed=20)
     write_blocks(redis_client, STREAM, gen.take(3))
-    async with serve(settings) as (base, _app):
-        async with connect(base) as client:
-            await client.ws.send_str(frame)
-            reply = await client.recv()
-            assert reply["jsonrpc"] == "2.0"
-            assert reply["error"]["code"] == code, reply
-            assert text in reply["error"]["message"], reply
-            # the connection itself keeps working
-            await client.subscribe(0, gen.canonical[0].hash)
-            assert len(await client.blocks(3)) == 3
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.ws.send_str(frame)
+        reply = await client.recv()
+        assert reply["jsonrpc"] == "2.0"
+        assert reply["error"]["code"] == code, reply
+        assert text in reply["error"]["message"], reply
+        # the connection itself keeps working
+        await client.subscribe(0, gen.canonical[0].hash)
+        assert len(await client.blocks(3)) == 3
 
 
 async def test_garbage_binary_and_oversized_frames(settings, serve, connect, redis_client) -> None:

@@ -31,33 +31,36 @@ async def test_a_catchup_that_is_never_read_is_closed_with_1008(
     gen = SyntheticChain(seed=241, prefixes=("a/", "b/", "c/"))
     write_blocks(redis_client, STREAM, gen.take(3000))
     settings = settings.replace(serve_stall_s=1.0, serve_send_buffer=64)
-    async with serve(settings) as (base, _app), aiohttp.ClientSession() as http:
-        async with connect(base) as live:
-            head = gen.canonical[-1]
-            await live.subscribe(head.num, head.hash)
-            await live.blocks(1)
-            # 16 subscriptions from block 0 on a connection whose reader never reads
-            # (aiohttp stops reading the socket once its small buffer is full)
-            ws = await http.ws_connect(base + "/ws", max_msg_size=1 << 20)
-            zero = "0x" + gen.canonical[0].hash.hex()
-            for i in range(MAX_SUBSCRIPTIONS):
-                await ws.send_json(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": i,
-                        "method": "cardinal_subscribe",
-                        "params": ["streams", "0x0", zero, []],
-                    }
-                )
-            slow = "sluice_serve_slow_disconnects_total"
-            await until(lambda: _metric(http, base, slow), "a slow disconnect", within_s=60)
-            # reading now: what was queued, then the close with its code and reason
-            while (msg := await ws.receive(timeout=30)).type == aiohttp.WSMsgType.TEXT:
-                pass
-            assert ws.close_code == 1008, (msg, ws.close_code)
-            assert "too slow" in str(msg.extra)
-            await ws.close()
-            # the live subscriber beside it goes on
-            more = gen.take(3)
-            write_blocks(redis_client, STREAM, more)
-            assert await live.blocks(3) == more
+    async with (
+        serve(settings) as (base, _app),
+        aiohttp.ClientSession() as http,
+        connect(base) as live,
+    ):
+        head = gen.canonical[-1]
+        await live.subscribe(head.num, head.hash)
+        await live.blocks(1)
+        # 16 subscriptions from block 0 on a connection whose reader never reads
+        # (aiohttp stops reading the socket once its small buffer is full)
+        ws = await http.ws_connect(base + "/ws", max_msg_size=1 << 20)
+        zero = "0x" + gen.canonical[0].hash.hex()
+        for i in range(MAX_SUBSCRIPTIONS):
+            await ws.send_json(
+                {
+                    "jsonrpc": "2.0",
+                    "id": i,
+                    "method": "cardinal_subscribe",
+                    "params": ["streams", "0x0", zero, []],
+                }
+            )
+        slow = "sluice_serve_slow_disconnects_total"
+        await until(lambda: _metric(http, base, slow), "a slow disconnect", within_s=60)
+        # reading now: what was queued, then the close with its code and reason
+        while (msg := await ws.receive(timeout=30)).type == aiohttp.WSMsgType.TEXT:
+            pass
+        assert ws.close_code == 1008, (msg, ws.close_code)
+        assert "too slow" in str(msg.extra)
+        await ws.close()
+        # the live subscriber beside it goes on
+        more = gen.take(3)
+        write_blocks(redis_client, STREAM, more)
+        assert await live.blocks(3) == more

@@ -38,7 +38,7 @@ def sluice(
     }
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
-        env=full, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=full, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ real socketpair always complete correctly and close cleanly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 from hypothesis import given, settings
@@ -69,10 +70,8 @@ async def scenario(ops: list[tuple[str, bool, int]], window: int | None) -> None
                 for _ in range(n):
                     await asyncio.sleep(0)
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
             else:
                 chunks = [b"%d-%d" % (i, k) * (k + 1) * 50 for k in range(n)]
                 async with me.duplex() as d:

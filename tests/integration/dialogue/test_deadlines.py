@@ -22,8 +22,10 @@ async def test_idle_close_waits_for_outstanding_requests(connect: Connect) -> No
 
 
 async def test_traffic_keeps_a_connection_alive(connect: Connect) -> None:
-    client, server = await connect({}, {"idle_timeout": 0.3, "on_message": lambda d: None})
-    for _ in range(8):
+    # 3 s of ticks 0.1 s apart against a 1 s idle timeout (a tick late by 0.9 s under
+    # load would still be in time)
+    client, server = await connect({}, {"idle_timeout": 1.0, "on_message": lambda d: None})
+    for _ in range(30):
         await client.send_message(b"tick")
         await asyncio.sleep(0.1)
     assert not server.closed

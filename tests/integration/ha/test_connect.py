@@ -111,7 +111,7 @@ def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SLUICE_REDIS_URL": url, "SLUICE_LOG_LEVEL": "WARNING"}
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
 

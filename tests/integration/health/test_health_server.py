@@ -70,10 +70,12 @@ async def test_a_hanging_check_times_out(monkeypatch) -> None:
 
     async with health.serving("127.0.0.1:0", "sluice_test", checks={"redis": hang}) as server:
         assert server is not None
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"{server.url}/healthz") as reply:
-                assert reply.status == 503
-                assert (await reply.json())["checks"]["redis"].startswith("timed out")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{server.url}/healthz") as reply,
+        ):
+            assert reply.status == 503
+            assert (await reply.json())["checks"]["redis"].startswith("timed out")
 
 
 async def test_port_in_use_is_a_config_error() -> None:

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not i
 def curl(url: str) -> tuple[int, str]:
     out = subprocess.run(
         ["curl", "-s", "--max-time", "5", "-w", "\n%{http_code}", url],
-        capture_output=True, text=True, timeout=10,
+        capture_output=True, text=True, timeout=10, check=False,
     )  # fmt: skip
     body, _, code = out.stdout.rpartition("\n")
     return int(code or 0), body

@@ -22,6 +22,7 @@ setting, and an S3 store for the lake must honour conditional writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 from collections.abc import Iterator
@@ -81,10 +82,8 @@ class RaceProxy:
             pending = self._waiting.get(path)
             if pending is None:  # first of the pair: wait for the racer
                 self._waiting[path] = event = asyncio.Event()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), PAIR_WAIT_S)
-                except TimeoutError:
-                    pass
                 try:
                     answer = await self.forward(request)
                 finally:

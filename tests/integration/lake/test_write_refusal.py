@@ -14,8 +14,11 @@ from tests.support.refusal import refusing
 
 
 def test_archive_lock_under_refused_writes_is_redis_unavailable(redis_url: str) -> None:
-    with refusing(redis_url):
-        with pytest.raises(RedisUnavailable, match="maxmemory"), StreamLock(redis_url, "refused"):
-            pass
+    with (
+        refusing(redis_url),
+        pytest.raises(RedisUnavailable, match="maxmemory"),
+        StreamLock(redis_url, "refused"),
+    ):
+        pass
     with StreamLock(redis_url, "refused", wait_s=1):
         pass  # and it works once memory is freed

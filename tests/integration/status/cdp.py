@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +139,8 @@ def _launch(profile: Path, log: Path | None, width: int, height: int) -> subproc
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """End Chromium's whole process group (its own: started with a new session)."""
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:

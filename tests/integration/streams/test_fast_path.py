@@ -1,10 +1,10 @@
 """A client's push and pull served in its own task (StreamService.serve_now), and the
-ways around it: the codec path, queued pulls, slow handlers, stops and vanished peers."""
+ways around it: the node's delivery path, queued pulls, slow handlers, stops and vanished peers."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -15,7 +15,7 @@ from pipeline.routing.message import Route, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.routing.workers import Echo
 from pipeline.streams.client import Consumer, StreamClient, StreamPusher, new_request_id
-from pipeline.streams.service import HELD_IDLE, StreamService
+from pipeline.streams.service import HELD_IDLE, StreamService, connect, connect_hot
 
 from .conftest import MakeNode, Recorder, eventually
 
@@ -80,7 +80,7 @@ async def test_pushes_keep_their_order_across_the_fast_and_the_codec_path(
     make_node: MakeNode, redis_client: sync_redis.Redis
 ) -> None:
     # 960 bytes may not fit a node limit of 1000 once encoded (the size bound says
-    # no), so that push goes through the codec; the small ones are served in the
+    # no), so that push is routed through the node; the small ones are served in the
     # caller's task. All go into the stream in the order they were pushed.
     node, _ = await make_node("A", max_payload=1000)
     worker = Client()
@@ -93,8 +93,45 @@ async def test_pushes_keep_their_order_across_the_fast_and_the_codec_path(
         sent.append(item)
     stored = [fields[b"data"] for _, fields in redis_client.xrange(keys.stream("s"))]
     assert stored == sent
-    assert node.counters["stream_service.served_direct"] == 7 + 1  # the big ones and create
     assert node.counters["stream_service.pushed"] == 20
+
+
+class SeenService(StreamService):
+    """Records what the service's batches are made of (routed requests come as Context)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kinds: list[str] = []
+
+    async def handle_batch(self, batch: Any) -> None:
+        self.kinds += [type(item).__name__ for item in batch]
+        await super().handle_batch(batch)
+
+
+async def test_requests_not_served_in_the_callers_task_are_delivered_by_the_node(
+    redis_url: str,
+) -> None:
+    # Create, save/get index and a push too big for the fast path's size bound: each
+    # goes through Node.deliver to the service's mailbox (no side door that hands the
+    # service the request beside the node), so the node's trace shows them as sent.
+    redis = connect(redis_url)
+    node = Node("A", max_payload=1000, trace_size=64)
+    service = SeenService(redis, max_payload=1000 + 65536, hot=connect_hot(redis_url))
+    try:
+        await node.add_worker("stream_service", service)
+        worker = Client()
+        await node.add_worker("w", worker)
+        address = (await worker.client.create("seen")).address
+        await worker.client.push(address, [b"x" * 960], new_request_id())
+        await worker.client.save_index("c", "seen", "1-0")
+        assert await worker.client.get_index("c", "seen") == "1-0"
+        assert service.kinds == ["Context"] * 4
+        assert node.counters["stream_service.served_direct"] == 0
+        sent = [m for a, m in node.trace if a.value.startswith(b"stream_service")]
+        assert len(sent) == 4 and all(m.payload for m in sent)  # the real messages
+    finally:
+        await node.stop()
+        await redis.aclose()
 
 
 async def test_pulls_keep_their_order_when_they_wait_for_a_slot(make_node: MakeNode) -> None:
@@ -147,15 +184,15 @@ async def test_a_slow_handler_keeps_the_lease_and_the_order(make_node: MakeNode)
 async def test_stop_interrupts_a_long_poll_served_in_the_consumers_task(
     make_node: MakeNode, redis_client: sync_redis.Redis
 ) -> None:
-    node, _ = await make_node("A", max_wait_ms=5000)
+    # A 100 s long poll: a stop that waited for it would take that long; the limit
+    # below only bounds that wait, not how fast the interruption is.
+    node, _ = await make_node("A", max_wait_ms=100_000, lease_ttl_ms=300_000)
     sink = Sink()
-    consumer = Consumer("s", sink, client_id="c", holder="A", wait_ms=5000)
+    consumer = Consumer("s", sink, client_id="c", holder="A", wait_ms=100_000, lease_ttl_ms=300_000)
     await node.add_worker("consumer:s", consumer)
     service = service_of(node)
-    await eventually(lambda: service._inline_pulls == 1)  # in its 5 s XREAD BLOCK
-    started = time.monotonic()
-    await node.stop(grace_s=10)
-    assert time.monotonic() - started < 2.5
+    await eventually(lambda: service._inline_pulls == 1)  # in its XREAD BLOCK
+    await asyncio.wait_for(node.stop(grace_s=200), 60)
     assert redis_client.get(keys.consumer_lease("s")) is None  # released on the way out
     assert node.counters["consumer.errors"] == 0
     assert node.counters["consumer.crashes"] == 0
@@ -240,12 +277,12 @@ async def test_a_stalled_redis_is_bounded_by_the_callers_deadline_not_a_socket_t
     await node.add_worker("w", worker)
     address = (await worker.client.create("stalled")).address
     rid = new_request_id()
-    redis_client.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+    # Paused for 60 s: without the caller's deadline the push would wait for the
+    # pause's end and succeed; with it, it fails (how soon is the benchmark's business).
+    redis_client.execute_command("CLIENT", "PAUSE", "60000", "WRITE")
     try:
-        began = time.monotonic()
         with pytest.raises(StreamError, match="did not answer Push in time"):
             await worker.client.push(address, [b"x"], rid)
-        assert time.monotonic() - began < 1.2  # 0.3 s and the deadline timer's tick
     finally:
         redis_client.execute_command("CLIENT", "UNPAUSE")
     confirm = await worker.client.push(address, [b"x"], rid)  # the same push, retried

@@ -21,6 +21,7 @@ from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
 from pipeline.streams.client import StreamClient, new_request_id
+from pipeline.streams.service import StreamService
 
 from .conftest import MakeNode, eventually
 
@@ -81,13 +82,15 @@ async def test_push_is_idempotent(make_node: MakeNode, redis_client: sync_redis.
 
 
 async def test_pull_is_a_long_poll(make_node: MakeNode) -> None:
-    node, _ = await make_node("A")
+    node, _ = await make_node("A", max_wait_ms=60_000)
     client = await probe(node)
     address = (await client.create("s")).address
     empty = await client.pull(address, "0-0", 10, 20)
     assert empty.messages == ()
-    pull = asyncio.create_task(client.pull(address, "0-0", 10, 5000))
-    await asyncio.sleep(0.05)
+    pull = asyncio.create_task(client.pull(address, "0-0", 10, 60_000))
+    service = node.worker("stream_service")
+    assert isinstance(service, StreamService)
+    await eventually(lambda: service._active_pulls() == 1)  # in its XREAD BLOCK
     assert not pull.done()
     await client.push(address, [b"late"], new_request_id())
     got = await asyncio.wait_for(pull, 5)
@@ -229,18 +232,23 @@ async def test_a_client_on_the_services_node_is_served_without_the_mailbox(
     client = await probe(node)
     address = (await client.create("direct")).address
     handled = node.counters["handled"]  # what the mailbox loops handled
+    intercepted = node.counters["intercepted"]  # replies resolved by the client
     confirm = await client.push(address, [b"one"], new_request_id())
     pulled = await client.pull(address, "0-0", 10, 0)
     assert [data for _, data in pulled.messages] == [b"one"]
     assert pulled.messages[0][0] == confirm.indexes[0]
-    assert node.counters["handled"] == handled and node.counters["intercepted"] == 0
-    # Errors come back the same way.
+    assert node.counters["handled"] == handled and node.counters["intercepted"] == intercepted
+    # Any other request goes through the node (Node.deliver): the service's mailbox,
+    # the reply intercepted; errors come back the same way.
     with pytest.raises(StreamNotFound):
         await client.push("stream_service", [b"x"], new_request_id())
+    assert node.counters["handled"] == handled + 1
+    assert node.counters["intercepted"] == intercepted + 1
     # A stopping service is reached through its mailbox again (which still drains).
     service = node.worker("stream_service")
     assert service is not None
     service.stopping()
     await client.push(address, [b"two"], new_request_id())
-    assert node.counters["handled"] == handled + 1 and node.counters["intercepted"] == 1
+    assert node.counters["handled"] == handled + 2
+    assert node.counters["intercepted"] == intercepted + 2
     assert len(redis_client.xrange(keys.stream("direct"))) == 2

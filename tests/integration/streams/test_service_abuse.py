@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import msgpack
@@ -42,21 +41,20 @@ async def send(node: Node, to: str, request: p.StreamMessage) -> None:
 
 
 async def test_a_push_is_not_stalled_by_held_long_polls(redis_url: str) -> None:
-    """70 long polls (64 slots) and a push in the same batch: the push is confirmed at once."""
-    node, service, recorder = await service_node(redis_url, max_wait_ms=10_000)
+    """70 long polls (64 slots) and a push in the same batch: the push is confirmed at once
+    (not after the polls' 120 s: the deadline below only bounds that stall)."""
+    node, service, recorder = await service_node(redis_url, max_wait_ms=120_000)
     try:
         await send(node, "stream_service", p.CreateStream(request_id="c", name="held"))
         await eventually(lambda: "c" in replies(recorder))
         init = replies(recorder)["c"]
         assert isinstance(init, p.Init)
-        started = time.monotonic()
         # No await yields between these: they all land in one mailbox batch.
         for i in range(70):
-            pull = p.Pull(request_id=f"pull-{i}", index="0-0", limit=10, wait_ms=10_000)
+            pull = p.Pull(request_id=f"pull-{i}", index="0-0", limit=10, wait_ms=120_000)
             await send(node, init.address, pull)
         await send(node, init.address, p.Push(request_id="push", data=(b"x",)))
-        await eventually(lambda: "push" in replies(recorder), limit_s=5)
-        assert time.monotonic() - started < 5
+        await eventually(lambda: "push" in replies(recorder), limit_s=60)
         confirm = replies(recorder)["push"]
         assert isinstance(confirm, p.PushConfirm) and confirm.status == p.NEW
         # Every poll, held or queued, gets the entry.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -139,8 +140,6 @@ def test_the_job_dies_with_a_killed_task_process(tmp_path: Path) -> None:
             task.wait(timeout=10)
         # A bare sleep has no way to notice (a Spark JVM exits on its gateway's EOF).
         for pid in map(int, pids.read_text().split()) if pids.exists() else ():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     assert grandchild > 0
