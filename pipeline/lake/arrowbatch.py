@@ -127,7 +127,7 @@ class Coalescer(Generic[T, R]):
             outcomes = self._run([req.item for req in batch])
             for req, outcome in zip(batch, outcomes, strict=True):
                 req.outcome = outcome
-        except BaseException as exc:  # every request of the batch fails with it, in its thread
+        except BaseException as exc:  # noqa: BLE001 - raised again in each requester's thread
             for req in batch:
                 req.error = exc
         finally:
