@@ -8,7 +8,9 @@ process and Spark session for all streams); ``archive`` (mapped, one task per
 stream) is each stream's result, and archives the stream again on its own
 when it failed in the shared job, with its own retries. Then the canonical
 chain of every chain stream is marked, and Redis trimmed below what
-``archive_log`` proves archived and older than the hot-retention window. Every step is
+``archive_log`` proves archived and older than the hot-retention window: one
+``trim`` job for every stream (each stream's result in its XCom and its log
+lines; the task fails, and is retried, when a stream failed). Every step is
 idempotent for its interval, so re-runs, retries and Airflow 3 backfills
 (``airflow backfill create --dag-id sluice_archive ...``) just work.
 
@@ -42,6 +44,18 @@ no job when their stream succeeded in the shared one, so results, warnings,
 failures and retries stay visible per stream (a stream failing there is
 archived again by its own task; a retry of that task runs its own job too).
 
+A run of 100 streams (``make bench B=airflow``, ``airflow_run_100_streams_s``)
+took 266-268 s when the shared job archived one stream after another, 100
+``trim`` jobs ran one child each, and the mapped tasks ran one at a time.
+Now the shared job archives ``SLUICE_ARCHIVE_JOB_WORKERS`` streams at once
+(a slow stream, such as a chain interval taking the MERGE path, holds one
+worker, not the others) and runs what its workers write at the same moment
+as one Spark job and one commit (:mod:`pipeline.lake.arrowbatch`), one job
+trims every stream (a task per stream cost more than its trim), and the
+mapped ``archive`` tasks, which only read the shared job's XCom, are not
+bounded: only the tasks that start Spark jobs (``archive_streams``,
+``canonical``) are.
+
 Retries back off exponentially: 30 s, 1 min, 2 min, ... capped at 10 min
 (``SLUICE_LAKE_TASK_RETRIES`` retries).
 
@@ -59,8 +73,8 @@ A backfill run archives only its own interval (no catch-up steps).
 That is safe: archive, canonical and trim of one stream hold the stream's
 archive lock in Redis (a second job on the stream waits for it, up to
 ``SLUICE_LAKE_LOCK_WAIT_S``), every step is idempotent per interval, and
-``SLUICE_ARCHIVE_PARALLELISM`` (default 1) bounds how many archive/canonical
-tasks of this DAG run at once across all runs. Pass ``--max-active-runs`` to
+``SLUICE_ARCHIVE_PARALLELISM`` (default 1) bounds how many
+``archive_streams``/``canonical`` tasks of this DAG run at once across all runs. Pass ``--max-active-runs`` to
 bound the runs themselves. Chain streams are no exception: blocks a
 backfill archives below canonical ones are marked by the next canonical job,
 and trim keeps every block that job has yet to mark.
@@ -74,7 +88,12 @@ from typing import Any, cast
 from airflow.sdk import dag, get_current_context, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 from sluice_dag_common import LAKE_BLOCKS, default_args, interval_ms, load_settings
-from sluice_lake_operator import ArchiveStreamsOperator, LakeJobOperator, StreamArchiveOperator
+from sluice_lake_operator import (
+    ArchiveStreamsOperator,
+    LakeJobOperator,
+    StreamArchiveOperator,
+    TrimStreamsOperator,
+)
 
 _settings = load_settings()
 
@@ -107,21 +126,19 @@ def sluice_archive() -> None:
         lake = load_settings().lake
         return [name for name in names if is_chain(lake, name)]
 
-    archive = StreamArchiveOperator.partial(
-        task_id="archive",
-        batch_task_id="archive_streams",
-        max_active_tis_per_dag=_settings.lake.archive_parallelism,
-    )
+    # Each stream's result: read from the shared job's XCom, no job of its own unless the
+    # stream failed there (or on a retry). Not bounded: 100 of them would otherwise run
+    # one after another, each costing a task's start-up to read one XCom.
+    archive = StreamArchiveOperator.partial(task_id="archive", batch_task_id="archive_streams")
     canonical = LakeJobOperator.partial(
         task_id="canonical",
         job="canonical",
         max_active_tis_per_dag=_settings.lake.archive_parallelism,
     )
-    # No chain stream configured: the mapped canonical task is skipped, not failed.
-    trim = LakeJobOperator.partial(task_id="trim", job="trim", trigger_rule="none_failed")
 
+    # No chain stream configured: the mapped canonical task is skipped, not failed.
     @task(trigger_rule="none_failed", outlets=[LAKE_BLOCKS])
-    def publish(archived: list[dict[str, Any]], trimmed: list[dict[str, Any]]) -> dict[str, Any]:
+    def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str, Any]:
         """Emit the lake Asset (schedules ``sluice_audit``) with a summary of the run."""
         context = get_current_context()
         start_ms, end_ms = interval_ms(
@@ -132,7 +149,7 @@ def sluice_archive() -> None:
             "end_ms": end_ms,
             "streams": [r.get("stream") for r in archived],
             "archived": list(archived),
-            "trimmed": list(trimmed),
+            "trimmed": list((trimmed or {}).get("streams", {}).values()),
         }
         context["outlet_events"][LAKE_BLOCKS].extra = {
             "start_ms": start_ms,
@@ -152,7 +169,10 @@ def sluice_archive() -> None:
     archived = archive.expand(stream=names)
     shared >> archived
     marked = canonical.expand(stream=chain_streams(cast(Any, names)))
-    trimmed = trim.expand(stream=names)
+    # One trim job for every stream: each stream's result in its XCom and log lines (a
+    # trim costs milliseconds; a task per stream would cost more than the trims).
+    # No chain stream configured: the mapped canonical task is skipped, not failed.
+    trimmed = TrimStreamsOperator(task_id="trim", streams=names, trigger_rule="none_failed")
     archived >> marked >> trimmed
     archived >> trimmed
     # XComArgs: Airflow resolves them to the mapped tasks' results when publish runs

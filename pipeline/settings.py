@@ -148,6 +148,9 @@ class LakeSettings:
     archive_writer: str = _bare("arrow")
     #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
     archive_parallelism: int = _bare(1)
+    #: How many streams one shared archive job (``archive-streams``) archives at once: a slow
+    #: stream (a MERGE, a catch-up) holds one of them, never the rest.
+    archive_job_workers: int = _bare(64)
     #: Entries younger than this stay in Redis even when archived.
     hot_retention_s: int = _bare(3600)
     reorg_threshold: int = _bare(64)
@@ -182,6 +185,10 @@ class LakeSettings:
         _check(self)
         if not self.uri:
             raise _invalid(self, "uri", "must not be empty")
+        if self.archive_job_workers < 1:
+            raise _invalid(
+                self, "archive_job_workers", f"must be positive, got {self.archive_job_workers}"
+            )
         if "://" not in self.uri or self.uri.startswith("file://"):
             path = Path(self.uri.removeprefix("file://")).expanduser().absolute()
             object.__setattr__(self, "uri", str(path))

@@ -16,7 +16,7 @@ Arguments: ``job`` (``archive``, ``canonical``, ``trim``, ``maintain``...),
 The job's JSON result is the task's XCom; its WARNING lines are task-log
 warnings and their count is logged once more at the end.
 
-The archive DAG's two operators (see ``dags/sluice_archive.py``):
+The archive DAG's operators (see ``dags/sluice_archive.py``):
 
 - :class:`ArchiveStreamsOperator` archives the run's data interval of every
   stream in one job (``sluice lake archive-streams``: one process, one Spark
@@ -31,6 +31,12 @@ The archive DAG's two operators (see ``dags/sluice_archive.py``):
   job (no job of its own); when the stream failed there, and on every retry,
   it archives the stream in a job of its own and fails with the stream's
   error if that fails too. So results, failures and retries stay per stream.
+- :class:`TrimStreamsOperator` trims every stream in one job (``sluice lake
+  trim-streams``); each stream's result is in its XCom and log lines.
+
+The per-stream ``archive`` tasks start no job in a healthy run, so the DAG
+does not bound them (``max_active_tis_per_dag``); only the tasks that start
+Spark jobs are bounded.
 """
 
 from __future__ import annotations
@@ -121,26 +127,68 @@ def _is_backfill(context: Any) -> bool:
     return str(getattr(run_type, "value", run_type)) == "backfill"
 
 
-class ArchiveStreamsOperator(LakeJobOperator):
-    """``sluice lake archive-streams`` of the run's data interval; see the module docstring.
+class StreamsJobOperator(LakeJobOperator):
+    """One lake job over several streams (``archive-streams``, ``trim-streams``).
 
     ``streams`` is templated (an XComArg of the streams read at run start
     works). The XCom is the job's result: ``streams`` (each stream's result or
-    ``error``) and ``failed``.
+    ``error``) and ``failed``. A stream that fails does not fail the task (its
+    per-stream task handles it); when every stream failed, the task fails.
     """
 
     template_fields: Sequence[str] = ("streams", "extra_args")
+    #: what the job does to a stream, for the log lines ("archive", "trim")
+    verb = "job"
+    #: what becomes of a stream that failed in the job (said after the failed ones)
+    retry_note = ""
 
-    def __init__(self, *, streams: Any = (), catchup: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *, streams: Any = (), **kwargs: Any) -> None:
         kwargs.setdefault("report_codes", (1,))  # some stream failed: the result still counts
-        super().__init__(job="archive-streams", interval=True, **kwargs)
+        super().__init__(**kwargs)
         self.streams = streams
-        self.catchup = catchup
 
     def names(self) -> list[str]:
-        """The streams this task archives."""
+        """The streams this task's job covers."""
         streams = self.streams
         return [streams] if isinstance(streams, str) else [str(name) for name in streams or ()]
+
+    def job_args(self, context: Any) -> list[str]:
+        names = self.names()
+        if not names:
+            raise ValueError(f"task {self.task_id}: no stream to {self.verb}")
+        return [a for name in names for a in ("--stream", name)] + [str(a) for a in self.extra_args]
+
+    def execute(self, context: Any) -> Any:
+        result = super().execute(context)
+        failed = list(result.get("failed") or ()) if isinstance(result, dict) else []
+        for name in failed:
+            log.error(
+                "stream %s failed: %s", name, (_stream_result(result, name) or {}).get("error")
+            )
+        if failed and set(failed) >= set(self.names()):
+            # Nothing was done: the task is failed, not green with warnings.
+            raise LakeJobError(
+                f"every stream of the job failed ({len(failed)}): {', '.join(failed)}",
+                returncode=1,
+                stderr_tail="",
+            )
+        if failed:
+            log.warning(
+                "%d stream(s) failed in this job: %s%s",
+                len(failed), ", ".join(failed), self.retry_note,
+            )  # fmt: skip
+        return result
+
+
+class ArchiveStreamsOperator(StreamsJobOperator):
+    """``sluice lake archive-streams`` of the run's data interval; see the module docstring."""
+
+    verb = "archive"
+    retry_note = "; each one's archive task archives it again"
+
+    def __init__(self, *, catchup: bool = True, **kwargs: Any) -> None:
+        super().__init__(job="archive-streams", interval=True, **kwargs)
+        self.catchup = catchup
 
     def job_args(self, context: Any) -> list[str]:
         names = self.names()
@@ -155,26 +203,47 @@ class ArchiveStreamsOperator(LakeJobOperator):
         # Backfill runs archive only their own interval: the backfill covers the others.
         return args + (["--catchup"] if self.catchup and not _is_backfill(context) else [])
 
+
+class TrimStreamsOperator(StreamsJobOperator):
+    """``sluice lake trim-streams``: every stream of the run trimmed in one job.
+
+    Each stream's result is in the XCom (``streams``) and logged on its own
+    line. When a stream failed, the others are trimmed and the task fails
+    (naming it), so Airflow retries it: a trim is idempotent and costs milliseconds.
+    """
+
+    verb = "trim"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(job="trim-streams", **kwargs)
+
     def execute(self, context: Any) -> Any:
         result = super().execute(context)
+        streams = result.get("streams") if isinstance(result, dict) else None
+        for name, mine in (streams or {}).items():
+            if isinstance(mine, dict) and "error" not in mine:
+                log.info(
+                    "stream %s: trimmed %s entries below %r", name, mine.get("trimmed"),
+                    mine.get("min_id"),
+                )  # fmt: skip
         failed = list(result.get("failed") or ()) if isinstance(result, dict) else []
-        for name in failed:
-            log.error(
-                "stream %s failed: %s", name, (_stream_result(result, name) or {}).get("error")
-            )
-        if failed and set(failed) >= set(self.names()):
-            # Nothing was archived: the task is failed, not green with warnings.
+        if failed:
             raise LakeJobError(
-                f"every stream of the job failed ({len(failed)}): {', '.join(failed)}",
+                f"trim failed for {len(failed)} stream(s): {', '.join(failed)}",
                 returncode=1,
                 stderr_tail="",
             )
-        if failed:
-            log.warning(
-                "%d stream(s) failed in this job: %s; each one's archive task archives it again",
-                len(failed), ", ".join(failed),
-            )  # fmt: skip
         return result
+
+
+def _shared_result(context: Any, task_id: str, stream: str) -> dict[str, Any] | None:
+    """``stream``'s result in the shared job of ``task_id``, on a task's first try (else None)."""
+    ti = context.get("ti")
+    if ti is None or int(getattr(ti, "try_number", 1) or 1) > 1:
+        return None
+    return _stream_result(ti.xcom_pull(task_ids=task_id, map_indexes=-1), stream) or {
+        "error": "no result for it"
+    }
 
 
 class StreamArchiveOperator(ArchiveStreamsOperator):
@@ -196,23 +265,22 @@ class StreamArchiveOperator(ArchiveStreamsOperator):
 
     def execute(self, context: Any) -> Any:
         stream = str(self.stream)
-        ti = context.get("ti")
-        if ti is not None and int(getattr(ti, "try_number", 1) or 1) <= 1:
-            shared = ti.xcom_pull(task_ids=self.batch_task_id, map_indexes=-1)
-            mine = _stream_result(shared, stream)
-            if mine is not None and "error" not in mine:
-                log.info(
-                    "stream %s: archived by %s: %s entries read, %s in the lake for the interval, "
-                    "%s blocks, %s invalid", stream, self.batch_task_id, mine.get("read"),
-                    mine.get("entries"), mine.get("blocks"), mine.get("invalid"),
-                )  # fmt: skip
-                _log_caught_up(stream, mine)
-                if mine.get("warnings"):
-                    log.warning("stream %s: %d warning(s), see %s", stream, mine["warnings"],
-                                self.batch_task_id)  # fmt: skip
-                return mine
-            why = mine["error"] if mine is not None else "no result for it"
-            log.warning("stream %s: %s: %s; archiving it here", stream, self.batch_task_id, why)
+        mine = _shared_result(context, self.batch_task_id, stream)
+        if mine is not None and "error" not in mine:
+            log.info(
+                "stream %s: archived by %s: %s entries read, %s in the lake for the interval, "
+                "%s blocks, %s invalid", stream, self.batch_task_id, mine.get("read"),
+                mine.get("entries"), mine.get("blocks"), mine.get("invalid"),
+            )  # fmt: skip
+            _log_caught_up(stream, mine)
+            if mine.get("warnings"):
+                log.warning("stream %s: %d warning(s), see %s", stream, mine["warnings"],
+                            self.batch_task_id)  # fmt: skip
+            return mine
+        if mine is not None:
+            log.warning(
+                "stream %s: %s: %s; archiving it here", stream, self.batch_task_id, mine["error"]
+            )
         mine = _stream_result(LakeJobOperator.execute(self, context), stream)
         if mine is None or "error" in mine:
             raise LakeJobError(

@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -124,6 +125,7 @@ def archive_interval(
     run_id: str | None = None,
     force: bool = False,
     guard: Callable[[], None] | None = None,
+    shared: Any = None,
 ) -> ArchiveResult:
     """Archive entries of ``stream`` with ids in ``[start_ms-0, end_ms-0)``; idempotent.
 
@@ -138,6 +140,9 @@ def archive_interval(
     and delta-rs reads alone (``spark`` may be a lazy stand-in that is never
     started then). ``guard`` is called right before the ``archive_log``
     commit (the archive lock's check): if it raises, nothing is logged.
+    ``shared`` (a :class:`pipeline.lake.arrowbatch.SharedWrites`) runs the Arrow
+    writer's Spark job, its commits and the ``archive_log`` row together with
+    other streams' of the same job.
     """
     began = time.perf_counter()
     stages: dict[str, float] = {}
@@ -185,7 +190,7 @@ def archive_interval(
             before = stats.entries if stats is not None else 0
             job = WriteJob(
                 settings=settings, stream=stream, key=key, start_ms=start_ms, end_ms=end_ms,
-                chain=chain, archived_at=archived_at, lap=lap,
+                chain=chain, archived_at=archived_at, lap=lap, shared=shared,
             )  # fmt: skip
             stats = _write(spark, job)
             read = stats.entries - before if force else stats.entries
@@ -210,7 +215,7 @@ def archive_interval(
     result = run_spark(f"archive of {stream!r} [{start_ms}, {end_ms})", work)
     if guard is not None:
         guard()
-    _write_log(lake, result, run_id, archived_at)
+    _write_log(lake, result, run_id, archived_at, shared)
     lap("log")
     return _finish(result, time.perf_counter() - began, read, skipped, stages)
 
@@ -329,7 +334,8 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats:
     )  # fmt: skip
     lake = settings.lake
     micros = (job.archived_at - _EPOCH) // timedelta(microseconds=1)
-    written = arrowwrite.write_files(
+    shared = job.shared
+    written = (shared.write_files if shared is not None else arrowwrite.write_files)(
         spark,
         url=settings.redis.url,
         key=key,
@@ -367,10 +373,11 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats:
         arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
     lap("plan")
     # A row of stream_entries may say its payload is in blocks: blocks commits first.
+    commit = shared.commit if shared is not None else arrowwrite.commit
     if commit_blocks:
-        arrowwrite.commit(lake.table(tables.BLOCKS), written.blocks_files, stream, options)
+        commit(lake.table(tables.BLOCKS), written.blocks_files, stream, options)
         lap("commit_blocks")
-    arrowwrite.commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream, options)
+    commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream, options)
     lap("commit_entries")
     return Stats(
         entries=written.entries,
@@ -469,12 +476,14 @@ def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int)
     """The entry count ``archive_log`` records for exactly this interval, or None."""
     import pyarrow.compute as pc
 
+    from pipeline.lake.trim import stream_is
+
     table = (
         store.open_table(lake, tables.ARCHIVE_LOG)
         .to_pyarrow_dataset()
         .to_table(
             columns=["entries"],
-            filter=(pc.field("stream") == stream)
+            filter=stream_is(stream)
             & (pc.field("start_ms") == start_ms)
             & (pc.field("end_ms") == end_ms),
         )
@@ -483,9 +492,16 @@ def _logged_entries(lake: LakeSettings, stream: str, start_ms: int, end_ms: int)
 
 
 def _write_log(
-    lake: LakeSettings, result: ArchiveResult, run_id: str | None, archived_at: datetime
+    lake: LakeSettings,
+    result: ArchiveResult,
+    run_id: str | None,
+    archived_at: datetime,
+    shared: Any = None,
 ) -> None:
-    """Insert the interval's row into ``archive_log`` (kept as is when already there)."""
+    """Insert the interval's row into ``archive_log`` (kept as is when already there).
+
+    With ``shared``, in one MERGE with the rows other streams of the job log at once.
+    """
     row = pa.Table.from_pylist(
         [
             {
@@ -504,11 +520,19 @@ def _write_log(
         schema=tables.ARCHIVE_LOG_ARROW,
     )
 
-    def merge() -> None:
+    def merge(rows: pa.Table) -> None:
+        what = (
+            f"archive_log row of {result.stream!r}"
+            if rows is row
+            else (f"archive_log rows of {rows.num_rows} intervals")
+        )
+        delta_retry(what, partial(_merge, rows))
+
+    def _merge(rows: pa.Table) -> None:
         (
             store.open_table(lake, tables.ARCHIVE_LOG)
             .merge(
-                row,
+                rows,
                 "t.stream = s.stream AND t.start_ms = s.start_ms AND t.end_ms = s.end_ms",
                 source_alias="s",
                 target_alias="t",
@@ -517,7 +541,10 @@ def _write_log(
             .execute()
         )
 
-    delta_retry(f"archive_log row of {result.stream!r}", merge)
+    if shared is not None:
+        shared.write_log(merge, row)
+    else:
+        merge(row)
 
 
 __all__ = ["ArchiveResult", "LakeError", "LakePathError", "archive_interval"]

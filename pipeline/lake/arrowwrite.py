@@ -126,6 +126,8 @@ class WriteTask:
     entries_dir: str
     blocks_dir: str
     ranges: tuple[tuple[StreamId, StreamId], ...]
+    #: the stream's partition directory (``stream=<escaped name>``)
+    partition: str = ""
     #: delta-rs storage options of an object-store lake (empty: local files)
     storage: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -182,17 +184,46 @@ def write_files(
     """Read ids ``[first, last]`` (inclusive) of ``key`` in Spark tasks and write their files.
 
     Nothing is committed: hand the result to :func:`commit` or :func:`discard`.
+    (:class:`pipeline.lake.arrowbatch.FilesBatch` takes the same arguments and
+    runs one Spark job for the intervals of several streams.)
     """
+    task = plan_task(
+        url=url, key=key, chain=chain, first=first, last=last, partitions=partitions, page=page,
+        entries_table=entries_table, blocks_table=blocks_table, stream=stream,
+        archived_at_us=archived_at_us, storage_options=storage_options,
+    )  # fmt: skip
+    if task is None:
+        return nothing_written()
+    n = len(task.ranges)
+    rows = spark.range(0, n, 1, n).mapInArrow(partial(write_ranges, task), RESULT_DDL).toArrow()
+    return collect(rows.cast(RESULT_ARROW), partition_dir(stream))
+
+
+def plan_task(
+    *,
+    url: str,
+    key: str,
+    chain: bool,
+    first: StreamId,
+    last: StreamId,
+    partitions: int,
+    page: int,
+    entries_table: str,
+    blocks_table: str,
+    stream: str,
+    archived_at_us: int,
+    storage_options: dict[str, str] | None = None,
+) -> WriteTask | None:
+    """The Spark tasks' work for ids ``[first, last]`` of ``key`` (None: Redis holds none)."""
     client = connect(url)
     try:
         found = bounds(client, key, first, last)
     finally:
         client.close()
     if found is None:
-        return _collect(pa.table({name: [] for name in RESULT_ARROW.names}, schema=RESULT_ARROW))
-    ranges = tuple(split_range(*found, partitions))
+        return None
     part = partition_dir(stream)
-    task = WriteTask(
+    return WriteTask(
         url=url,
         key=key,
         chain=chain,
@@ -200,15 +231,19 @@ def write_files(
         archived_at_us=archived_at_us,
         entries_dir=f"{_fs_path(entries_table)}/{part}",
         blocks_dir=f"{_fs_path(blocks_table)}/{part}",
-        ranges=ranges,
+        ranges=tuple(split_range(*found, partitions)),
+        partition=part,
         storage=dict(storage_options or {}),
     )
-    n = len(ranges)
-    rows = spark.range(0, n, 1, n).mapInArrow(partial(write_ranges, task), RESULT_DDL).toArrow()
-    return _collect(rows.cast(RESULT_ARROW), part)
 
 
-def _collect(rows: pa.Table, part: str = "") -> Written:
+def nothing_written() -> Written:
+    """What :func:`write_files` returns for an id range Redis holds nothing of."""
+    return collect(pa.table({name: [] for name in RESULT_ARROW.names}, schema=RESULT_ARROW))
+
+
+def collect(rows: pa.Table, part: str = "") -> Written:
+    """The :class:`Written` of one stream's task rows (:data:`RESULT_ARROW`)."""
     rows = rows.sort_by("idx")
     docs = rows.to_pylist()
     entries_files = tuple(
@@ -266,17 +301,27 @@ def commit(
     (a local rename that found the file, or an S3 conditional put that found
     the object) is retried on the new version by :func:`~pipeline.lake.jobs.delta_retry`.
     """
+    commit_many(table_uri, [(files, stream)], storage_options)
+
+
+def commit_many(
+    table_uri: str,
+    items: list[tuple[tuple[DataFile, ...], str]],
+    storage_options: dict[str, str] | None = None,
+) -> None:
+    """:func:`commit` of the ``(files, stream)`` of several streams in one atomic commit."""
     from deltalake import DeltaTable
     from deltalake.transaction import AddAction, RemoveAction
 
     from pipeline.lake.jobs import delta_retry
 
-    if not files:
-        return
     actions: list[AddAction | RemoveAction] = [
         AddAction(f.path, f.size, {PARTITION_COLUMN: stream}, f.mtime_ms, True, f.stats)
+        for files, stream in items
         for f in files
     ]
+    if not actions:
+        return
 
     def append() -> None:
         table = DeltaTable(table_uri, storage_options=storage_options)
@@ -284,7 +329,7 @@ def commit(
             actions, mode="append", schema=table.schema(), partition_by=[PARTITION_COLUMN]
         )
 
-    delta_retry(f"commit of {len(files)} files to {table_uri}", append)
+    delta_retry(f"commit of {len(actions)} files to {table_uri}", append)
 
 
 def discard(

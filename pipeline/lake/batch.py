@@ -3,14 +3,18 @@
 ``sluice lake archive-streams --stream A --stream B ... --start-ms S --end-ms E
 [--run-id R] [--catchup]`` is what each ``sluice_archive`` DAG run starts once,
 instead of one job per stream (each job pays for its process and its Spark
-session: see the DAG's docstring for the figures). Per stream, in the order given:
+session: see the DAG's docstring for the figures). Up to ``archive_job_workers``
+(``SLUICE_ARCHIVE_JOB_WORKERS``, default 64) streams are archived at once, each
+on a worker thread of the job, chain streams started first: a slow stream (a
+MERGE, a long catch-up) holds one worker while the others go on with the rest,
+and each stream's result is reported as soon as that stream is done. Per stream:
 
 - with ``catchup``: first the holes ``archive_log`` shows for the stream before
   the interval (:func:`pipeline.lake.catchup.archive_steps`), oldest first,
   while the job is within its catch-up budget (half the job's time limit, for
   all streams together); then the interval itself, always;
 - all of it under the stream's archive lock, taken for this stream and
-  released before the next one;
+  released when it is done;
 - a stream that fails is recorded with its error and the job goes on with the
   next one. After the Spark server or Redis was lost, the streams not tried
   yet are recorded as failed with that cause (each would wait and fail the
@@ -32,12 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
 from pipeline.errors import JobCancelled, RedisUnavailable, SluiceError, SparkUnavailable
+from pipeline.lake import streamset
 from pipeline.lake.catchup import CAUGHT_UP_FIELDS, archive_steps
 from pipeline.settings import Settings
 
@@ -60,87 +67,47 @@ def archive_streams(
     catchup: bool = False,
     locked: Callable[[str], AbstractContextManager[Any]],
     check: Callable[[], None],
-    warnings: Callable[[], int] = lambda: 0,
     report: Callable[[dict[str, Any], float], None] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Archive ``[start_ms, end_ms)`` of every stream; returns (result, ok). See the module doc.
 
     ``locked(stream)`` holds the stream's archive lock; ``check`` is called
     before each commit of the log and after a failure (it raises
-    :class:`JobCancelled` once the job is being stopped); ``warnings()`` is the
-    number of WARNING-or-worse records the job logged so far (each stream's
-    share is its difference); ``report(result, seconds)`` is told each
-    stream's own-interval result (the CLI logs its summary lines).
+    :class:`JobCancelled` once the job is being stopped); ``report(result,
+    seconds)`` is told each stream's own-interval result as soon as the stream
+    is done (the CLI logs its summary lines). Each result's ``warnings`` counts
+    the WARNING-or-worse records its stream's worker logged.
     """
-    from pipeline.lake.archive import archive_interval
-    from pipeline.lake.trim import logged_intervals
-
     if not 0 <= start_ms < end_ms:
         raise SluiceError(f"bad interval [{start_ms}, {end_ms})")
     names = list(dict.fromkeys(streams))
-    began_job = time.monotonic()
-    budget = began_job + settings.lake.job_timeout_s / 2
-    last_start = began_job + settings.lake.job_timeout_s * START_WITHIN
-    results: dict[str, dict[str, Any]] = {}
-    fatal: str | None = None
-
-    def step(stream: str, lo: int, hi: int) -> tuple[dict[str, Any], int]:
-        before = warnings()
-        result = archive_interval(spark, settings, stream, lo, hi, run_id=run_id, guard=check)
-        return dataclasses.asdict(result), warnings() - before
-
-    for stream in names:
-        if fatal is None and time.monotonic() > last_start:
-            fatal = f"{START_WITHIN:.0%} of the job's {settings.lake.job_timeout_s}s limit passed"
-            log.warning(
-                "%s: %d stream(s) left to their own tasks", fatal, len(names) - len(results)
-            )
-        if fatal is not None:
-            results[stream] = {"stream": stream, "error": f"not tried: {fatal}", "warnings": 0}
-            continue
-        began, before = time.perf_counter(), warnings()
-        try:
-            with locked(stream):
-                steps = [(start_ms, end_ms)]
-                if catchup:
-                    logged = logged_intervals(settings.lake, stream)
-                    steps = archive_steps(logged, start_ms, end_ms)
-                if len(steps) > 1:
-                    log.info(
-                        "stream %s: archiving %d earlier interval(s) no run archived yet, "
-                        "first [%d, %d)", stream, len(steps) - 1, *steps[0],
-                    )  # fmt: skip
-                caught_up: list[dict[str, Any]] = []
-                for done, (lo, hi) in enumerate(steps[:-1]):
-                    if time.monotonic() > budget:
-                        log.warning(
-                            "stream %s: %d earlier interval(s) left for the next run (time budget)",
-                            stream, len(steps) - 1 - done,
-                        )  # fmt: skip
-                        break
-                    earlier, warned = step(stream, lo, hi)
-                    caught_up.append(
-                        {k: earlier.get(k) for k in CAUGHT_UP_FIELDS} | {"warnings": warned}
-                    )
-                own, _ = step(stream, start_ms, end_ms)
-        except JobCancelled:
-            raise
-        except Exception as exc:  # one stream's failure must not stop the others
-            check()  # a stop made the work fail: that is the stop, not this stream's error
-            message = _message(exc)
-            log.error("stream %s: archive failed: %s", stream, message)
-            log.debug("stream %s: archive failed", stream, exc_info=True)
-            if isinstance(exc, FATAL):
-                fatal = message
-            results[stream] = {"stream": stream, "error": message, "warnings": warnings() - before}
-            continue
-        seconds = time.perf_counter() - began
-        if catchup:
-            own["caught_up"] = caught_up
-        own["warnings"] = warnings() - before
-        if report is not None:
-            report(own, seconds)
-        results[stream] = own
+    run = _Run(settings, start_ms, end_ms, run_id, catchup, locked, check, report, spark)
+    workers = max(1, min(settings.lake.archive_job_workers, len(names)))
+    with _ThreadWarnings() as counted:
+        run.counted = counted
+        if workers == 1:
+            for stream in names:
+                run.one(stream)
+        else:
+            # Chain streams first: they are the ones that may take the slow (MERGE) path,
+            # and started early they end before the plain streams do.
+            ordered = sorted(names, key=lambda name: not streamset.is_chain(settings.lake, name))
+            with ThreadPoolExecutor(workers, thread_name_prefix="sluice-archive") as pool:
+                futures = [pool.submit(run.one, stream) for stream in ordered]
+                try:
+                    for done in futures:
+                        done.result()  # a JobCancelled (a stop) ends the job here
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)  # start no further stream
+                    raise
+    files, logs = run.shared.files, run.shared.logs
+    if files.batches:
+        log.info(
+            "%d Spark job(s) wrote the files of %d stream interval(s); %d archive_log "
+            "commit(s) logged %d", files.batches, files.items, logs.batches if logs else 0,
+            logs.items if logs else 0,
+        )  # fmt: skip
+    results = {name: run.results[name] for name in names}
     failed = [name for name, result in results.items() if "error" in result]
     return {
         "start_ms": start_ms,
@@ -150,7 +117,151 @@ def archive_streams(
     }, not failed
 
 
-def _message(exc: BaseException) -> str:
+class _Run:
+    """One job's streams, archived by :meth:`one` from any number of worker threads."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        start_ms: int,
+        end_ms: int,
+        run_id: str | None,
+        catchup: bool,
+        locked: Callable[[str], AbstractContextManager[Any]],
+        check: Callable[[], None],
+        report: Callable[[dict[str, Any], float], None] | None,
+        spark: Any,
+    ) -> None:
+        self.settings, self.start_ms, self.end_ms, self.run_id = settings, start_ms, end_ms, run_id
+        self.catchup, self.locked, self.check, self.report = catchup, locked, check, report
+        self.spark = spark
+        from pipeline.lake.arrowbatch import SharedWrites
+
+        #: the streams' Spark jobs, commits and log rows, coalesced across the workers
+        self.shared = SharedWrites(spark)
+        began = time.monotonic()
+        self.budget = began + settings.lake.job_timeout_s / 2
+        self.last_start = began + settings.lake.job_timeout_s * START_WITHIN
+        self.results: dict[str, dict[str, Any]] = {}
+        self.fatal: str | None = None
+        self.guard = threading.Lock()
+        self.counted: _ThreadWarnings | None = None
+
+    def warnings(self) -> int:
+        return self.counted.mine() if self.counted is not None else 0
+
+    def step(self, stream: str, lo: int, hi: int) -> tuple[dict[str, Any], int]:
+        from pipeline.lake.archive import archive_interval
+
+        before = self.warnings()
+        result = archive_interval(
+            self.spark, self.settings, stream, lo, hi, run_id=self.run_id, guard=self.check,
+            shared=self.shared,
+        )  # fmt: skip
+        return dataclasses.asdict(result), self.warnings() - before
+
+    def _skip(self, stream: str) -> bool:
+        """Record ``stream`` as not tried when the job must not start it; True then."""
+        with self.guard:
+            if self.fatal is None and time.monotonic() > self.last_start:
+                self.fatal = (
+                    f"{START_WITHIN:.0%} of the job's {self.settings.lake.job_timeout_s}s "
+                    "limit passed"
+                )
+                log.warning(
+                    "%s: the streams not started yet are left to their own tasks", self.fatal
+                )
+            if self.fatal is None:
+                return False
+            self.results[stream] = {
+                "stream": stream, "error": f"not tried: {self.fatal}", "warnings": 0
+            }  # fmt: skip
+            return True
+
+    def one(self, stream: str) -> None:
+        """Archive one stream (its catch-up steps, then the interval) under its lock."""
+        from pipeline.lake.trim import logged_intervals
+
+        if self._skip(stream):
+            return
+        start_ms, end_ms = self.start_ms, self.end_ms
+        began, before = time.perf_counter(), self.warnings()
+        try:
+            with self.locked(stream):
+                steps = [(start_ms, end_ms)]
+                if self.catchup:
+                    steps = archive_steps(
+                        logged_intervals(self.settings.lake, stream), start_ms, end_ms
+                    )
+                if len(steps) > 1:
+                    log.info(
+                        "stream %s: archiving %d earlier interval(s) no run archived yet, "
+                        "first [%d, %d)", stream, len(steps) - 1, *steps[0],
+                    )  # fmt: skip
+                caught_up: list[dict[str, Any]] = []
+                for done, (lo, hi) in enumerate(steps[:-1]):
+                    if time.monotonic() > self.budget:
+                        log.warning(
+                            "stream %s: %d earlier interval(s) left for the next run (time budget)",
+                            stream, len(steps) - 1 - done,
+                        )  # fmt: skip
+                        break
+                    earlier, warned = self.step(stream, lo, hi)
+                    caught_up.append(
+                        {k: earlier.get(k) for k in CAUGHT_UP_FIELDS} | {"warnings": warned}
+                    )
+                own, _ = self.step(stream, start_ms, end_ms)
+        except JobCancelled:
+            raise
+        except Exception as exc:  # one stream's failure must not stop the others
+            self.check()  # a stop made the work fail: that is the stop, not this stream's error
+            text = message(exc)
+            log.error("stream %s: archive failed: %s", stream, text)
+            log.debug("stream %s: archive failed", stream, exc_info=True)
+            with self.guard:
+                if isinstance(exc, FATAL) and self.fatal is None:
+                    self.fatal = text
+                self.results[stream] = {
+                    "stream": stream, "error": text, "warnings": self.warnings() - before
+                }  # fmt: skip
+            return
+        seconds = time.perf_counter() - began
+        if self.catchup:
+            own["caught_up"] = caught_up
+        own["warnings"] = self.warnings() - before
+        if self.report is not None:
+            self.report(own, seconds)
+        with self.guard:
+            self.results[stream] = own
+
+
+class _ThreadWarnings(logging.Handler):
+    """Counts the WARNING-or-worse records each thread logs while installed (on the root logger).
+
+    Streams are archived on several threads at once, so a stream's share of
+    the job's warnings is what its own thread logged.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self._counts: dict[int, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ident = record.thread or 0
+        self._counts[ident] = self._counts.get(ident, 0) + 1
+
+    def mine(self) -> int:
+        return self._counts.get(threading.get_ident(), 0)
+
+    def __enter__(self) -> _ThreadWarnings:
+        logging.getLogger().addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger().removeHandler(self)
+
+
+def message(exc: BaseException) -> str:
     """One line naming what failed (Sluice errors carry their own; others their type)."""
     text = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else ""
     if isinstance(exc, SluiceError):

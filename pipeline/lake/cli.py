@@ -3,7 +3,8 @@
 Jobs: ``archive --stream S --start-ms A --end-ms B [--run-id R] [--force]``,
 ``archive-streams --stream S [--stream T ...] --start-ms A --end-ms B [--run-id R]
 [--catchup]`` (several streams in one job: :mod:`pipeline.lake.batch`),
-``canonical --stream S``, ``trim --stream S [--now-ms N]``,
+``canonical --stream S``, ``trim --stream S [--now-ms N]``, ``trim-streams --stream S
+[--stream T ...] [--now-ms N]`` (:mod:`pipeline.lake.trimstreams`),
 ``replay --stream S --from N --to M [--target T]``, ``audit --stream S``,
 ``maintain [--retain-hours H]``, ``backfill --stream S [--since ISO |
 --from-coverage] [--until ISO]`` (:mod:`pipeline.lake.backfill`). Settings come from ``Settings.load()``
@@ -113,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     trim = job("trim", "trim Redis below what archive_log proves archived")
     stream(trim)
     trim.add_argument("--now-ms", type=int, help="the time to trim as of, in ms (default: now)")
+    trims = job("trim-streams", "trim several streams in one job (as trim does each)")
+    trims.add_argument(
+        "--stream", dest="streams", action="append", required=True, help="a stream (repeat)"
+    )
+    trims.add_argument("--now-ms", type=int, help="the time to trim as of, in ms (default: now)")
     replay = job("replay", "republish canonical blocks from Delta into Redis")
     stream(replay)
     replay.add_argument(
@@ -209,8 +215,8 @@ def run(
     """Run the parsed job; returns (result, ok). ``spark`` may be a :class:`LazySpark`;
     ``guard`` is called before a job's last commit (the archive lock's check);
     ``stopper`` (backfill, archive-streams) is told each stream's lock so a stop
-    releases it; ``counter`` counts the job's warnings (archive-streams splits
-    them per stream)."""
+    releases it; ``counter`` counts the job's warnings (archive-streams counts
+    each stream's on the stream's own worker thread)."""
     if args.job == "backfill":
         return _backfill(args, settings, spark, stopper or Stopper(spark)), True
     if args.job == "archive-streams":
@@ -234,8 +240,18 @@ def run(
             catchup=bool(args.catchup),
             locked=lambda stream: _stream_lock(settings, stopper, stream, "archive"),
             check=stopper.check,
-            warnings=(lambda: counter.count) if counter is not None else (lambda: 0),
             report=story,
+        )
+    if args.job == "trim-streams":
+        from pipeline.lake.trimstreams import trim_streams
+
+        stop = stopper or Stopper(spark)
+        return trim_streams(
+            settings,
+            args.streams,
+            now_ms=args.now_ms,
+            locked=lambda stream: _stream_lock(settings, stop, stream, "trim"),
+            check=stop.check,
         )
     if args.job == "archive":
         from pipeline.lake.archive import archive_interval
@@ -444,8 +460,21 @@ class Stopper:
 
     def __init__(self, spark: LazySpark | None) -> None:
         self.spark = spark
-        self.lock: Any = None
+        #: the archive lock each thread holds (archive-streams holds several, one per worker)
+        self._locks: dict[int, Any] = {}
         self.stopping = threading.Event()
+
+    @property
+    def lock(self) -> Any:
+        """The archive lock the calling thread holds, or None."""
+        return self._locks.get(threading.get_ident())
+
+    @lock.setter
+    def lock(self, lock: Any) -> None:
+        if lock is None:
+            self._locks.pop(threading.get_ident(), None)
+        else:
+            self._locks[threading.get_ident()] = lock
 
     def install(self) -> Callable[[], None]:
         try:
@@ -471,8 +500,8 @@ class Stopper:
         deadline.start()
         if self.spark is not None:
             self.spark.interrupt()
-        if self.lock is not None:
-            self.lock.release()
+        for lock in list(self._locks.values()):
+            lock.release()
         for stream in (sys.stdout, sys.stderr):
             with suppress(OSError, ValueError):
                 stream.flush()

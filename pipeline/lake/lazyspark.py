@@ -7,6 +7,7 @@ nothing in Redis) never starts a JVM or opens a Connect channel.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -29,6 +30,9 @@ class LazySpark:
         self._settings = settings
         self._app_name = app_name
         self._session: Any = None
+        self._guard = threading.RLock()
+        #: threads that added :attr:`tag` to the (Connect) session
+        self._tagged: set[int] = set()
         self.tag = ""
         #: seconds it took to get the session (0 when never started)
         self.start_s = 0.0
@@ -45,18 +49,27 @@ class LazySpark:
         return "local Spark " + str(self._settings.spark.master)
 
     def get(self) -> Any:
-        if self._session is None:
-            from pipeline.lake.session import build_session, is_connect, job_tag
+        """The session, built on first use; safe from several threads (one is built).
 
-            began = time.perf_counter()
-            session = build_session(self._settings, app_name=self._app_name)
-            if is_connect(session):
-                self.tag = job_tag()
+        A Connect session's tags belong to the thread that adds them, so each
+        thread that uses the session adds this job's tag for itself.
+        """
+        with self._guard:
+            if self._session is None:
+                from pipeline.lake.session import build_session, is_connect, job_tag
+
+                began = time.perf_counter()
+                session = build_session(self._settings, app_name=self._app_name)
+                if is_connect(session):
+                    self.tag = job_tag()
+                self._session = session
+                self.start_s = max(time.perf_counter() - began, 1e-6)
+                log.info("%s session ready in %.2fs", self.mode, self.start_s)
+            session = self._session
+            if self.tag and threading.get_ident() not in self._tagged:
                 session.addTag(self.tag)
-            self._session = session
-            self.start_s = max(time.perf_counter() - began, 1e-6)
-            log.info("%s session ready in %.2fs", self.mode, self.start_s)
-        return self._session
+                self._tagged.add(threading.get_ident())
+        return session
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # copy/pickle probes: never start Spark for them
@@ -78,6 +91,7 @@ class LazySpark:
 
     def close(self) -> None:
         session, self._session = self._session, None
+        self._tagged.clear()
         if session is None:
             return
         from pipeline.lake.session import close_session

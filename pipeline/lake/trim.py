@@ -15,6 +15,7 @@ only, so cutting them from Redis first would leave a gap.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
@@ -38,7 +39,6 @@ class TrimResult:
 
 def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:
     """The ``[start_ms, end_ms)`` intervals ``archive_log`` records for ``stream``."""
-    import pyarrow.compute as pc
 
     if not store.is_table(lake, tables.ARCHIVE_LOG):
         return []
@@ -46,7 +46,7 @@ def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:
         table = (
             store.open_table(lake, tables.ARCHIVE_LOG)
             .to_pyarrow_dataset()
-            .to_table(columns=["start_ms", "end_ms"], filter=pc.field("stream") == stream)
+            .to_table(columns=["start_ms", "end_ms"], filter=stream_is(stream))
         )
     except OSError as exc:
         uri = lake.table(tables.ARCHIVE_LOG)
@@ -56,13 +56,56 @@ def logged_intervals(lake: LakeSettings, stream: str) -> list[tuple[int, int]]:
     )
 
 
-def safe_trim(settings: Settings, stream: str, *, now_ms: int | None = None) -> TrimResult:
-    """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention."""
+def stream_is(stream: str) -> Any:
+    """The dataset filter ``stream = <stream>`` on ``archive_log``.
+
+    Cast first: delta-rs' MERGE writes ``stream`` as ``string_view``, and pyarrow
+    has no ``string = string_view`` kernel. A file whose statistics settle the
+    filter never meets it; a file of several streams' rows (one MERGE of a
+    shared job's rows) does.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.field("stream").cast(pa.string()) == stream
+
+
+def all_logged_intervals(lake: LakeSettings) -> dict[str, list[tuple[int, int]]]:
+    """Per stream, the ``[start_ms, end_ms)`` intervals ``archive_log`` records (one read)."""
+    if not store.is_table(lake, tables.ARCHIVE_LOG):
+        return {}
+    try:
+        table = store.open_table(lake, tables.ARCHIVE_LOG).to_pyarrow_table(
+            columns=["stream", "start_ms", "end_ms"]
+        )
+    except OSError as exc:
+        uri = lake.table(tables.ARCHIVE_LOG)
+        raise LakePathError(f"cannot read {uri}: {store.describe(exc)}") from exc
+    found: dict[str, list[tuple[int, int]]] = {}
+    columns = (table.column(name).to_pylist() for name in ("stream", "start_ms", "end_ms"))
+    for stream, start_ms, end_ms in zip(*columns, strict=True):
+        found.setdefault(stream, []).append((start_ms, end_ms))
+    return found
+
+
+def safe_trim(
+    settings: Settings,
+    stream: str,
+    *,
+    now_ms: int | None = None,
+    intervals: list[tuple[int, int]] | None = None,
+) -> TrimResult:
+    """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention.
+
+    ``intervals`` are the stream's ``archive_log`` intervals when the caller read
+    them already (:func:`all_logged_intervals`); read from the log otherwise.
+    """
 
     from pipeline.redisconn import UNAVAILABLE
 
     key = keys.stream(stream)
-    intervals = logged_intervals(settings.lake, stream)
+    if intervals is None:
+        intervals = logged_intervals(settings.lake, stream)
     client = connect(settings.redis.url)
     try:
         oldest = client.xrange(key, "-", "+", count=1)

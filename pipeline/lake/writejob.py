@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pipeline.settings import Settings
 
@@ -25,3 +26,5 @@ class WriteJob:
     archived_at: datetime
     #: ``lap(stage)`` / ``lap(stage, seconds)``: the run's stage timer
     lap: Callable[..., None]
+    #: a shared job's :class:`pipeline.lake.arrowbatch.SharedWrites` (None: write alone)
+    shared: Any = None

@@ -19,6 +19,14 @@ Metrics (JSON lines via Report), each in one run with its baseline:
   ``dags test`` run with those streams (``SLUICE_STREAMS``); baseline the same
   child-per-stream total. ``stream_tasks_s`` lists the mapped tasks' durations.
 
+- ``airflow_run_100_streams_s``: one whole ``sluice_archive`` run through
+  ``airflow dags test`` of ``SLUICE_BENCH_RUN_STREAMS`` (default 100) streams,
+  resolved from patterns at run start: one chain stream (20 blocks/s) and the
+  rest plain streams at 20 messages/s (~200 B each), one 5-minute interval each
+  (6,000 entries a stream). Baseline: the same run with the chain stream alone
+  (the fixed cost of a run). ``tasks_s`` sums the task instances' durations per
+  task. Goal: <= 60 s. ``SLUICE_BENCH_ONLY=run`` runs this figure alone.
+
 The Connect server is warmed up first (one untimed archive), as a deployment's
 long-lived server is.
 """
@@ -109,6 +117,59 @@ def _one_job(env: dict[str, str], streams: list[str], start_ms: int, end_ms: int
     return seconds
 
 
+def _fill_plain(client: redis.Redis, stream: str, start_ms: int, n: int, step_ms: int) -> None:
+    """XADD n plain entries (~200 B of fields), one every ``step_ms`` from ``start_ms``."""
+    pipe = client.pipeline(transaction=False)
+    body = os.urandom(90).hex()
+    for i in range(n):
+        pipe.xadd(
+            keys.stream(stream), {"kind": "event", "body": body}, id=f"{start_ms + i * step_ms}-0"
+        )
+        if i % 3000 == 2999:
+            pipe.execute()
+    pipe.execute()
+
+
+def _tasks_s(home: Path) -> dict[str, Any]:
+    """Per task id: (count, summed duration) of the run's task instances."""
+    with sqlite3.connect(home / "airflow.db") as db:
+        rows = db.execute(
+            "select task_id, count(*), sum(duration), group_concat(distinct state) "
+            "from task_instance group by task_id"
+        ).fetchall()
+    return {t: {"n": n, "s": round(float(d or 0), 2), "state": st} for t, n, d, st in rows}
+
+
+def _run_streams(
+    tmp: Path, env: dict[str, str], end: datetime, start_ms: int, n_streams: int
+) -> tuple[float, dict[str, Any]]:
+    """One ``dags test`` run of ``sluice_archive`` over ``n_streams`` streams (the chain one
+    first); (wall seconds, details)."""
+    rate = 20
+    n = int(INTERVAL.total_seconds()) * rate
+    url = env["SLUICE_REDIS_URL"]
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    chain = "chain:run"
+    _fill(client, chain, start_ms, n, 1000 // rate)
+    for i in range(n_streams - 1):
+        _fill_plain(client, f"events:s{i:03d}", start_ms, n, 1000 // rate)
+    client.close()
+    home = tmp / f"airflow-run-{n_streams}"
+    home.mkdir()
+    af_env = _airflow_env(
+        home, {**env, "SLUICE_LAKE_URI": str(tmp / f"lake-run-{n_streams}"),
+               "SLUICE_STREAMS": "chain:*,events:*", "SLUICE_CHAIN_STREAMS": "chain:*"},
+    )  # fmt: skip
+    _airflow(af_env, "db", "migrate")
+    load = _load()
+    seconds = _airflow(af_env, "dags", "test", "sluice_archive", end.isoformat())
+    tasks = _tasks_s(home)
+    failed = {t: v for t, v in tasks.items() if v["state"] not in ("success", "skipped")}
+    assert not failed, failed
+    return seconds, {"load": [load, _load()], "tasks_s": tasks, "entries_per_stream": n}
+
+
 def _airflow_env(home: Path, env: dict[str, str]) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_"))}
     return {
@@ -150,6 +211,8 @@ def main() -> int:
     from pipeline.settings import Settings
 
     n_streams = int(os.environ.get("SLUICE_BENCH_STREAMS", "4"))
+    run_streams = int(os.environ.get("SLUICE_BENCH_RUN_STREAMS", "100"))
+    only = os.environ.get("SLUICE_BENCH_ONLY", "")
     report = Report("airflow")
     # The interval: a 5-minute one on the grid, an hour ago (closed, inside no retention).
     end = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
@@ -183,6 +246,24 @@ def main() -> int:
                 }
                 # Warm the server (Python workers, Delta classes), untimed.
                 _job({**env, "SLUICE_LAKE_URI": str(tmp / "lake-warm")}, WARM, start_ms, end_ms)
+
+                if only in ("", "run"):
+                    one_s, one = _run_streams(tmp, env, end, start_ms, 1)
+                    many_s, many = _run_streams(tmp, env, end, start_ms, run_streams)
+                    report.emit(
+                        "airflow_run_100_streams_s", many_s, one_s, streams=run_streams,
+                        goal_s=60.0, **many, baseline_tasks_s=one["tasks_s"],
+                        baseline_load=one["load"],
+                    )  # fmt: skip
+                    if only == "run":
+                        report.save()
+                        return 0
+                    client = redis.Redis.from_url(server.url)
+                    client.flushall()
+                    _fill(client, STREAM, start_ms, n, 1000 // RATE)
+                    for stream in others:
+                        _fill(client, stream, start_ms, n // 10, 1000)
+                    client.close()
 
                 load = _load()
                 direct_s, result = _job(

@@ -44,6 +44,12 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
     assert "streams" in dag.get_task("archive_streams").upstream_task_ids
     assert "canonical" in archive.downstream_task_ids
     assert "trim" in canonical.downstream_task_ids and "trim" in archive.downstream_task_ids
+    # one trim job for every stream (not mapped), its result per stream in its XCom
+    assert trim.job == "trim-streams" and not trim.is_mapped
+    # only the tasks that start Spark jobs are bounded; the per-stream results are not
+    parallelism = dag.get_task("archive_streams").max_active_tis_per_dag
+    assert parallelism == canonical.max_active_tis_per_dag == 1
+    assert archive.max_active_tis_per_dag is None and trim.max_active_tis_per_dag is None
     assert [o.uri for o in dag.get_task("publish").outlets] == ["sluice://lake/blocks"]
     assert trim.trigger_rule == "none_failed"
 

@@ -29,14 +29,13 @@ def test_both_runs_succeed_for_exactly_the_interval(archived: Any) -> None:
     for (states, start, end), streams in ((archived["first"], 2), (archived["second"], 1)):
         assert all(state == "success" for state in states.values()), states
         assert (start, end) == (sc.START, sc.END)
-        # one job for all streams, then one mapped archive and trim per configured stream...
+        # one job for all streams, then one mapped archive per configured stream...
         assert states["archive_streams[-1]"] == "success"
         assert [states.get(f"archive[{i}]") for i in range(streams + 1)] == [
             *["success"] * streams, None,
         ]  # fmt: skip
-        assert [states.get(f"trim[{i}]") for i in range(streams + 1)] == [
-            *["success"] * streams, None,
-        ]  # fmt: skip
+        # ...then one trim job for every stream
+        assert states["trim[-1]"] == "success" and "trim[0]" not in states
         # ...and canonical marking for the chain stream only
         assert states["canonical[0]"] == "success" and "canonical[1]" not in states
         assert states["publish[-1]"] == "success"
@@ -274,7 +273,8 @@ def test_a_stream_pattern_archives_and_trims_every_matching_stream(
         run = dag_runner.run("sluice_archive", sc.END + 5 * day, env=env)
         states = task_states(run)
         assert str(run.state) == "success", states
-        assert {f"trim[{i}]": "success" for i in range(2)}.items() <= states.items(), states
+        assert {f"archive[{i}]": "success" for i in range(2)}.items() <= states.items(), states
+        assert states["trim[-1]"] == "success", states
         rows = sc.table_rows(lake, "archive_log")
         assert sorted((r["stream"], r["entries"]) for r in rows) == [(n, 3) for n in names]
         # trimmed below what the lake holds (all of it: older than the hot window)
@@ -289,3 +289,20 @@ def test_a_stream_pattern_archives_and_trims_every_matching_stream(
         lake_redis.delete(*(keys.stream(n) for n in [*names, "pat:c"]))
     entries = sc.table_rows(lake, "stream_entries")
     assert sorted(r["entry_id"] for r in entries) == sorted(i for v in ids.values() for i in v)
+
+
+def test_each_streams_archive_and_trim_result_is_visible_per_stream(archived: Any) -> None:
+    """The shared jobs' results stay visible per stream: each mapped archive task's XCom
+    is its stream's, the trim task's XCom has each stream's result, and each stream's
+    outcome has its own log line."""
+    published = archived["published_first"]
+    assert [r["stream"] for r in published["archived"]] == [sc.CHAIN, sc.PLAIN]
+    assert all(r["entries"] > 0 and "error" not in r for r in published["archived"])
+    # run 1 trimmed nothing (everything inside the hot window), each stream says so itself
+    assert [(r["stream"], r["trimmed"]) for r in published["trimmed"]] == [
+        (sc.CHAIN, 0), (sc.PLAIN, 0),
+    ]  # fmt: skip
+    lines = [m for _, m in archived["records_first"]]
+    for stream in (sc.CHAIN, sc.PLAIN):
+        assert any(m.startswith(f"stream {stream}: archived by archive_streams") for m in lines)
+        assert any(m.startswith(f"stream {stream}: trimmed 0 entries") for m in lines)

@@ -122,6 +122,7 @@ def test_a_lost_spark_server_fails_the_rest_without_trying_them(
     _plain(redis_client, "c", [200])
     url = f"sc://127.0.0.1:{free_port()}"  # nothing listens there
     env = _env(redis_url, lake_uri, tmp_path, url) | {"SLUICE_CHAIN_STREAMS": ""}
+    env["SLUICE_ARCHIVE_JOB_WORKERS"] = "1"  # one worker: c starts after p failed
 
     code, doc, err = run_job(env, *_args("p", "c", lo=0, hi=W), timeout=120)
 
@@ -143,7 +144,8 @@ def test_streams_left_near_the_time_limit_are_reported_not_started(
 
     for name in ("p", "q", "r"):
         _plain(redis_client, name, [W + 1])  # nothing inside [0, W): no Spark needed
-    settings = settings_for(redis_url, lake_uri, lake_job_timeout_s=1)
+    # one worker: q and r would start after p's lock took the job past its limit
+    settings = settings_for(redis_url, lake_uri, lake_job_timeout_s=1, archive_job_workers=1)
     waits = []
 
     @contextmanager

@@ -1,0 +1,75 @@
+"""Trim several streams in one job: ``sluice lake trim-streams --stream A --stream B ...``.
+
+What each ``sluice_archive`` run starts once after its archive, instead of one
+``trim`` job per stream: each job child pays for its process, its imports and
+its first open of ``archive_log`` (about a second together), while trimming a
+stream costs a few milliseconds. ``archive_log`` is read once for all streams
+(:func:`pipeline.lake.trim.all_logged_intervals`, taken before any stream is
+trimmed: a row logged meanwhile only makes the next run trim further).
+
+Per stream, in the order given, under the stream's archive lock: what
+``sluice lake trim`` does (:func:`pipeline.lake.trim.safe_trim`). A stream
+that fails is recorded with its error and the job goes on with the next one;
+after Redis was lost the streams not tried yet are recorded as failed with
+that cause. The result names every stream given, each with its trim result or
+``error``; ``failed`` lists the failed ones and the job's ``ok`` is False when
+one did (the CLI still prints the JSON and exits 1). A stop (SIGTERM) raises
+:class:`JobCancelled` and ends the whole job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from pipeline.errors import JobCancelled, RedisUnavailable
+from pipeline.lake.batch import message
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def trim_streams(
+    settings: Settings,
+    streams: Sequence[str],
+    *,
+    now_ms: int | None = None,
+    locked: Callable[[str], AbstractContextManager[Any]],
+    check: Callable[[], None],
+) -> tuple[dict[str, Any], bool]:
+    """Trim every stream; returns (result, ok). See the module doc."""
+    from pipeline.lake.trim import all_logged_intervals, safe_trim
+
+    names = list(dict.fromkeys(streams))
+    logged = all_logged_intervals(settings.lake)
+    results: dict[str, dict[str, Any]] = {}
+    fatal: str | None = None
+    for stream in names:
+        if fatal is not None:
+            results[stream] = {"stream": stream, "error": f"not tried: {fatal}"}
+            continue
+        try:
+            check()
+            with locked(stream):
+                done = safe_trim(settings, stream, now_ms=now_ms, intervals=logged.get(stream, []))
+        except JobCancelled:
+            raise
+        except Exception as exc:  # one stream's failure must not stop the others
+            check()
+            text = message(exc)
+            log.error("stream %s: trim failed: %s", stream, text)
+            log.debug("stream %s: trim failed", stream, exc_info=True)
+            if isinstance(exc, RedisUnavailable):
+                fatal = text
+            results[stream] = {"stream": stream, "error": text}
+            continue
+        results[stream] = dataclasses.asdict(done)
+        if done.trimmed:
+            log.info("stream %s: trimmed %d entries below %s", stream, done.trimmed, done.min_id)
+    failed = [name for name, result in results.items() if "error" in result]
+    trimmed = sum(int(r.get("trimmed") or 0) for r in results.values())
+    log.info("trimmed %d entries from %d stream(s), %d failed", trimmed, len(names), len(failed))
+    return {"streams": results, "failed": failed}, not failed
