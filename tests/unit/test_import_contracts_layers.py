@@ -136,37 +136,6 @@ def test_the_lake_never_imports_the_chain_part() -> None:
         _part(d) == "chain" for d in deps)]  # fmt: skip
 
 
-def _external(path: Path) -> set[str]:
-    """The top-level names of what ``path`` imports outside ``pipeline``, at any depth."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
-    return found - {"pipeline"}
-
-
-#: The Spark side of the lake: what a JVM-free reader must never reach.
-SPARK = {"pyspark", "delta"}  # ``delta`` is delta-spark's package (delta-rs is ``deltalake``)
-
-
-def test_the_chain_part_reaches_only_the_lakes_jvm_free_storage_layer() -> None:
-    """The lake's storage layer (reader, tables, store and what they import) sits below
-    chain; the Spark jobs sit on top of it and no chain module reaches them."""
-    reached: set[str] = set()
-    todo = [d for n, deps in GRAPH.items() if _part(n) == "chain" for d in deps]
-    while todo:
-        name = todo.pop()
-        if _part(name) == "lake" and name not in reached:
-            reached.add(name)
-            todo.extend(GRAPH[name])
-    storage = sorted(n for n in reached if n not in PACKAGES)
-    assert "pipeline.lake.reader" in storage  # the test follows what serve really reads
-    spark = {n: sorted(_external(MODULES[n]) & SPARK) for n in storage}
-    assert {n: s for n, s in spark.items() if s} == {}, storage
-
-
 #: Pure modules, a call of each, and what must not be loaded after it.
 CALLS = {
     "pipeline.blockcodec": (
