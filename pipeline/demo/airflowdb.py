@@ -37,6 +37,9 @@ EXECUTION_API_RETRY_WAIT_MAX_S = 10
 #: ``connect_args`` of Airflow's engines (Airflow adds ``check_same_thread`` to it).
 CONNECT_ARGS: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S}
 CONNECT_ARGS_ASYNC: dict[str, Any] = {"timeout": BUSY_TIMEOUT_S}
+#: ``connect_args`` for a server database: none (it also overrides SQLite's, should the
+#: caller's environment carry them: psycopg2 refuses ``timeout`` as "invalid dsn").
+NO_CONNECT_ARGS: dict[str, Any] = {}
 
 #: Settings for an Airflow whose metadata database is SQLite.
 ENV = {
@@ -63,4 +66,7 @@ def database_env(sql_alchemy_conn: str) -> dict[str, str]:
     }
     if sql_alchemy_conn.startswith("sqlite"):
         env.update(ENV)
+    else:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.NO_CONNECT_ARGS"
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"] = f"{__name__}.NO_CONNECT_ARGS"
     return env

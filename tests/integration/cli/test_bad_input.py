@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.userenv import user_env
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -31,7 +33,7 @@ def sluice(
     args: list[str], env: dict[str, str], tmp_path: Path
 ) -> subprocess.CompletedProcess[str]:
     full = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+        **user_env(),
         "SLUICE_CONFIG": os.devnull,  # no config file
         "SLUICE_LOG_LEVEL": "WARNING",
         **env,

@@ -20,6 +20,7 @@ import pytest
 from pipeline.ports import free_port
 from tests.integration.cli.test_bad_input import _one_line, sluice
 from tests.support.poll import until_sync
+from tests.support.userenv import user_env
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -169,7 +170,7 @@ def test_missing_java_is_one_clear_line(tmp_path: Path) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
     env = {"PATH": str(empty), "SLUICE_VAR_DIR": str(tmp_path / "var")}
-    full = {k: v for k, v in os.environ.items() if k != "JAVA_HOME" and not k.startswith("SLUICE_")}
+    full = {k: v for k, v in user_env().items() if k != "JAVA_HOME"}
     out = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "spark", "--port", str(free_port())],
         env={**full, "SLUICE_CONFIG": os.devnull, **env},
@@ -198,7 +199,7 @@ def test_ctrl_c_in_a_lake_job_exits_130_with_one_line(redis_url: str, tmp_path: 
     hold = tmp_path / "hold"
     hold.write_text("maintain")  # the job holds right before its Spark work (jobs.HOLD_ENV)
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+        **user_env(),
         "SLUICE_CONFIG": os.devnull,
         "SLUICE_LOG_LEVEL": "WARNING",
         "SLUICE_REDIS_URL": redis_url,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pipeline.errors import ConfigError
 from pipeline.ports import free_port
 from pipeline.redisconn import Role
 from tests.support.poll import until_sync
+from tests.support.userenv import user_env
 
 
 async def test_async_clients_of_every_layout(any_redis_url: str) -> None:
@@ -112,7 +112,7 @@ def test_unreachable_redis_is_not_a_misconfiguration() -> None:
 
 
 def _cli(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SLUICE_REDIS_URL": url, "SLUICE_LOG_LEVEL": "WARNING"}
+    env = {**user_env(keep_sluice=True), "SLUICE_REDIS_URL": url, "SLUICE_LOG_LEVEL": "WARNING"}
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
         env=env, capture_output=True, text=True, timeout=60, check=False,
@@ -155,7 +155,7 @@ def test_a_cluster_node_down_at_start_is_said_in_one_line_once_it_answers(
         "bus": ["bus", "--twin", "1", "--listen", f"127.0.0.1:{free_port()}"],
     }[command]
     env = {
-        **os.environ,
+        **user_env(keep_sluice=True),
         "SLUICE_REDIS_URL": url,
         "SLUICE_BUS_LEGACY_PEERS": "1",
         "SLUICE_LAKE_URI": str(tmp_path / "lake"),
@@ -204,7 +204,7 @@ def test_a_bus_stopped_while_it_waits_for_redis_at_start_exits_0(tmp_path: Any) 
     """SIGTERM while ``sluice bus`` waits for a Redis that is down: exit 0, no traceback
     (its stop waited on an empty set of tasks: ValueError)."""
     env = {
-        **os.environ,
+        **user_env(keep_sluice=True),
         "SLUICE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
         "SLUICE_BUS_LEGACY_PEERS": "1",
         "SLUICE_LOG_LEVEL": "WARNING",
