@@ -138,19 +138,7 @@ def _deletes(raw: Any) -> tuple[str, ...]:
 
 def encode_block(block: Block) -> bytes:
     """The msgpack form stored in one Redis stream entry (no ``weight`` key when None)."""
-    body: dict[str, Any] = {
-        "num": block.num,
-        "hash": block.hash,
-        "parent": block.parent,
-        "updates": block.updates,
-        "deletes": list(block.deletes),
-        "batches": block.batches,
-        "subbatches": [
-            {"id": s.id, "updates": s.updates, "deletes": list(s.deletes)} for s in block.subbatches
-        ],
-    }
-    if block.weight is not None:
-        body["weight"] = weight_to_bytes(block.weight)
+    body = {"num": block.num, "hash": block.hash, "parent": block.parent, **block_raw(block)}
     out: bytes = msgpack.packb(body, use_bin_type=True)
     return out
 
