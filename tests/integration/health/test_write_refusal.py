@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -321,12 +322,34 @@ def _run(
     logging.getLogger(__name__).info("write refusal figures: %s", figures)
 
 
-def test_produce_and_node_ride_out_misconf(
-    redis_factory: Callable[..., LocalRedis], tmp_path: Path, procs: list[Proc]
+def _misconf(server: LocalRedis, spare: LocalRedis) -> AbstractContextManager[None]:
+    return misconf(server.url)
+
+
+def _readonly(server: LocalRedis, spare: LocalRedis) -> AbstractContextManager[None]:
+    return replica(server.url, spare.url)
+
+
+@pytest.mark.parametrize(
+    ("refuse", "cause"),
+    [
+        # MISCONF: a failed RDB save stops writes; before, `sluice produce` exited 1 on it
+        pytest.param(_misconf, "MISCONF", id="misconf"),
+        # READONLY: the server turned into a replica mid-run (a client still on a demoted
+        # master); REPLICAOF NO ONE ends it
+        pytest.param(_readonly, "ReadOnlyError", id="readonly"),
+    ],
+)
+def test_produce_and_node_ride_out_a_write_refusal(
+    refuse: Callable[[LocalRedis, LocalRedis], AbstractContextManager[None]],
+    cause: str,
+    redis_factory: Callable[..., LocalRedis],
+    tmp_path: Path,
+    procs: list[Proc],
 ) -> None:
-    """``MISCONF`` (a failed RDB save stops writes) is retried like an outage, and
-    /healthz says so; before, ``sluice produce`` exited 1 on it."""
-    server = redis_factory()
+    """A write refusal is retried like an outage and /healthz says so with its cause;
+    when it ends, nothing is lost."""
+    server, spare = redis_factory(), redis_factory()
     port = free_port()
     env = {
         **os.environ,
@@ -342,17 +365,18 @@ def test_produce_and_node_ride_out_misconf(
     node.wait_for("node M ready")
     health = f"http://127.0.0.1:{port}/healthz"
     until_sync(health_is(health, 200), "node up", within_s=30)
+    stream = f"refused-{cause}"
     producer = Proc(
-        # 15 s of blocks: the failed RDB save (a fork) must come while it still writes
-        ["produce", "--stream", "misconf", "--rate", "20", "--count", "300"],
+        # 15 s of blocks: the refusal must come while it still writes
+        ["produce", "--stream", stream, "--rate", "20", "--count", "300"],
         env, tmp_path / "produce.log",
     )  # fmt: skip
     procs.append(producer)
     client = redis.Redis.from_url(server.url)
     try:
-        until_sync(lambda: client.xlen(keys.stream("misconf")) >= 5, "first blocks", within_s=30)
-        with misconf(server.url):
-            until_sync(health_is(health, 503, "MISCONF"), "node /healthz down", within_s=30)
+        until_sync(lambda: client.xlen(keys.stream(stream)) >= 5, "first blocks", within_s=30)
+        with refuse(server, spare):
+            until_sync(health_is(health, 503, cause), "node /healthz down", within_s=30)
             # held until the producer has met the refusal: /healthz can flip between
             # two of its writes (one every 50 ms), and leaving then tests nothing
             producer.wait_for("redis unavailable (", within_s=30)
@@ -360,51 +384,7 @@ def test_produce_and_node_ride_out_misconf(
         until_sync(health_is(health, 200), "node /healthz up", within_s=30)
         assert producer.proc.wait(60) == 0, producer.text()
         assert "1 redis outage(s) ridden out" in producer.text()
-        entries = client.xrange(keys.stream("misconf"))
-    finally:
-        client.close()
-    assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
-
-
-def test_produce_and_node_ride_out_readonly(
-    redis_factory: Callable[..., LocalRedis], tmp_path: Path, procs: list[Proc]
-) -> None:
-    """A server turned into a replica mid-run (``READONLY You can't write against a read
-    only replica``: a client still on a demoted master) is retried like an outage and
-    /healthz says so; ``REPLICAOF NO ONE`` ends it and nothing is lost."""
-    server, spare = redis_factory(), redis_factory()
-    port = free_port()
-    env = {
-        **os.environ,
-        "SLUICE_REDIS_URL": server.url,
-        "SLUICE_CONFIG": os.devnull,
-        "SLUICE_LOG_LEVEL": "WARNING",
-        "SLUICE_NODE_LISTEN": "",
-        "SLUICE_NODE_HEALTH_LISTEN": f"127.0.0.1:{port}",
-    }
-    env.pop("PYTHONASYNCIODEBUG", None)
-    node = Proc(["node", "--name", "R", "--workers", "echo"], env, tmp_path / "node.log")
-    procs.append(node)
-    node.wait_for("node R ready")
-    health = f"http://127.0.0.1:{port}/healthz"
-    until_sync(health_is(health, 200), "node up", within_s=30)
-    producer = Proc(
-        ["produce", "--stream", "readonly", "--rate", "20", "--count", "300"],
-        env, tmp_path / "produce.log",
-    )  # fmt: skip
-    procs.append(producer)
-    client = redis.Redis.from_url(server.url)
-    try:
-        until_sync(lambda: client.xlen(keys.stream("readonly")) >= 5, "first blocks", within_s=30)
-        with replica(server.url, spare.url):
-            assert client.info("replication")["role"] == "slave"
-            until_sync(health_is(health, 503, "ReadOnlyError"), "node /healthz down", within_s=30)
-            producer.wait_for("redis unavailable (ReadOnlyError", within_s=30)
-            assert producer.proc.poll() is None, producer.text()
-        until_sync(health_is(health, 200), "node /healthz up", within_s=30)
-        assert producer.proc.wait(60) == 0, producer.text()
-        assert "1 redis outage(s) ridden out" in producer.text()
-        entries = client.xrange(keys.stream("readonly"))
+        entries = client.xrange(keys.stream(stream))
     finally:
         client.close()
     assert sorted(decode_block(f[ENTRY_FIELD]).num for _, f in entries) == list(range(300))
