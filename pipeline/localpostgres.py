@@ -17,6 +17,7 @@ import hashlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.localproc import LocalProcess
 from pipeline.ports import free_port
 
 INSTALL_HINT = (
@@ -124,13 +126,16 @@ def server_argv(data: Path, port: int, socket_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-class LocalPostgres:
+class LocalPostgres(LocalProcess):
     """One ``postgres`` child process with its cluster in a temporary directory."""
+
+    stop_signal = signal.SIGINT  # "fast" shutdown
+    stop_wait_s = 30.0
 
     def __init__(self, *, port: int | None = None) -> None:
         self.port = port or free_port()
         self.directory: Path | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__()
 
     def url(self, database: str, driver: str = "psycopg2") -> str:
         """A SQLAlchemy URL of ``database`` on this server."""
@@ -175,23 +180,10 @@ class LocalPostgres:
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), waiting for exit; removes the cluster. Safe to call twice."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(2)  # SIGINT: "fast" shutdown
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
+        super().stop()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
 
     def _run(self, argv: list[str]) -> None:
         _run(argv)
-
-    def __enter__(self) -> LocalPostgres:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

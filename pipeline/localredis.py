@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import ConfigError, RedisUnavailable
+from pipeline.localproc import LocalProcess
 from pipeline.ports import free_port
 
 INSTALL_HINT = (
@@ -22,7 +23,7 @@ INSTALL_HINT = (
 )
 
 
-class LocalRedis:
+class LocalRedis(LocalProcess):
     """One ``redis-server`` child process in ``directory``.
 
     ``aof=True`` turns on the append-only file so data survives :meth:`restart`
@@ -33,7 +34,7 @@ class LocalRedis:
         self.directory = Path(directory)
         self.port = port or free_port()
         self.aof = aof
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__()
 
     @property
     def url(self) -> str:
@@ -75,31 +76,3 @@ class LocalRedis:
                 return sock.recv(16).startswith(b"+PONG")
         except OSError:
             return False
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM), waiting for exit."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None
-
-    def restart(self) -> LocalRedis:
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> LocalRedis:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import ConfigError
+from pipeline.localproc import LocalProcess
 from pipeline.ports import free_port
 
 VERSION = "v1.8.0"
@@ -96,7 +97,7 @@ def ensure_binary(version: str = VERSION) -> Path:
     return target
 
 
-class LocalStore:
+class LocalStore(LocalProcess):
     """One versitygw child process serving ``directory`` on a free loopback port.
 
     Buckets are subdirectories of ``directory``; :meth:`create_bucket` makes one
@@ -106,7 +107,7 @@ class LocalStore:
     def __init__(self, directory: Path, *, port: int | None = None) -> None:
         self.directory = Path(directory)
         self.port = port or free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__()
 
     @property
     def endpoint(self) -> str:
@@ -158,24 +159,3 @@ class LocalStore:
             allow_bucket_creation=True,
         )
         fs.create_dir(name)
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM), waiting for exit; safe to call twice."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def restart(self) -> LocalStore:
-        self.stop()
-        return self.start()
-
-    def __enter__(self) -> LocalStore:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
