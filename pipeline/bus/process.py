@@ -208,16 +208,13 @@ class BusProcess:
                     continue
                 batch = await self.store.claim(queue, batch_size)
                 if not batch:
-                    first = await self.store.wait_one(queue, _WAIT_S)
+                    # What queued with the first item joins it, in the same round trip
+                    # as the wait (a lone call pays no extra trip for it).
+                    batch = await self.store.wait_claim(queue, _WAIT_S, batch_size)
                     # (a claim of an empty queue can pass while writes are refused)
                     self._gate.ended(queue, "bus: %s loop: redis works again", queue)
-                    if first is None:
+                    if not batch:
                         continue
-                    # What arrived while the wait returned joins it: under load most
-                    # waits end with several items queued, and each batch costs a
-                    # transaction and a POST however small it is (one Redis trip
-                    # more for a lone item).
-                    batch = [first, *await self.store.claim(queue, batch_size - 1)]
                 await handle(batch)
                 pause = 0.1
                 self._gate.ended(queue, "bus: %s loop: redis works again", queue)
