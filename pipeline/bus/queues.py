@@ -105,12 +105,11 @@ class QueueHandlers:
         for env, expires, dst in routed:
             uid = f"{dst}.{await self._counters.next(dst)}"
             tries = min(env.try_, self.config.max_try)
-            request = env.copy(uid=uid, src=self.twin, dst=[dst], try_=tries).encode()
+            request = env.encode(uid=uid, src=self.twin, dst=[dst], try_=tries)
             backlog[uid] = request
             deadlines[uid] = expires
             if dst == self.twin:
-                local = env.copy(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY)
-                to_self.append(local.encode())
+                to_self.append(env.encode(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY))
             else:
                 # The backlog entry is its durable copy (resent after a restart).
                 outbound.append(
@@ -261,7 +260,7 @@ class QueueHandlers:
                 except EnvelopeError:
                     self.corrupt_in(pipe, env.uid, original)
                     continue
-                answer = env.copy(ret=request.ret).encode()
+                answer = env.encode(ret=request.ret)
                 await self.store.finish_in(pipe, env.uid, request.ret, answer)
             for (uid, text), original in zip(invalid, originals[len(mine) :], strict=True):
                 if original is None:
