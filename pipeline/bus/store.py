@@ -255,9 +255,18 @@ class BusStore:
         items = await self._peek(keys=[keys.bus_inflight(queue)], args=[count, self.max_item + 1])
         return cast(list[bytes], items)
 
-    def release(self, pipe: Any, queue: str, count: int) -> None:
-        """Queue the removal of the first ``count`` inflight items into ``pipe``."""
-        pipe.ltrim(keys.bus_inflight(queue), count, -1)
+    def release(self, pipe: Any, queue: str, count: int, claim_next: int = 0) -> None:
+        """Queue the removal of the first ``count`` inflight items into ``pipe``.
+
+        With ``claim_next``, the same transaction then claims up to that many
+        more items (as :meth:`claim`: the pipeline's last result is the list), so
+        a busy loop's next batch costs no round trip of its own. The script goes
+        by its text (EVAL): a transaction has no second chance at ``NOSCRIPT``.
+        """
+        inflight = keys.bus_inflight(queue)
+        pipe.ltrim(inflight, count, -1)
+        if claim_next > 0:
+            pipe.eval(_CLAIM, 2, queue, inflight, claim_next, self.max_item + 1)
 
     async def accept_request(self, seen_id: str, forget_at: float, queue: str, body: bytes) -> int:
         """RPUSH a request from a peer to ``queue`` unless ``seen_id`` was seen (until ``forget_at``).
