@@ -297,15 +297,26 @@ class Forwarder:
             lane.may_post(limit, self._max_batch_bytes) if batch else lane.inflight < limit
         ):
             items = self._take(lane, batch)
-            lane.inflight += 1
-            if self._group is None:  # not running (yet): nothing can be sent
+            if not self._start_post(key, lane, items):
+                # not running (yet), or stopping: nothing can be sent; it stays queued
                 lane.queue.extendleft(reversed(items))
                 lane.queued_bytes += sum(len(item.body) for item in items)
-                lane.inflight -= 1
                 return
-            self._group.create_task(self._post(key, lane, items))
         if not lane.queue and not lane.inflight:
             del self._lanes[key]
+
+    def _start_post(self, key: tuple[int, Kind], lane: _Lane, items: list[Outbound]) -> bool:
+        """Start one POST task; False when the sender is not running or is stopping."""
+        if self._group is None:
+            return False
+        post = self._post(key, lane, items)
+        try:
+            self._group.create_task(post)
+        except RuntimeError:  # the task group is shutting down (run() was cancelled)
+            post.close()
+            return False
+        lane.inflight += 1
+        return True
 
     def _take(self, lane: _Lane, batch: bool) -> list[Outbound]:
         items = self._frame(lane, batch)
