@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Bench-only: make sure nats-server (the NATS core request-reply baseline of
 # `make bench B=bus`) is built and cached, keyed by version, under
-# ~/.cache/sluice-nats/<version>/ (or $SLUICE_NATS_CACHE/<version>/), and that the
+# ~/.cache/sluice-nats/<version>/ (or $BENCH_NATS_CACHE/<version>/), and that the
 # NATS Python client (nats-py, the `bench` extra) is in the virtualenv. `make test`
 # needs neither. A fresh machine builds nats-server once from the Go module proxy.
 set -euo pipefail
 VERSION="v2.15.2"
-DIR="${SLUICE_NATS_CACHE:-$HOME/.cache/sluice-nats}/$VERSION"
+DIR="${BENCH_NATS_CACHE:-$HOME/.cache/sluice-nats}/$VERSION"
 PY="${1:-.venv/bin/python}"
 if ! "$PY" -c "import nats" 2>/dev/null; then
   echo "sluice: installing nats-py into the virtualenv (bench only)" >&2

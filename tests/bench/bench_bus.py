@@ -58,7 +58,7 @@ CMD = "bench.echo"
 A, B = 1001, 1002
 NATS_VERSION = "v2.15.2"  # scripts/ensure-nats.sh builds it
 NATS_SERVER = (
-    Path(os.environ.get("SLUICE_NATS_CACHE", Path.home() / ".cache" / "sluice-nats"))
+    Path(os.environ.get("BENCH_NATS_CACHE", Path.home() / ".cache" / "sluice-nats"))
     / NATS_VERSION
     / "nats-server"
 )
