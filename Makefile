@@ -12,6 +12,7 @@ CHROMIUM := $(VENV)/.sluice-chromium
 COMPOSE := $(VENV)/.sluice-compose
 VERSITYGW := $(VENV)/.sluice-versitygw
 POSTGRES := $(VENV)/.sluice-postgres
+NATS   := $(VENV)/.sluice-nats
 B      ?=
 PYTEST_ARGS ?=
 
@@ -92,7 +93,14 @@ test-unit-py: $(REDIS)
 spark: install
 	$(VENV)/bin/sluice spark
 
-bench: install
+# Bench only (not part of install: `make test` needs no NATS): nats-server, built once from
+# the Go module proxy into ~/.cache/sluice-nats/<version>, and nats-py (the `bench` extra),
+# the NATS core request-reply baseline of B=bus.
+$(NATS): $(STAMP)
+	@bash scripts/ensure-nats.sh $(PY)
+	@touch $@
+
+bench: install $(NATS)
 	$(PY) tests/bench/run.py $(B)
 
 lint: $(STAMP)

@@ -95,8 +95,55 @@ class Envelope:
             "err": self.err,
         }
 
-    def encode(self) -> bytes:
-        return _ENCODER.encode(self.to_dict()).encode()
+    def encode(
+        self,
+        *,
+        uid: str | None = None,
+        src: int | None = None,
+        dst: list[int] | None = None,
+        try_: int | None = None,
+        ret: str | None = None,
+    ) -> bytes:
+        """Compact JSON in the seed's field order; a field given here replaces this
+        envelope's in the output (``env.encode(ret=r) == env.copy(ret=r).encode()``,
+        without the copy: the bus rewrites these fields of every message it passes on).
+        """
+        try_ = self.try_ if try_ is None else try_
+        src = self.src if src is None else src
+        dst = self.dst if dst is None else dst
+        ver, exp, now = self.ver, self.exp, self.now
+        if (
+            type(ver) is int
+            and type(exp) is int
+            and type(try_) is int
+            and type(src) is int
+            and type(now) is int
+            and (len(dst) == 1 and type(dst[0]) is int or all(type(d) is int for d in dst))
+        ):
+            text = _string
+            shm, err = self.shm, self.err
+            return (
+                _LAYOUT
+                % (
+                    ver,
+                    text(self.uid if uid is None else uid),
+                    text(self.cmd),
+                    exp,
+                    try_,
+                    text(self.dat),
+                    src,
+                    ",".join(map(str, dst)),
+                    text(self.ret if ret is None else ret),
+                    text(shm) if shm else '""',
+                    now,
+                    text(err) if err else '""',
+                )
+            ).encode()
+        # something built by hand with another type (a bool, a float): the general encoder
+        doc = self.to_dict()
+        changes = {"uid": uid, "src": src, "dst": dst, "try": try_, "ret": ret}
+        doc.update((k, v) for k, v in changes.items() if v is not None)
+        return _ENCODER.encode(doc).encode()
 
     @property
     def data(self) -> bytes:
@@ -119,6 +166,17 @@ class Envelope:
 _FIELD_NAMES = tuple(f.name for f in fields(Envelope))
 #: Compact JSON (one encoder: ``json.dumps`` with separators builds one per call).
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+#: json.loads's own decoder settings, without its whitespace scans (see loads()).
+_DECODER = json.JSONDecoder()
+#: A string's JSON text, exactly as ``_ENCODER`` writes it inside an object (its fast
+#: path for a lone ``str``: no dict walk).
+_string = _ENCODER.encode
+#: ``_ENCODER.encode(env.to_dict())`` for integer fields, as one format (several times
+#: faster than walking the dict; the same bytes).
+_LAYOUT = (
+    '{"ver":%d,"uid":%s,"cmd":%s,"exp":%d,"try":%d,"dat":%s,"src":%d,"dst":[%s],'
+    '"ret":%s,"shm":%s,"now":%d,"err":%s}'
+)
 
 
 def encode_data(payload: bytes | str) -> str:
@@ -144,6 +202,10 @@ def _fail(text: str) -> EnvelopeError:
 
 
 def _twin_list(value: Any, name: str, *, lenient: bool) -> list[int]:
+    if type(value) is list and len(value) == 1:  # the usual case
+        (only,) = value
+        if type(only) is int and 0 <= only <= MAX_INT:
+            return [only]
     if lenient and _is_int(value):
         value = [value]
     if not isinstance(value, list) or not value:
@@ -210,13 +272,22 @@ def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelop
         raise _fail(problem)
     get = doc.get
     exp, try_, now = get("exp", 0), get("try", 0), get("now", 0)
-    for name, value in (("exp", exp), ("try", try_), ("now", now)):
-        if not _is_int(value):
-            raise _fail(f"{name} must be an integer >= 0 and < 2^63")
+    if not (  # the usual case in one test; the loop says which field is wrong
+        type(exp) is int
+        and type(try_) is int
+        and type(now) is int
+        and 0 <= exp <= MAX_INT
+        and 0 <= try_ <= MAX_INT
+        and 0 <= now <= MAX_INT
+    ):
+        for name, value in (("exp", exp), ("try", try_), ("now", now)):
+            if not _is_int(value):
+                raise _fail(f"{name} must be an integer >= 0 and < 2^63")
     uid, shm, err, dat = get("uid", ""), get("shm", ""), get("err", ""), get("dat", "")
-    for name, value in (("uid", uid), ("shm", shm), ("err", err), ("dat", dat)):
-        if not isinstance(value, str):
-            raise _fail(f"{name} must be a string")
+    if not (type(uid) is str and type(shm) is str and type(err) is str and type(dat) is str):
+        for name, value in (("uid", uid), ("shm", shm), ("err", err), ("dat", dat)):
+            if not isinstance(value, str):
+                raise _fail(f"{name} must be a string")
     if len(uid) > MAX_NAME:
         raise _fail("uid must be at most 256 characters")
     _check_data(dat)
@@ -259,6 +330,16 @@ def loads(raw: bytes | str, *, max_size: int) -> Any:
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
         _check_nesting(data)
+    try:
+        # The usual case, twice as fast as json.loads: UTF-8 text that is one JSON
+        # value from its first byte to its last. Anything else (leading or trailing
+        # whitespace, UTF-16, an error) takes json.loads, which decides as before.
+        text = data.decode()
+        value, end = _DECODER.raw_decode(text)
+        if end == len(text):
+            return value
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        pass
     try:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -376,7 +457,7 @@ def answer_parts(reply: Envelope) -> tuple[bytes, bytes]:
     (up to string escaping), for a ``ret`` only Redis knows (see ``BusStore.deliver_reply``).
     ``"ret":""`` occurs once in the encoding: a quote inside a JSON string is escaped.
     """
-    head, slot, tail = reply.copy(ret="").encode().partition(_RET_SLOT)
+    head, slot, tail = reply.encode(ret="").partition(_RET_SLOT)
     if not slot:
         raise ValueError("encoded envelope has no empty ret field")
     return head + b'"ret":', tail

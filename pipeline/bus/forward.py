@@ -6,11 +6,14 @@ a restart resends whatever was pending. One HTTP client stack: aiohttp's
 :class:`aiohttp.ClientSession` (pooled keep-alive connections), for ``http://``
 and ``https://`` peers alike.
 
-Coalescing: items wait in one lane per (peer, endpoint). A lane has at most
-``lane_posts`` POSTs in flight; whatever arrives meanwhile goes out together in
-the next POST, as one batch body (up to :data:`MAX_BATCH` envelopes and the
-peer's body limit), with ONE signature over the whole body and this bus's
-time (see :mod:`pipeline.bus.signing`). A failed item is retried with
+Coalescing: items wait in one lane per (peer, endpoint). While a POST to a
+batching peer is in flight, what arrives waits and goes out together in the
+next POST, as one batch body (up to :data:`MAX_BATCH` envelopes and the peer's
+body limit), with ONE signature over the whole body and this bus's time (see
+:mod:`pipeline.bus.signing`); a second POST (up to ``lane_posts`` in flight)
+leaves only with a full batch, so a busy lane sends few large POSTs (each POST
+costs both buses the same CPU however many envelopes it carries) and a lane
+with more than one full batch waiting still sends several at once. A failed item is retried with
 doubling, capped backoff from a delay heap, until its ``try`` budget or its
 deadline runs out. A bounded number of items is in memory at once:
 :meth:`Forwarder.submit` waits for room.
@@ -157,12 +160,19 @@ Done = Callable[[list[Final]], Awaitable[None]]
 class _Lane:
     """Items waiting for one (peer, endpoint), and the POSTs in flight to it."""
 
-    __slots__ = ("inflight", "queue", "scheduled")
+    __slots__ = ("inflight", "queue", "queued_bytes", "scheduled")
 
     def __init__(self) -> None:
         self.queue: deque[Outbound] = deque()
+        self.queued_bytes = 0  # body bytes in the queue
         self.inflight = 0
         self.scheduled = False
+
+    def may_post(self, limit: int, full_bytes: int) -> bool:
+        """Whether to send a batch now: none in flight, or a full batch waiting (and room)."""
+        if not self.queue or self.inflight >= limit:
+            return False
+        return self.inflight == 0 or len(self.queue) >= MAX_BATCH or self.queued_bytes >= full_bytes
 
 
 class Forwarder:
@@ -265,6 +275,7 @@ class Forwarder:
         if lane is None:
             lane = self._lanes[key] = _Lane()
         lane.queue.append(item)
+        lane.queued_bytes += len(item.body)
         self._schedule(key)
 
     def _schedule(self, key: tuple[int, Kind]) -> None:
@@ -281,18 +292,38 @@ class Forwarder:
         lane.scheduled = False
         batch = self.batches_to(key[0])
         limit = self._lane_posts if batch else self._workers
-        while lane.queue and lane.inflight < limit:
+        # single envelopes (a peer that takes no batches) go as soon as there is room
+        while lane.queue and (
+            lane.may_post(limit, self._max_batch_bytes) if batch else lane.inflight < limit
+        ):
             items = self._take(lane, batch)
-            lane.inflight += 1
-            if self._group is None:  # not running (yet): nothing can be sent
+            if not self._start_post(key, lane, items):
+                # not running (yet), or stopping: nothing can be sent; it stays queued
                 lane.queue.extendleft(reversed(items))
-                lane.inflight -= 1
+                lane.queued_bytes += sum(len(item.body) for item in items)
                 return
-            self._group.create_task(self._post(key, lane, items))
         if not lane.queue and not lane.inflight:
             del self._lanes[key]
 
+    def _start_post(self, key: tuple[int, Kind], lane: _Lane, items: list[Outbound]) -> bool:
+        """Start one POST task; False when the sender is not running or is stopping."""
+        if self._group is None:
+            return False
+        post = self._post(key, lane, items)
+        try:
+            self._group.create_task(post)
+        except RuntimeError:  # the task group is shutting down (run() was cancelled)
+            post.close()
+            return False
+        lane.inflight += 1
+        return True
+
     def _take(self, lane: _Lane, batch: bool) -> list[Outbound]:
+        items = self._frame(lane, batch)
+        lane.queued_bytes -= sum(len(item.body) for item in items)
+        return items
+
+    def _frame(self, lane: _Lane, batch: bool) -> list[Outbound]:
         first = lane.queue.popleft()
         items = [first]
         if not batch or b"\n" in first.body:
@@ -315,6 +346,7 @@ class Forwarder:
             outcomes = [failed] * len(items)
         finally:
             lane.inflight -= 1
+        self._schedule(key)  # what waited behind this POST goes now, not after _record
         if outcomes is None:  # not as a batch: again, singly, no try spent
             for item in items:
                 self._enqueue(item)
@@ -328,7 +360,6 @@ class Forwarder:
                     self._count(item, final)
             if finals:
                 await self._record(finals)
-        self._schedule(key)
 
     def _settle(self, item: Outbound, outcome: Outcome, text: str) -> tuple[Outcome, str] | None:
         """The final outcome of ``item``, or None when it was scheduled for a retry.

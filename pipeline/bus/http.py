@@ -188,7 +188,7 @@ async def _queue_requests(
             verdicts.append((410, "request expired"))
             continue
         verdicts.append(None)
-        body = env.copy(ret=keys.BUS_REPLY).encode()
+        body = env.encode(ret=keys.BUS_REPLY)
         pending.append((f"{env.src}:{env.uid}", keys.bus_command(env.cmd), body))
     # Remembered until the clock window refuses a copy (1 s margin for rounding);
     # legacy unsigned peers get this bus's clock as their signed time.

@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 #: Longest blocking wait (BLMOVE) of a queue loop, in seconds.
 _WAIT_S = 1
+#: A queue's handler: (batch, how many to claim next) -> the next batch, claimed in the
+#: transaction that records this batch's outcome.
+Handle = Callable[[list[bytes], int], Awaitable[list[bytes]]]
 
 
 class BusProcess:
@@ -195,30 +198,30 @@ class BusProcess:
 
     # --- queue loops ---------------------------------------------------------
 
-    async def _loop(self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]) -> None:
+    async def _loop(self, queue: str, handle: Handle) -> None:
         pause = 0.1
         batch_size = self.config.batch
         recover = True  # inflight items left by a crash or a failed batch go first, one by one
+        batch: list[bytes] = []  # claimed by the previous batch's transaction
         # The flag also ends the loop within one BLMOVE wait should a cancellation be lost
         # inside the Redis client.
         while not self._stopped:
             try:
                 if recover:
+                    batch = []  # (a failed transaction's claims are in the inflight list)
                     recover = await self._recover_one(queue, handle)
                     continue
-                batch = await self.store.claim(queue, batch_size)
                 if not batch:
-                    first = await self.store.wait_one(queue, _WAIT_S)
+                    batch = await self.store.claim(queue, batch_size)
+                if not batch:
+                    # What queued with the first item joins it, in the same round trip
+                    # as the wait (a lone call pays no extra trip for it).
+                    batch = await self.store.wait_claim(queue, _WAIT_S, batch_size)
                     # (a claim of an empty queue can pass while writes are refused)
                     self._gate.ended(queue, "bus: %s loop: redis works again", queue)
-                    if first is None:
+                    if not batch:
                         continue
-                    # What arrived while the wait returned joins it: under load most
-                    # waits end with several items queued, and each batch costs a
-                    # transaction and a POST however small it is (one Redis trip
-                    # more for a lone item).
-                    batch = [first, *await self.store.claim(queue, batch_size - 1)]
-                await handle(batch)
+                batch = await handle(batch, batch_size)
                 pause = 0.1
                 self._gate.ended(queue, "bus: %s loop: redis works again", queue)
             except REDIS_ERRORS as exc:
@@ -234,9 +237,7 @@ class BusProcess:
                 )
                 recover = True
 
-    async def _recover_one(
-        self, queue: str, handle: Callable[[list[bytes]], Awaitable[None]]
-    ) -> bool:
+    async def _recover_one(self, queue: str, handle: Handle) -> bool:
         """Handle the first inflight item alone; False once the inflight list is empty.
 
         The attempt is counted before handling starts; past ``max_attempts`` the
@@ -260,7 +261,7 @@ class BusProcess:
             await self.store.bury_head(queue, digest, item, reason, attempts - 1)
             return True
         try:
-            await handle([item])
+            await handle([item], 0)
         except REDIS_ERRORS:
             if len(self._blips) < 64:
                 self._blips.add(digest)

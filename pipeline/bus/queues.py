@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -63,7 +63,9 @@ class QueueHandlers:
         self.forwarder = forwarder
         self._counters = UidCounters(client)
 
-    async def local(self, batch: list[bytes]) -> None:
+    async def local(self, batch: list[bytes], claim_next: int = 0) -> list[bytes]:
+        """Handle one claimed batch; returns the next batch (up to ``claim_next``),
+        claimed in the transaction that records this one's outcome."""
         now = time.time()
         answers: list[tuple[str, bytes]] = []  # (ret, answer) pushed right away
         unanswerable: list[tuple[str, bytes]] = []  # (reason, request) set aside
@@ -105,12 +107,11 @@ class QueueHandlers:
         for env, expires, dst in routed:
             uid = f"{dst}.{await self._counters.next(dst)}"
             tries = min(env.try_, self.config.max_try)
-            request = env.copy(uid=uid, src=self.twin, dst=[dst], try_=tries).encode()
+            request = env.encode(uid=uid, src=self.twin, dst=[dst], try_=tries)
             backlog[uid] = request
             deadlines[uid] = expires
             if dst == self.twin:
-                local = env.copy(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY)
-                to_self.append(local.encode())
+                to_self.append(env.encode(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY))
             else:
                 # The backlog entry is its durable copy (resent after a restart).
                 outbound.append(
@@ -135,12 +136,13 @@ class QueueHandlers:
                 pipe.zadd(keys.bus_expiry(), deadlines)
             if to_self:
                 pipe.rpush(keys.BUS_REMOTE, *to_self)
-            self.store.release(pipe, keys.BUS_LOCAL, len(batch))
-            await pipe.execute()
+            self.store.release(pipe, keys.BUS_LOCAL, len(batch), claim_next)
+            results = await pipe.execute()
         if self.durability.on and (backlog or answers):
             await self._wait_replicated(len(backlog))
         for item in outbound:
             await self.forwarder.submit(item)
+        return _claimed(results, claim_next)
 
     async def _wait_replicated(self, requests: int) -> None:
         """``WAIT`` for the replicas (``SLUICE_REDIS_MIN_REPLICAS``) before requests leave:
@@ -161,7 +163,8 @@ class QueueHandlers:
             self.not_replicated,
         )
 
-    async def remote(self, batch: list[bytes]) -> None:
+    async def remote(self, batch: list[bytes], claim_next: int = 0) -> list[bytes]:
+        """As :meth:`local`, for ``msgbus.system.remote``."""
         pushes: list[tuple[str, bytes]] = []
         unreadable: list[bytes] = []
         for raw in batch:
@@ -177,12 +180,13 @@ class QueueHandlers:
                 await self.store.push_in(pipe, "request not delivered", pushes)
             for raw in unreadable:
                 self.store.bury_in(pipe, keys.BUS_REMOTE, "no valid cmd", raw)
-            self.store.release(pipe, keys.BUS_REMOTE, len(batch))
+            self.store.release(pipe, keys.BUS_REMOTE, len(batch), claim_next)
             results = await pipe.execute()
         aside = [pushes[int(i)] for i in results[0]] if pushes else []
         if aside:
             # The handler's queue is not a list: its callers hear it now, not at expiry.
             await self._refuse(aside)
+        return _claimed(results, claim_next)
 
     async def _refuse(self, aside: list[tuple[str, bytes]]) -> None:
         replies: list[bytes] = []
@@ -205,7 +209,8 @@ class QueueHandlers:
         cmd = doc.get("cmd") if isinstance(doc, dict) else None
         return str(cmd) if envelope.valid_cmd(cmd) else ""
 
-    async def reply(self, batch: list[bytes]) -> None:
+    async def reply(self, batch: list[bytes], claim_next: int = 0) -> list[bytes]:
+        """As :meth:`local`, for ``msgbus.system.reply``."""
         mine: list[Envelope] = []
         outbound: list[Outbound] = []
         invalid: list[tuple[str, str]] = []  # (uid, error) of unparseable replies
@@ -261,7 +266,7 @@ class QueueHandlers:
                 except EnvelopeError:
                     self.corrupt_in(pipe, env.uid, original)
                     continue
-                answer = env.copy(ret=request.ret).encode()
+                answer = env.encode(ret=request.ret)
                 await self.store.finish_in(pipe, env.uid, request.ret, answer)
             for (uid, text), original in zip(invalid, originals[len(mine) :], strict=True):
                 if original is None:
@@ -280,10 +285,11 @@ class QueueHandlers:
             if outbound:
                 pending = {item.id: item.to_json() for item in outbound}
                 pipe.hset(keys.bus_outbox(), mapping=pending)  # type: ignore[arg-type]
-            self.store.release(pipe, keys.BUS_REPLY, len(batch))
-            await pipe.execute()
+            self.store.release(pipe, keys.BUS_REPLY, len(batch), claim_next)
+            results = await pipe.execute()
         for item in outbound:
             await self.forwarder.submit(item)
+        return _claimed(results, claim_next)
 
     def corrupt_in(self, pipe: Any, uid: str, original: bytes) -> None:
         """Set aside a backlog entry that does not decode (written by something else)."""
@@ -307,6 +313,11 @@ class QueueHandlers:
         to = dst if envelope.is_twin(dst) else None
         cmd = doc.get("cmd")
         return uid, to, str(cmd) if envelope.valid_cmd(cmd) else "invalid.reply"
+
+
+def _claimed(results: list[Any], claim_next: int) -> list[bytes]:
+    """The next batch a transaction claimed (its last result, see ``BusStore.release``)."""
+    return cast(list[bytes], results[-1]) if claim_next > 0 else []
 
 
 class UidCounters:

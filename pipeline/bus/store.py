@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from pipeline import keys
 from pipeline.bus import dead
@@ -213,14 +214,35 @@ class BusStore:
             return NotReplicated(f"replication mark failed: {marked!r}")
         return durability.check(acks)
 
-    async def wait_one(self, queue: str, block_s: int) -> bytes | None:
-        """Block up to ``block_s`` seconds for one item, moved atomically to the inflight list.
+    async def wait_claim(self, queue: str, block_s: int, count: int) -> list[bytes]:
+        """Block up to ``block_s`` seconds for one item, then claim up to ``count - 1`` more.
 
-        The item arrives whole (BLMOVE cannot cut it): at most one oversized item
-        is in the bus's memory at a time, bounded by Redis's ``proto-max-bulk-len``.
+        Both in one round trip (a pipeline: Redis runs the claim as soon as the
+        blocking move is served), every item moved atomically to the inflight list.
+        Empty when nothing came. The first item arrives whole (BLMOVE cannot cut
+        it): at most one oversized item is in the bus's memory at a time, bounded
+        by Redis's ``proto-max-bulk-len``; the others are cut like :meth:`claim`'s.
         """
-        item = await self.redis.blmove(queue, keys.bus_inflight(queue), block_s, "LEFT", "RIGHT")
-        return cast(bytes | None, item)
+        inflight = keys.bus_inflight(queue)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.blmove(queue, inflight, block_s, "LEFT", "RIGHT")
+            if count > 1:
+                limit = self.max_item + 1
+                pipe.evalsha(self._claim.sha, 2, queue, inflight, count - 1, limit)
+            results = await pipe.execute(raise_on_error=False)
+        first = results[0]
+        if isinstance(first, BaseException):
+            raise first
+        if first is None:
+            return []
+        more = results[1] if count > 1 else []
+        if isinstance(more, redis.exceptions.NoScriptError):
+            # Redis does not hold the script (yet, or lost it in a restart): the claim
+            # loads it, one more trip this once.
+            more = await self.claim(queue, count - 1)
+        elif isinstance(more, BaseException):
+            raise more  # the first item is in the inflight list: the loop recovers it
+        return [cast(bytes, first), *cast(list[bytes], more)]
 
     async def claim(self, queue: str, count: int) -> list[bytes]:
         """Move up to ``count`` more items from ``queue`` to its inflight list."""
@@ -233,9 +255,18 @@ class BusStore:
         items = await self._peek(keys=[keys.bus_inflight(queue)], args=[count, self.max_item + 1])
         return cast(list[bytes], items)
 
-    def release(self, pipe: Any, queue: str, count: int) -> None:
-        """Queue the removal of the first ``count`` inflight items into ``pipe``."""
-        pipe.ltrim(keys.bus_inflight(queue), count, -1)
+    def release(self, pipe: Any, queue: str, count: int, claim_next: int = 0) -> None:
+        """Queue the removal of the first ``count`` inflight items into ``pipe``.
+
+        With ``claim_next``, the same transaction then claims up to that many
+        more items (as :meth:`claim`: the pipeline's last result is the list), so
+        a busy loop's next batch costs no round trip of its own. The script goes
+        by its text (EVAL): a transaction has no second chance at ``NOSCRIPT``.
+        """
+        inflight = keys.bus_inflight(queue)
+        pipe.ltrim(inflight, count, -1)
+        if claim_next > 0:
+            pipe.eval(_CLAIM, 2, queue, inflight, claim_next, self.max_item + 1)
 
     async def accept_request(self, seen_id: str, forget_at: float, queue: str, body: bytes) -> int:
         """RPUSH a request from a peer to ``queue`` unless ``seen_id`` was seen (until ``forget_at``).

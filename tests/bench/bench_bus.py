@@ -12,6 +12,14 @@ Baseline, same run: the same handler answering through one Redis with no bus
 (the client RPUSHes to ``msgbus.$cmd``, the handler BLPOPs it and RPUSHes the
 answer to ``ret``).
 
+Second baseline, same run: NATS core request-reply at the same concurrency
+(a real ``nats-server``, one responder process that decodes the envelope and
+answers it, the client's ``request()`` on one connection, nats-py). Bench only:
+``make bench`` builds nats-server into ``~/.cache/sluice-nats/<version>`` and
+installs nats-py (``scripts/ensure-nats.sh``); without them the NATS figure is
+skipped with a line saying why. ``# cpu/call`` lines give each process's CPU
+per call in each phase at CONCURRENCY.
+
     .venv/bin/python tests/bench/bench_bus.py [--calls N] [--concurrency C] [--serial-calls N]
 """
 
@@ -20,12 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +56,12 @@ from pipeline.ports import free_port  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 CMD = "bench.echo"
 A, B = 1001, 1002
+NATS_VERSION = "v2.15.2"  # scripts/ensure-nats.sh builds it
+NATS_SERVER = (
+    Path(os.environ.get("BENCH_NATS_CACHE", Path.home() / ".cache" / "sluice-nats"))
+    / NATS_VERSION
+    / "nats-server"
+)
 
 
 async def run_handler(url: str, direct: bool) -> None:
@@ -58,6 +75,66 @@ async def run_handler(url: str, direct: bool) -> None:
         await server.serve()
     finally:
         await server.close()
+
+
+async def run_nats_handler(url: str) -> None:
+    """Answer CMD over NATS the way the bus handler does: decode, swap, encode."""
+    import nats
+
+    nc = await nats.connect(url)
+
+    async def echo(msg: Any) -> None:
+        request = json.loads(msg.data)
+        request["src"], request["dst"] = request["dst"][0], [request["src"]]
+        request["now"] = int(time.time())
+        await msg.respond(json.dumps(request, separators=(",", ":")).encode())
+
+    await nc.subscribe(CMD, queue="echo", cb=echo)
+    await nc.flush()
+    print("handler ready", flush=True)
+    await asyncio.Event().wait()
+
+
+async def nats_load(url: str, calls: int, concurrency: int) -> tuple[float, list[float]]:
+    """NATS core request-reply: ``calls`` requests at ``concurrency`` on one connection."""
+    import nats
+
+    nc = await nats.connect(url)
+    latencies: list[float] = []
+    counter = iter(range(calls))
+    payload = base64.b64encode(b"x" * 64).decode()
+
+    async def worker() -> None:
+        for _ in counter:
+            doc = {
+                "ver": 1, "uid": "", "cmd": CMD, "exp": 60, "try": 4, "dat": payload,
+                "src": A, "dst": [B], "ret": "", "shm": "", "now": int(time.time()), "err": "",
+            }  # fmt: skip
+            started = time.perf_counter()
+            msg = await nc.request(CMD, json.dumps(doc).encode(), timeout=30)
+            answer = json.loads(msg.data)
+            if answer["err"] or answer["dat"] != payload:
+                raise RuntimeError(f"bad answer: {answer}")
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return elapsed, latencies
+
+
+def nats_missing() -> str:
+    """Why the NATS baseline cannot run here ("" when it can)."""
+    if not NATS_SERVER.is_file():
+        return f"no {NATS_SERVER} (make bench builds it: scripts/ensure-nats.sh)"
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        return "nats-py is not installed (pip install -e '.[bench]')"
+    return ""
 
 
 def run(coro: Any) -> Any:
@@ -147,6 +224,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_port(port: int, wait_s: float = 10.0) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:``port`` (a hang bound only)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def cpu_per_call(pids: dict[str, int], calls: int, phase: str) -> Iterator[None]:
+    """Print each process's CPU per call (us) over the block, the client (this process) too."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    mine = sum(os.times()[:2])
+    yield
+    used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    used["client"] = sum(os.times()[:2]) - mine
+    parts = " ".join(f"{name} {s / calls * 1e6:.0f}" for name, s in used.items() if s > 0)
+    total = sum(used.values()) / calls * 1e6
+    print(f"# cpu/call us, {phase}: total {total:.0f}: {parts}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20_000)
@@ -154,7 +257,11 @@ def main() -> int:
     parser.add_argument("--serial-calls", type=int, default=1000, help="calls at concurrency 1")
     parser.add_argument("--handler", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nats-handler", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.nats_handler:
+        run(run_nats_handler(args.nats_handler))
+        return 0
     if args.handler:
         print("handler ready", flush=True)
         run(run_handler(args.handler, args.direct))
@@ -218,14 +325,48 @@ def main() -> int:
                 procs.append(proc)
                 wait_line(proc, b"ready", log)
 
-            # warm up both paths, then measure the baseline, then the bus
+            nats_url, why_not = "", nats_missing()
+            if not why_not:
+                nats_port = free_port()
+                nats_url = f"nats://127.0.0.1:{nats_port}"
+                with open(work / "nats.log", "ab") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            [str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(nats_port)],
+                            stdout=err,
+                            stderr=err,
+                        )
+                    )
+                wait_port(nats_port)
+                log = work / "nats-handler.log"
+                proc = spawn([__file__, "--nats-handler", nats_url], log)
+                procs.append(proc)
+                wait_line(proc, b"ready", log)
+            names = ["bus-1001", "bus-1002", "handler-bus", "handler-raw"]
+            if nats_url:
+                names += ["nats-server", "handler-nats"]
+            pids = {
+                **dict(zip(names, [p.pid for p in procs], strict=True)),
+                **{f"redis-{n}": r.proc.pid for n, r in zip("abr", redises, strict=True) if r.proc},
+            }
+
+            # warm up every path, then measure the baseline, the bus, NATS
             run(load(rraw.url, f"msgbus.{CMD}", B, 1000, args.concurrency))
             run(load(ra.url, "msgbus.system.local", B, 1000, args.concurrency))
-            base_s, base_lat = run(load(rraw.url, f"msgbus.{CMD}", B, args.calls, args.concurrency))
+            if nats_url:
+                run(nats_load(nats_url, 1000, args.concurrency))
+            with cpu_per_call(pids, args.calls, "direct"):
+                base_s, base_lat = run(
+                    load(rraw.url, f"msgbus.{CMD}", B, args.calls, args.concurrency)
+                )
             print("# measuring the bus", file=sys.stderr, flush=True)  # profilers attach now
-            bus_s, bus_lat = run(
-                load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
-            )
+            with cpu_per_call(pids, args.calls, "bus"):
+                bus_s, bus_lat = run(
+                    load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
+                )
+            if nats_url:
+                with cpu_per_call(pids, args.calls, "nats"):
+                    nats_s, nats_lat = run(nats_load(nats_url, args.calls, args.concurrency))
             # one call at a time: the latency of a lone call (no batching to hide behind)
             one_base_s, one_base = run(load(rraw.url, f"msgbus.{CMD}", B, args.serial_calls, 1))
             one_bus_s, one_bus = run(load(ra.url, "msgbus.system.local", B, args.serial_calls, 1))
@@ -236,17 +377,21 @@ def main() -> int:
             report.emit("calls_per_s", args.calls / bus_s, args.calls / base_s, **extra)
             report.emit("p50_ms", percentile(bus_lat, 50), percentile(base_lat, 50), **extra)
             report.emit("p99_ms", percentile(bus_lat, 99), percentile(base_lat, 99), **extra)
-            names = ["bus-1001", "bus-1002", "handler-bus", "handler-raw"]
-            for name, pid in [
-                *zip(names, [p.pid for p in procs], strict=True),
-                *[
-                    (f"redis-{n}", r.proc.pid)
-                    for n, r in zip("abr", redises, strict=True)
-                    if r.proc
-                ],
-            ]:
+            if nats_url:
+                # baseline: NATS core request-reply in the same run
+                vs_nats = {**extra, "baseline_is": "nats"}
+                report.emit(
+                    "calls_per_s_vs_nats", args.calls / bus_s, args.calls / nats_s, **vs_nats
+                )
+                report.emit(
+                    "p99_ms_vs_nats", percentile(bus_lat, 99), percentile(nats_lat, 99), **vs_nats
+                )
+            else:
+                print(f"# nats baseline skipped: {why_not}", file=sys.stderr)
+            for name, pid in pids.items():
                 print(f"# cpu {name}: {cpu_seconds(pid):.1f} s", file=sys.stderr)
             print(f"# cpu client (this process): {sum(os.times()[:2]):.1f} s", file=sys.stderr)
+            print(f"# load: {Path('/proc/loadavg').read_text().strip()}", file=sys.stderr)
             if os.environ.get("BENCH_STATS"):  # Redis commands per call, to see where trips go
                 run(print_commandstats({n: r.url for n, r in zip("abr", redises, strict=True)}))
         finally:

@@ -19,8 +19,10 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from pipeline import keys
-from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE
+from pipeline.bus.directory import FileDirectory, Peer
+from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE, Forwarder, Kind, Outbound, Outcome
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
+from pipeline.ports import free_port
 
 from .conftest import eventually
 from .test_http import request_body
@@ -276,3 +278,76 @@ async def test_hostile_batches_get_a_4xx_or_per_envelope_refusals_never_a_5xx(tw
         b.port, "/zbus-remote", fresh, signed(a.signer, a.id, b.id, "/zbus-remote", fresh)
     )
     assert status == 200 and doc["results"] == [[200, ""]]
+
+
+class HoldingPeer:
+    """A batching peer that answers no POST until released; records envelopes per POST."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.release = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        lines = (await request.read()).split(b"\n")
+        self.sizes.append(len(lines))
+        if len(self.sizes) > 1:  # the first POST teaches the sender that this peer batches
+            await self.release.wait()
+        results = [[200, ""] for _ in lines]
+        body = {"results": results} if request.content_type == BATCH_TYPE else {"ok": True}
+        return web.json_response(body, headers={BATCH_HEADER: "1"})
+
+
+async def test_a_busy_lane_sends_one_post_at_a_time_unless_a_full_batch_waits():
+    port = free_port()
+    peer = HoldingPeer()
+    app = web.Application()
+    app.router.add_post("/zbus-remote", peer.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    finals: list[Any] = []
+
+    async def done(outcomes: list[Any]) -> None:
+        finals.extend(outcomes)
+
+    fwd = Forwarder(
+        twin=1001,
+        directory=FileDirectory({1002: Peer(1002, f"http://127.0.0.1:{port}", "", None)}),
+        signer=None,
+        done=done,
+        max_batch_bytes=250,  # two 100-byte envelopes (and the separator) are a full batch
+    )
+
+    def item(n: int) -> Outbound:
+        return Outbound(
+            due=0.0, id=f"req:1002.{n}", kind=Kind.REQUEST, to=1002,
+            body=b'{"n":%d,"pad":"%s"}' % (n, b"x" * 80), deadline=time.time() + 60,
+            tries=4, uid=f"1002.{n}",
+        )  # fmt: skip
+
+    running = asyncio.create_task(fwd.run())
+    try:
+        await fwd.submit(item(0))
+        await eventually(lambda: len(finals) == 1)
+        assert fwd.batches_to(1002)
+        await fwd.submit(item(1))  # a POST of one, held by the peer
+        await eventually(lambda: len(peer.sizes) == 2)
+        for n in (2, 3):  # in separate loop turns: each could have had a POST of its own
+            await fwd.submit(item(n))
+            for _ in range(3):
+                await asyncio.sleep(0)
+        # they wait behind the POST in flight (less than a full batch waits) ...
+        assert len(peer.sizes) == 2
+        for n in (4, 5):
+            await fwd.submit(item(n))
+        # ... until a full batch waits: it goes at once, beside the one in flight
+        await eventually(lambda: len(peer.sizes) == 3)
+        peer.release.set()
+        await eventually(lambda: len(finals) == 6)
+        assert peer.sizes[:3] == [1, 1, 2] and sum(peer.sizes) == 6
+        assert all(outcome is Outcome.DELIVERED for _, outcome, _ in finals)
+    finally:
+        peer.release.set()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await runner.cleanup()

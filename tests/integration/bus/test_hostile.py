@@ -74,10 +74,10 @@ async def test_poison_message_goes_to_dead_letters_after_n_attempts(twins, monke
     (a,) = twins(1)
     real = QueueHandlers.local
 
-    async def fragile(self: QueueHandlers, batch: list[bytes]) -> None:
+    async def fragile(self: QueueHandlers, batch: list[bytes], claim_next: int) -> list[bytes]:
         if any(b"poison-ret" in raw for raw in batch):
             raise ZeroDivisionError("poison")
-        await real(self, batch)
+        return await real(self, batch, claim_next)
 
     monkeypatch.setattr(QueueHandlers, "local", fragile)
     ra = aioredis.Redis.from_url(a.url)
@@ -453,11 +453,11 @@ async def test_redis_errors_while_handling_do_not_count_as_poison(twins, monkeyp
     real = QueueHandlers.local
     blips = [0]
 
-    async def flaky(self: QueueHandlers, batch: list[bytes]) -> None:
+    async def flaky(self: QueueHandlers, batch: list[bytes], claim_next: int) -> list[bytes]:
         if any(b"blip-ret" in raw for raw in batch) and blips[0] < 4:
             blips[0] += 1
             raise redis.exceptions.ConnectionError("connection dropped")
-        await real(self, batch)
+        return await real(self, batch, claim_next)
 
     monkeypatch.setattr(QueueHandlers, "local", flaky)
     ra = aioredis.Redis.from_url(a.url)

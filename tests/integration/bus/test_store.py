@@ -146,3 +146,55 @@ async def test_coalescer_stops_when_redis_turns_its_cancel_into_a_connection_err
         runner.cancel()
         caller.cancel()
         await client.aclose()
+
+
+async def test_a_wait_claims_what_queued_with_the_first_item(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client)
+    queue, inflight = keys.BUS_LOCAL, keys.bus_inflight(keys.BUS_LOCAL)
+    try:
+        waiting = asyncio.create_task(store.wait_claim(queue, 10, 8))
+        await asyncio.sleep(0)  # (no timing assumed: pushed before or during the wait)
+        await client.rpush(queue, b"a", b"b", b"c")
+        assert await waiting == [b"a", b"b", b"c"]
+        assert await client.lrange(inflight, 0, -1) == [b"a", b"b", b"c"]
+        assert await client.llen(queue) == 0
+        # at most count, the rest stays queued
+        await client.rpush(queue, b"d", b"e", b"f")
+        assert await store.wait_claim(queue, 10, 2) == [b"d", b"e"]
+        assert await client.lrange(queue, 0, -1) == [b"f"]
+        assert await store.wait_claim(queue, 10, 1) == [b"f"]
+        # a Redis that lost its scripts (a restart) still hands over everything queued
+        await client.script_flush()
+        await client.rpush(queue, b"g", b"h")
+        assert await store.wait_claim(queue, 10, 8) == [b"g", b"h"]
+        assert await client.llen(inflight) == 8
+        assert await store.wait_claim(queue, 1, 8) == []  # nothing came
+    finally:
+        await client.aclose()
+
+
+async def test_a_batch_transaction_claims_the_next_batch(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client)
+    queue, inflight = keys.BUS_REPLY, keys.bus_inflight(keys.BUS_REPLY)
+
+    async def outcome(count: int, claim_next: int) -> list[bytes]:
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.incr("outcomes")
+            store.release(pipe, queue, count, claim_next)
+            return (await pipe.execute())[-1] if claim_next else []
+
+    try:
+        await client.script_flush()  # (no script cache needed inside the transaction)
+        await client.rpush(queue, b"a", b"b", b"c", b"d", b"e")
+        assert await store.claim(queue, 2) == [b"a", b"b"]
+        assert await outcome(2, 2) == [b"c", b"d"]  # a, b released; c, d claimed
+        assert await client.lrange(inflight, 0, -1) == [b"c", b"d"]
+        assert await outcome(2, 8) == [b"e"]
+        assert await client.lrange(inflight, 0, -1) == [b"e"]
+        assert await outcome(1, 8) == []
+        assert await client.llen(inflight) == 0
+        assert await client.get("outcomes") == b"3"
+    finally:
+        await client.aclose()

@@ -208,3 +208,62 @@ def test_now_in_the_far_future_counts_from_receipt(now):
     assert envelope.deadline(env, received=received, default_exp=300, max_exp=600) == (
         received + 60
     )
+
+
+# --- the fast codec paths give exactly what the general ones give --------------------
+
+_text = st.text(max_size=40)  # any code point: quotes, controls, non-ASCII, surrogates
+_int = st.integers(min_value=0, max_value=MAX_INT)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fields=st.fixed_dictionaries(
+        {
+            "uid": _text,
+            "cmd": _text,
+            "exp": _int,
+            "try_": _int,
+            "dat": _text,
+            "src": _int,
+            "dst": st.lists(_int, max_size=3),
+            "ret": _text,
+            "shm": _text,
+            "now": _int,
+            "err": _text,
+        }  # fmt: skip
+    ),
+    changes=st.fixed_dictionaries(
+        {},
+        optional={
+            "uid": _text,
+            "src": _int,
+            "dst": st.lists(_int, min_size=1, max_size=2),
+            "try_": _int,
+            "ret": _text,
+        },  # fmt: skip
+    ),
+)
+def test_encode_with_changed_fields_is_the_changed_copy_as_json_dumps_writes_it(fields, changes):
+    env = envelope.Envelope(**fields)
+    wanted = env.copy(**changes).to_dict()
+    assert env.encode(**changes) == json.dumps(wanted, separators=(",", ":")).encode()
+    assert json.loads(env.encode(**changes)) == wanted
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(value=st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=10,
+), pad=st.sampled_from(["", " ", "\n", "\t ", " x", "]"]))  # fmt: skip
+def test_loads_takes_and_refuses_what_json_loads_does(value, pad):
+    text = json.dumps(value, ensure_ascii=False)
+    for data in ((text + pad).encode(), (pad + text).encode(), text.encode("utf-16")):
+        try:
+            expected = json.loads(data)
+        except ValueError:
+            with pytest.raises(EnvelopeError, match="not valid JSON"):
+                envelope.loads(data, max_size=1 << 20)
+        else:
+            assert envelope.loads(data, max_size=1 << 20) == expected
