@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+
 from pipeline.bus.directory import FileDirectory
 from pipeline.bus.forward import MAX_BATCH, Forwarder, Kind, Outbound, _batch_results, _Lane
 
@@ -93,3 +95,38 @@ def test_no_peer_takes_batches_until_it_says_so():
     assert not fwd.batches_to(1002)
     fwd._single_until[1002] = 0.0  # the while is over: batches again
     assert fwd.batches_to(1002) and 1002 not in fwd._single_until
+
+
+def test_a_lane_pumped_while_the_group_stops_keeps_its_items(recwarn):
+    """A pump scheduled just before the forwarder stops finds its TaskGroup shutting
+    down: the items stay queued for the next run, and no coroutine is left unawaited
+    (before, ``create_task`` raised in the loop callback and the POST coroutine was
+    reported as never awaited)."""
+    import asyncio
+    import gc
+
+    fwd = Forwarder(twin=1, directory=FileDirectory({}), signer=None, done=_done)
+
+    async def main() -> None:
+        async def fail() -> None:
+            raise ValueError("stop")
+
+        async def pump_while_cancelled() -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:  # the group is aborting: its tasks are cancelled
+                fwd._enqueue(_item(1, b"{}"))
+                fwd._pump((1002, Kind.REQUEST))
+                raise
+
+        with contextlib.suppress(ExceptionGroup):
+            async with asyncio.TaskGroup() as group:
+                fwd._group = group
+                group.create_task(pump_while_cancelled())
+                group.create_task(fail())
+
+    asyncio.run(main())
+    gc.collect()
+    lane = fwd._lanes[(1002, Kind.REQUEST)]
+    assert [i.id for i in lane.queue] == ["req:1"] and lane.inflight == 0
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], recwarn.list
