@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 
 import pyarrow as pa
 
-from pipeline.blockcodec import KeyTest, decode_raw, effective_weight, raw_weight
-from pipeline.chain.cardinal import encode_results
+from pipeline.blockcodec import KeyTest, decode_raw, raw_results, weight_from_bytes
+from pipeline.chain.cardinal import Encoding, encode_results
 from pipeline.chain.planning import Emit, History
+from pipeline.chain.shared import SharedResults
 from pipeline.errors import BadBatch
 
 log = logging.getLogger(__name__)
@@ -62,23 +63,78 @@ def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | N
     return page_emits(table, keep)
 
 
-def page_emits(table: pa.Table, keep: KeyTest | None) -> list[Emit]:
-    """The blocks of an Arrow page as :class:`Emit` lists (a block that cannot be encoded is skipped)."""
+def page_emits(
+    table: pa.Table,
+    keep: KeyTest | None,
+    shared: SharedResults | None = None,
+    shape: Hashable | None = None,
+) -> list[Emit]:
+    """The blocks of an Arrow page as :class:`Emit` lists (a block that cannot be encoded is skipped).
+
+    With ``shared`` (and the subscription's ``shape``, :func:`~pipeline.chain.shared.shape_of`),
+    blocks another catch-up encoded are taken from it, and the others put in it.
+    """
     nums = table.column("num").to_pylist()
     hashes = table.column("hash").to_pylist()
     parents = table.column("parent").to_pylist()
     payloads = table.column("payload").to_pylist()
-    out = []
+    if shared is None or shape is None:
+        return _encode_rows(nums, hashes, parents, payloads, keep)
+    get = shared.get
+    kept: list[Emit] = []
+    missing: list[int] = []
+    for i, h in enumerate(hashes):
+        hit = get((h, shape))
+        if hit is None:
+            missing.append(i)
+        else:
+            kept.append(Emit(nums[i], h, parents[i], hit[0], 0, hit[1]))
+    fresh = _encode_rows(
+        [nums[i] for i in missing],
+        [hashes[i] for i in missing],
+        [parents[i] for i in missing],
+        [payloads[i] for i in missing],
+        keep,
+    )
+    for emit in fresh:
+        shared.put((emit.hash, shape), emit.results, emit.weight)
+    shared.count(len(kept), len(missing))
+    if not kept:
+        return fresh
+    out = kept + fresh
+    out.sort(key=_num)  # a page's canonical rows: one per number
+    return out
+
+
+def _num(emit: Emit) -> int:
+    return emit.num
+
+
+def _encode_rows(
+    nums: list[int],
+    hashes: list[str],
+    parents: list[str],
+    payloads: list[bytes],
+    keep: KeyTest | None,
+) -> list[Emit]:
+    # One block is a few microseconds of work: the calls are bound once per page
+    # (catchup_cpu_us_per_block of make bench B=resume).
+    encode = raw_results if not isinstance(keep, Encoding) else encode_results
+    unpack, from_bytes = decode_raw, weight_from_bytes
+    out: list[Emit] = []
+    append = out.append
     for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True):
         try:
-            raw = decode_raw(b)
-            texts = encode_results(raw, n, h, p, keep)
+            raw = unpack(b)
+            texts = encode(raw, n, h, p, keep)
+            stored = raw.get("weight")
+            weight = n + 1 if stored is None else from_bytes(stored)  # effective_weight
         except BadBatch as exc:
             # The archive checks a block's header only (number, hashes, weight): a body
             # that cannot be encoded is skipped, as the Redis tail skips such an entry.
             log.warning("skipping lake block %d (0x%s): %s", n, h, exc)
             continue
-        out.append(Emit(n, h, p, texts, 0, effective_weight(n, raw_weight(raw))))
+        append(Emit(n, h, p, texts, 0, weight))
     return out
 
 

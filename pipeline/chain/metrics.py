@@ -56,6 +56,18 @@ class Metrics:
             "counter",
             "resident bytes given back by those releases",
         ),
+        "sluice_serve_catchup_shared_hits_total": (
+            "counter",
+            "lake blocks a catch-up took encoded from another catch-up reading them at once",
+        ),
+        "sluice_serve_catchup_shared_misses_total": (
+            "counter",
+            "lake blocks decoded and encoded while other catch-ups read the lake too",
+        ),
+        "sluice_serve_catchup_shared_clears_total": (
+            "counter",
+            "times the shared encoded blocks were dropped (full, or no catch-up left to share with)",
+        ),
         "sluice_serve_history_cache_dropped_total": (
             "counter",
             "cached lake files dropped after going unused for SLUICE_SERVE_CACHE_IDLE_S",

@@ -72,6 +72,7 @@ from pipeline.chain.planning import History
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
 from pipeline.chain.resumption import TieredResumption
+from pipeline.chain.shared import SharedResults
 from pipeline.chain.wsconn import CLOSE_TIMEOUT_S, MAX_FRAME, Connection, dialect_of
 from pipeline.redisconn import Role, connect
 from pipeline.settings import Settings
@@ -257,6 +258,7 @@ def create_app(
             batch_rows=512,
             max_tail=settings.serve.tail_index_max,
             refused=refused,
+            shared=SharedResults(metrics=app[METRICS]),
         )
         feed = None
         if settings.serve.dialogue_port:

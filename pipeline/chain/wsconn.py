@@ -23,6 +23,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pipeline.blockcodec import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain import jsonrpc
 from pipeline.chain.appkeys import CALLS, HUB, METRICS, RESUMPTION, SETTINGS
+from pipeline.chain.burst import burst_end, frame_texts
 from pipeline.chain.cardinal import (
     CARDINAL,
     DIALECTS,
@@ -196,13 +197,36 @@ class Connection:
                         await send(texts[0], text_op)
                     else:
                         with _corked(sock):
-                            for text in texts:
-                                await send(text, text_op)
+                            await self._send_many(texts)
                 finally:
                     self._writing = False
                 metrics.inc("sluice_serve_messages_sent_total", len(texts))
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+
+    async def _send_many(self, texts: list[bytes]) -> None:
+        """Send ``texts`` in order: runs of them as one burst (:mod:`pipeline.chain.burst`)
+        while the transport's buffer is empty, the rest through aiohttp's ``send_frame``.
+
+        A burst is written only when nothing is buffered, and is at most
+        ``BURST_BYTES``: what it leaves in the buffer then goes out before the
+        next frame, which aiohttp's flow control makes wait while the transport
+        is paused (it checks after each ``writer_limit`` bytes it wrote itself).
+        """
+        ws, transport = self.ws, self._transport
+        send, text_op = ws.send_frame, WSMsgType.TEXT
+        i, count = 0, len(texts)
+        while i < count:
+            if transport is not None and not transport.get_write_buffer_size():
+                end = burst_end(texts, i)
+                if end - i > 1:
+                    if ws.closed or transport.is_closing():
+                        raise ConnectionResetError("websocket closed")
+                    transport.write(frame_texts(texts[i:end]))
+                    i = end
+                    continue
+            await send(texts[i], text_op)
+            i += 1
 
     async def _send_inline(self) -> None:
         """The live fan-out's send (:class:`~pipeline.chain.outbox.FanoutBatch`): no task switch.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -99,6 +100,34 @@ async def test_lake_pages_encoded_in_slices_arrive_whole_and_in_order(
         await client.subscribe(0, chain.canonical[0].hash)
         got = await client.blocks(1100)
     assert got == chain.canonical[:1100]
+
+
+async def test_catch_up_goes_out_in_bursts_whole_and_in_order(
+    settings, serve, connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catch-up frames are written in bursts (pipeline.chain.burst), not one send_frame each;
+    a frame longer than a burst goes through send_frame alone, in its place."""
+    calls = 0
+    real_send = web.WebSocketResponse.send_frame
+
+    async def send_frame(self: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        await real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_frame", send_frame)
+    chain = SyntheticChain(seed=11)
+    big = {100, 101, 350}  # frames of about 300 kB: over BURST_BYTES
+    blocks = [
+        dataclasses.replace(b, updates={"big": os.urandom(150_000)}) if b.num in big else b
+        for b in chain.take(600)
+    ]
+    write_lake(settings.lake.uri, blocks)
+    async with serve(settings) as (base, _app), connect(base, max_msg_size=1 << 20) as client:
+        await client.subscribe(0, blocks[0].hash)
+        got = await client.blocks(len(blocks), wait_s=60)
+    assert got == blocks
+    assert calls < len(blocks) // 4, calls
 
 
 async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_holds_it(

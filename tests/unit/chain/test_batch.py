@@ -9,12 +9,14 @@ from hypothesis import strategies as st
 from pipeline.blockcodec import (
     Block,
     SubBatch,
+    _filtered_or_nested_results,
     block_from_json,
     block_results,
     hex_quantity,
     parse_data,
     parse_hash,
     parse_quantity,
+    raw_results,
 )
 from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.patterns import compile_patterns
@@ -155,3 +157,27 @@ def test_block_numbers_past_int64_are_refused() -> None:
     Block(num=MAX_BLOCK_NUM, hash=b"\x01" * 32, parent=b"\x00" * 32)
     with pytest.raises(BadBatch, match="past"):
         Block(num=MAX_BLOCK_NUM + 1, hash=b"\x01" * 32, parent=b"\x00" * 32)
+
+
+@given(
+    num=st.integers(0, 2**63 - 1),
+    updates=st.dictionaries(st.text(max_size=8), st.binary(max_size=8), max_size=4),
+    deletes=st.lists(st.text(max_size=8), max_size=3),
+    weight=st.none() | st.integers(0, 2**256 - 1),
+)
+def test_the_plain_block_fast_path_writes_the_general_paths_text(
+    num, updates, deletes, weight
+) -> None:
+    """A block without sub-batches and without a filter takes raw_results' fast path: the
+    same bytes as the general path (non-ASCII and quotes escaped the same way)."""
+    raw = {"updates": updates, "deletes": deletes}
+    fast = raw_results(raw, num, "42" * 32, "db" * 32, None, weight)
+    general = _filtered_or_nested_results(raw, num, "42" * 32, "db" * 32, None, weight)
+    assert fast == general
+    assert json.loads(fast[0])["updates"] == {k: "0x" + v.hex() for k, v in updates.items()}
+
+
+def test_the_fast_path_refuses_malformed_maps_as_the_general_path() -> None:
+    for raw in ({"updates": ["k"]}, {"updates": {"k": 1}}, {"deletes": [["k"]]}):
+        with pytest.raises(BadBatch):
+            raw_results(raw, 1, "42" * 32, "db" * 32)

@@ -1,0 +1,47 @@
+"""Concurrent catch-ups from the lake share the encoded blocks (pipeline/chain/shared.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+
+from pipeline.chain.appkeys import METRICS, RESUMPTION
+from pipeline.chain.generator import SyntheticChain
+
+from .conftest import write_lake
+
+
+async def test_two_catch_ups_at_once_share_encoded_blocks_and_each_gets_every_block(
+    settings, serve, connect
+) -> None:
+    chain = SyntheticChain(seed=12)
+    # 16 MB of frames: more than the sockets' buffers hold, so the first catch-up is
+    # still reading the lake when the second one starts
+    blocks = [
+        dataclasses.replace(b, updates={**b.updates, "big": os.urandom(4000)})
+        for b in chain.take(2000)
+    ]
+    write_lake(settings.lake.uri, blocks)
+    async with (
+        serve(settings.replace(serve_send_buffer=256)) as (base, app),
+        connect(base) as one,
+        connect(base) as two,
+        connect(base) as alone,
+    ):
+        # both subscribed before either reads: the first waits for room in its buffer
+        await one.subscribe(0, blocks[0].hash)
+        await two.subscribe(0, blocks[0].hash)
+        got_one, got_two = await asyncio.gather(
+            one.blocks(len(blocks), wait_s=120), two.blocks(len(blocks), wait_s=120)
+        )
+        assert got_one == blocks and got_two == blocks
+        values = app[METRICS].values
+        hits = values["sluice_serve_catchup_shared_hits_total"]
+        assert hits > 0, {k: v for k, v in values.items() if "shared" in k}
+        assert len(app[RESUMPTION].shared) == 0  # dropped once nobody shares
+        # a lone catch-up neither looks up nor fills it
+        await alone.subscribe(0, blocks[0].hash)
+        assert await alone.blocks(len(blocks), wait_s=120) == blocks
+        assert values["sluice_serve_catchup_shared_hits_total"] == hits
+        assert len(app[RESUMPTION].shared) == 0
