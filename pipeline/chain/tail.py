@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from pipeline.chain.entries import Refusals
 from pipeline.chain.planning import Entries, TailIndex, index_entry
@@ -152,9 +153,16 @@ class SharedTail:
             pipe = self._redis.pipeline(transaction=False)
             pipe.xrange(self._key, min="-", max="+", count=1)
             pipe.xrevrange(self._key, max="+", min="-", count=1)
-            await self._reads.queue(pipe, b"(" + last, b"+", PAGE)
-            first, newest, reply = cast(tuple[Entries, Entries, Any], await pipe.execute())
+            self._reads.queue(pipe, b"(" + last, b"+", PAGE)
+            replies = await pipe.execute(raise_on_error=False)
             checkpoint()
+            if isinstance(replies[2], NoScriptError):  # a restarted or promoted server
+                await self._reads.load()
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            first, newest, reply = cast(tuple[Entries, Entries, Any], replies)
             entries, more = self._reads.parse(reply, PAGE)
             if not await self._exclusive():
                 return False

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from pipeline.blockcodec import MAX_ENTRY_BYTES
 from pipeline.chain.planning import Entries
 from pipeline.errors import BadBatch
-from pipeline.redisconn import checkpoint
+from pipeline.redisconn import checkpoint, pipe_evalsha
 
 #: Entries of KEYS[1] from ARGV[1] (an XRANGE min: an id, or ``(`` and an id) up to
 #: ARGV[2] (an XRANGE max), at most ARGV[3] of them, and no more once ARGV[5] bytes are
@@ -78,13 +78,20 @@ class FilteredReads:
         checkpoint()
         return self.parse(reply, count)
 
-    async def queue(
-        self, pipe: aioredis.client.Pipeline, lo: str | bytes, hi: str | bytes, count: int
-    ) -> None:
-        """Queue :meth:`page`'s call on ``pipe``; :meth:`parse` its reply."""
-        await self._script(
-            keys=[self._key], args=[lo, hi, count, MAX_ENTRY_BYTES, READ_BYTES], client=pipe
+    def queue(self, pipe: Any, lo: str | bytes, hi: str | bytes, count: int) -> None:
+        """Queue :meth:`page`'s call on ``pipe`` (any layout); :meth:`parse` its reply.
+
+        A server that lost the script answers :class:`NoScriptError` (execute the
+        pipeline with ``raise_on_error=False``): :meth:`load` it, then queue again.
+        """
+        pipe_evalsha(
+            pipe, self._script.sha, [self._key], [lo, hi, count, MAX_ENTRY_BYTES, READ_BYTES]
         )
+
+    async def load(self) -> None:
+        """Load the script into the server (after a :class:`NoScriptError`)."""
+        await self._redis.script_load(RANGE_READ)
+        checkpoint()
 
     def parse(self, reply: Any, count: int) -> tuple[Entries, bool]:
         """The script's reply as entries (oversized ones refused, with no fields) and ``more``."""

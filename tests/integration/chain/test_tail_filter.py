@@ -22,6 +22,7 @@ from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.resumption import TieredResumption
+from pipeline.chain.tail import SharedTail
 from pipeline.chain.tailread import READ_BYTES, FilteredReads
 from pipeline.redisconn import Role, connect
 from tests.support.poll import until
@@ -103,5 +104,22 @@ async def test_a_range_past_the_byte_budget_is_read_in_several_calls(
         assert [eid for eid, _ in entries] == ids
         assert entries[-1][1] == {ENTRY_FIELD: b"small"}
         assert [eid for eid, _ in await reads.range(b"(" + ids[0], ids[5], 3)] == ids[1:4]
+    finally:
+        await client.aclose()
+
+
+async def test_the_tail_index_reloads_the_script_a_server_lost(
+    redis_url, redis_client: redis.Redis
+) -> None:
+    gen = SyntheticChain(seed=32)
+    write_blocks(redis_client, STREAM, gen.take(5))
+    client = connect(redis_url, Role.SERVE)
+    try:
+        tail = SharedTail(client, KEY)
+        await tail.refresh()
+        redis_client.script_flush()  # as a restarted or promoted server
+        write_blocks(redis_client, STREAM, gen.take(5))
+        await tail.refresh()
+        assert len(tail) == 10 and tail.index.hi == 9
     finally:
         await client.aclose()
