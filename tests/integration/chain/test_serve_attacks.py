@@ -59,7 +59,6 @@ def test_the_witness_keeps_up_while_catchups_and_slowloris_attack(attacked) -> N
     assert attack.blocks > 0
     assert attack.p99_ms < 1000, result
     counters = result.counters
-    print(result)
     assert counters["sluice_serve_slow_disconnects_total"] >= 1, result
     assert counters["sluice_serve_header_timeouts_total"] >= 200, result
     assert result.attacker["slowloris_opened"] >= 200, result
