@@ -3,9 +3,12 @@
 The tail is read through :class:`~pipeline.chain.tailread.FilteredReads`, whose
 script leaves entries over :data:`~pipeline.blockcodec.MAX_ENTRY_BYTES` in Redis
 and names only their id and size: a hostile 20 MB entry costs Redis a copy, never
-the server's event loop seconds of socket reads while catch-ups run. No Redis command blocks without
-sending what it waits for, so the tailer polls (every ``poll_s`` while nothing is new:
-a few hundred bytes, 100 times a second) instead of ``XREAD BLOCK``.
+the server's event loop seconds of socket reads while catch-ups run. No Redis command
+blocks without sending what it waits for (``XREAD BLOCK`` sends the entries), so while
+nothing is new the tailer waits for Redis to say the key was written
+(:class:`~pipeline.chain.tailwake.TailWake`: client tracking, only the key's name
+crosses), reading again at least every ``idle_s``; where that cannot be set up it
+polls every ``poll_s``.
 
 Several ``sluice serve`` processes can tail the same stream side by side; each
 keeps its own hub. On a Redis error the tailer reconnects with a capped
@@ -30,6 +33,7 @@ from pipeline.chain.metrics import Metrics
 from pipeline.chain.planning import Entries, decode_servable
 from pipeline.chain.producer import LiveBlock, WebsocketHub
 from pipeline.chain.tailread import FilteredReads
+from pipeline.chain.tailwake import TailWake
 from pipeline.errors import BadBatch, RedisUnavailable
 from pipeline.loggate import LogGate
 
@@ -48,6 +52,7 @@ class RedisTailer:
         metrics: Metrics,
         *,
         poll_s: float = 0.01,
+        idle_s: float = 0.25,
         give_up_s: float = 300.0,
         refused: Refusals | None = None,
     ) -> None:
@@ -62,12 +67,25 @@ class RedisTailer:
         self.up = False
         self._gate = LogGate(log)
         self._reads = FilteredReads(redis, self._key, self._refused)
+        self.wake = TailWake(
+            redis,
+            self._key,
+            poll_s=poll_s,
+            idle_s=idle_s,
+            on_error=lambda: metrics.inc("sluice_serve_redis_errors_total"),
+        )
 
     async def _start_id(self) -> bytes:
         newest = cast(Entries, await self._redis.xrevrange(self._key, max="+", min="-", count=1))
         return newest[0][0] if newest else b"0-0"
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await self.wake.close()
+
+    async def _run(self) -> None:
         down_since: float | None = None
         delay = 0.05
         while True:
@@ -96,7 +114,7 @@ class RedisTailer:
                 delay = min(delay * 2, 2.0)
                 continue
             if not reply:
-                await asyncio.sleep(self._poll_s)
+                await self.wake.wait()
                 continue
             for entry_id, fields in reply:
                 self.last_id = entry_id
