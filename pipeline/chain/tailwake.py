@@ -13,7 +13,8 @@ time anyone writes the key. Nothing has to be configured on the server
 latest (a poll that covers a reconnect that dropped the tracking). Where the
 connection cannot be set up (a Redis Cluster client, whose pubsub goes to
 another node than the key's; an ACL refusing ``CLIENT``; Redis down) it sleeps
-``poll_s`` instead, and tries again after ``retry_s`` (each failure logged,
+``poll_s`` instead, and tries again after ``retry_s``, doubling up to
+:data:`MAX_RETRY_S` while it keeps failing (each failure logged,
 rate-limited, and told to ``on_error``). The connection is set up afresh every
 ``renew_s``.
 """
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: The channel Redis sends invalidations to (RESP2, redirected to a subscriber).
 INVALIDATE = "__redis__:invalidate"
+#: The longest wait before setting up again after failures (a server that refuses it for good).
+MAX_RETRY_S = 300.0
 #: Seconds a reply of the setup may take (it is three round trips on an idle connection).
 SETUP_S = 5.0
 
@@ -62,6 +65,7 @@ class TailWake:
         self._pubsub: Any = None
         self._opened = 0.0
         self._retry_at = 0.0
+        self._backoff = retry_s
         self._gate = LogGate(log)
         self._on_error = on_error
         #: False where tracking cannot work at all (a Cluster client): polls only
@@ -117,14 +121,15 @@ class TailWake:
             checkpoint()
             ready = True
         except (RedisError, OSError, TimeoutError) as exc:
-            self._retry_at = now + self._retry_s
+            self._retry_at = now + self._backoff
+            self._backoff = min(self._backoff * 2, MAX_RETRY_S)
             self._failed(exc, "live tailer: no wake-up from redis (%r): polling")
         finally:
             if not ready:
                 await pubsub.aclose()
         if ready:
             await self._drop()
-            self._pubsub, self._opened = pubsub, now
+            self._pubsub, self._opened, self._backoff = pubsub, now, self._retry_s
             self._gate.ended("wake", "live tailer: woken by redis again")
 
     def _failed(self, exc: BaseException, msg: str) -> None:

@@ -91,3 +91,30 @@ async def test_an_idle_tailer_waits_for_redis_to_say_the_stream_was_written(
             await task
         await client.aclose()
         sync.close()
+
+
+async def test_where_redis_refuses_tracking_the_tailer_polls_and_says_so(
+    redis_url: str, caplog
+) -> None:
+    sync = redis.Redis.from_url(redis_url)
+    sync.acl_setuser("notrack", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                     commands=["+@all", "-client"])  # fmt: skip
+    client = aioredis.Redis.from_url(redis_url, username="notrack", password="pw")
+    hub, metrics = WebsocketHub(), Metrics()
+    tailer = RedisTailer(client, STREAM, hub, metrics, idle_s=60)
+    task = asyncio.create_task(tailer.run())
+    try:
+        await until(lambda: tailer.up, "the tailer started")
+        block = SyntheticChain(seed=11).take(1)[0]
+        sync.xadd(keys.stream(STREAM), {ENTRY_FIELD: encode_block(block)})
+        await until(lambda: hub.published == 1, "published by polling")
+        assert not tailer.wake.tracking
+        assert metrics.values["sluice_serve_redis_errors_total"] >= 1
+        assert "no wake-up from redis" in caplog.text
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
+        sync.acl_deluser("notrack")
+        sync.close()
