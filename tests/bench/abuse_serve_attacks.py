@@ -326,9 +326,14 @@ async def _phases(
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     result.notes.append(f"witness: {msg.type.name} {msg.data!r}")
                     break
-                res = json.loads(msg.data).get("params", {}).get("result")
+                body = json.loads(msg.data)
+                if "error" in body or "error" in body.get("params", {}):
+                    result.notes.append(f"witness: {msg.data[:300]}")  # its subscription ended
+                res = body.get("params", {}).get("result")
                 if isinstance(res, dict) and res.get("type") == "batch":
                     received.setdefault(int(res["num"], 16), time.perf_counter())
+            else:
+                result.notes.append(f"witness: connection closed ({ws.close_code})")
 
         reader = asyncio.create_task(witness())
         await asyncio.sleep(1.0)  # the tail is indexed, the lake opened
