@@ -14,7 +14,9 @@ The rest sits in allocators that keep freed memory for reuse:
   ``malloc_trim``. :func:`system_malloc` runs the process on glibc's malloc
   instead (``PYTHONMALLOC=malloc``), whose free pages ``malloc_trim`` gives back
   page by page (RSS 1.45x the baseline after that soak with pymalloc, within
-  1.2x with malloc);
+  1.2x with malloc). The price: about 10-15% more CPU per block of a
+  catch-up (``catchup_cpu_us_per_block`` of ``make bench B=resume``), none
+  measurable in live fan-out; ``PYTHONMALLOC=pymalloc`` keeps CPython's own;
 - pyarrow's default pool (mimalloc here) reserves 1 GiB arenas and keeps pages
   freed from another thread than the one that allocated them until that thread
   allocates again (the read threads of a catch-up go idle): 658 MB of 1,090 MB
