@@ -52,7 +52,7 @@ class TailWake:
         *,
         poll_s: float = 0.01,
         idle_s: float = 0.25,
-        renew_s: float = 30.0,
+        renew_s: float = 10.0,
         retry_s: float = 5.0,
         on_error: Callable[[], None] | None = None,
     ) -> None:
@@ -68,6 +68,8 @@ class TailWake:
         self._backoff = retry_s
         self._gate = LogGate(log)
         self._on_error = on_error
+        #: tracking connections set up so far
+        self.opened = 0
         #: False where tracking cannot work at all (a Cluster client): polls only
         self.usable = not is_cluster(redis)
 
@@ -130,6 +132,7 @@ class TailWake:
         if ready:
             await self._drop()
             self._pubsub, self._opened, self._backoff = pubsub, now, self._retry_s
+            self.opened += 1
             self._gate.ended("wake", "live tailer: woken by redis again")
 
     def _failed(self, exc: BaseException, msg: str) -> None:

@@ -19,6 +19,7 @@ from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.producer import WebsocketHub
 from pipeline.chain.relay import RedisTailer
+from pipeline.chain.tailwake import TailWake
 from tests.support.poll import until
 
 STREAM = "relay-filter"
@@ -118,3 +119,20 @@ async def test_where_redis_refuses_tracking_the_tailer_polls_and_says_so(
         await client.aclose()
         sync.acl_deluser("notrack")
         sync.close()
+
+
+async def test_the_wake_up_connection_is_renewed_without_leaking_one(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    sync = redis.Redis.from_url(redis_url)
+    wake = TailWake(client, keys.stream(STREAM), idle_s=0.02, renew_s=0.05)
+    try:
+        while wake.opened < 5:
+            await wake.wait()
+        assert wake.tracking
+        subscribers = sync.client_list(_type="pubsub")
+        assert len(subscribers) == 1, subscribers  # each old one closed
+    finally:
+        await wake.close()
+        await client.aclose()
+    assert sync.client_list(_type="pubsub") == []
+    sync.close()
