@@ -43,9 +43,10 @@ class RedisTail:
     read instead, so a hostile entry is not fetched again by every catch-up.
     """
 
-    __slots__ = ("_reads", "_refused")
+    __slots__ = ("_reads", "_redis", "_refused")
 
     def __init__(self, redis: aioredis.Redis, key: str, refused: Refusals | None = None) -> None:
+        self._redis = redis
         self._reads = FilteredReads(redis, key, refused)
         self._refused = refused
 
@@ -56,12 +57,31 @@ class RedisTail:
         return skips if len(skips) <= SKIP_AT_MOST else []
 
     async def between(self, first: bytes, last: bytes) -> Entries:
-        lo: bytes = first
-        out: Entries = []
-        for skip in [s for s in self._skips(first, last) if s != last]:
-            out += await self._reads.range(lo, b"(" + skip)
+        skips = [s for s in self._skips(first, last) if s != last]
+        if not skips:
+            return await self._reads.range(first, last)
+        # the ranges around the skipped entries in one round trip
+        bounds: list[tuple[bytes, bytes]] = []
+        lo = first
+        for skip in skips:
+            bounds.append((lo, b"(" + skip))
             lo = b"(" + skip
-        return out + await self._reads.range(lo, last)
+        bounds.append((lo, last))
+        pipe = self._redis.pipeline(transaction=False)
+        for lo, hi in bounds:
+            self._reads.queue(pipe, lo, hi, PAGE)
+        replies = await pipe.execute(raise_on_error=False)
+        checkpoint()
+        out: Entries = []
+        for (lo, hi), reply in zip(bounds, replies, strict=True):
+            if isinstance(reply, Exception):  # (NOSCRIPT: range() loads the script)
+                out += await self._reads.range(lo, hi)
+                continue
+            entries, more = self._reads.parse(reply, PAGE)
+            out += entries
+            if more or len(entries) == PAGE:
+                out += await self._reads.range(b"(" + entries[-1][0], hi)
+        return out
 
     async def after(self, last_id: bytes, count: int) -> Entries:
         lo = b"(" + last_id
