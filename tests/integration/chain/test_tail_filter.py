@@ -2,9 +2,9 @@
 
 The tail index, a catch-up's tail pages and its replay after the plan all read
 entries by id range; a hostile 20 MB entry there was sent to ``sluice serve``
-once per reader (the witness's delay p99 of up to 1.3 s in ``make bench
-B=abuse``, phase ``hostile+catchup``). Now it never leaves Redis: counted as
-refused, and the good blocks around it are served.
+once per reader (42 MB here for two entries; seconds of socket reads on the
+event loop of a loaded server). Now it never leaves Redis: counted as refused,
+and the good blocks around it are served.
 """
 
 from __future__ import annotations
