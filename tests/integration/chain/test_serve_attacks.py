@@ -62,6 +62,12 @@ def test_the_witness_keeps_up_while_catchups_and_slowloris_attack(attacked) -> N
     assert counters["sluice_serve_slow_disconnects_total"] >= 1, result
     assert counters["sluice_serve_header_timeouts_total"] >= 200, result
     assert result.attacker["slowloris_opened"] >= 200, result
+
+
+@pytest.mark.slow
+def test_memory_and_descriptors_come_back_after_the_attack(attacked) -> None:
+    result = attacked
+    assert result.server_alive and result.rss_high_kb > result.rss_base_kb * 1.2, result
     # resident memory and descriptors back within 20% of the baseline (result.settled)
     assert result.fds_after <= result.fds_base * 1.2 + 2, result
     assert result.rss_after_kb <= result.rss_base_kb * 1.2, result
