@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"sluice: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if name in _LONG_RUNNING and argv is None:  # (not when called in-process, e.g. by a test)
+        memory.system_malloc()  # runs the command again on glibc's malloc, unless set
     logging.basicConfig(
         level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -1,9 +1,22 @@
 """Native memory given back to the system after load, for always-on processes that read Arrow.
 
-Python's own objects are not the problem: after many catch-ups `sluice serve`
+Python's own live objects are not the problem: after many catch-ups `sluice serve`
 held a few MB more in traced Python objects but hundreds of MB more resident.
-The rest sits in native allocators that keep freed memory for reuse:
+The rest sits in allocators that keep freed memory for reuse:
 
+- CPython's small-object allocator (pymalloc) carves 1 MiB arenas into 16 KiB
+  pools and returns an arena only once every object in it is gone. A catch-up
+  burst fills arenas with short-lived objects among a few long-lived ones (the
+  tail index's new entries, a log record, a metric), and each survivor pins its
+  arena: after the attack soak (tests/bench/abuse_serve_attacks.py, 48
+  catch-ups from block 0 and 200 slow-loris peers) 101 arenas held 47 MB of
+  objects and 53 MB of empty pools, resident for good, out of reach of
+  ``malloc_trim``. :func:`system_malloc` runs the process on glibc's malloc
+  instead (``PYTHONMALLOC=malloc``), whose free pages ``malloc_trim`` gives back
+  page by page (RSS 1.45x the baseline after that soak with pymalloc, within
+  1.2x with malloc). The price: about 10-15% more CPU per block of a
+  catch-up (``catchup_cpu_us_per_block`` of ``make bench B=resume``), none
+  measurable in live fan-out; ``PYTHONMALLOC=pymalloc`` keeps CPython's own;
 - pyarrow's default pool (mimalloc here) reserves 1 GiB arenas and keeps pages
   freed from another thread than the one that allocated them until that thread
   allocates again (the read threads of a catch-up go idle): 658 MB of 1,090 MB
@@ -14,11 +27,13 @@ The rest sits in native allocators that keep freed memory for reuse:
 - glibc keeps free pages at the top and in the middle of its heaps, and gives
   each new thread an arena of its own, up to eight per core.
 
-:func:`tune` (called by ``sluice serve`` before anything loads pyarrow) points each at returning memory (Arrow on the system allocator,
-jemalloc with background purging, glibc with few arenas); :class:`Releaser`
-trims what glibc still holds once the resident size has grown, from a thread,
-at most every ``every_s`` seconds. Both are no-ops where an allocator is absent
-(non-glibc systems) or where the operator chose otherwise (an
+:func:`system_malloc` and :func:`tune` (called by ``sluice serve`` before
+anything loads pyarrow) point each at returning memory (Python objects on
+glibc's malloc, Arrow on the system allocator, jemalloc with background
+purging, glibc with few arenas); :class:`Releaser` trims what glibc still
+holds once the resident size has grown, from a thread, at most every
+``every_s`` seconds. All are no-ops where an allocator is absent (non-glibc
+systems) or where the operator chose otherwise (a ``PYTHONMALLOC``,
 ``ARROW_DEFAULT_MEMORY_POOL`` or ``_RJEM_MALLOC_CONF`` already set).
 """
 
@@ -81,6 +96,26 @@ def tune() -> list[str]:
     ):
         changed.append(f"glibc arenas<={ARENA_MAX}")
     return changed
+
+
+#: CPython reads it once, at start: which allocator Python objects come from.
+PYTHONMALLOC_VAR = "PYTHONMALLOC"
+
+
+def system_malloc() -> None:
+    """Run this process again on glibc's malloc (``PYTHONMALLOC=malloc``); returns if it is.
+
+    Replaces the process (same pid, same arguments, ``sys.orig_argv``) unless
+    ``PYTHONMALLOC`` is already set (the operator's choice, or the second run)
+    or the C library is not glibc. Call it first thing in a command's process,
+    before any thread or open connection.
+    """
+    if PYTHONMALLOC_VAR in os.environ or _libc() is None:
+        return
+    os.environ[PYTHONMALLOC_VAR] = "malloc"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 def rss_bytes() -> int:

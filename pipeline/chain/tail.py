@@ -13,12 +13,14 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from pipeline.chain.entries import Refusals
 from pipeline.chain.planning import Entries, TailIndex, index_entry
+from pipeline.chain.tailread import FilteredReads
 from pipeline.redisconn import checkpoint, parse_entry_id
 
 log = logging.getLogger(__name__)
@@ -34,16 +36,18 @@ SKIP_AT_MOST = 16
 class RedisTail:
     """:class:`~pipeline.chain.planning.TailReads` over one Redis stream key.
 
-    With ``refused``, reads leave out the entries already refused
+    Entries are read through :class:`~pipeline.chain.tailread.FilteredReads`:
+    an oversized one never leaves Redis (it is refused and comes back with no
+    fields). With ``refused``, reads also leave out the entries already refused
     (:class:`~pipeline.chain.entries.Refusals`): the ranges around them are
     read instead, so a hostile entry is not fetched again by every catch-up.
     """
 
-    __slots__ = ("_key", "_redis", "_refused")
+    __slots__ = ("_reads", "_redis", "_refused")
 
     def __init__(self, redis: aioredis.Redis, key: str, refused: Refusals | None = None) -> None:
         self._redis = redis
-        self._key = key
+        self._reads = FilteredReads(redis, key, refused)
         self._refused = refused
 
     def _skips(self, after: bytes, upto: bytes | None = None) -> list[bytes]:
@@ -55,26 +59,39 @@ class RedisTail:
     async def between(self, first: bytes, last: bytes) -> Entries:
         skips = [s for s in self._skips(first, last) if s != last]
         if not skips:
-            return await _xrange(self._redis, self._key, min=first, max=last)
-        pipe = self._redis.pipeline(transaction=False)
-        lo: str | bytes = first
+            return await self._reads.range(first, last)
+        # the ranges around the skipped entries in one round trip
+        bounds: list[tuple[bytes, bytes]] = []
+        lo = first
         for skip in skips:
-            pipe.xrange(self._key, min=lo, max="(" + skip.decode())
-            lo = "(" + skip.decode()
-        pipe.xrange(self._key, min=lo, max=last)
-        pages = cast(list[Entries], await pipe.execute())
+            bounds.append((lo, b"(" + skip))
+            lo = b"(" + skip
+        bounds.append((lo, last))
+        pipe = self._redis.pipeline(transaction=False)
+        for lo, hi in bounds:
+            self._reads.queue(pipe, lo, hi, PAGE)
+        replies = await pipe.execute(raise_on_error=False)
         checkpoint()
-        return [entry for page in pages for entry in page]
+        out: Entries = []
+        for (lo, hi), reply in zip(bounds, replies, strict=True):
+            if isinstance(reply, Exception):  # (NOSCRIPT: range() loads the script)
+                out += await self._reads.range(lo, hi)
+                continue
+            entries, more = self._reads.parse(reply, PAGE)
+            out += entries
+            if more or len(entries) == PAGE:
+                out += await self._reads.range(b"(" + entries[-1][0], hi)
+        return out
 
     async def after(self, last_id: bytes, count: int) -> Entries:
-        lo = "(" + last_id.decode()
+        lo = b"(" + last_id
         out: Entries = []
         for skip in [*self._skips(last_id), None]:
-            hi = "+" if skip is None else "(" + skip.decode()
-            out += await _xrange(self._redis, self._key, min=lo, max=hi, count=count - len(out))
+            hi = b"+" if skip is None else b"(" + skip
+            out += await self._reads.range(lo, hi, count - len(out))
             if skip is None or len(out) >= count:
                 return out
-            lo = "(" + skip.decode()
+            lo = b"(" + skip
         return out
 
 
@@ -101,6 +118,7 @@ class SharedTail:
     ) -> None:
         self._redis = redis
         self._refused = refused
+        self._reads = FilteredReads(redis, key, refused)
         self._key = key
         self._max = max_entries
         self._writer_wait_s = writer_wait_s
@@ -155,9 +173,17 @@ class SharedTail:
             pipe = self._redis.pipeline(transaction=False)
             pipe.xrange(self._key, min="-", max="+", count=1)
             pipe.xrevrange(self._key, max="+", min="-", count=1)
-            pipe.xrange(self._key, min="(" + last.decode(), max="+", count=PAGE)
-            first, newest, entries = cast(tuple[Entries, Entries, Entries], await pipe.execute())
+            self._reads.queue(pipe, b"(" + last, b"+", PAGE)
+            replies = await pipe.execute(raise_on_error=False)
             checkpoint()
+            if isinstance(replies[2], NoScriptError):  # a restarted or promoted server
+                await self._reads.load()
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            first, newest, reply = cast(tuple[Entries, Entries, Any], replies)
+            entries, more = self._reads.parse(reply, PAGE)
             if not await self._exclusive():
                 return False
             try:
@@ -179,7 +205,7 @@ class SharedTail:
                     self._drop_before(self._order[len(self._order) - self._max][0])
             finally:
                 self._gate.set()
-            if len(entries) < PAGE:
+            if len(entries) < PAGE and not more:
                 return True
 
     async def _exclusive(self) -> bool:
@@ -224,19 +250,6 @@ class SharedTail:
             chain = {n: index.chain[n] for n in range(start, index.hi + 1) if n in index.chain}
             chain[lo] = index.chain[lo]
         return TailIndex(chain=chain, last_id=index.last_id, hi=index.hi)
-
-
-async def _xrange(
-    client: aioredis.Redis,
-    key: str,
-    *,
-    min: str | bytes,
-    max: str | bytes,
-    count: int | None = None,
-) -> Entries:
-    entries = cast(Entries, await client.xrange(key, min=min, max=max, count=count))
-    checkpoint()
-    return entries
 
 
 __all__ = ["PAGE", "SKIP_AT_MOST", "RedisTail", "SharedTail"]

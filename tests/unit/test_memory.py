@@ -102,3 +102,30 @@ async def test_pruning_releases_at_once_whatever_the_backoff() -> None:
 def test_release_and_rss_work_on_this_machine() -> None:
     memory.release()
     assert memory.rss_bytes() > 0
+
+
+_SHOW = (
+    "import os, sys; from pipeline import memory; print(os.getpid(), flush=True); "
+    "memory.system_malloc(); print(os.getpid(), os.environ.get('PYTHONMALLOC'), sys.argv[1:])"
+)
+
+
+def test_system_malloc_runs_the_process_again_on_malloc_unless_set() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
+    out = subprocess.run(
+        [sys.executable, "-c", _SHOW, "serve", "--port", "1"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split("\n")  # fmt: skip
+    # printed once before the exec and twice after: the same pid, the same arguments
+    pid = out[0]
+    assert out[1] == pid and out[2] == f"{pid} malloc ['serve', '--port', '1']", out
+    kept = subprocess.run(
+        [sys.executable, "-c", _SHOW],
+        env={**env, "PYTHONMALLOC": "pymalloc"}, capture_output=True, text=True, check=True,
+        timeout=60,
+    ).stdout.split("\n")  # fmt: skip
+    assert kept[1] == f"{kept[0]} pymalloc []", kept  # the operator's choice: no exec

@@ -327,3 +327,20 @@ def go_run(go_programs: dict[str, str]) -> Callable[..., Any]:
             await program.close()
 
     return run
+
+
+class CollectingSink:
+    """A BlockSink keeping what it was given (catch-up only: nothing goes live here)."""
+
+    def __init__(self) -> None:
+        self.blocks: list = []
+        self.head: int | None = None
+
+    async def put(self, emits) -> None:
+        self.blocks += emits
+
+    def put_nowait(self, emits) -> None:
+        self.blocks += emits
+
+    def ready(self, num: int, hash: str) -> None:
+        self.head = num

@@ -17,7 +17,7 @@ from pipeline.lake.reader import LakeReader
 from pipeline.redisconn import Role, connect
 from tests.support.poll import until
 
-from .conftest import STREAM, write_lake
+from .conftest import STREAM, CollectingSink, write_lake
 
 
 def final_state(chain: OrderedChain, blocks) -> dict[int, bytes]:
@@ -179,23 +179,6 @@ async def test_lake_gap_is_reported(settings, serve, connect, redis_client) -> N
     assert "history gap" in (msg.extra or "")
 
 
-class _Sink:
-    """A BlockSink keeping what it was given (catch-up only: nothing goes live here)."""
-
-    def __init__(self) -> None:
-        self.blocks: list = []
-        self.head: int | None = None
-
-    async def put(self, emits) -> None:
-        self.blocks += emits
-
-    def put_nowait(self, emits) -> None:
-        self.blocks += emits
-
-    def ready(self, num: int, hash: str) -> None:
-        self.head = num
-
-
 async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
     settings, redis_url, redis_client: redis.Redis
 ) -> None:
@@ -224,7 +207,7 @@ async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
         ten_a = redis_client.xrange(key, "-", "+")[10][0]
         redis_client.xtrim(key, minid=ten_a, approximate=False)
         redis_client.xdel(key, ten_a)
-        sink = _Sink()
+        sink = CollectingSink()
         task = asyncio.create_task(resumption.stream(plan, None, sink))
         try:
             await until(lambda: sink.head is not None or task.done(), within_s=30)
