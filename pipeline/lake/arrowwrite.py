@@ -553,7 +553,8 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
                     bad = ids.filter(pc.invert(flags)).slice(0, MAX_INVALID_IDS)
                     invalid_ids.extend(bad.to_pylist()[: MAX_INVALID_IDS - len(invalid_ids)])
                 if good.num_rows:
-                    low, high = pc.min_max(good.column("block_num")).values()
+                    # the valid entries' range (a repeat's num is its hash's, in a sane chain)
+                    low, high = pc.min_max(batch.column("block_num")).values()
                     num_lo = low.as_py() if num_lo is None else min(num_lo, low.as_py())
                     num_hi = high.as_py() if num_hi is None else max(num_hi, high.as_py())
                     hash_keys.append(_hash_keys(good.column("block_hash")))
