@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 ROW_GROUP_ROWS = 65_536
 #: Invalid entry ids a task reports (the archive reports at most 100 in all).
 MAX_INVALID_IDS = 100
+#: Entries of the interval just before a chain task's range whose hashes the task takes
+#: as seen: a repeat right after its first entry (a producer's retried XADD) is then
+#: settled in the task even across a range boundary (no file rewrite by the driver).
+LOOKBACK = 64
 
 #: One row per task (per id range), see :func:`write_ranges`.
 RESULT_DDL = (
@@ -487,7 +491,7 @@ class _File:
 
 def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     from pipeline.lake.blockhead import HeadReader
-    from pipeline.lake.redisread import raw_connect, read_raw_pages
+    from pipeline.lake.redisread import raw_connect, read_raw_before, read_raw_pages
     from pipeline.lake.source import raw_to_batch
 
     began_task = time.perf_counter()
@@ -515,6 +519,12 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     read_s = decode_s = write_s = 0.0
     client = raw_connect(task.url)
     try:
+        if task.chain:
+            before = read_raw_before(client, task.key, lo, task.ranges[0][0], LOOKBACK)
+            if before:
+                tail = raw_to_batch(before, True, split=True, heads=heads)
+                flags = pc.fill_null(tail.column("valid_block"), False)
+                seen.first(tail.column("block_hash"), flags.to_numpy(zero_copy_only=False))
         pages = read_raw_pages(client, task.key, lo, hi, task.page)
         while True:
             began = time.perf_counter()

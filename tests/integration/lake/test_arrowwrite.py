@@ -190,6 +190,30 @@ def test_repeated_and_known_hashes_keep_the_arrow_writer(
         assert "part-00001" in names and "part-00002" not in names, name
 
 
+def test_a_repeat_right_after_a_range_boundary_is_settled_in_its_task(
+    spark: Any, redis_client: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """A producer's retried XADD lands as the first entry of the next task's range: the task
+    looks back past its range's start, so no file is rewritten; the rows are Spark's."""
+    blocks = chain(0, 12)
+    key = keys.stream(STREAM)
+    publish(redis_client, STREAM, blocks[:4], first_ms=1000)  # 1000..1003
+    redis_client.xadd(key, {b"block": encode_block(blocks[3])}, id="1004-0")
+    publish(redis_client, STREAM, blocks[4:7], first_ms=1005)  # 1005..1007
+    redis_client.xadd(key, {b"block": encode_block(blocks[7]), b"n": b"1"}, id="1008-0")
+    redis_client.xadd(key, {b"block": encode_block(blocks[7]), b"n": b"2"}, id="1009-0")
+    publish(redis_client, STREAM, blocks[8:], first_ms=1010)  # 1010..1013
+    # Three tasks: ids 1000..1003, 1004..1008, 1009..1013.
+    arrow, slow = str(tmp_path / "arrow"), str(tmp_path / "spark")
+    fast = _archive(spark, redis_url, arrow, "arrow")
+    _archive(spark, redis_url, slow, "spark")
+    assert "commit_entries" in fast.stages and "fix" not in fast.stages
+    assert (fast.entries, fast.blocks) == (14, 14)
+    for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
+        assert _rows(arrow, name) == _rows(slow, name), name
+    assert list(read_entries(arrow, STREAM)) == _redis_entries(redis_client, STREAM, 1000, 1041)
+
+
 def test_killed_between_the_commits_the_rerun_completes(
     spark: Any, redis_client: Any, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
