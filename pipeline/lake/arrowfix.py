@@ -54,6 +54,8 @@ class Fix:
     #: indexes into ``written.blocks_files`` / ``written.entries_files`` to rewrite
     blocks_files: frozenset[int]
     entries_files: frozenset[int]
+    #: indexes of ``blocks_files`` whose every row is dropped and none restored (not read)
+    dropped: frozenset[int] = frozenset()
 
 
 def plan_fix(lake: LakeSettings, stream: str, written: Written) -> Fix | None:
@@ -87,14 +89,16 @@ def plan_fix(lake: LakeSettings, stream: str, written: Written) -> Fix | None:
         ids.filter(restore_mask).combine_chunks(),
     )
 
-    def touched(parts: list[pa.Table], id_set: pa.Array) -> frozenset[int]:
+    def touched(parts: list[pa.Table], id_set: pa.Array, every: bool = False) -> frozenset[int]:
+        test = pc.all if every else pc.any
         return frozenset(
             i
             for i, part in enumerate(parts)
-            if pc.any(pc.is_in(part.column("entry_id"), value_set=id_set)).as_py()
+            if test(pc.is_in(part.column("entry_id"), value_set=id_set)).as_py()
         )
 
-    return Fix(drop, restore, touched(ours, drop), touched(entries, restore))
+    dropped = touched(ours, drop, every=True) - touched(ours, restore)
+    return Fix(drop, restore, touched(ours, drop), touched(entries, restore), dropped)
 
 
 def apply_fix(lake: LakeSettings, stream: str, written: Written, fix: Fix) -> Written:
@@ -108,6 +112,9 @@ def apply_fix(lake: LakeSettings, stream: str, written: Written, fix: Fix) -> Wr
         if i not in fix.blocks_files:
             blocks_files.append(f)
             continue
+        replaced_blocks.append(f)
+        if i in fix.dropped:
+            continue
         (rows,) = _read(lake, tables.BLOCKS, (f,), None)
         ids = rows.column("entry_id")
         restored = rows.filter(pc.is_in(ids, value_set=fix.restore))
@@ -115,7 +122,6 @@ def apply_fix(lake: LakeSettings, stream: str, written: Written, fix: Fix) -> Wr
         kept = rows.filter(pc.invert(pc.is_in(ids, value_set=fix.drop)))
         rewritten = arrowwrite.write_file(blocks_uri, tables.BLOCKS, stream, kept, options)
         blocks_files += [rewritten] if rewritten is not None else []
-        replaced_blocks.append(f)
     payloads = pa.concat_tables(back).combine_chunks()
     entries_files: list[DataFile] = []
     replaced_entries: list[DataFile] = []

@@ -555,20 +555,20 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
             last_id = ids[-1].as_py()
             entries_file.add(rows)
             if keep is not None:
-                good = batch.filter(pa.array(keep))
-                good_n = int(pc.sum(pc.cast(flags, pa.int64())).as_py() or 0)
-                valid += good_n
-                invalid += batch.num_rows - good_n
-                if len(invalid_ids) < MAX_INVALID_IDS and good_n < batch.num_rows:
+                n_valid = int(pc.sum(pc.cast(flags, pa.int64())).as_py() or 0)
+                valid += n_valid
+                invalid += batch.num_rows - n_valid
+                if len(invalid_ids) < MAX_INVALID_IDS and n_valid < batch.num_rows:
                     bad = ids.filter(pc.invert(flags)).slice(0, MAX_INVALID_IDS)
                     invalid_ids.extend(bad.to_pylist()[: MAX_INVALID_IDS - len(invalid_ids)])
-                if good.num_rows:
-                    # the valid entries' range (a repeat's num is its hash's, in a sane chain)
-                    low, high = pc.min_max(batch.column("block_num")).values()
+                if n_valid:
+                    low, high = pc.min_max(batch.column("block_num")).values()  # valid entries'
                     num_lo = low.as_py() if num_lo is None else min(num_lo, low.as_py())
                     num_hi = high.as_py() if num_hi is None else max(num_hi, high.as_py())
-                    hash_keys.append(_hash_keys(good.column("block_hash")))
-                    blocks_file.add(block_rows(good, archived_at))
+                firsts = batch.filter(pa.array(keep))
+                if firsts.num_rows:
+                    hash_keys.append(_hash_keys(firsts.column("block_hash")))
+                    blocks_file.add(block_rows(firsts, archived_at))
             write_s += time.perf_counter() - decoded
         began = time.perf_counter()
         entries_file.close()
