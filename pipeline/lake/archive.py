@@ -39,13 +39,16 @@ Steps 2 to 5 have two writers (``settings.lake.archive_writer``). The Spark
 writer (:mod:`pipeline.lake.sparkwrite`) is described above. The Arrow writer (:mod:`pipeline.lake.arrowwrite`,
 the default) takes the common interval, one the lake holds nothing of: Spark
 tasks read their id ranges, decode and write the Parquet files of both tables
-with pyarrow, and the driver commits them with delta-rs, ``blocks`` first,
-when every valid hash is new (not in ``blocks``) and seen once (the plan of
-step 3 with nothing to mark), or only the entries when ``blocks`` holds every
-written block from the same entry already (:func:`_arrow_plan`). Otherwise it
-deletes its files and the merge writer (:mod:`pipeline.lake.mergewrite`)
-runs: the driver reads the interval and appends, with delta-rs, exactly the
-rows the Spark writer's MERGE adds (no Spark write). All three write the same
+with pyarrow (each task writes a hash's ``blocks`` row once, from its first
+entry in the task's range), and the driver commits them with delta-rs,
+``blocks`` first. A hash the tasks cannot settle alone (repeated across
+their ranges, or in ``blocks`` already) gets the files holding it rewritten
+before the commits (:mod:`pipeline.lake.arrowfix`), so an interval with
+repeated hashes keeps the fast writer. An interval the lake holds part of
+(a forced rerun, entries added later with explicit ids) takes the merge
+writer (:mod:`pipeline.lake.mergewrite`): the driver reads the interval and
+appends, with delta-rs, exactly the rows the Spark writer's MERGE adds (no
+Spark write). All three write the same
 rows; ``archive_writer = spark`` takes the Spark writer for every interval.
 
 On object storage Spark never writes (docs/DESIGN.md says why): the Arrow
@@ -54,7 +57,6 @@ writer and the merge writer do.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable
@@ -278,7 +280,7 @@ def _write(spark: Any, job: WriteJob) -> Stats:
     if arrow and empty:
         return _write_arrow(spark, job)
     if arrow:
-        return mergewrite.write(job, empty)
+        return mergewrite.write(job)
     if lake.remote:
         raise LakeError(
             f"archive of {job.stream!r} [{job.start_ms}, {job.end_ms}) needs a MERGE and the "
@@ -321,27 +323,25 @@ def _arrow_writer(lake: LakeSettings) -> bool:
 def _write_arrow(spark: Any, job: WriteJob) -> Stats:
     """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
 
-    Spark tasks read, decode and write the files; they are committed only when
-    they hold exactly what the Spark writer would write with no marks
-    (:func:`_arrow_plan`). Otherwise the merge writer takes the interval as the
-    files hold it (no second read of Redis) and the files are deleted. Commits:
-    ``blocks``, then ``stream_entries``, one atomic append each.
+    Spark tasks read, decode and write the files; the driver commits them once
+    they hold exactly what the Spark writer's MERGE would write: a hash
+    repeated across tasks' ranges or already in ``blocks`` gets the files
+    that hold it rewritten first (:mod:`pipeline.lake.arrowfix`; no second
+    read of Redis). Commits: ``blocks``, then ``stream_entries``, one atomic
+    append each.
     """
-    from pipeline.lake import arrowwrite
+    from pipeline.lake import arrowfix, arrowwrite
 
-    settings, stream, key, start_ms, end_ms, lap = (
-        job.settings, job.stream, job.key, job.start_ms, job.end_ms, job.lap
-    )  # fmt: skip
+    settings, stream, lap = job.settings, job.stream, job.lap
     lake = settings.lake
     micros = (job.archived_at - _EPOCH) // timedelta(microseconds=1)
     shared = job.shared
-    written = (shared.write_files if shared is not None else arrowwrite.write_files)(
-        spark,
+    options = arrowwrite.WriteOptions(
         url=settings.redis.url,
-        key=key,
+        key=job.key,
         chain=job.chain,
-        first=(start_ms, 0),
-        last=(end_ms - 1, MAX_SEQ),
+        first=(job.start_ms, 0),
+        last=(job.end_ms - 1, MAX_SEQ),
         partitions=lake.archive_partitions,
         page=source.DEFAULT_PAGE,
         entries_table=lake.table(tables.STREAM_ENTRIES),
@@ -350,34 +350,29 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats:
         archived_at_us=micros,
         storage_options=lake.storage_options(),
     )
+    write_files = shared.write_files if shared is not None else arrowwrite.write_files
+    written = write_files(spark, options)
     for name, seconds in written.stages.items():
         lap(name, seconds)
     lap("files")
-    options = lake.storage_options()
-    plan = _arrow_plan(lake, stream, written)
-    if plan is _Plan.FALLBACK:
-        lap("plan")
-        log.info(
-            "stream %s [%d, %d): blocks of the interval are in the lake already from other "
-            "entries or repeat a hash; writing it with the merge writer",
-            stream, start_ms, end_ms,
-        )  # fmt: skip
-        try:
-            read = mergewrite.read_files(lake, written)
-        finally:
-            arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
-            arrowwrite.discard(lake.table(tables.STREAM_ENTRIES), written.entries_files, options)
-        return mergewrite.write(job, True, read)
-    commit_blocks = plan is _Plan.BOTH
-    if not commit_blocks:
-        arrowwrite.discard(lake.table(tables.BLOCKS), written.blocks_files, options)
+    fix = arrowfix.plan_fix(lake, stream, written)
     lap("plan")
+    if fix is not None:
+        log.info(
+            "stream %s [%d, %d): %d blocks of the interval are in the lake already or repeat a "
+            "hash across its ranges; rewriting %d of its files",
+            stream, job.start_ms, job.end_ms, len(fix.drop),
+            len(fix.blocks_files) + len(fix.entries_files),
+        )  # fmt: skip
+        written = arrowfix.apply_fix(lake, stream, written, fix)
+        lap("fix")
     # A row of stream_entries may say its payload is in blocks: blocks commits first.
     commit = shared.commit if shared is not None else arrowwrite.commit
-    if commit_blocks:
-        commit(lake.table(tables.BLOCKS), written.blocks_files, stream, options)
+    storage = lake.storage_options()
+    if written.blocks_files:
+        commit(lake.table(tables.BLOCKS), written.blocks_files, stream, storage)
         lap("commit_blocks")
-    commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream, options)
+    commit(lake.table(tables.STREAM_ENTRIES), written.entries_files, stream, storage)
     lap("commit_entries")
     return Stats(
         entries=written.entries,
@@ -392,53 +387,6 @@ def _write_arrow(spark: Any, job: WriteJob) -> Stats:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class _Plan(enum.Enum):
-    """What the Arrow writer commits of the files it wrote."""
-
-    BOTH = "both"  # every valid block is new: blocks, then stream_entries
-    ENTRIES = "entries"  # blocks holds every written block already, from the same entry
-    FALLBACK = "fallback"  # anything else: the merge writer
-
-
-def _arrow_plan(lake: LakeSettings, stream: str, written: Any) -> _Plan:
-    """Decide on the written files against the ``blocks`` rows of their num range.
-
-    The Spark writer's plan with nothing to mark: a block is new when its hash
-    is not in ``blocks`` and this is its first entry. So the files go in as
-    they are when the valid hashes are pairwise distinct and none is in
-    ``blocks`` (a first archive, or a fork of blocks archived before). When
-    ``blocks`` holds every written ``(num, hash, entry_id)`` already (a rerun
-    of a job that died between its two commits), only the entries go in:
-    each entry row that says its payload is in ``blocks`` finds it there.
-    """
-    import pyarrow.parquet as pq
-
-    from pipeline.lake.intervalstats import interval_scan
-
-    if not written.blocks:
-        return _Plan.BOTH
-    if not written.distinct:
-        return _Plan.FALLBACK
-    columns = ["num", "hash", "entry_id"]
-    lo, hi = int(written.num_lo), int(written.num_hi)
-    there = interval_scan(lake, tables.BLOCKS, stream, "num", lo, hi, columns)
-    if not there.num_rows:
-        return _Plan.BOTH
-    fs, root = store.filesystem(lake, lake.table(tables.BLOCKS))
-    ours = pq.read_table(
-        [f"{root}/{f.path}" for f in written.blocks_files], columns=columns, filesystem=fs
-    )
-
-    def rows(table: pa.Table) -> set[tuple[Any, ...]]:
-        return set(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
-
-    if not set(ours.column("hash").to_pylist()) & set(there.column("hash").to_pylist()):
-        return _Plan.BOTH
-    if rows(ours) <= rows(there):
-        return _Plan.ENTRIES
-    return _Plan.FALLBACK
 
 
 def ensure_entries_columns(lake: LakeSettings) -> None:

@@ -36,6 +36,7 @@ from pipeline.lake.arrowwrite import (
     RESULT_ARROW,
     RESULT_DDL,
     DataFile,
+    WriteOptions,
     Written,
     collect,
     commit_many,
@@ -150,11 +151,11 @@ class SharedWrites:
         self._guard = threading.Lock()
         self.logs: Coalescer[pa.Table, None] | None = None
 
-    def write_files(self, spark: Any, **kwargs: Any) -> Written:
+    def write_files(self, spark: Any, options: WriteOptions) -> Written:
         """:func:`pipeline.lake.arrowwrite.write_files`, in one Spark job with other threads'
         (``spark`` is ignored: the job's session runs it)."""
         del spark
-        task = plan_task(**kwargs)
+        task = plan_task(options)
         if task is None:
             return nothing_written()
         return self.files.submit(task)

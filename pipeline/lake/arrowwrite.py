@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import tables
+from pipeline.lake.blockplan import FirstSeen, restore_blocks
 from pipeline.lake.redisread import StreamId, bounds, connect, split_range
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ log = logging.getLogger(__name__)
 ROW_GROUP_ROWS = 65_536
 #: Invalid entry ids a task reports (the archive reports at most 100 in all).
 MAX_INVALID_IDS = 100
+#: Entries of the interval just before a chain task's range whose hashes the task takes
+#: as seen: a repeat right after its first entry (a producer's retried XADD) is then
+#: settled in the task even across a range boundary (no file rewrite by the driver).
+LOOKBACK = 64
 
 #: One row per task (per id range), see :func:`write_ranges`.
 RESULT_DDL = (
@@ -157,83 +162,69 @@ class Written:
     last_id: str | None
     num_lo: int | None
     num_hi: int | None
-    #: True when the valid blocks' hashes are pairwise distinct (by their first 8 bytes:
-    #: two different hashes sharing them make this False, which only costs the fast path)
+    #: True when the hashes of the written ``blocks`` rows are pairwise distinct (by their
+    #: first 8 bytes: two different hashes sharing them make this False, which only costs
+    #: a check). Each task writes a hash's row once, from its first entry in the task's range.
     distinct: bool
     #: mean seconds per task spent reading Redis, decoding, and writing files, and the
     #: wall seconds of the slowest task
     stages: dict[str, float] = field(default_factory=dict)
 
 
-def write_files(
-    spark: Any,
-    *,
-    url: str,
-    key: str,
-    chain: bool,
-    first: StreamId,
-    last: StreamId,
-    partitions: int,
-    page: int,
-    entries_table: str,
-    blocks_table: str,
-    stream: str,
-    archived_at_us: int,
-    storage_options: dict[str, str] | None = None,
-) -> Written:
-    """Read ids ``[first, last]`` (inclusive) of ``key`` in Spark tasks and write their files.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteOptions:
+    """One stream's interval for the Arrow writer: ids ``[first, last]`` (inclusive) of ``key``."""
+
+    url: str
+    key: str
+    chain: bool
+    first: StreamId
+    last: StreamId
+    partitions: int
+    page: int
+    entries_table: str
+    blocks_table: str
+    stream: str
+    archived_at_us: int
+    storage_options: dict[str, str] | None = None
+
+
+def write_files(spark: Any, options: WriteOptions) -> Written:
+    """Read the interval of ``options`` in Spark tasks and write their files.
 
     Nothing is committed: hand the result to :func:`commit` or :func:`discard`.
-    (:class:`pipeline.lake.arrowbatch.FilesBatch` takes the same arguments and
+    (:class:`pipeline.lake.arrowbatch.SharedWrites` takes the same arguments and
     runs one Spark job for the intervals of several streams.)
     """
-    task = plan_task(
-        url=url, key=key, chain=chain, first=first, last=last, partitions=partitions, page=page,
-        entries_table=entries_table, blocks_table=blocks_table, stream=stream,
-        archived_at_us=archived_at_us, storage_options=storage_options,
-    )  # fmt: skip
+    task = plan_task(options)
     if task is None:
         return nothing_written()
     n = len(task.ranges)
     rows = spark.range(0, n, 1, n).mapInArrow(partial(write_ranges, task), RESULT_DDL).toArrow()
-    return collect(rows.cast(RESULT_ARROW), partition_dir(stream))
+    return collect(rows.cast(RESULT_ARROW), partition_dir(options.stream))
 
 
-def plan_task(
-    *,
-    url: str,
-    key: str,
-    chain: bool,
-    first: StreamId,
-    last: StreamId,
-    partitions: int,
-    page: int,
-    entries_table: str,
-    blocks_table: str,
-    stream: str,
-    archived_at_us: int,
-    storage_options: dict[str, str] | None = None,
-) -> WriteTask | None:
-    """The Spark tasks' work for ids ``[first, last]`` of ``key`` (None: Redis holds none)."""
-    client = connect(url)
+def plan_task(options: WriteOptions) -> WriteTask | None:
+    """The Spark tasks' work for the interval of ``options`` (None: Redis holds none of it)."""
+    client = connect(options.url)
     try:
-        found = bounds(client, key, first, last)
+        found = bounds(client, options.key, options.first, options.last)
     finally:
         client.close()
     if found is None:
         return None
-    part = partition_dir(stream)
+    part = partition_dir(options.stream)
     return WriteTask(
-        url=url,
-        key=key,
-        chain=chain,
-        page=page,
-        archived_at_us=archived_at_us,
-        entries_dir=f"{_fs_path(entries_table)}/{part}",
-        blocks_dir=f"{_fs_path(blocks_table)}/{part}",
-        ranges=tuple(split_range(*found, partitions)),
+        url=options.url,
+        key=options.key,
+        chain=options.chain,
+        page=options.page,
+        archived_at_us=options.archived_at_us,
+        entries_dir=f"{_fs_path(options.entries_table)}/{part}",
+        blocks_dir=f"{_fs_path(options.blocks_table)}/{part}",
+        ranges=tuple(split_range(*found, options.partitions)),
         partition=part,
-        storage=dict(storage_options or {}),
+        storage=dict(options.storage_options or {}),
     )
 
 
@@ -278,7 +269,7 @@ def collect(rows: pa.Table, part: str = "") -> Written:
         last_id=nonempty[-1]["last_id"] if nonempty else None,
         num_lo=min(lows) if lows else None,
         num_hi=max(highs) if highs else None,
-        distinct=len(every) == blocks and not bool(np.any(every[1:] == every[:-1])),
+        distinct=not bool(np.any(every[1:] == every[:-1])),
         stages={
             **{
                 name: round(sum(d[f"{name}_s"] for d in docs) / tasks, 3)
@@ -287,6 +278,39 @@ def collect(rows: pa.Table, part: str = "") -> Written:
             "slowest_task": round(max((d["task_s"] for d in docs), default=0.0), 3),
         },
     )
+
+
+def write_file(
+    table_uri: str,
+    name: str,
+    stream: str,
+    rows: pa.Table,
+    storage_options: dict[str, str] | None = None,
+) -> DataFile | None:
+    """Write ``rows`` (file rows of table ``name``: no partition column) of ``stream`` as one
+    data file of the table at ``table_uri``, with its declared types and Delta statistics.
+
+    Not committed (:func:`commit`); None when there is no row.
+    """
+    if not rows.num_rows:
+        return None
+    schema = ENTRIES_FILE if name == tables.STREAM_ENTRIES else BLOCKS_FILE
+    part = partition_dir(stream)
+    fs = _filesystem(storage_options or {})
+    stats = tables.STATS_COLUMNS[name].split(",")
+    out = _File(f"{_fs_path(table_uri)}/{part}", 0, schema, stats, fs)
+    try:
+        for batch in rows.select(schema.names).cast(schema).to_batches():
+            out.add(batch)
+        out.close()
+    except BaseException:
+        out.remove()
+        raise
+    report = out.report("file")
+    return DataFile(
+        f"{part}/{out.name}", int(report["file_size"]), int(time.time() * 1000),
+        report["file_stats"],
+    )  # fmt: skip
 
 
 def commit(
@@ -467,7 +491,7 @@ class _File:
 
 def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     from pipeline.lake.blockhead import HeadReader
-    from pipeline.lake.redisread import raw_connect, read_raw_pages
+    from pipeline.lake.redisread import raw_connect, read_raw_before, read_raw_pages
     from pipeline.lake.source import raw_to_batch
 
     began_task = time.perf_counter()
@@ -485,6 +509,7 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
         task.blocks_dir, index, BLOCKS_FILE, tables.STATS_COLUMNS[tables.BLOCKS].split(","), fs
     )
     heads = HeadReader()
+    seen = FirstSeen()
     entries = valid = invalid = 0
     invalid_ids: list[str] = []
     first_id = last_id = None
@@ -494,6 +519,12 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     read_s = decode_s = write_s = 0.0
     client = raw_connect(task.url)
     try:
+        if task.chain:
+            before = read_raw_before(client, task.key, lo, task.ranges[0][0], LOOKBACK)
+            if before:
+                tail = raw_to_batch(before, True, split=True, heads=heads)
+                flags = pc.fill_null(tail.column("valid_block"), False)
+                seen.first(tail.column("block_hash"), flags.to_numpy(zero_copy_only=False))
         pages = read_raw_pages(client, task.key, lo, hi, task.page)
         while True:
             began = time.perf_counter()
@@ -503,7 +534,19 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
                 break
             began = time.perf_counter()
             batch = raw_to_batch(page, task.chain, split=task.chain, heads=heads)
-            rows = _entry_rows(batch, archived_at)
+            keep = None
+            if task.chain:
+                # A hash's row is written once, from its first entry in the range; a repeat
+                # keeps its block in its fields (as the merge does: blockplan.plan).
+                flags = pc.fill_null(batch.column("valid_block"), False)
+                keep = seen.first(batch.column("block_hash"), flags.to_numpy(zero_copy_only=False))
+                repeat = flags.to_numpy(zero_copy_only=False) & ~keep
+                if repeat.any():
+                    fields = restore_blocks(batch, pa.array(repeat))
+                    batch = batch.set_column(
+                        batch.schema.get_field_index("fields"), "fields", fields
+                    )
+            rows = entry_rows(batch, archived_at)
             decoded = time.perf_counter()
             decode_s += decoded - began
             entries += batch.num_rows
@@ -511,20 +554,21 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
             first_id = first_id or ids[0].as_py()
             last_id = ids[-1].as_py()
             entries_file.add(rows)
-            if task.chain:
-                flags = batch.column("valid_block")
-                good = batch.filter(flags)
-                valid += good.num_rows
-                invalid += batch.num_rows - good.num_rows
-                if len(invalid_ids) < MAX_INVALID_IDS and good.num_rows < batch.num_rows:
+            if keep is not None:
+                n_valid = int(pc.sum(pc.cast(flags, pa.int64())).as_py() or 0)
+                valid += n_valid
+                invalid += batch.num_rows - n_valid
+                if len(invalid_ids) < MAX_INVALID_IDS and n_valid < batch.num_rows:
                     bad = ids.filter(pc.invert(flags)).slice(0, MAX_INVALID_IDS)
                     invalid_ids.extend(bad.to_pylist()[: MAX_INVALID_IDS - len(invalid_ids)])
-                if good.num_rows:
-                    low, high = pc.min_max(good.column("block_num")).values()
+                if n_valid:
+                    low, high = pc.min_max(batch.column("block_num")).values()  # valid entries'
                     num_lo = low.as_py() if num_lo is None else min(num_lo, low.as_py())
                     num_hi = high.as_py() if num_hi is None else max(num_hi, high.as_py())
-                    hash_keys.append(_hash_keys(good.column("block_hash")))
-                    blocks_file.add(_block_rows(good, archived_at))
+                firsts = batch.filter(pa.array(keep))
+                if firsts.num_rows:
+                    hash_keys.append(_hash_keys(firsts.column("block_hash")))
+                    blocks_file.add(block_rows(firsts, archived_at))
             write_s += time.perf_counter() - decoded
         began = time.perf_counter()
         entries_file.close()
@@ -559,12 +603,13 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([row], schema=RESULT_ARROW)
 
 
-def _entry_rows(batch: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch:
-    """``stream_entries`` rows of a :data:`pipeline.lake.source.ARROW_SCHEMA` batch.
+def entry_rows(batch: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch:
+    """``stream_entries`` file rows of a :data:`pipeline.lake.source.ARROW_SCHEMA` batch.
 
-    The same values the Spark writer derives (``sparkwrite._write_entries`` with no
-    marks): ``payload_in_blocks = valid_block AND size(fields) = 0``, SQL's
-    three-valued AND (null for a chain row cannot occur; false for plain streams).
+    The same values the Spark writer derives (``sparkwrite._write_entries``):
+    ``payload_in_blocks = valid_block AND size(fields) = 0``, SQL's three-valued
+    AND (null for a chain row cannot occur; false for plain streams). A repeat
+    of a hash has its block in ``fields`` already (:func:`~pipeline.lake.blockplan.restore_blocks`).
     """
     fields = batch.column("fields")
     offsets = fields.offsets
@@ -589,8 +634,8 @@ def _entry_rows(batch: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch
     )
 
 
-def _block_rows(good: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch:
-    """``blocks`` rows of the valid entries of a batch (``canonical = false``)."""
+def block_rows(good: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch:
+    """``blocks`` file rows of the entries of a batch that add one (``canonical = false``)."""
     n = good.num_rows
     return pa.RecordBatch.from_arrays(
         [

@@ -85,7 +85,9 @@ def raw_connect(url: str) -> Any:
     client = connect(url)
     # A cluster client parses each node's reply first and applies its own callbacks after:
     # there the entries come back as (id, {field: value}) and are flattened again.
-    client.set_response_callback("XRANGE", _flat_reply if is_cluster(client) else _raw_reply)
+    callback = _flat_reply if is_cluster(client) else _raw_reply
+    client.set_response_callback("XRANGE", callback)
+    client.set_response_callback("XREVRANGE", callback)
     return client
 
 
@@ -120,6 +122,22 @@ def read_raw_pages(
         if len(entries) < page:
             return
         start = "(" + entries[-1][0].decode()
+
+
+def read_raw_before(
+    client: Any, key: str, before: StreamId, floor: StreamId, count: int
+) -> list[list[Any]]:
+    """The last ``count`` entries with ids in ``[floor, before)``, in id order, through a
+    :func:`raw_connect` client (raw replies)."""
+    from pipeline.redisconn import UNAVAILABLE
+
+    if before <= floor:
+        return []
+    try:
+        entries = client.xrevrange(key, "(" + format_id(before), format_id(floor), count=count)
+    except UNAVAILABLE as exc:
+        raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
+    return list(reversed(entries))
 
 
 def bounds(client: Any, key: str, lo: StreamId, hi: StreamId) -> tuple[StreamId, StreamId] | None:

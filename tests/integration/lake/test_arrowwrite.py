@@ -144,26 +144,74 @@ def test_arrow_and_spark_writers_write_the_same_rows(
     assert _rows(arrow, tables.STREAM_ENTRIES) == entries_before
 
 
-def test_a_repeated_hash_falls_back_to_the_merge_writer(
+def test_repeated_and_known_hashes_keep_the_arrow_writer(
     spark: Any, redis_client: Any, redis_url: str, tmp_path: Path
 ) -> None:
-    blocks = chain(0, 10)
-    publish(redis_client, STREAM, blocks, first_ms=1000)
-    redis_client.xadd(keys.stream(STREAM), {b"block": encode_block(blocks[4])}, id="1010-0")
+    """Hashes repeated inside one task's range, across tasks' ranges, and already in ``blocks``
+    from an earlier interval: the Arrow writer commits the Spark writer's rows (no merge
+    writer), rewriting only the last task's files; the files it replaced are gone."""
+    blocks = chain(0, 13)
+    key = keys.stream(STREAM)
+    publish(redis_client, STREAM, blocks[:2], first_ms=900)  # an earlier interval
+    publish(redis_client, STREAM, blocks[2:12], first_ms=1000)  # 1000..1009
+    # Three tasks: ids 1000..1003, 1004..1008, 1009..1013.
+    redis_client.xadd(key, {b"block": encode_block(blocks[11])}, id="1009-1")  # same task
+    redis_client.xadd(key, {b"block": encode_block(blocks[3]), b"note": b"n"}, id="1010-0")
+    redis_client.xadd(key, {b"block": encode_block(blocks[5])}, id="1011-0")  # task 1's
+    redis_client.xadd(key, {b"block": encode_block(blocks[0])}, id="1012-0")  # in blocks
+    redis_client.xadd(key, {b"block": encode_block(blocks[12])}, id="1013-0")
     arrow, slow = str(tmp_path / "arrow"), str(tmp_path / "spark")
+    for lake_uri, writer in ((arrow, "arrow"), (slow, "spark")):
+        settings = settings_for(
+            redis_url, lake_uri, streams=(STREAM,), chain_streams=(STREAM,),
+            archive_writer=writer, archive_partitions=3,
+        )  # fmt: skip
+        archive_interval(spark, settings, STREAM, 900, 1000)
+    lake = LakeSettings.from_url(arrow)
+    before = {
+        n: DeltaTable(lake.table(n)).version() for n in (tables.BLOCKS, tables.STREAM_ENTRIES)
+    }
     fast = _archive(spark, redis_url, arrow, "arrow")
     _archive(spark, redis_url, slow, "spark")
-    assert "commit_entries" not in fast.stages and "files" in fast.stages
-    assert "merge_entries" in fast.stages  # the merge writer, the same rows as Spark's
-    assert (fast.entries, fast.blocks) == (11, 11)
+    assert "fix" in fast.stages and "commit_entries" in fast.stages
+    assert "merge_entries" not in fast.stages
+    assert (fast.entries, fast.blocks) == (15, 15)
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
         assert _rows(arrow, name) == _rows(slow, name), name
-    # The fallback deleted the files it did not commit.
-    lake = LakeSettings.from_url(arrow)
+        assert DeltaTable(lake.table(name)).version() == before[name] + 1  # one commit each
+    assert len(_rows(arrow, tables.BLOCKS)) == 13
+    assert list(read_entries(arrow, STREAM)) == _redis_entries(redis_client, STREAM, 900, 1041)
+    # The files the fix replaced (the last task's) were deleted; the others committed as written.
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
         live = {a for a in DeltaTable(lake.table(name)).file_uris()}
         on_disk = {str(p) for p in Path(lake.table(name)).rglob("*.parquet")}
         assert on_disk == {u.removeprefix("file://") for u in live}, name
+        names = {Path(u).name[:10] for u in live}
+        assert "part-00001" in names and "part-00002" not in names, name
+
+
+def test_a_repeat_right_after_a_range_boundary_is_settled_in_its_task(
+    spark: Any, redis_client: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """A producer's retried XADD lands as the first entry of the next task's range: the task
+    looks back past its range's start, so no file is rewritten; the rows are Spark's."""
+    blocks = chain(0, 12)
+    key = keys.stream(STREAM)
+    publish(redis_client, STREAM, blocks[:4], first_ms=1000)  # 1000..1003
+    redis_client.xadd(key, {b"block": encode_block(blocks[3])}, id="1004-0")
+    publish(redis_client, STREAM, blocks[4:7], first_ms=1005)  # 1005..1007
+    redis_client.xadd(key, {b"block": encode_block(blocks[7]), b"n": b"1"}, id="1008-0")
+    redis_client.xadd(key, {b"block": encode_block(blocks[7]), b"n": b"2"}, id="1009-0")
+    publish(redis_client, STREAM, blocks[8:], first_ms=1010)  # 1010..1013
+    # Three tasks: ids 1000..1003, 1004..1008, 1009..1013.
+    arrow, slow = str(tmp_path / "arrow"), str(tmp_path / "spark")
+    fast = _archive(spark, redis_url, arrow, "arrow")
+    _archive(spark, redis_url, slow, "spark")
+    assert "commit_entries" in fast.stages and "fix" not in fast.stages
+    assert (fast.entries, fast.blocks) == (14, 14)
+    for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
+        assert _rows(arrow, name) == _rows(slow, name), name
+    assert list(read_entries(arrow, STREAM)) == _redis_entries(redis_client, STREAM, 1000, 1041)
 
 
 def test_killed_between_the_commits_the_rerun_completes(

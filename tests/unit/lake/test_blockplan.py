@@ -1,12 +1,16 @@
-"""The merge writer's plan and payload columns (pure Arrow; the rows against the Spark
-writer's: tests/integration/lake/test_mergewrite.py)."""
+"""The archive's plan, payload columns and a writer task's first-seen filter (pure Arrow;
+the rows against the Spark writer's: tests/integration/lake/test_mergewrite.py and
+test_arrowwrite.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.lake import source
-from pipeline.lake.mergewrite import _payload_columns, plan
+from pipeline.lake.arrowwrite import entry_rows
+from pipeline.lake.blockplan import FirstSeen, plan, restore_blocks
 
 
 def _read(rows: list[tuple[str, bool, str | None, dict[str, bytes]]]) -> pa.Table:
@@ -52,7 +56,12 @@ def test_first_entry_of_an_unknown_hash_is_new_others_present_or_dup() -> None:
     assert new.to_pylist() == [True, False, False, False, False, False, True]
     assert dup.to_pylist() == [False, True, False, True, True, False, False]
 
-    in_blocks, fields = _payload_columns(read, dup)
+    fields = restore_blocks(read, dup)
+    restored = read.set_column(read.schema.get_field_index("fields"), "fields", fields)
+    (batch,) = restored.to_batches()
+    in_blocks = entry_rows(batch, pa.scalar(0, pa.timestamp("us", tz="UTC"))).column(
+        "payload_in_blocks"
+    )
     assert in_blocks.to_pylist() == [True, False, True, False, False, False, False]
     assert fields.to_pylist() == [
         [],
@@ -72,3 +81,18 @@ def test_no_owners_and_distinct_hashes_make_every_valid_entry_new() -> None:
     new, dup = plan(read, _owners([]))
     assert new.to_pylist() == [True, False, True]
     assert dup.to_pylist() == [False, False, False]
+
+
+def test_a_task_keeps_the_first_entry_of_each_hash_across_its_pages() -> None:
+    seen = FirstSeen()
+    page1 = _read(
+        [("1-0", True, "a", {}), ("2-0", True, "a", {}), ("3-0", False, None, {"x": b"1"})]
+    )
+    page2 = _read([("4-0", True, "b", {}), ("5-0", True, "a", {}), ("6-0", True, "b", {})])
+    firsts = []
+    for page in (page1, page2):
+        valid = pc.fill_null(page.column("valid_block"), False).to_numpy(zero_copy_only=False)
+        hashes = page.column("block_hash").combine_chunks()
+        firsts.append(seen.first(hashes, valid).tolist())
+    assert firsts == [[True, False, False], [True, False, False]]
+    assert FirstSeen().first(pa.array([], pa.string()), np.zeros(0, bool)).tolist() == []
