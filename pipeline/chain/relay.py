@@ -90,12 +90,18 @@ class RedisTailer:
         return newest[0][0] if newest else b"0-0"
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self._hub.read_to = None  # nothing more is published: resumption replays again
+
+    async def _run(self) -> None:
         down_since: float | None = None
         delay = 0.05
         while True:
             try:
                 if self.last_id is None:
-                    self.last_id = await self._start_id()
+                    self.last_id = self._hub.read_to = await self._start_id()
                     self._set_up(True)
                 reply = cast(
                     list[tuple[bytes, Any]],
@@ -128,7 +134,8 @@ class RedisTailer:
                 await asyncio.sleep(self._poll_s)
                 continue
             for entry_id, fields in reply:
-                self.last_id = entry_id
+                # published or refused below, with no await in between
+                self.last_id = self._hub.read_to = entry_id
                 if isinstance(fields, int):
                     self._refused(
                         entry_id, BadBatch(f"entry of {fields} bytes: at most {MAX_ENTRY_BYTES}")
