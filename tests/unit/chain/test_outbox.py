@@ -104,3 +104,99 @@ async def test_a_held_publish_nobody_flushes_still_wakes_the_writer() -> None:
         box.offer([b"a"])
     await asyncio.wait_for(writer, 1)  # the fallback, one loop iteration later
     assert box.pop_many(10) == [b"a"]
+
+
+class _Direct:
+    """A DirectSender that records what it sends; ``ready`` and ``fail_on`` steer it."""
+
+    def __init__(self, *, ready: bool = True, fail_on: bytes | None = None) -> None:
+        self.is_ready = ready
+        self.fail_on = fail_on
+        self.out: list[bytes] = []
+        self.counted = 0
+        self.errors: list[Exception] = []
+
+    async def send(self, text: bytes) -> None:
+        if text == self.fail_on:
+            raise ConnectionResetError("peer gone")
+        self.out.append(text)
+
+    def ready(self, size: int) -> bool:
+        return self.is_ready
+
+    def sent(self, count: int) -> None:
+        self.counted += count
+
+    def failed(self, exc: Exception) -> None:
+        self.errors.append(exc)
+
+
+async def test_an_offer_to_an_empty_outbox_goes_out_directly_at_the_flush() -> None:
+    batch = FanoutBatch()
+    direct = _Direct()
+    box = Outbox(4, batch=batch, direct=direct)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        assert box.offer([b"a"]) and box.offer([b"b"])
+        assert len(box) == 0  # not queued: the flush sends them
+    await batch.flush()
+    assert direct.out == [b"a", b"b"] and direct.counted == 2 and len(box) == 0
+    await asyncio.sleep(0.01)
+    assert not writer.done()  # no writer wake-up, and the fallback was cancelled
+    writer.cancel()
+
+
+async def test_a_direct_text_that_cannot_go_out_now_is_queued_in_order_for_the_writer() -> None:
+    batch = FanoutBatch()
+    direct = _Direct(ready=False)  # e.g. the transport's write buffer is not empty
+    box = Outbox(4, batch=batch, direct=direct)
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        box.offer([b"a", b"b"])
+    await batch.flush()
+    await asyncio.wait_for(writer, 1)
+    assert direct.out == [] and box.pop_many(10) == [b"a", b"b"]
+
+
+async def test_offers_behind_an_unflushed_direct_text_keep_their_order() -> None:
+    batch = FanoutBatch()
+    direct = _Direct()
+    box = Outbox(4, batch=batch, direct=direct)
+    with batch.held():
+        box.offer([b"a"])
+    assert box.offer([b"b"])  # not held any more, but "a" still waits for the flush
+    await batch.flush()
+    assert direct.out == [b"a", b"b"]
+
+
+async def test_a_publish_nobody_flushes_queues_its_direct_texts_for_the_writer() -> None:
+    batch = FanoutBatch()
+    box = Outbox(4, batch=batch, direct=_Direct())
+    writer = asyncio.create_task(box.wait())
+    await asyncio.sleep(0)
+    with batch.held():
+        box.offer([b"a"])
+    await asyncio.wait_for(writer, 1)  # the fallback, one loop iteration later
+    assert box.pop_many(10) == [b"a"]
+
+
+async def test_a_failed_direct_send_is_reported_and_the_others_still_go_out() -> None:
+    batch = FanoutBatch()
+    gone, fine = _Direct(fail_on=b"x"), _Direct()
+    first, second = Outbox(4, batch=batch, direct=gone), Outbox(4, batch=batch, direct=fine)
+    with batch.held():
+        first.offer([b"x"])
+        second.offer([b"y"])
+    await batch.flush()
+    assert [type(e) for e in gone.errors] == [ConnectionResetError] and gone.counted == 0
+    assert fine.out == [b"y"] and fine.counted == 1
+
+
+def test_a_full_outbox_refuses_before_anything_goes_direct() -> None:
+    batch = FanoutBatch()
+    box = Outbox(2, batch=batch, direct=_Direct())
+    with batch.held():
+        assert not box.offer([b"a", b"b", b"c"])  # more than the limit: the slow-reader check
+    assert batch.direct == []
