@@ -24,7 +24,12 @@ Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
 4. Replay and live: entries after the scan's last id, in production order,
    page by page until caught up; then the sink is registered with the live
    hub *before* a last replay, and live blocks already replayed are skipped
-   (by entry id, and by the :class:`Sender` window of sent hashes).
+   (by entry id, and by the :class:`Sender` window of sent hashes). When the
+   hub's feed has read the stream no further than where the plan's tail ends
+   (:meth:`~pipeline.chain.producer.WebsocketHub.covers`), everything after it
+   will be published to a listener added now: both replays are skipped, and
+   resolve uses the tail index without refreshing it first (a subscribe at
+   the head reads Redis not at all).
 
 Where each concern lives: the pure parts (:class:`Sender`, :class:`TailIndex`,
 :class:`Plan` and its :class:`Reason`, the ports :class:`History`,
