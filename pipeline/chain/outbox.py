@@ -14,15 +14,6 @@ what it can right there, see :meth:`pipeline.chain.wsconn.Connection`) and
 wakes the writer for whatever is left. A publish nobody flushes still wakes
 every noted writer (on the next loop iteration): nothing waits forever.
 
-Most subscribers keep up: their outbox is empty when a block comes. An offer
-to an empty outbox with a :class:`DirectSender` (the connection) while the
-batch is held skips the queue: the batch keeps (outbox, text) and
-:meth:`FanoutBatch.flush` sends the text right there, once the sender says a
-send would not wait (:meth:`DirectSender.ready`: nothing else being sent, an
-empty write buffer). A text that cannot go out then is queued for the writer,
-in order, as any other. No queue append and pop, no coroutine of ours per
-subscriber and block (``fanout_cpu_us_per_message`` of ``make bench B=resume``).
-
 Catch-up waits for room (:meth:`Outbox.put`); live fan-out never waits
 (:meth:`Outbox.offer`): a full outbox means the subscriber fell behind.
 """
@@ -33,25 +24,8 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Protocol
 
 from pipeline.errors import SlowConsumer
-
-
-class DirectSender(Protocol):
-    """What sends an outbox's texts without its writer task (a connection)."""
-
-    def send(self, text: bytes) -> Awaitable[None]:
-        """Send one text; never waits when :meth:`ready` said so just before."""
-
-    def ready(self, size: int) -> bool:
-        """Whether a text of ``size`` bytes can be sent now without waiting, ahead of nothing."""
-
-    def sent(self, count: int) -> None:
-        """``count`` texts went out directly (counted in the metrics)."""
-
-    def failed(self, exc: Exception) -> None:
-        """A direct send raised ``exc``: end the connection (the publisher goes on)."""
 
 
 class FanoutBatch:
@@ -60,8 +34,6 @@ class FanoutBatch:
     def __init__(self) -> None:
         self.holding = False
         self._pending: list[Outbox] = []
-        #: texts offered to an empty outbox with a direct sender: sent by :meth:`flush`
-        self.direct: list[tuple[Outbox, bytes]] = []
         self._fallback: asyncio.Handle | None = None
 
     @contextlib.contextmanager
@@ -72,20 +44,17 @@ class FanoutBatch:
             yield
         finally:
             self.holding = False
-            if (self._pending or self.direct) and self._fallback is None:
+            if self._pending and self._fallback is None:
                 self._fallback = asyncio.get_running_loop().call_soon(self._wake_all)
 
     def note(self, box: Outbox) -> None:
         self._pending.append(box)
 
     async def flush(self) -> None:
-        """Send the direct texts, let each noted outbox send inline, then wake its writer
-        for anything left."""
+        """Let each noted outbox send inline, then wake its writer for anything left."""
         if self._fallback is not None:
             self._fallback.cancel()
             self._fallback = None
-        if self.direct:
-            await self._send_direct()
         pending, self._pending = self._pending, []
         # What an Outbox method would do, spelt out: no coroutine per subscriber and block.
         for box in pending:
@@ -96,44 +65,9 @@ class FanoutBatch:
                 if box._items:
                     box._wake()
 
-    async def _send_direct(self) -> None:
-        """Each direct text, sent where its sender is ready, else queued (in order) for the writer.
-
-        The sends never wait (:meth:`DirectSender.ready`), so nothing else runs
-        meanwhile: an outbox that is still empty holds nothing offered after the text.
-        """
-        direct, self.direct = self.direct, []
-        counter: DirectSender | None = None
-        count = 0
-        for box, text in direct:
-            box._in_direct = False
-            sender = box._direct
-            assert sender is not None
-            if box._items or not sender.ready(len(text)):
-                box._items.append(text)  # behind what this flush queued before it
-                box._wake()
-                continue
-            try:
-                await sender.send(text)
-            except Exception as exc:  # noqa: BLE001 (reported by failed(): one connection ends, not the feed)
-                sender.failed(exc)
-                continue
-            if sender is not counter:
-                if counter is not None:
-                    counter.sent(count)
-                counter, count = sender, 0
-            count += 1
-        if counter is not None:
-            counter.sent(count)
-
     def _wake_all(self) -> None:
         self._fallback = None
         pending, self._pending = self._pending, []
-        direct, self.direct = self.direct, []
-        for box, text in direct:
-            box._in_direct = False
-            box._items.append(text)
-            box._wake()
         for box in pending:
             box.release_now()
 
@@ -147,23 +81,10 @@ class Outbox:
     waits. With a ``batch``, an offer made while it is held does not wake the
     writer: the batch's flush calls ``inline`` (an awaitable sender that
     must never wait, and sends nothing while the writer sends), then wakes
-    the writer if anything is left. With a ``direct`` sender too, an offer to
-    an empty outbox while the batch is held is sent by the batch's flush
-    itself (see the module doc).
+    the writer if anything is left.
     """
 
-    __slots__ = (
-        "_batch",
-        "_direct",
-        "_in_direct",
-        "_inline",
-        "_items",
-        "_noted",
-        "_room",
-        "_waiter",
-        "limit",
-        "stall_s",
-    )
+    __slots__ = ("_batch", "_inline", "_items", "_noted", "_room", "_waiter", "limit", "stall_s")
 
     def __init__(
         self,
@@ -171,7 +92,6 @@ class Outbox:
         *,
         batch: FanoutBatch | None = None,
         inline: Callable[[], Awaitable[None]] | None = None,
-        direct: DirectSender | None = None,
         stall_s: float | None = None,
     ) -> None:
         if limit < 1:
@@ -186,9 +106,6 @@ class Outbox:
         self._room.set()
         self._batch = batch
         self._inline = inline
-        self._direct = direct if batch is not None else None
-        #: some texts of this outbox wait in the batch's direct list
-        self._in_direct = False
         self._noted = False
 
     def __len__(self) -> int:
@@ -206,19 +123,6 @@ class Outbox:
         items = self._items
         if len(items) + len(texts) > self.limit:
             return False
-        batch = self._batch
-        if (
-            self._direct is not None
-            and batch is not None
-            and (self._in_direct or (not items and batch.holding))
-        ):
-            # sent by the batch's flush (module doc); once one text waits there, the
-            # next ones follow it, so they keep their order until the flush
-            self._in_direct = True
-            direct = batch.direct
-            for text in texts:
-                direct.append((self, text))
-            return True
         items.extend(texts)
         if self._waiter is not None:
             batch = self._batch
@@ -289,4 +193,4 @@ class Outbox:
         return text
 
 
-__all__ = ["DirectSender", "FanoutBatch", "Outbox"]
+__all__ = ["FanoutBatch", "Outbox"]

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -97,7 +97,6 @@ class Connection:
             self.settings.serve.send_buffer,
             batch=app[HUB].batch,
             inline=self._send_inline,
-            direct=self,
             stall_s=self.settings.serve.stall_s,
         )
         #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
@@ -204,44 +203,6 @@ class Connection:
                 metrics.inc("sluice_serve_messages_sent_total", len(texts))
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-
-    # --- the fan-out's direct send (pipeline.chain.outbox.DirectSender) ----------
-
-    def send(self, text: bytes) -> Awaitable[None]:
-        """One text frame through aiohttp's public ``send_frame``, with no coroutine of ours."""
-        return self.ws.send_frame(text, WSMsgType.TEXT)
-
-    def ready(self, size: int) -> bool:
-        """A frame of ``size`` bytes can go out now without waiting, ahead of nothing.
-
-        No sender holds texts, the transport's write buffer is empty and the
-        frame is below its high-water mark: the protocol is not paused after
-        the write, so aiohttp's ``send_frame`` (which waits only for a paused
-        protocol) completes at once. The same checks as :meth:`_send_inline`'s.
-        """
-        transport = self._transport
-        return (
-            not self._writing
-            and transport is not None
-            and size < self._inline_max
-            and not transport.get_write_buffer_size()
-            and not self.ws.closed
-            and not self._failure.done()
-        )
-
-    def sent(self, count: int) -> None:
-        self.metrics.inc("sluice_serve_messages_sent_total", count)
-
-    def failed(self, exc: Exception) -> None:
-        """A direct send failed: this connection ends (once), logged unless it was lost."""
-        if self._failure.done():
-            return
-        if isinstance(exc, ConnectionError):
-            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-            return
-        log.error("live send failed", exc_info=exc)
-        self.metrics.inc("sluice_serve_internal_errors_total")
-        self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
 
     async def _send_inline(self) -> None:
         """The live fan-out's send (:class:`~pipeline.chain.outbox.FanoutBatch`): no task switch.
