@@ -34,6 +34,7 @@ from pipeline.chain.cardinal import Encoding, encode_results
 from pipeline.chain.outbox import FanoutBatch
 from pipeline.chain.planning import Emit
 from pipeline.errors import ChainError, MuxError
+from pipeline.redisconn import parse_entry_id
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,10 @@ class WebsocketHub:
         self._listeners: dict[int, Listener] = {}
         self.published = 0
         self.last: LiveBlock | None = None
+        #: The Redis entry id up to which the feed (a RedisTailer) has read the stream:
+        #: every later entry will be published, or refused as resumption refuses it.
+        #: None: unknown (no tailer, or it ended).
+        self.read_to: bytes | None = None
         #: the writer wake-ups of one publish, sent inline by :meth:`flush` (pipeline.chain.outbox)
         self.batch = FanoutBatch()
 
@@ -157,6 +162,15 @@ class WebsocketHub:
 
     def discard(self, listener: Listener) -> None:
         self._listeners.pop(id(listener), None)
+
+    def covers(self, entry_id: bytes) -> bool:
+        """Every entry after ``entry_id`` will be published from now on (none was yet).
+
+        A listener added now, with no await in between, misses nothing after
+        ``entry_id``: resumption then needs no replay of Redis to join the live feed.
+        """
+        read_to = self.read_to
+        return read_to is not None and parse_entry_id(read_to) <= parse_entry_id(entry_id)
 
     def publish(self, item: LiveBlock) -> None:
         """Offer ``item`` to every listener now; await :meth:`flush` next to send it inline."""

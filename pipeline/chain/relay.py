@@ -83,6 +83,7 @@ class RedisTailer:
         try:
             await self._run()
         finally:
+            self._hub.read_to = None  # nothing more is published: resumption replays again
             await self.wake.close()
 
     async def _run(self) -> None:
@@ -91,7 +92,7 @@ class RedisTailer:
         while True:
             try:
                 if self.last_id is None:
-                    self.last_id = await self._start_id()
+                    self.last_id = self._hub.read_to = await self._start_id()
                     self._set_up(True)
                 reply, _more = await self._reads.page(b"(" + self.last_id, b"+", READ_COUNT)
                 self._set_up(True)
@@ -117,7 +118,8 @@ class RedisTailer:
                 await self.wake.wait()
                 continue
             for entry_id, fields in reply:
-                self.last_id = entry_id
+                # published or refused below, with no await in between
+                self.last_id = self._hub.read_to = entry_id
                 try:
                     block = decode_servable(fields[ENTRY_FIELD])
                 except (BadBatch, KeyError) as exc:

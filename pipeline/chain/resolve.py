@@ -65,16 +65,27 @@ class Locator:
         history: History | None = self._history_factory()
         return history
 
-    async def resolve(self, num: int, hash: bytes, keep: KeyTest | None = None) -> Plan:
+    async def resolve(
+        self, num: int, hash: bytes, keep: KeyTest | None = None, *, refresh: bool = True
+    ) -> Plan:
         """Where to start for a client at (``num``, ``hash``); ``keep`` as for :meth:`TieredResumption.stream`.
 
         Reads the shared tail index (refreshed first), never the whole tail;
         the plan holds a snapshot of the tail's chain from its start up.
+        ``refresh=False``: the index as it is, refreshed only when the block
+        is not found canonical there (the caller knows the index holds what
+        the live feed published; a newer entry is then replayed in order).
         """
         if num < 0:
             raise ResumptionError("block number must be non-negative")
         if num > MAX_BLOCK_NUM:
             raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        if not refresh:
+            async with self._tail.reading() as tail:
+                plan = await self._resolve(tail, num, hash, keep)
+                if plan.reason is Reason.MATCH:
+                    plan.tail = self._tail.snapshot(plan.start)
+                    return plan
         await self._tail.refresh()
         async with self._tail.reading() as tail:
             plan = await self._resolve(tail, num, hash, keep)

@@ -27,7 +27,8 @@
 The servers run in child processes so server and clients use both cores.
 The lake is written as the jobs create it (partitioned by stream), in files of
 ``BENCH_RESUME_FILE_BLOCKS`` blocks (250,000); ``BENCH_RESUME_PARTS`` picks the
-parts to run besides the catch-up (``first,fanout,s3``, all by default).
+parts to run (``catchup,first,fanout,s3``, all by default; ``s3`` needs ``catchup``:
+``BENCH_RESUME_PARTS=fanout`` measures the fan-out alone).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ FANOUT_RATE = 100
 FANOUT_SECONDS = 5
 #: Blocks per data file of the lake (the archive writes one or more files per interval).
 FILE_BLOCKS = int(os.environ.get("BENCH_RESUME_FILE_BLOCKS", "250000"))
-#: Parts to run (comma-separated): catchup (always), first, fanout, s3.
+#: Parts to run (comma-separated): catchup, first, fanout, s3 (which needs catchup).
 PARTS = set(os.environ.get("BENCH_RESUME_PARTS", "catchup,first,fanout,s3").split(","))
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -308,6 +309,18 @@ async def first_blocks(port: int, samples: int) -> list[float]:
     return out
 
 
+async def warm_head(port: int) -> None:
+    """One subscribe at the head, closed after its first block: the lake's last file is read,
+    as the catch-up would have read it (the fan-out's subscribes then find it cached)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"http://127.0.0.1:{port}/ws") as ws,
+    ):
+        await ws.send_str(subscribe_frame(N - 1, block_hash(N - 1)))
+        await ws.receive(timeout=60)
+        await ws.receive(timeout=60)
+
+
 def raw_first_page(lake_uri: str, samples: int) -> list[float]:
     from pipeline.lake.reader import LakeReader
 
@@ -448,28 +461,32 @@ async def main() -> None:
                 "SLUICE_SERVE_SEND_BUFFER": "8192",
                 "SLUICE_LOG_LEVEL": "WARNING",
             }
-            # raw baseline first, alone on the machine
-            base_port = free_port()
-            proc = spawn(["-c", BASELINE_SERVER, lake_uri, STREAM, str(base_port)], ready="READY")
-            procs.append(proc)
-            await wait_port(base_port)
-            cpu0 = cpu_s(proc.pid)
-            baseline = await catchup(base_port, N)
-            base_cpu = cpu_per(proc.pid, cpu0, N)
-            proc.terminate()
-            proc.wait(30)
+            if "catchup" in PARTS:
+                # raw baseline first, alone on the machine
+                base_port = free_port()
+                proc = spawn(
+                    ["-c", BASELINE_SERVER, lake_uri, STREAM, str(base_port)], ready="READY"
+                )
+                procs.append(proc)
+                await wait_port(base_port)
+                cpu0 = cpu_s(proc.pid)
+                baseline = await catchup(base_port, N)
+                base_cpu = cpu_per(proc.pid, cpu0, N)
+                proc.terminate()
+                proc.wait(30)
 
             port = free_port()
             server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=env)
             procs.append(server)
             await wait_port(port)
             await wait_healthy(port)
-            cpu0 = cpu_s(server.pid)
-            value = await catchup(port, N)
-            serve_cpu = cpu_per(server.pid, cpu0, N)
-            report.emit("catchup_blocks_per_s", value, baseline, blocks=N)
-            if serve_cpu is not None and base_cpu is not None:
-                report.emit("catchup_cpu_us_per_block", serve_cpu, base_cpu, blocks=N)
+            if "catchup" in PARTS:
+                cpu0 = cpu_s(server.pid)
+                value = await catchup(port, N)
+                serve_cpu = cpu_per(server.pid, cpu0, N)
+                report.emit("catchup_blocks_per_s", value, baseline, blocks=N)
+                if serve_cpu is not None and base_cpu is not None:
+                    report.emit("catchup_cpu_us_per_block", serve_cpu, base_cpu, blocks=N)
 
             if "first" in PARTS:
                 samples = 100
@@ -480,10 +497,12 @@ async def main() -> None:
                 report.emit("first_block_p99_ms", percentile(firsts, 99), percentile(raw, 99),
                             samples=samples)  # fmt: skip
             if "fanout" in PARTS:
+                if "catchup" not in PARTS:
+                    await warm_head(port)
                 await fanouts(report, server, port, redis_server.url, procs)
             server.terminate()
             server.wait(30)
-            if "s3" in PARTS:
+            if "s3" in PARTS and "catchup" in PARTS:
                 await s3_catchup(report, tmp, env, value)
         finally:
             for proc in procs:
