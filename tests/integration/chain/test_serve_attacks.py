@@ -6,9 +6,9 @@ connections that never read) next to 200 connections that never finish their
 upgrade request. The witness, subscribed at the head, must get every block
 with a delay p99 under 1 s; the stuck readers are closed with 1008 and
 counted; the slow-loris peers are answered 408 and closed; resident memory
-and descriptors come back within 20% of the baseline (the lake is empty here:
-no history cache; what held memory was CPython's arenas, see
-pipeline/memory.py). Before the fixes: p99 10-20 s, no 1008, the slow-loris
+and descriptors come back within 20% of the baseline, taken after one warm-up
+catch-up (the lake is empty here: no history cache; what held memory was
+CPython's arenas, see pipeline/memory.py). Before the fixes: p99 10-20 s, no 1008, the slow-loris
 connections held for good, RSS 1.45x the baseline after 90 s idle.
 """
 
