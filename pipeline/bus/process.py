@@ -212,10 +212,10 @@ class BusProcess:
                     recover = await self._recover_one(queue, handle)
                     continue
                 if not batch:
-                    batch = await self.store.claim(queue, batch_size)
-                if not batch:
-                    # What queued with the first item joins it, in the same round trip
-                    # as the wait (a lone call pays no extra trip for it).
+                    # One round trip: a BLMOVE that returns at once when the queue holds
+                    # something, and what queued with the first item joins it (no claim
+                    # of its own first: after a batch whose transaction found the queue
+                    # empty, that claim was a wasted trip per batch, and per idle wait).
                     batch = await self.store.wait_claim(queue, _WAIT_S, batch_size)
                     # (a claim of an empty queue can pass while writes are refused)
                     self._gate.ended(queue, "bus: %s loop: redis works again", queue)
