@@ -101,15 +101,13 @@ class QueueHandlers:
                 fail = envelope.error_reply(about, problem, about=dst, me=self.twin)
                 answers.append((env.ret, fail.encode()))
         outbound: list[Outbound] = []
-        backlog: dict[str, bytes] = {}
-        deadlines: dict[str, float] = {}
+        backlog: list[tuple[str, bytes, float]] = []  # (uid, request, deadline)
         to_self: list[bytes] = []
         for env, expires, dst in routed:
             uid = f"{dst}.{await self._counters.next(dst)}"
             tries = min(env.try_, self.config.max_try)
             request = env.encode(uid=uid, src=self.twin, dst=[dst], try_=tries)
-            backlog[uid] = request
-            deadlines[uid] = expires
+            backlog.append((uid, request, expires))
             if dst == self.twin:
                 to_self.append(env.encode(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY))
             else:
@@ -132,8 +130,7 @@ class QueueHandlers:
             for reason, raw in unanswerable:
                 self.store.bury_in(pipe, keys.BUS_LOCAL, reason, raw)
             if backlog:
-                pipe.hset(keys.BUS_BACKLOG, mapping=backlog)  # type: ignore[arg-type]
-                pipe.zadd(keys.bus_expiry(), deadlines)
+                self.store.record_in(pipe, backlog)
             if to_self:
                 pipe.rpush(keys.BUS_REMOTE, *to_self)
             self.store.release(pipe, keys.BUS_LOCAL, len(batch), claim_next)
@@ -283,8 +280,7 @@ class QueueHandlers:
             for reason, raw in unanswerable:
                 self.store.bury_in(pipe, keys.BUS_REPLY, reason, raw)
             if outbound:
-                pending = {item.id: item.to_json() for item in outbound}
-                pipe.hset(keys.bus_outbox(), mapping=pending)  # type: ignore[arg-type]
+                self.store.outbox_in(pipe, [(item.id, item.to_json()) for item in outbound])
             self.store.release(pipe, keys.BUS_REPLY, len(batch), claim_next)
             results = await pipe.execute()
         for item in outbound:

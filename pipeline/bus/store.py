@@ -162,6 +162,26 @@ return aside
 """
 )
 
+# KEYS: backlog, expiry. ARGV: the msgpack array of (uid, request, deadline) triples,
+# flat: a batch's backlog entries and their deadlines.
+_RECORD = """
+local a = cmsgpack.unpack(ARGV[1])
+for i = 1, #a - 2, 3 do
+  redis.call('HSET', KEYS[1], a[i], a[i + 1])
+  redis.call('ZADD', KEYS[2], a[i + 2], a[i])
+end
+return #a / 3
+"""
+
+# KEYS: a hash. ARGV: the msgpack array of (field, value) pairs, flat. HSET of them all.
+_HSET = """
+local a = cmsgpack.unpack(ARGV[1])
+for i = 1, #a - 1, 2 do
+  redis.call('HSET', KEYS[1], a[i], a[i + 1])
+end
+return #a / 2
+"""
+
 # KEYS: inflight, dead, attempts. ARGV: dead entry, attempts field. Sets aside the
 # first inflight item (the one the entry is about) in one step.
 _BURY_HEAD = f"""
@@ -284,6 +304,20 @@ class BusStore:
         pipe.ltrim(inflight, count, -1)
         if claim_next > 0:
             pipe.eval(_CLAIM, 2, queue, inflight, claim_next, self.max_item + 1)
+
+    def record_in(self, pipe: Any, requests: Sequence[tuple[str, bytes, float]]) -> None:
+        """Queue into ``pipe`` the backlog entries ``(uid, request, deadline)`` of a batch
+        (``msgbus.system.backlog`` and the expiry set, one packed argument: see _packed).
+        By its text (EVAL): a transaction has no second chance at ``NOSCRIPT``."""
+        flat: list[str | bytes] = []
+        for uid, request, deadline in requests:
+            flat += [uid, request, repr(deadline)]
+        pipe.eval(_RECORD, 2, keys.BUS_BACKLOG, keys.bus_expiry(), _packed(flat))
+
+    def outbox_in(self, pipe: Any, items: Sequence[tuple[str, bytes]]) -> None:
+        """Queue into ``pipe`` the outbox entries ``(id, entry)`` (one packed argument)."""
+        flat = [value for item in items for value in item]
+        pipe.eval(_HSET, 1, keys.bus_outbox(), _packed(flat))
 
     async def accept_request(self, seen_id: str, forget_at: float, queue: str, body: bytes) -> int:
         """RPUSH a request from a peer to ``queue`` unless ``seen_id`` was seen (until ``forget_at``).

@@ -7,6 +7,7 @@ to its blocking wait.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -63,3 +64,41 @@ async def test_a_loop_claims_no_batch_apart_from_its_wait_and_transaction(twins)
         assert claims == 0
     finally:
         await client.aclose()
+
+
+async def test_a_batch_writes_its_backlog_as_one_packed_argument(twins):
+    """The backlog entries and deadlines of a batch go as one argument, not two each
+    (redis-py packs every argument in Python: microseconds per argument)."""
+    a, b = twins(2)  # b never starts: the requests wait in a's backlog
+    await a.start_bus()
+    client = aioredis.Redis.from_url(a.url)
+    watcher = aioredis.Redis.from_url(a.url)
+    longest: dict[str, int] = {}
+    try:
+        async with watcher.monitor() as monitor:
+
+            async def watch() -> None:
+                while True:
+                    command = (await monitor.next_command())["command"]
+                    name = command.split(" ", 1)[0].upper()
+                    longest[name] = max(longest.get(name, 0), len(command.split(" ")))
+
+            watching = asyncio.create_task(watch())
+            try:
+                bodies = [request(dst=b.id) for _ in range(100)]
+                await client.rpush(keys.BUS_LOCAL, *(body for _, body in bodies))
+
+                async def recorded() -> bool:
+                    return await client.zcard(keys.bus_expiry()) == 100
+
+                await eventually(recorded)
+            finally:
+                watching.cancel()
+        assert await client.hlen(keys.BUS_BACKLOG) == 100
+        deadlines = await client.zrange(keys.bus_expiry(), 0, -1, withscores=True)
+        assert all(score > time.time() + 30 for _, score in deadlines)
+        # (one argument per entry would be HSET backlog uid body ... : 201 words)
+        assert longest.get("HSET", 0) < 10 and longest.get("ZADD", 0) < 10
+    finally:
+        await client.aclose()
+        await watcher.aclose()
