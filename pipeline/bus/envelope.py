@@ -428,6 +428,7 @@ def decode(
     if (
         type(raw) is bytes
         and len(raw) <= max_size
+        and raw.isascii()  # (msgspec does not check the UTF-8 of what it skips)
         and raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH
         and b"\\u" not in raw
     ):

@@ -99,3 +99,25 @@ def test_decode_equals_the_general_path_whatever_the_fields(changes, dropped, as
         raw = raw[:cut]
     for mode in MODES:
         assert decoded(raw, **mode) == general(raw, **mode)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    at=st.integers(min_value=0, max_value=400),
+    chunk=st.binary(min_size=1, max_size=16),
+    skip=st.integers(min_value=0, max_value=3),
+)
+def test_decode_equals_the_general_path_whatever_bytes_are_spliced_in(at, chunk, skip):
+    """Random bytes anywhere (in a key it skips, too): the fast path adds no acceptance."""
+    base = json.dumps(usual(), separators=(",", ":")).encode()
+    at %= len(base)
+    raw = base[:at] + chunk + base[at + skip :]
+    for mode in MODES:
+        assert decoded(raw, **mode) == general(raw, **mode)
+
+
+@pytest.mark.parametrize("key", [b"\xff>r", b"\x01x", b"m\xe2\x84uid", b"\x7f"])
+def test_a_key_the_fast_path_skips_is_still_checked(key):
+    raw = json.dumps(usual(), separators=(",", ":")).encode()[:-1] + b',"' + key + b'":""}'
+    for mode in MODES:
+        assert decoded(raw, **mode) == general(raw, **mode)
