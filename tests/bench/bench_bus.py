@@ -391,6 +391,9 @@ def main() -> int:
             for name, pid in pids.items():
                 print(f"# cpu {name}: {cpu_seconds(pid):.1f} s", file=sys.stderr)
             print(f"# cpu client (this process): {sum(os.times()[:2]):.1f} s", file=sys.stderr)
+            # the buses, handlers and this client run on the same loop kind (cli.loop_factory)
+            loop = "uvloop" if loop_factory() is not None else "asyncio (uvloop not installed)"
+            print(f"# event loop: {loop}", file=sys.stderr)
             print(f"# load: {Path('/proc/loadavg').read_text().strip()}", file=sys.stderr)
             if os.environ.get("BENCH_STATS"):  # Redis commands per call, to see where trips go
                 run(print_commandstats({n: r.url for n, r in zip("abr", redises, strict=True)}))
