@@ -21,6 +21,7 @@ skipped with a line saying why. ``# cpu/call`` lines give each process's CPU
 per call in each phase at CONCURRENCY.
 
     .venv/bin/python tests/bench/bench_bus.py [--calls N] [--concurrency C] [--serial-calls N]
+        [--trace N]   # then N lone calls under MONITOR: median time of each Redis hop
 """
 
 from __future__ import annotations
@@ -204,6 +205,59 @@ async def load(
     return elapsed, latencies
 
 
+async def trace_hops(urls: dict[str, str], queue: str, dst: int, calls: int) -> None:
+    """``calls`` lone calls under Redis MONITOR on each Redis: print each command's median
+    time since the call began (server clock), i.e. where a lone call's time goes, hop by hop.
+
+    A command counts when it shows up in at least half of the calls at the same position.
+    """
+    seen: list[tuple[float, str, str]] = []
+    watchers = [aioredis.Redis.from_url(url) for url in urls.values()]
+
+    async def watch(name: str, client: aioredis.Redis) -> None:
+        async with client.monitor() as monitor:
+            while True:
+                command = await monitor.next_command()
+                seen.append((command["time"], name, command["command"][:70]))
+
+    tasks = [asyncio.create_task(watch(n, c)) for n, c in zip(urls, watchers, strict=True)]
+    caller = aioredis.Redis.from_url(urls[next(iter(urls))], single_connection_client=True)
+    spans: list[tuple[float, float]] = []
+    try:
+        await asyncio.sleep(0.2)
+        for _ in range(calls):
+            ret = os.urandom(16).hex()
+            doc = {
+                "ver": 1, "uid": "", "cmd": CMD, "exp": 60, "try": 4, "dat": "", "src": 0,
+                "dst": [dst], "ret": ret, "shm": "", "now": int(time.time()), "err": "",
+            }  # fmt: skip
+            started = time.time()
+            await caller.rpush(queue, json.dumps(doc))
+            await caller.blpop([ret], timeout=30)
+            spans.append((started, time.time()))
+            await asyncio.sleep(0.01)  # the call alone: the previous one's tail is over
+        await asyncio.sleep(0.2)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in (caller, *watchers):
+            await client.aclose()
+    seen.sort()
+    at: dict[tuple[int, str, str], list[float]] = {}
+    for started, ended in spans:
+        hops = [e for e in seen if started <= e[0] <= ended]
+        for i, (when, name, command) in enumerate(hops):
+            at.setdefault((i, name, command.split(" ")[0]), []).append((when - started) * 1000)
+    totals = sorted((end - start) * 1000 for start, end in spans)
+    print(f"# trace: {calls} lone calls, p50 {percentile(totals, 50):.3f} ms", file=sys.stderr)
+    for (_, name, command), times in sorted(at.items(), key=lambda kv: kv[0][0]):
+        if len(times) >= calls / 2:
+            print(
+                f"# trace: {percentile(times, 50):7.3f} ms  redis-{name} {command}", file=sys.stderr
+            )
+
+
 async def print_commandstats(urls: dict[str, str]) -> None:
     for name, url in urls.items():
         client = aioredis.Redis.from_url(url)
@@ -255,6 +309,9 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--serial-calls", type=int, default=1000, help="calls at concurrency 1")
+    parser.add_argument(
+        "--trace", type=int, default=0, help="then N lone calls traced hop by hop (MONITOR)"
+    )
     parser.add_argument("--handler", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nats-handler", default=None, help=argparse.SUPPRESS)
@@ -395,6 +452,9 @@ def main() -> int:
             loop = "uvloop" if loop_factory() is not None else "asyncio (uvloop not installed)"
             print(f"# event loop: {loop}", file=sys.stderr)
             print(f"# load: {Path('/proc/loadavg').read_text().strip()}", file=sys.stderr)
+            if args.trace:
+                urls = {"a": ra.url, "b": rb.url}
+                run(trace_hops(urls, "msgbus.system.local", B, args.trace))
             if os.environ.get("BENCH_STATS"):  # Redis commands per call, to see where trips go
                 run(print_commandstats({n: r.url for n, r in zip("abr", redises, strict=True)}))
         finally:
