@@ -65,4 +65,20 @@ def frame_texts(texts: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["BURST_BYTES", "burst_end", "frame_header", "frame_texts"]
+class SharedFrames(tuple[bytes, ...]):
+    """The notification texts of one live block for one subscription prefix, shared by every
+    subscriber with that prefix (:mod:`pipeline.chain.frames`), with ``wire``: their
+    websocket frames back to back (:func:`frame_texts`), built once for all of them, which
+    a connection with nothing queued writes as they are
+    (:meth:`pipeline.chain.wsconn.Connection._write_direct`)."""
+
+    wire: bytes
+
+    @classmethod
+    def of(cls, texts: Sequence[bytes]) -> SharedFrames:
+        shared = cls(texts)
+        shared.wire = frame_texts(shared)
+        return shared
+
+
+__all__ = ["BURST_BYTES", "SharedFrames", "burst_end", "frame_header", "frame_texts"]
