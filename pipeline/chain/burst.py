@@ -65,4 +65,27 @@ def frame_texts(texts: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["BURST_BYTES", "burst_end", "frame_header", "frame_texts"]
+#: Largest ``wire`` a :class:`SharedFrames` keeps: asyncio's default high-water mark (a
+#: connection writes it directly only below its transport's mark). Bigger frames go
+#: through the writer, and recent live blocks (kept for fork choice) do not hold twice.
+WIRE_BYTES = 64 * 1024
+
+
+class SharedFrames(tuple[bytes, ...]):
+    """The notification texts of one live block for one subscription prefix, shared by every
+    subscriber with that prefix (:mod:`pipeline.chain.frames`), with ``wire``: their
+    websocket frames back to back (:func:`frame_texts`), built once for all of them, which
+    a connection with nothing queued writes as they are
+    (:meth:`pipeline.chain.wsconn.Connection._write_direct`); None over :data:`WIRE_BYTES`."""
+
+    wire: bytes | None
+
+    @classmethod
+    def of(cls, texts: Sequence[bytes]) -> SharedFrames:
+        shared = cls(texts)
+        size = sum([len(t) + 10 for t in shared])  # (a header's allowance each)
+        shared.wire = frame_texts(shared) if size <= WIRE_BYTES else None
+        return shared
+
+
+__all__ = ["BURST_BYTES", "WIRE_BYTES", "SharedFrames", "burst_end", "frame_header", "frame_texts"]

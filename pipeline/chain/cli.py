@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 
@@ -73,6 +74,19 @@ async def _produce(settings: Settings, hub: WebsocketHub, rate: float, stop: asy
         await client.aclose()
 
 
+def freeze_startup_heap() -> None:
+    """Leave what start-up built (modules, the app: over 100,000 objects) out of the cyclic GC.
+
+    A full collection walks every tracked object; with start-up's among them one took
+    90-550 ms on this 2-core machine, during which no block goes out to anyone
+    (``fanout_p99_ms`` of ``make bench B=resume``). Frozen objects are still freed by
+    reference counting; only cycles among them stay, and start-up's live as long as
+    the process. Later objects (connections, blocks) are collected as before.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(settings: Settings, *, in_process: bool = False, rate: float = 10.0) -> None:
     hub = WebsocketHub()
     app = create_app(settings, relay=not in_process, hub=hub)
@@ -80,6 +94,7 @@ async def serve(settings: Settings, *, in_process: bool = False, rate: float = 1
     await runner.setup()
     # aiohttp's TCPSite, behind the connection cap and the request-head deadline
     listener = await app[GUARD].listen(runner, settings.serve.host, settings.serve.port)
+    freeze_startup_heap()
     base = f"ws://{settings.serve.host}:{settings.serve.port}"
     log.info(
         "serving %s on %s/ws (the seed's JSON-RPC dialect) and %s/cardinal "

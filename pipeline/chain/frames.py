@@ -15,11 +15,17 @@ per subscriber, and a slow subscriber's queue holds references, not copies.
 Bounded: at most :data:`SHAPES_PER_BLOCK` prefixes per emit; past that a
 subscriber's frames are encoded for it alone, as in catch-up.
 
+Shared frames are :class:`~pipeline.chain.burst.SharedFrames`: with their
+websocket frames built once too (``wire``), so a connection with nothing
+queued sends them with one ``transport.write`` of bytes every such
+subscriber shares (see :class:`pipeline.chain.wsconn.Connection`).
+
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+from pipeline.chain.burst import SharedFrames
 from pipeline.chain.planning import Emit
 
 #: Distinct notification prefixes whose frames one live emit keeps.
@@ -31,21 +37,22 @@ def encode_frames(emit: Emit, prefix: str, suffix: str) -> tuple[bytes, ...]:
     return tuple([(prefix + result + suffix).encode() for result in emit.results])
 
 
-def frames_for(emit: Emit, prefix: str, suffix: str) -> tuple[bytes, ...]:
+def frames_for(emit: Emit, prefix: str, suffix: str) -> SharedFrames | tuple[bytes, ...]:
     """The frames of ``emit``, shared through ``emit.frames`` when it has that cache.
 
     ``suffix`` must be determined by ``prefix`` (the cache is keyed by prefix
     alone): the JSON-RPC envelope's suffix for a non-empty prefix, "" for "".
-    The bytes equal :func:`encode_frames`'s whether they came from the cache or not.
+    The bytes equal :func:`encode_frames`'s whether they came from the cache or not;
+    a cached entry is :class:`~pipeline.chain.burst.SharedFrames`.
     """
     cache = emit.frames
     if cache is None:
         return encode_frames(emit, prefix, suffix)
     hit = cache.get(prefix)
     if hit is None:
-        hit = encode_frames(emit, prefix, suffix)
-        if len(cache) < SHAPES_PER_BLOCK:
-            cache[prefix] = hit
+        if len(cache) >= SHAPES_PER_BLOCK:
+            return encode_frames(emit, prefix, suffix)
+        hit = cache[prefix] = SharedFrames.of(encode_frames(emit, prefix, suffix))
     return hit
 
 

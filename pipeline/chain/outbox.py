@@ -14,6 +14,13 @@ what it can right there, see :meth:`pipeline.chain.wsconn.Connection`) and
 wakes the writer for whatever is left. A publish nobody flushes still wakes
 every noted writer (on the next loop iteration): nothing waits forever.
 
+Before all that, a live block's shared frames come with their websocket
+frames built once for every subscriber (``wire``,
+:class:`~pipeline.chain.burst.SharedFrames`): an outbox with nothing queued
+hands them to its ``direct`` writer, which writes them at once when its
+connection sends nothing else and its transport's buffer is empty (one
+``transport.write``, no coroutine, no wake-up), and queues them otherwise.
+
 Catch-up waits for room (:meth:`Outbox.put`); live fan-out never waits
 (:meth:`Outbox.offer`): a full outbox means the subscriber fell behind.
 """
@@ -81,10 +88,22 @@ class Outbox:
     waits. With a ``batch``, an offer made while it is held does not wake the
     writer: the batch's flush calls ``inline`` (an awaitable sender that
     must never wait, and sends nothing while the writer sends), then wakes
-    the writer if anything is left.
+    the writer if anything is left. With a ``direct`` writer, an offer with
+    ``wire`` made while nothing is queued is first handed to it (see the module
+    doc); it returns False, having written nothing, when it cannot write now.
     """
 
-    __slots__ = ("_batch", "_inline", "_items", "_noted", "_room", "_waiter", "limit", "stall_s")
+    __slots__ = (
+        "_batch",
+        "_direct",
+        "_inline",
+        "_items",
+        "_noted",
+        "_room",
+        "_waiter",
+        "limit",
+        "stall_s",
+    )
 
     def __init__(
         self,
@@ -92,6 +111,7 @@ class Outbox:
         *,
         batch: FanoutBatch | None = None,
         inline: Callable[[], Awaitable[None]] | None = None,
+        direct: Callable[[bytes, int], bool] | None = None,
         stall_s: float | None = None,
     ) -> None:
         if limit < 1:
@@ -106,6 +126,7 @@ class Outbox:
         self._room.set()
         self._batch = batch
         self._inline = inline
+        self._direct = direct
         self._noted = False
 
     def __len__(self) -> int:
@@ -118,9 +139,16 @@ class Outbox:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def offer(self, texts: Sequence[bytes]) -> bool:
-        """Queue now if there is room for all of them, else False (nothing queued)."""
+    def offer(self, texts: Sequence[bytes], wire: bytes | None = None) -> bool:
+        """Queue now if there is room for all of them, else False (nothing queued).
+
+        ``wire``: the websocket frames of ``texts`` back to back, written by the
+        ``direct`` writer instead when nothing is queued and it can write now.
+        """
         items = self._items
+        direct = self._direct
+        if wire is not None and not items and direct is not None and direct(wire, len(texts)):
+            return True
         if len(items) + len(texts) > self.limit:
             return False
         items.extend(texts)

@@ -31,6 +31,7 @@ from pipeline.blockcodec import (
     effective_weight,
     raw_weight,
 )
+from pipeline.chain.burst import SharedFrames
 from pipeline.errors import BadBatch
 
 if TYPE_CHECKING:  # annotations only: this module never loads pyarrow
@@ -57,7 +58,7 @@ class Emit:
     #: A live block's notification frames by notification prefix, shared by every
     #: subscriber that gets this very object (see :mod:`pipeline.chain.frames`); None
     #: for an emit of one subscriber's own (catch-up), whose frames are encoded as sent.
-    frames: dict[str, tuple[bytes, ...]] | None = field(default=None, compare=False, repr=False)
+    frames: dict[str, SharedFrames] | None = field(default=None, compare=False, repr=False)
 
 
 class BlockSink(Protocol):

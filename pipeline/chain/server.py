@@ -26,8 +26,9 @@ are written (:mod:`pipeline.chain.cardinal`):
 Each connection (:mod:`pipeline.chain.wsconn`) has one bounded
 :class:`~pipeline.chain.outbox.Outbox` and one writer task; live frames are
 encoded once per block and shared (:mod:`pipeline.chain.frames`), and sent
-by the hub's publisher itself while a connection keeps up
-(:class:`~pipeline.chain.outbox.FanoutBatch`); a subscriber that lets its
+by the hub's publisher itself while a connection keeps up (one write of the
+websocket frames built once for all, or :class:`~pipeline.chain.outbox.FanoutBatch`
+when something is queued); a subscriber that lets its
 outbox fill up during live fan-out is closed with code 1008 and the reason.
 Errors are answered with the standard
 JSON-RPC codes; a connection never takes others down.

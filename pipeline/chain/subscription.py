@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.blockcodec import hex_quantity, parse_hash, parse_quantity
 from pipeline.chain import jsonrpc
+from pipeline.chain.burst import SharedFrames
 from pipeline.chain.cardinal import CARDINAL, READY, SEED, encoding_for, reorg_text
 from pipeline.chain.frames import frames_for
 from pipeline.chain.outbox import Outbox
@@ -168,6 +169,7 @@ class Subscription:
         if len(emits) == 1 and not emits[0].reorg and not self._announce:
             # one live block, nothing to announce (either dialect): its shared frames as they
             # are (frames_for's cache hit spelt out: once per subscriber and block)
+            # (the frames' wire form too: written at once by an idle connection, see Outbox)
             emit = emits[0]
             self.blocks += 1
             cache = emit.frames
@@ -175,9 +177,10 @@ class Subscription:
             texts: Sequence[bytes] = (
                 hit if hit is not None else frames_for(emit, self._prefix, self._suffix)
             )
+            wire = texts.wire if type(texts) is SharedFrames else None
         else:
-            texts = self._texts(emits, shared=True)
-        if not self._outbox.offer(texts):
+            texts, wire = self._texts(emits, shared=True), None
+        if not self._outbox.offer(texts, wire):
             raise SlowConsumer(
                 f"send buffer of {self._outbox.limit} messages is full",
                 public=f"subscriber too slow: send buffer of {self._outbox.limit} messages full",

@@ -98,6 +98,7 @@ class Connection:
             self.settings.serve.send_buffer,
             batch=app[HUB].batch,
             inline=self._send_inline,
+            direct=self._write_direct,
             stall_s=self.settings.serve.stall_s,
         )
         #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
@@ -227,6 +228,42 @@ class Connection:
                     continue
             await send(texts[i], text_op)
             i += 1
+
+    def _write_direct(self, wire: bytes, count: int) -> bool:
+        """Write ``count`` live frames, ``wire`` (built once for every subscriber that shares
+        them, :class:`~pipeline.chain.burst.SharedFrames`), now if nothing else can go first.
+
+        Called by the outbox for an offer made while nothing is queued: writes only
+        while neither sender holds texts, the transport's buffer is empty and ``wire``
+        is smaller than its high-water mark, so the transport is not paused after it
+        (what aiohttp's flow control waits for) and nothing sent before is still
+        waiting to go; False (nothing written: queue them) otherwise. One
+        ``transport.write`` and no coroutine per subscriber and block: the frames are
+        the bytes aiohttp's ``send_frame`` writes for each text (the server's
+        websockets are uncompressed), and a websocket that is closing gets nothing.
+        """
+        transport = self._transport
+        if (
+            self._writing
+            or transport is None
+            or len(wire) > self._inline_max
+            or transport.get_write_buffer_size()
+            or transport.is_closing()
+            or self.ws.closed
+        ):
+            return False
+        try:
+            transport.write(wire)
+        except Exception:
+            # Runs in the hub's publisher: as in _send_inline, whatever one connection
+            # raises ends that connection, logged once, never the live feed of the others.
+            if not self._failure.done():
+                log.exception("live send failed")
+                self.metrics.inc("sluice_serve_internal_errors_total")
+                self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
+            return True  # (nothing to queue: the connection is closing)
+        self.metrics.inc("sluice_serve_messages_sent_total", count)
+        return True
 
     async def _send_inline(self) -> None:
         """The live fan-out's send (:class:`~pipeline.chain.outbox.FanoutBatch`): no task switch.

@@ -20,6 +20,7 @@ from pipeline.chain.appkeys import CONNECTIONS, METRICS
 from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.outbox import Outbox
 from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
+from pipeline.chain.wsconn import Connection
 
 from .conftest import STREAM, write_lake
 
@@ -51,9 +52,9 @@ async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_orde
     deepest = 0
     real_offer = Outbox.offer
 
-    def recording_offer(self: Outbox, texts: Sequence[bytes]) -> bool:
+    def recording_offer(self: Outbox, texts: Sequence[bytes], wire: bytes | None = None) -> bool:
         nonlocal deepest
-        taken = real_offer(self, texts)
+        taken = real_offer(self, texts, wire)
         deepest = max(deepest, len(self))
         return taken
 
@@ -133,18 +134,29 @@ async def test_catch_up_goes_out_in_bursts_whole_and_in_order(
 async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_holds_it(
     settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reading peer's live frames are sent by the hub's own task (no writer wake-up); a
-    peer that stopped reading gets its frames through its writer once it reads again, and
-    the fan-out to the reading peer goes on meanwhile."""
+    """A reading peer's live frames are written by the hub's own task, each block's frames
+    at once as one write of the shared wire bytes (no send_frame, no writer wake-up); a
+    peer that stopped reading gets its frames through its writer once it reads again, in
+    order after those written directly, and the fan-out to the reading peer goes on."""
     senders: list[str] = []
+    direct: list[str] = []
     real_send = web.WebSocketResponse.send_frame
+    real_direct = Connection._write_direct
 
     async def send_frame(self: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
         task = asyncio.current_task()
         senders.append(task.get_name() if task is not None else "")
         await real_send(self, *args, **kwargs)
 
+    def write_direct(self: Connection, wire: bytes, count: int) -> bool:
+        written = real_direct(self, wire, count)
+        if written:
+            task = asyncio.current_task()
+            direct.append(task.get_name() if task is not None else "")
+        return written
+
     monkeypatch.setattr(web.WebSocketResponse, "send_frame", send_frame)
+    monkeypatch.setattr(Connection, "_write_direct", write_direct)
     chain = SyntheticChain(seed=9)
     hub = WebsocketHub()
     client = aioredis.Redis.from_url(redis_url)
@@ -170,23 +182,27 @@ async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_hold
         await reading.blocks(1)
         await stalled.blocks(1)
         senders.clear()
+        direct.clear()
         got = []
         for block in big:  # the stalled peer reads nothing meanwhile
             await mux.send(block)
             got += await reading.blocks(1)
         assert got == big  # the fan-out to the reading peer went on
-        inline = senders.count(asyncio.current_task().get_name())  # type: ignore[union-attr]
-        assert inline >= len(big), senders[:20]  # every frame to the reading peer, at least
+        hub_task = asyncio.current_task().get_name()  # type: ignore[union-attr]
+        # every block to the reading peer, at least, written directly by the fan-out
+        assert direct.count(hub_task) >= len(big) and set(direct) == {hub_task}, direct[:20]
         assert "ws-writer" in senders  # the stalled peer's queued frames: its writer
         assert await stalled.blocks(len(big), wait_s=60) == big
     await mux.close()
 
 
+@pytest.mark.parametrize("sender", ["send_frame", "transport"])
 async def test_a_connection_whose_live_send_fails_ends_alone(
-    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch, sender: str
 ) -> None:
-    """An unexpected error in one connection's inline send closes that connection (1011,
-    counted) and never the fan-out: the other subscriber gets every block."""
+    """An unexpected error in one connection's live send (inline or direct write) closes
+    that connection (1011, counted) and never the fan-out: the other subscriber gets every
+    block."""
     chain = SyntheticChain(seed=10)
     hub = WebsocketHub()
     client = aioredis.Redis.from_url(redis_url)
@@ -205,7 +221,18 @@ async def test_a_connection_whose_live_send_fails_ends_alone(
         async def broken(*args: Any, **kwargs: Any) -> None:
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(victim.ws, "send_frame", broken)
+        real_write = victim._transport.write
+
+        def broken_write(data: bytes) -> None:
+            if data[:1] == b"\x81":  # text frames: the close frame still goes out
+                raise RuntimeError("boom")
+            real_write(data)
+
+        if sender == "send_frame":  # the inline send of queued frames
+            monkeypatch.setattr(victim.outbox, "_direct", None)
+            monkeypatch.setattr(victim.ws, "send_frame", broken)
+        else:  # the direct write of live frames
+            monkeypatch.setattr(victim._transport, "write", broken_write)
         blocks = chain.take(20)
         for block in blocks:
             await mux.send(block)

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import WSMsgType
 from aiohttp.http import WebSocketWriter
 
-from pipeline.chain.burst import BURST_BYTES, burst_end, frame_texts
+from pipeline.chain.burst import BURST_BYTES, WIRE_BYTES, SharedFrames, burst_end, frame_texts
 
 
 class _Recorder:
@@ -55,3 +55,18 @@ def test_a_burst_ends_before_the_text_that_would_pass_the_limit() -> None:
     big = [b"b" * (BURST_BYTES + 1), b"c"]
     assert burst_end(big, 0) == 0  # a text over the limit is never part of a burst
     assert burst_end(big, 1) == 2
+
+
+@pytest.mark.parametrize("sizes", [[0], [125], [126, 3], [65000], [3] * 5])
+def test_shared_frames_wire_equals_aiohttps_writer(sizes: list[int]) -> None:
+    texts = [(bytes([65 + i % 26]) * n) for i, n in enumerate(sizes)]
+    shared = SharedFrames.of(texts)
+    assert list(shared) == texts and isinstance(shared, tuple)
+    assert shared.wire == _aiohttp_frames(texts)
+
+
+def test_shared_frames_over_the_wire_bound_keep_no_second_copy() -> None:
+    small = SharedFrames.of([b"x" * (WIRE_BYTES - 10)])
+    big = SharedFrames.of([b"x" * (WIRE_BYTES - 9)])
+    assert small.wire == _aiohttp_frames(list(small))
+    assert big.wire is None and list(big) == [b"x" * (WIRE_BYTES - 9)]

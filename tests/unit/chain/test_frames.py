@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.blockcodec import Block, SubBatch
 from pipeline.chain import frames, jsonrpc, producer
+from pipeline.chain.burst import frame_texts
 from pipeline.chain.cardinal import CARDINAL, SEED, encode_results
 from pipeline.chain.frames import encode_frames, frames_for
 from pipeline.chain.outbox import Outbox
@@ -159,3 +160,22 @@ def test_an_emit_of_ones_own_is_encoded_each_time() -> None:
     first = frames_for(emit, "<", ">")
     assert first == (b'<{"n":1}>',) and emit.frames is None
     assert frames_for(emit, "<", ">") is not first
+
+
+def test_live_frames_with_nothing_queued_go_to_the_direct_writer_as_aiohttps_frames() -> None:
+    item = LiveBlock.from_block(_block())
+    written: list[tuple[bytes, int]] = []
+
+    def direct(wire: bytes, count: int) -> bool:
+        written.append((wire, count))
+        return True
+
+    subs = []
+    for _ in range(2):  # two connections, the same subscription id: the same bytes
+        params = parse_subscribe(["streams", "0x0", H, []])
+        subs.append(Subscription("0x1", params, Outbox(8, direct=direct)))
+        subs[-1].put_nowait([item.emit(subs[-1].keep, share_key(subs[-1].keep))])
+    expected = _old_frames(_block(), subs[0], "0x1")
+    assert [c for _, c in written] == [len(expected)] * 2
+    assert written[0][0] is written[1][0] and written[0][0] == frame_texts(expected)
+    assert all(len(s._outbox) == 0 for s in subs)

@@ -104,3 +104,41 @@ async def test_a_held_publish_nobody_flushes_still_wakes_the_writer() -> None:
         box.offer([b"a"])
     await asyncio.wait_for(writer, 1)  # the fallback, one loop iteration later
     assert box.pop_many(10) == [b"a"]
+
+
+class _Direct:
+    """A ``direct`` writer that writes (keeps) what it is given while ``open``."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.written: list[tuple[bytes, int]] = []
+
+    def __call__(self, wire: bytes, count: int) -> bool:
+        if self.open:
+            self.written.append((wire, count))
+        return self.open
+
+
+def test_an_offer_with_wire_goes_to_the_direct_writer_only_while_nothing_is_queued() -> None:
+    direct = _Direct()
+    box = Outbox(8, direct=direct)
+    assert box.offer([b"a", b"b"], b"AB") and len(box) == 0
+    assert direct.written == [(b"AB", 2)]
+    direct.open = False  # e.g. the transport's buffer holds bytes: queued instead
+    assert box.offer([b"c"], b"C") and box.peek() == b"c"
+    direct.open = True
+    assert box.offer([b"d"], b"D")  # something queued: behind it, never before it
+    assert box.offer([b"e"])  # no wire (a reply, a catch-up text): always queued
+    assert direct.written == [(b"AB", 2)]
+    assert box.pop_many(10) == [b"c", b"d", b"e"]
+    assert box.offer([b"f"], b"F") and direct.written[-1] == (b"F", 1) and len(box) == 0
+
+
+def test_a_direct_write_does_not_bypass_the_limit_of_what_is_queued() -> None:
+    direct = _Direct()
+    direct.open = False
+    box = Outbox(2, direct=direct)
+    assert box.offer([b"a", b"b"], b"AB")
+    assert not box.offer([b"c"], b"C")  # full: the slow subscriber's refusal, as before
+    direct.open = True
+    assert not box.offer([b"c"], b"C") and direct.written == []
