@@ -1,7 +1,8 @@
 """A real ``airflow api-server`` with Sluice's plugins, a lake and a Redis, for the coverage view.
 
 One server per module (starting one costs about 10-20 s): a temporary
-``AIRFLOW_HOME`` with a migrated database on the session's PostgreSQL, ``dags/`` serialized into it,
+``AIRFLOW_HOME`` with a migrated database on the session's PostgreSQL (a copy of the
+session's migrated template), ``dags/`` serialized into it,
 ``plugins/`` of this checkout as the plugin folder, the simple auth manager
 (its generated admin password gives a JWT through ``POST /auth/token``), a
 temporary lake and database 11 of a private redis-server (the last test stops it). The server runs
@@ -162,12 +163,12 @@ def api_server(
 def start_api_server(
     env: dict[str, str], home: Path, port: int, *, scheduler: bool = False
 ) -> Iterator[tuple[str, str, Path]]:
-    """Migrate, start ``airflow api-server`` (and ``airflow scheduler``), serialize ``dags/``.
+    """Start ``airflow api-server`` (and ``airflow scheduler``), serialize ``dags/``.
 
-    Yields (url, admin JWT, api-server log). Every process runs in its own
+    The metadata database is migrated already (``airflow_database`` copies a migrated
+    template). Yields (url, admin JWT, api-server log). Every process runs in its own
     process group and is ended as a whole on exit.
     """
-    airflow_cli(env, home, "db", "migrate")
     log_path = home / "api-server.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
