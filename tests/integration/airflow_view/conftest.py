@@ -115,15 +115,19 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
     return env
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+def stop(*procs: subprocess.Popen[bytes]) -> None:
+    """End each process group: SIGTERM to all at once (their shutdowns overlap: a Celery
+    worker's alone took seconds), then SIGKILL to any still running 15 s later."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +185,7 @@ def start_api_server(
         wait_healthy(url, procs[0], log_path)
         yield url, admin_token(url, home), log_path
     finally:
-        for proc in reversed(procs):
-            stop(proc)
+        stop(*reversed(procs))
 
 
 def spawn(

@@ -181,8 +181,7 @@ def celery(
             hold=hold,
         )
     finally:
-        for proc in [*api, *reversed(procs)]:
-            stop(proc)
+        stop(*api, *reversed(procs))
         client.close()
 
 
