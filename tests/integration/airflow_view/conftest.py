@@ -40,6 +40,8 @@ VIEW_REDIS_DB = 11
 CHAIN = "chain:view"
 PLAIN = "events:view"
 START_DEADLINE_S = 90.0
+#: How long :func:`stop` waits for processes to end on SIGTERM before it kills them.
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -117,11 +119,13 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
 
 def stop(*procs: subprocess.Popen[bytes]) -> None:
     """End each process group: SIGTERM to all at once (their shutdowns overlap: a Celery
-    worker's alone took seconds), then SIGKILL to any still running 15 s later."""
+    worker's alone took seconds), then SIGKILL to any still running :data:`STOP_GRACE_S`
+    later (a test's system at its end has nothing to save: its teardown took 15 s
+    waiting for one that did not end on SIGTERM)."""
     running = [proc for proc in procs if proc.poll() is None]
     for proc in running:
         os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + STOP_GRACE_S
     for proc in running:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
