@@ -171,11 +171,11 @@ class LocalPostgres(LocalProcess):
         self.stop()
         raise ConfigError(f"postgres on port {self.port} did not accept connections in {timeout}s")
 
-    def create_database(self, name: str) -> str:
-        """Create database ``name``; returns its psycopg2 URL."""
-        self._run(
-            [str(bin_dir() / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER, name]
-        )
+    def create_database(self, name: str, *, template: str = "") -> str:
+        """Create database ``name`` (a copy of database ``template`` if given, which nobody
+        may be connected to); returns its psycopg2 URL."""
+        argv = [str(bin_dir() / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER]
+        self._run([*argv, *(("--template", template) if template else ()), name])
         return self.url(name)
 
     def stop(self) -> None:

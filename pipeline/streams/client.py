@@ -524,15 +524,23 @@ class Publisher(Worker):
     mailbox_size = 8192
     batch_size = 1000
 
-    def __init__(self, stream: str, *, service: str = "stream_service") -> None:
+    def __init__(
+        self,
+        stream: str,
+        *,
+        service: str = "stream_service",
+        timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+    ) -> None:
         self.stream = stream
         self.service = service
+        #: Seconds each push is retried before the sender is told (:class:`StreamPusher`).
+        self.timeout_s = timeout_s
         self._client: StreamClient | None = None
         self._pusher: StreamPusher | None = None
 
     async def setup(self, wctx: WorkerContext) -> None:
         self._client = StreamClient(wctx.node, wctx.address, service=self.service)
-        self._pusher = StreamPusher(self._client, self.stream)
+        self._pusher = StreamPusher(self._client, self.stream, timeout_s=self.timeout_s)
 
     def intercept(self, message: TransportMessage) -> bool:
         return self._client is not None and self._client.intercept(message)

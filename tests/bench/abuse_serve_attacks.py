@@ -203,8 +203,10 @@ async def soak(
     redis_url: str | None = None,
     lake_uri: str | None = None,
     settle: Settle = settle_for,
+    quiet_s: float | None = None,
 ) -> AttackResult:
-    """Run ``phases`` against a fresh ``sluice serve`` child process."""
+    """Run ``phases`` against a fresh ``sluice serve`` child process (the ``quiet`` phase
+    lasts ``quiet_s`` if given, every other ``phase_s``)."""
     result = AttackResult(phase_s=phase_s)
     with tempfile.TemporaryDirectory() as tmp:
         local = None
@@ -253,7 +255,11 @@ async def soak(
         base = f"http://127.0.0.1:{port}"
         try:
             await _wait_http(base)
-            await _phases(base, server.pid, client, key, chain, phase_s, phases, result, settle)
+            lengths = [
+                (name, quiet_s if name == "quiet" and quiet_s is not None else phase_s)
+                for name in phases
+            ]
+            await _phases(base, server.pid, client, key, chain, lengths, result, settle)
             result.server_alive = server.returncode is None
         finally:
             if server.returncode is None:
@@ -277,8 +283,7 @@ async def _phases(
     client: redis.Redis,
     key: str,
     chain: SyntheticChain,
-    phase_s: float,
-    phases: tuple[str, ...],
+    lengths: list[tuple[str, float]],
     result: AttackResult,
     settle: Settle,
 ) -> None:
@@ -353,7 +358,7 @@ async def _phases(
         result.rss_high_kb, result.fds_high = result.rss_base_kb, result.fds_base
         tasks = [asyncio.create_task(produce()), asyncio.create_task(sample())]
         windows: list[tuple[str, int, int]] = []
-        for name in phases:
+        for name, phase_s in lengths:
             first = chain.canonical[-1].num + 1
             parts = name.split("+")  # e.g. BENCH_ATTACK_PHASES=quiet,hostile+catchup
             if name in HOSTILE_IN or "hostile" in parts:

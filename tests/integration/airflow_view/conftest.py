@@ -1,7 +1,8 @@
 """A real ``airflow api-server`` with Sluice's plugins, a lake and a Redis, for the coverage view.
 
 One server per module (starting one costs about 10-20 s): a temporary
-``AIRFLOW_HOME`` with a migrated database on the session's PostgreSQL, ``dags/`` serialized into it,
+``AIRFLOW_HOME`` with a migrated database on the session's PostgreSQL (a copy of the
+session's migrated template), ``dags/`` serialized into it,
 ``plugins/`` of this checkout as the plugin folder, the simple auth manager
 (its generated admin password gives a JWT through ``POST /auth/token``), a
 temporary lake and database 11 of a private redis-server (the last test stops it). The server runs
@@ -39,6 +40,8 @@ VIEW_REDIS_DB = 11
 CHAIN = "chain:view"
 PLAIN = "events:view"
 START_DEADLINE_S = 90.0
+#: How long :func:`stop` waits for processes to end on SIGTERM before it kills them.
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -114,15 +117,21 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
     return env
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+def stop(*procs: subprocess.Popen[bytes]) -> None:
+    """End each process group: SIGTERM to all at once (their shutdowns overlap: a Celery
+    worker's alone took seconds), then SIGKILL to any still running :data:`STOP_GRACE_S`
+    later (a test's system at its end has nothing to save: its teardown took 15 s
+    waiting for one that did not end on SIGTERM)."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +171,12 @@ def api_server(
 def start_api_server(
     env: dict[str, str], home: Path, port: int, *, scheduler: bool = False
 ) -> Iterator[tuple[str, str, Path]]:
-    """Migrate, start ``airflow api-server`` (and ``airflow scheduler``), serialize ``dags/``.
+    """Start ``airflow api-server`` (and ``airflow scheduler``), serialize ``dags/``.
 
-    Yields (url, admin JWT, api-server log). Every process runs in its own
+    The metadata database is migrated already (``airflow_database`` copies a migrated
+    template). Yields (url, admin JWT, api-server log). Every process runs in its own
     process group and is ended as a whole on exit.
     """
-    airflow_cli(env, home, "db", "migrate")
     log_path = home / "api-server.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -180,8 +189,7 @@ def start_api_server(
         wait_healthy(url, procs[0], log_path)
         yield url, admin_token(url, home), log_path
     finally:
-        for proc in reversed(procs):
-            stop(proc)
+        stop(*reversed(procs))
 
 
 def spawn(

@@ -141,7 +141,6 @@ def celery(
             "SLUICE_TEST_HOLD_FILE": str(hold),
         }
     )
-    airflow_cli(env, home, "db", "migrate")
     procs: list[subprocess.Popen[bytes]] = []
     api: list[subprocess.Popen[bytes]] = []
     try:
@@ -182,8 +181,7 @@ def celery(
             hold=hold,
         )
     finally:
-        for proc in [*api, *reversed(procs)]:
-            stop(proc)
+        stop(*api, *reversed(procs))
         client.close()
 
 

@@ -5,8 +5,8 @@ while blocks come at 50 a second with a reorg every 30 (depths 1 to 5, and
 one to a shorter, heavier chain in each round): one from block 0 (history
 from the lake, then the Redis tail, then live), one from N with the right
 hash, one with a wrong hash, and 20 from random heights, all at once. After
-every one is ready, 60 s of live blocks, across two ``kill -9`` restarts of
-``sluice serve``. Each consumer's final chain (its ChainUpdates applied in
+every one is ready, 15 s of live blocks (``SLUICE_TEST_CARDINAL_LIVE_S``; 60 s or more
+for a longer soak), across two ``kill -9`` restarts of ``sluice serve``. Each consumer's final chain (its ChainUpdates applied in
 order: removed, then added) is compared height by height with the heaviest
 chain in Redis and the lake: no hole, no stale block, no duplicate.
 """
@@ -32,7 +32,10 @@ from tests.integration.chain.test_cardinal_go import _listening, sluice_canonica
 from tests.support.poll import until
 
 RATE = 50  # blocks a second
-LIVE_S = 60.0  # of live blocks after every consumer is ready
+#: Seconds of live blocks after every consumer is ready: 15 s in the suite (750 blocks, 25
+#: reorgs: every depth of ROUND four times, a serve restart every 5 s), longer with
+#: ``SLUICE_TEST_CARDINAL_LIVE_S=60`` (the soak's length before the suite's 20-minute budget).
+LIVE_S = float(os.environ.get("SLUICE_TEST_CARDINAL_LIVE_S", "15"))
 THRESHOLD = 64  # sluice serve's default reorg threshold: a wrong hash rewinds this far
 ROUND = [(1, None), (2, None), (3, None), (4, None), (5, None), (4, 2)]  # (depth, length)
 
@@ -205,10 +208,11 @@ async def test_go_consumers_catch_up_and_follow_with_no_hole(
                 await producer.stop()
 
 
-#: How long the library's producer feeds ``sluice subscribe``: 60 s in the suite (3,000 live
-#: blocks: the old client, which held blocks until 4,096 waited, never reached the head), the
-#: issue's 3 minutes with ``SLUICE_CARDINAL_FEED_S=180``.
-FEED_S = float(os.environ.get("SLUICE_CARDINAL_FEED_S", "60"))
+#: How long the library's producer feeds ``sluice subscribe``: 15 s in the suite (750 live
+#: blocks after the 600 made before it came, 1,350 in all: the old client, which held blocks
+#: until 4,096 waited and stalled after block ~670, never reached the head), the issue's
+#: 3 minutes with ``SLUICE_CARDINAL_FEED_S=180``.
+FEED_S = float(os.environ.get("SLUICE_CARDINAL_FEED_S", "15"))
 
 
 class Subscriber:
@@ -268,9 +272,11 @@ async def test_sluice_subscribe_keeps_up_with_the_library_producer(go_run, setti
                 steps += 1
                 if steps % 30 == 0:
                     depth, length = ROUND[reorgs % len(ROUND)]
-                    # Named only in the last round: a named ancestor lets a consumer holding
-                    # blocks past a gap move on, which would hide the gap this test looks for.
-                    ancestor = gen.canonical[-depth - 1] if loop.time() > end - 10 else None
+                    # Named only in the last sixth (10 s at most): a named ancestor lets a
+                    # consumer holding blocks past a gap move on, which would hide the gap
+                    # this test looks for.
+                    named = loop.time() > end - min(10.0, FEED_S / 6)
+                    ancestor = gen.canonical[-depth - 1] if named else None
                     reorgs += 1
                     await send(gen.reorg(depth, length), ancestor)
                 else:

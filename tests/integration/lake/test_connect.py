@@ -165,7 +165,7 @@ def test_a_locked_stream_waits_then_fails_naming_the_holder(
 
 @pytest.mark.slow
 def test_server_killed_mid_job_fails_clearly_and_the_rerun_completes(
-    redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
+    redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path, spark_remote: str
 ) -> None:
     from pipeline.lake.sparkserver import ConnectServer
     from tests.integration.lake.connect import server_settings
@@ -194,14 +194,14 @@ def test_server_killed_mid_job_fails_clearly_and_the_rerun_completes(
     errors = [line for line in err.splitlines() if line.startswith("sluice lake:")]
     assert len(errors) == 1, err
     assert "went away" in errors[0] or "not reachable" in errors[0], err
-    # Nothing half-written is visible; a rerun against a new server completes exactly.
+    # Nothing half-written is visible; a rerun against another server (the session's: the
+    # killed one is gone for good) completes exactly.
     assert log_rows(lake_uri) == 0
     for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
         uri = LakeSettings.from_url(lake_uri).table(name)
         if DeltaTable.is_deltatable(uri):
             assert DeltaTable(uri).to_pyarrow_table(columns=["stream"]).num_rows in (0, n)
-    with ConnectServer(server_settings(), port=free_port(), log_path=tmp_path / "c2.log") as again:
-        code, doc, err = run_job(job_env(redis_url, lake_uri, tmp_path, again.url), *args)
+    code, doc, err = run_job(job_env(redis_url, lake_uri, tmp_path, spark_remote), *args)
     assert code == 0, err
     assert (doc["entries"], doc["blocks"]) == (n, n)
     assert log_rows(lake_uri) == 1

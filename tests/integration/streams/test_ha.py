@@ -64,8 +64,8 @@ async def test_publish_and_consume(make_node: MakeNode, ha: tuple[str, Any]) -> 
 class Recording(Publisher):
     """A publisher that records which payloads were confirmed and which failed."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+    def __init__(self, stream: str, **kwargs: Any) -> None:
+        super().__init__(stream, **kwargs)
         self.confirmed: list[bytes] = []
         self.failed: list[bytes] = []
 
@@ -199,14 +199,17 @@ async def test_master_killed_under_two_nodes_at_500_requests(
 
 async def test_a_push_no_replica_took_is_not_confirmed(make_node: MakeNode) -> None:
     """One server, no replica, WAIT 1: every push is answered 'unavailable' (retried, then
-    failed), counted, never confirmed."""
+    failed at the publisher's deadline, here 3 s instead of the default 45 s), counted,
+    never confirmed."""
     node, _ = await make_node("A", durability=Durability(1, 50))
-    pub = Recording("nr")
+    pub = Recording("nr", timeout_s=3.0)
     await node.add_worker("pub", pub)
     await publish(node, [b"x"])
     await until(lambda: pub.failed == [b"x"], within_s=60)
     assert pub.confirmed == []
-    assert node.counters["stream_service.not_replicated"] >= 1
+    assert node.counters["stream_service.not_replicated"] >= 2  # retried, not failed at once
+    assert node.counters["stream_client.push_retries"] >= 1
+    assert node.counters["stream_client.push_failures"] == 1
 
 
 @pytest.mark.parametrize("min_replicas", [0, 1])
