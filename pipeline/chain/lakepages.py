@@ -57,6 +57,16 @@ def close_pages(pages: Iterator[pa.Table]) -> None:
             close()
 
 
+def drop_read(read: asyncio.Future[pa.Table | None]) -> None:
+    """Let go of a page read ahead that nobody will take (its failure, if any, was seen
+    and is moot: the catch-up already stopped for its own reason)."""
+    if read.done():
+        if not read.cancelled():
+            read.exception()
+    else:
+        read.cancel()  # the thread finishes its read; its page is dropped
+
+
 def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:
     table = next(pages, None)
     if table is None:
@@ -147,6 +157,7 @@ __all__ = [
     "ENCODE_ROWS",
     "FIRST_PAGE",
     "close_pages",
+    "drop_read",
     "next_page",
     "page_emits",
     "refresh_history",
