@@ -49,8 +49,10 @@ scalars = (
 )
 anything = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(keys | st.integers(0, 9) | st.binary(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(keys | st.integers(0, 9) | st.binary(max_size=3), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 updates = st.dictionaries(keys, st.binary(max_size=12), max_size=4) | anything
