@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from pipeline.blockcodec import KeyTest, decode_raw, raw_results, weight_from_bytes
 from pipeline.chain.cardinal import Encoding, encode_results
+from pipeline.chain.plainblock import plain_results
 from pipeline.chain.planning import Emit, History
 from pipeline.chain.shared import SharedResults
 from pipeline.errors import BadBatch
@@ -54,6 +55,16 @@ def close_pages(pages: Iterator[pa.Table]) -> None:
     if close is not None:
         with contextlib.suppress(ValueError):  # still running in its thread after a cancel
             close()
+
+
+def drop_read(read: asyncio.Future[pa.Table | None]) -> None:
+    """Let go of a page read ahead that nobody will take (its failure, if any, was seen
+    and is moot: the catch-up already stopped for its own reason)."""
+    if read.done():
+        if not read.cancelled():
+            read.exception()
+    else:
+        read.cancel()  # the thread finishes its read; its page is dropped
 
 
 def next_page(pages: Iterator[pa.Table], keep: KeyTest | None) -> list[Emit] | None:
@@ -120,15 +131,19 @@ def _encode_rows(
     # One block is a few microseconds of work: the calls are bound once per page
     # (catchup_cpu_us_per_block of make bench B=resume).
     encode = raw_results if not isinstance(keep, Encoding) else encode_results
-    unpack, from_bytes = decode_raw, weight_from_bytes
+    fast = plain_results if keep is None else None
     out: list[Emit] = []
     append = out.append
     for n, h, p, b in zip(nums, hashes, parents, payloads, strict=True):
+        hit = fast(b, n, h, p) if fast is not None else None
+        if hit is not None:
+            append(Emit(n, h, p, hit[0], 0, hit[1]))
+            continue
         try:
-            raw = unpack(b)
+            raw = decode_raw(b)
             texts = encode(raw, n, h, p, keep)
             stored = raw.get("weight")
-            weight = n + 1 if stored is None else from_bytes(stored)  # effective_weight
+            weight = n + 1 if stored is None else weight_from_bytes(stored)  # effective_weight
         except BadBatch as exc:
             # The archive checks a block's header only (number, hashes, weight): a body
             # that cannot be encoded is skipped, as the Redis tail skips such an entry.
@@ -142,6 +157,7 @@ __all__ = [
     "ENCODE_ROWS",
     "FIRST_PAGE",
     "close_pages",
+    "drop_read",
     "next_page",
     "page_emits",
     "refresh_history",
