@@ -164,7 +164,7 @@ class Written:
     num_hi: int | None
     #: True when the hashes of the written ``blocks`` rows are pairwise distinct (by their
     #: first 8 bytes: two different hashes sharing them make this False, which only costs
-    #: a check). Each task writes a hash's row once, from its first entry in the task's range.
+    #: a check). A task writes a hash's row once for repeats within its window (FirstSeen).
     distinct: bool
     #: mean seconds per task spent reading Redis, decoding, and writing files, and the
     #: wall seconds of the slowest task
@@ -536,8 +536,8 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
             batch = raw_to_batch(page, task.chain, split=task.chain, heads=heads)
             keep = None
             if task.chain:
-                # A hash's row is written once, from its first entry in the range; a repeat
-                # keeps its block in its fields (as the merge does: blockplan.plan).
+                # A hash's row is written once, from its first entry (repeats within the
+                # window); a repeat keeps its block in its fields (as blockplan.plan does).
                 flags = pc.fill_null(batch.column("valid_block"), False)
                 flags_np = flags.to_numpy(zero_copy_only=False)
                 keep = seen.first(batch.column("block_hash"), flags_np)

@@ -6,7 +6,7 @@ and it is the hash's first entry; else it is *present* (``blocks`` holds its
 row from this very entry) or *dup* (its ``fields`` keep the block,
 ``payload_in_blocks = false``). Used by the merge writer
 (:mod:`pipeline.lake.mergewrite`), by each Arrow writer task for the repeats
-inside its own id range (:class:`FirstSeen`), and by the driver's fix of the
+within a window of its own id range (:class:`FirstSeen`), and by the driver's fix of the
 Arrow writer's files (:mod:`pipeline.lake.arrowfix`).
 """
 
