@@ -14,8 +14,10 @@ session has, so a cluster scales the work out.
 
 Theory of operation, for one interval:
 
-1. The driver splits the ids Redis holds in the interval into ranges
-   (:func:`~pipeline.lake.redisread.split_range`) and runs one Spark task per
+1. The driver splits the ids Redis holds in the interval into ranges of
+   about as many busy millisecond slices each (probed with ``XRANGE .. COUNT 1``:
+   an interval whose entries came in a burst still gets a range per task,
+   :func:`~pipeline.lake.redisread.balanced_ranges`) and runs one Spark task per
    range (``spark.range(n, numPartitions=n).mapInArrow(...)``).
 2. Each task writes at most one file per table, named like Delta's own
    (``part-<task>-<uuid>.c000.snappy.parquet``) under the table's partition
@@ -55,7 +57,7 @@ import pyarrow.compute as pc
 
 from pipeline.lake import tables
 from pipeline.lake.blockplan import FirstSeen, prefix_keys, restore_blocks
-from pipeline.lake.redisread import StreamId, bounds, connect, split_range
+from pipeline.lake.redisread import StreamId, balanced_ranges, bounds, connect
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +211,10 @@ def plan_task(options: WriteOptions) -> WriteTask | None:
     client = connect(options.url)
     try:
         found = bounds(client, options.key, options.first, options.last)
+        ranges = (
+            [] if found is None
+            else balanced_ranges(client, options.key, *found, options.partitions)
+        )  # fmt: skip
     finally:
         client.close()
     if found is None:
@@ -222,7 +228,7 @@ def plan_task(options: WriteOptions) -> WriteTask | None:
         archived_at_us=options.archived_at_us,
         entries_dir=f"{_fs_path(options.entries_table)}/{part}",
         blocks_dir=f"{_fs_path(options.blocks_table)}/{part}",
-        ranges=tuple(split_range(*found, options.partitions)),
+        ranges=tuple(ranges),
         partition=part,
         storage=dict(options.storage_options or {}),
     )
