@@ -87,7 +87,7 @@ def split_occupied(
 
 
 #: Millisecond slices of an interval probed for entries before it is cut into task ranges.
-PROBES = 1024
+PROBES = 256
 
 
 # --- Redis access ----------------------------------------------------------------
