@@ -40,9 +40,10 @@ writer (:mod:`pipeline.lake.sparkwrite`) is described above. The Arrow writer (:
 the default) takes the common interval, one the lake holds nothing of: Spark
 tasks read their id ranges, decode and write the Parquet files of both tables
 with pyarrow (each task writes a hash's ``blocks`` row once, from its first
-entry in the task's range), and the driver commits them with delta-rs,
-``blocks`` first. A hash the tasks cannot settle alone (repeated across
-their ranges, or in ``blocks`` already) gets the files holding it rewritten
+entry, for repeats within a window of its range:
+:class:`~pipeline.lake.blockplan.FirstSeen`), and the driver commits them with
+delta-rs, ``blocks`` first. A hash the tasks cannot settle alone (repeated
+further back, across their ranges, or in ``blocks`` already) gets the files holding it rewritten
 before the commits (:mod:`pipeline.lake.arrowfix`), so an interval with
 repeated hashes keeps the fast writer. An interval the lake holds part of
 (a forced rerun, entries added later with explicit ids) takes the merge

@@ -1,9 +1,11 @@
 """The Arrow writer's files of a chain interval, made exact before the driver commits them.
 
 Each writer task writes a hash's ``blocks`` row once, from the hash's first
-entry in its own id range, and keeps the block of a repeat in the repeat's
-``fields`` (:class:`~pipeline.lake.blockplan.FirstSeen`). What a task cannot
-see is a hash an earlier task's range holds too, or one ``blocks`` holds
+entry, and keeps the block of a repeat in the repeat's ``fields``, for a repeat
+within its page or a window before it (:class:`~pipeline.lake.blockplan.FirstSeen`).
+What a task does not settle is a repeat further back in its range (its hash
+keys then repeat: ``Written.distinct`` is false), a hash an earlier task's
+range holds too, or one ``blocks`` holds
 already (from other entries, or from these very entries when a job died
 between its two commits). The driver settles those here, from what the tasks
 report, without a second read of Redis:

@@ -14,8 +14,10 @@ session has, so a cluster scales the work out.
 
 Theory of operation, for one interval:
 
-1. The driver splits the ids Redis holds in the interval into ranges
-   (:func:`~pipeline.lake.redisread.split_range`) and runs one Spark task per
+1. The driver splits the ids Redis holds in the interval into ranges of
+   about as many busy millisecond slices each (probed with ``XRANGE .. COUNT 1``:
+   an interval whose entries came in a burst still gets a range per task,
+   :func:`~pipeline.lake.redisread.balanced_ranges`) and runs one Spark task per
    range (``spark.range(n, numPartitions=n).mapInArrow(...)``).
 2. Each task writes at most one file per table, named like Delta's own
    (``part-<task>-<uuid>.c000.snappy.parquet``) under the table's partition
@@ -54,8 +56,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.lake import tables
-from pipeline.lake.blockplan import FirstSeen, restore_blocks
-from pipeline.lake.redisread import StreamId, bounds, connect, split_range
+from pipeline.lake.blockplan import FirstSeen, prefix_keys, restore_blocks
+from pipeline.lake.redisread import StreamId, balanced_ranges, bounds, connect
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,7 @@ class Written:
     num_hi: int | None
     #: True when the hashes of the written ``blocks`` rows are pairwise distinct (by their
     #: first 8 bytes: two different hashes sharing them make this False, which only costs
-    #: a check). Each task writes a hash's row once, from its first entry in the task's range.
+    #: a check). A task writes a hash's row once for repeats within its window (FirstSeen).
     distinct: bool
     #: mean seconds per task spent reading Redis, decoding, and writing files, and the
     #: wall seconds of the slowest task
@@ -209,6 +211,10 @@ def plan_task(options: WriteOptions) -> WriteTask | None:
     client = connect(options.url)
     try:
         found = bounds(client, options.key, options.first, options.last)
+        ranges = (
+            [] if found is None
+            else balanced_ranges(client, options.key, *found, options.partitions)
+        )  # fmt: skip
     finally:
         client.close()
     if found is None:
@@ -222,7 +228,7 @@ def plan_task(options: WriteOptions) -> WriteTask | None:
         archived_at_us=options.archived_at_us,
         entries_dir=f"{_fs_path(options.entries_table)}/{part}",
         blocks_dir=f"{_fs_path(options.blocks_table)}/{part}",
-        ranges=tuple(split_range(*found, options.partitions)),
+        ranges=tuple(ranges),
         partition=part,
         storage=dict(options.storage_options or {}),
     )
@@ -536,11 +542,12 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
             batch = raw_to_batch(page, task.chain, split=task.chain, heads=heads)
             keep = None
             if task.chain:
-                # A hash's row is written once, from its first entry in the range; a repeat
-                # keeps its block in its fields (as the merge does: blockplan.plan).
+                # A hash's row is written once, from its first entry (repeats within the
+                # window); a repeat keeps its block in its fields (as blockplan.plan does).
                 flags = pc.fill_null(batch.column("valid_block"), False)
-                keep = seen.first(batch.column("block_hash"), flags.to_numpy(zero_copy_only=False))
-                repeat = flags.to_numpy(zero_copy_only=False) & ~keep
+                flags_np = flags.to_numpy(zero_copy_only=False)
+                keep = seen.first(batch.column("block_hash"), flags_np)
+                repeat = flags_np & ~keep
                 if repeat.any():
                     fields = restore_blocks(batch, pa.array(repeat))
                     batch = batch.set_column(
@@ -555,7 +562,7 @@ def _write_range(task: WriteTask, index: int) -> pa.RecordBatch:
             last_id = ids[-1].as_py()
             entries_file.add(rows)
             if keep is not None:
-                n_valid = int(pc.sum(pc.cast(flags, pa.int64())).as_py() or 0)
+                n_valid = int(np.count_nonzero(flags_np))
                 valid += n_valid
                 invalid += batch.num_rows - n_valid
                 if len(invalid_ids) < MAX_INVALID_IDS and n_valid < batch.num_rows:
@@ -653,23 +660,9 @@ def block_rows(good: pa.RecordBatch, archived_at: pa.Scalar) -> pa.RecordBatch:
     )
 
 
-#: ASCII hex digit -> its value (lower-case digits only, as the source writes them)
-_NIBBLE = np.zeros(256, dtype=np.uint64)
-_NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint64)
-_SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
-
-
 def _hash_keys(hashes: pa.Array) -> np.ndarray[Any, Any]:
     """The first 8 bytes of each hash (64 hex digits) as uint64, for a distinctness check."""
-    n = len(hashes)
-    if n == 0:
-        return np.empty(0, np.uint64)
-    hashes = pa.concat_arrays([hashes])  # rebase a slice's buffers
-    _, offsets_buf, values_buf = hashes.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1)
-    if not np.all(np.diff(offsets) == 64):
+    keys = prefix_keys(hashes)
+    if keys is None:
         raise AssertionError("block hashes are 64 hex digits")  # the source checks 32 bytes
-    digits = np.frombuffer(values_buf, dtype=np.uint8, count=int(offsets[-1]))
-    first = digits[offsets[0] :].reshape(n, 64)[:, :16]
-    keys: np.ndarray[Any, Any] = (_NIBBLE[first] << _SHIFTS).sum(axis=1, dtype=np.uint64)
     return keys

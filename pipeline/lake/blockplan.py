@@ -6,12 +6,13 @@ and it is the hash's first entry; else it is *present* (``blocks`` holds its
 row from this very entry) or *dup* (its ``fields`` keep the block,
 ``payload_in_blocks = false``). Used by the merge writer
 (:mod:`pipeline.lake.mergewrite`), by each Arrow writer task for the repeats
-inside its own id range (:class:`FirstSeen`), and by the driver's fix of the
+within a window of its own id range (:class:`FirstSeen`), and by the driver's fix of the
 Arrow writer's files (:mod:`pipeline.lake.arrowfix`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -56,24 +57,97 @@ def plan(read: pa.Table, owners: pa.Table) -> tuple[pa.Array, pa.Array]:
     return pa.array(new), pa.array(dup)
 
 
-class FirstSeen:
-    """The hashes one writer task has seen so far: which valid entries of its pages are the
-    first of their hash in its id range (bounded by the range, as the task's files are)."""
+#: Valid entries before a writer task's page that :class:`FirstSeen` compares it with (at
+#: least the page before at the archive's page size): a repeat further back is written as
+#: a first and settled by the driver (:mod:`pipeline.lake.arrowfix`, which the task's
+#: reported hash keys tell it to run).
+WINDOW = 4096
 
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
+
+class FirstSeen:
+    """Which valid entries of one writer task's pages are the first of their hash: within
+    the page and the last ``window`` valid entries before it (exact, by full hash).
+
+    Vectorised for the common page, whose hashes are pairwise distinct and new: the first
+    8 bytes of each hash (:func:`prefix_keys`) are sorted and compared with the page's own
+    and the window's. Only a page where two keys match (a repeat, or two hashes sharing
+    8 bytes) is settled entry by entry. Memory: the window's hashes, not the range's.
+    """
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self._window = window
+        #: (sorted prefix keys or None, hashes) of the pages in the window, oldest first
+        self._pages: deque[tuple[np.ndarray[Any, Any] | None, pa.Array]] = deque()
+        self._held = 0
 
     def first(self, hashes: pa.Array, valid: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """True for each valid entry (``valid``) whose hash no earlier entry had."""
         keep = np.zeros(len(valid), dtype=bool)
-        seen = self._seen
-        values = hashes.to_pylist()
-        for i in np.flatnonzero(valid).tolist():
-            digest = values[i]
-            if digest not in seen:
-                seen.add(digest)
-                keep[i] = True
+        rows = np.flatnonzero(valid)
+        if not len(rows):
+            return keep
+        page = hashes.take(pa.array(rows))
+        keys = prefix_keys(page)
+        ordered = None if keys is None else np.sort(keys)
+        if ordered is None or self._suspect(ordered):
+            keep[rows] = self._exact(page)
+        else:
+            keep[rows] = True
+        self._remember(ordered, page)
         return keep
+
+    def _suspect(self, ordered: np.ndarray[Any, Any]) -> bool:
+        """Whether a key of the page repeats in it or in the window (or a window page has none)."""
+        if bool(np.any(ordered[1:] == ordered[:-1])):
+            return True
+        for there, _ in self._pages:
+            if there is None:
+                return True
+            at = np.minimum(np.searchsorted(there, ordered), len(there) - 1)
+            if bool(np.any(there[at] == ordered)):
+                return True
+        return False
+
+    def _exact(self, page: pa.Array) -> np.ndarray[Any, Any]:
+        known: set[str] = set()
+        for _, hashes in self._pages:
+            known.update(hashes.to_pylist())
+        out = np.zeros(len(page), dtype=bool)
+        for i, digest in enumerate(page.to_pylist()):
+            if digest not in known:
+                known.add(digest)
+                out[i] = True
+        return out
+
+    def _remember(self, ordered: np.ndarray[Any, Any] | None, page: pa.Array) -> None:
+        self._pages.append((ordered, page))
+        self._held += len(page)
+        while self._held - len(self._pages[0][1]) >= self._window:
+            self._held -= len(self._pages.popleft()[1])
+
+
+def prefix_keys(hashes: pa.Array) -> np.ndarray[Any, Any] | None:
+    """The first 8 bytes of each hash (64 hex digits, no null) as uint64; None when a value
+    is not 64 characters long (equal hashes have equal keys; equal keys may differ)."""
+    n = len(hashes)
+    if n == 0:
+        return np.empty(0, np.uint64)
+    if hashes.null_count:
+        return None
+    hashes = pa.concat_arrays([hashes])  # rebase a slice's buffers
+    _, offsets_buf, values_buf = hashes.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1)
+    if not np.all(np.diff(offsets) == 64):
+        return None
+    first = np.frombuffer(values_buf, dtype=np.uint8, count=int(offsets[-1]))[offsets[0] :]
+    try:  # C speed: 16 digits per hash, decoded at once (a value not in hex has no key)
+        raw = bytes.fromhex(first.reshape(n, 64)[:, :16].tobytes().decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if len(raw) != 8 * n:  # whitespace, which fromhex skips
+        return None
+    keys: np.ndarray[Any, Any] = np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+    return keys
 
 
 def restore_blocks(read: Any, dup: pa.Array) -> pa.Array:

@@ -63,7 +63,59 @@ def split_range(first: StreamId, last: StreamId, parts: int) -> list[tuple[Strea
     return ranges
 
 
+def split_occupied(
+    first: StreamId, last: StreamId, edges: list[int], busy: list[bool], parts: int
+) -> list[tuple[StreamId, StreamId]]:
+    """:func:`split_range` weighted by where the entries are: ``edges`` cut the span of
+    ``[first, last]`` into millisecond slices (slice ``i`` is ``[edges[i], edges[i+1])``),
+    ``busy`` says which hold an entry. When some are empty, each range gets about as many
+    busy slices (an interval whose entries came in a burst: a range per task, not one for
+    all); cuts fall on slice edges; the ranges still cover exactly ``[first, last]``.
+    """
+    full = [i for i, b in enumerate(busy) if b]
+    if len(full) == len(busy) or parts < 2 or len(full) < 2:
+        return split_range(first, last, parts)
+    parts = min(parts, len(full))
+    cuts = [edges[full[len(full) * k // parts]] for k in range(1, parts)]
+    ranges: list[tuple[StreamId, StreamId]] = []
+    lo = first
+    for cut in cuts:
+        ranges.append((lo, (cut - 1, MAX_SEQ)))
+        lo = (cut, 0)
+    ranges.append((lo, last))
+    return ranges
+
+
+#: Millisecond slices of an interval probed for entries before it is cut into task ranges.
+PROBES = 256
+
+
 # --- Redis access ----------------------------------------------------------------
+
+
+def balanced_ranges(
+    client: Any, key: str, first: StreamId, last: StreamId, parts: int, probes: int = PROBES
+) -> list[tuple[StreamId, StreamId]]:
+    """``[first, last]`` cut into at most ``parts`` ranges of about as many busy slices
+    (:func:`split_occupied`): one pipelined ``XRANGE .. COUNT 1`` per slice, ``probes`` at
+    most."""
+    from pipeline.redisconn import UNAVAILABLE
+
+    span = last[0] - first[0] + 1
+    if parts < 2 or span < 2:
+        return split_range(first, last, parts)
+    n = min(probes, span)
+    edges = [first[0] + span * i // n for i in range(n + 1)]
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        lo = max((edges[i], 0), first)
+        hi = min((edges[i + 1] - 1, MAX_SEQ), last)
+        pipe.xrange(key, format_id(lo), format_id(hi), count=1)
+    try:
+        busy = [bool(found) for found in pipe.execute()]
+    except UNAVAILABLE as exc:
+        raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
+    return split_occupied(first, last, edges, busy, parts)
 
 
 def connect(url: str) -> Any:

@@ -214,6 +214,36 @@ def test_a_repeat_right_after_a_range_boundary_is_settled_in_its_task(
     assert list(read_entries(arrow, STREAM)) == _redis_entries(redis_client, STREAM, 1000, 1041)
 
 
+def test_a_repeat_further_back_than_the_task_window_is_settled_by_the_driver(
+    spark: Any, redis_client: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """One task, a hash repeated 10,000 entries after its first (beyond the task's window,
+    blockplan.WINDOW): the task writes it as a first, the driver's fix settles it; the rows
+    are the Spark writer's."""
+    from pipeline.lake.blockplan import WINDOW
+    from pipeline.lake.source import DEFAULT_PAGE
+
+    n = 2 * DEFAULT_PAGE
+    assert n - DEFAULT_PAGE > WINDOW  # the first page has left the window by the repeat's
+    blocks = chain(0, n)
+    publish(redis_client, STREAM, blocks, first_ms=1000)
+    redis_client.xadd(keys.stream(STREAM), {b"block": encode_block(blocks[1])}, id=f"{1000 + n}-0")
+    arrow, slow = str(tmp_path / "arrow"), str(tmp_path / "spark")
+    results = {}
+    for lake_uri, writer in ((arrow, "arrow"), (slow, "spark")):
+        settings = settings_for(
+            redis_url, lake_uri, streams=(STREAM,), chain_streams=(STREAM,),
+            archive_writer=writer, archive_partitions=1,
+        )  # fmt: skip
+        results[writer] = archive_interval(spark, settings, STREAM, 1000, 1001 + n)
+    fast = results["arrow"]
+    assert "fix" in fast.stages and "commit_entries" in fast.stages
+    assert (fast.entries, fast.blocks) == (n + 1, n + 1)
+    for name in (tables.STREAM_ENTRIES, tables.BLOCKS):
+        assert _rows(arrow, name) == _rows(slow, name), name
+    assert len(_rows(arrow, tables.BLOCKS)) == n
+
+
 def test_killed_between_the_commits_the_rerun_completes(
     spark: Any, redis_client: Any, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

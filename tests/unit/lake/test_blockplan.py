@@ -96,3 +96,47 @@ def test_a_task_keeps_the_first_entry_of_each_hash_across_its_pages() -> None:
         firsts.append(seen.first(hashes, valid).tolist())
     assert firsts == [[True, False, False], [True, False, False]]
     assert FirstSeen().first(pa.array([], pa.string()), np.zeros(0, bool)).tolist() == []
+
+
+def _exactly_first(pages: list[tuple[list[str | None], np.ndarray]]) -> list[list[bool]]:
+    """The rule FirstSeen keeps within its window: a valid entry whose hash no earlier had."""
+    seen: set[str] = set()
+    out = []
+    for hashes, valid in pages:
+        keep = []
+        for digest, ok in zip(hashes, valid.tolist(), strict=True):
+            keep.append(bool(ok) and digest not in seen)
+            if ok:
+                seen.add(str(digest))
+        out.append(keep)
+    return out
+
+
+def test_first_seen_is_exact_on_block_hashes_sharing_their_first_eight_bytes() -> None:
+    """Random pages of 64-digit hashes (repeats, invalid entries, hashes that share their
+    first 16 digits): within the window the vectorised check keeps what a set would."""
+    rng = np.random.default_rng(7)
+    pool = [rng.bytes(32).hex() for _ in range(300)]
+    pool += [pool[i][:16] + rng.bytes(24).hex() for i in range(20)]  # same 8-byte key
+    pages = []
+    for size in rng.integers(0, 60, 40).tolist():
+        valid = rng.random(size) < 0.9
+        picks = rng.integers(0, len(pool), size).tolist()
+        hashes = [pool[p] if ok else None for p, ok in zip(picks, valid.tolist(), strict=True)]
+        pages.append((hashes, valid))
+    pages.append(([pool[0], pool[0]], np.array([True, True])))
+    seen = FirstSeen(window=10_000)
+    got = [seen.first(pa.array(h, pa.string()), v).tolist() for h, v in pages]
+    assert got == _exactly_first(pages)
+    assert sum(map(sum, got)) > 100 and sum(map(len, got)) - sum(map(sum, got)) > 100
+
+
+def test_a_repeat_further_back_than_the_window_is_written_as_a_first() -> None:
+    """The driver's fix settles it (arrowfix: the task's hash keys are not distinct)."""
+    h = [f"{i:064x}" for i in range(5)]
+    seen = FirstSeen(window=4)
+    ones = np.ones
+    assert seen.first(pa.array(h[:1]), ones(1, bool)).tolist() == [True]
+    assert seen.first(pa.array(h[1:]), ones(4, bool)).tolist() == [True] * 4
+    # h[0] is 5 entries back, h[4] one: only the latter is settled here
+    assert seen.first(pa.array([h[0], h[4]]), ones(2, bool)).tolist() == [True, False]

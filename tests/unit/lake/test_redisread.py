@@ -43,3 +43,19 @@ def test_split_range_covers_exactly(a: tuple[int, int], b: tuple[int, int], part
         assert lo <= hi
     for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False):
         assert id_before(lo) == hi  # contiguous, no overlap
+
+
+def test_split_occupied_gives_each_range_as_many_busy_slices() -> None:
+    """A burst at the end of a span (what a split by milliseconds gives one range): two
+    ranges of two busy slices each; with every slice busy, the plain split."""
+    from pipeline.lake.redisread import split_occupied
+
+    edges = list(range(0, 110, 10))  # ten slices of 10 ms
+    busy = [True] + [False] * 6 + [True] * 3
+    ranges = split_occupied((0, 0), (99, 7), edges, busy, 2)
+    assert ranges == [((0, 0), (79, MAX_SEQ)), ((80, 0), (99, 7))]
+    assert split_occupied((0, 0), (99, 7), edges, [True] * 10, 2) == split_range((0, 0), (99, 7), 2)
+    assert split_occupied((0, 0), (99, 7), edges, busy, 9) == [
+        ((0, 0), (69, MAX_SEQ)), ((70, 0), (79, MAX_SEQ)), ((80, 0), (89, MAX_SEQ)),
+        ((90, 0), (99, 7)),
+    ]  # fmt: skip
