@@ -93,6 +93,13 @@ PROBES = 256
 # --- Redis access ----------------------------------------------------------------
 
 
+def probe_count(first: StreamId, last: StreamId, parts: int, probes: int = PROBES) -> int:
+    """How many ``XRANGE`` probes :func:`balanced_ranges` sends for ``[first, last]`` (0: none,
+    the range is split by milliseconds alone)."""
+    span = last[0] - first[0] + 1
+    return 0 if parts < 2 or span < 2 else min(probes, span)
+
+
 def balanced_ranges(
     client: Any, key: str, first: StreamId, last: StreamId, parts: int, probes: int = PROBES
 ) -> list[tuple[StreamId, StreamId]]:
@@ -101,10 +108,10 @@ def balanced_ranges(
     most."""
     from pipeline.redisconn import UNAVAILABLE
 
-    span = last[0] - first[0] + 1
-    if parts < 2 or span < 2:
+    n = probe_count(first, last, parts, probes)
+    if not n:
         return split_range(first, last, parts)
-    n = min(probes, span)
+    span = last[0] - first[0] + 1
     edges = [first[0] + span * i // n for i in range(n + 1)]
     pipe = client.pipeline(transaction=False)
     for i in range(n):

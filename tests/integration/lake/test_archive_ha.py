@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from pipeline import keys, redisconn
 from pipeline.errors import RedisUnavailable
-from pipeline.lake import tables
+from pipeline.lake import redisread, tables
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.entries import read_entries
 from pipeline.redisconn import Role
@@ -102,15 +102,27 @@ def _xrange_calls(client: Any) -> int:
     return int(stats["calls"]) if stats else 0
 
 
+def _driver_xranges(url: str, key: str, parts: int) -> int:
+    """The ``XRANGE`` calls the archive's driver makes before its tasks read: the first id
+    of the interval, then the task-range probes (:func:`redisread.probe_count`)."""
+    client = redisconn.connect_sync(url, Role.CLI)
+    try:
+        found = redisread.bounds(client, key, (0, 0), (redisread.MAX_SEQ, redisread.MAX_SEQ))
+    finally:
+        client.close()
+    assert found is not None
+    return 1 + redisread.probe_count(*found, parts)
+
+
 def _kill_mid_read(master: Any, base: int, seen: list[int]) -> None:
-    """Once the archive's tasks have read a page (``XRANGE`` calls beyond the driver's
-    two), pause every client of ``master`` (the tasks' next page waits in Redis) and
-    SIGKILL it: the read dies half done."""
+    """Once the archive's tasks have read a page (``XRANGE`` calls beyond the driver's,
+    ``base``, and two), pause every client of ``master`` (the tasks' next page waits in
+    Redis) and SIGKILL it: the read dies half done."""
     client = master.client()
     try:
         seen.append(
             until_sync(
-                lambda: (n := _xrange_calls(client)) >= base + 3 and n,
+                lambda: (n := _xrange_calls(client)) >= base + 2 and n,
                 "the archive's tasks reading from the master",
                 within_s=240,
                 every_s=0.002,
@@ -145,15 +157,16 @@ def test_archive_across_a_masters_death_during_the_read(
     group.wait_replicated()  # what was written is the ground truth after the failover
     key = keys.stream(STREAM)
     master = group.master_of(key) if layout == "cluster" else group.master()
-    watcher = master.client()
-    try:
-        base = _xrange_calls(watcher)
-    finally:
-        watcher.close()
     lake = str(tmp_path / "ha")
     settings = settings_for(
         url, lake, streams=(STREAM,), chain_streams=(STREAM,), archive_writer="arrow"
     )
+    driver = _driver_xranges(url, key, settings.lake.archive_partitions)
+    watcher = master.client()
+    try:
+        base = _xrange_calls(watcher) + driver
+    finally:
+        watcher.close()
     seen: list[int] = []
     killer = threading.Thread(target=_kill_mid_read, args=(master, base, seen), daemon=True)
     killer.start()
