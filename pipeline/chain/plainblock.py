@@ -48,7 +48,8 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 _decode = msgspec.msgpack.Decoder(_Body).decode
-_errors = (msgspec.DecodeError, msgspec.ValidationError)
+#: (msgspec raises UnicodeDecodeError itself for a str that is not UTF-8)
+_errors = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 def plain_results(
