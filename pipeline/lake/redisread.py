@@ -54,6 +54,11 @@ def split_range(first: StreamId, last: StreamId, parts: int) -> list[tuple[Strea
     span = last[0] - first[0] + 1
     parts = min(parts, span)
     cuts = [first[0] + (span * i) // parts for i in range(1, parts)]
+    return _cut_at(first, last, cuts)
+
+
+def _cut_at(first: StreamId, last: StreamId, cuts: list[int]) -> list[tuple[StreamId, StreamId]]:
+    """``[first, last]`` as ranges that end just before each millisecond of ``cuts`` (ascending)."""
     ranges: list[tuple[StreamId, StreamId]] = []
     lo = first
     for cut in cuts:
@@ -77,13 +82,7 @@ def split_occupied(
         return split_range(first, last, parts)
     parts = min(parts, len(full))
     cuts = [edges[full[len(full) * k // parts]] for k in range(1, parts)]
-    ranges: list[tuple[StreamId, StreamId]] = []
-    lo = first
-    for cut in cuts:
-        ranges.append((lo, (cut - 1, MAX_SEQ)))
-        lo = (cut, 0)
-    ranges.append((lo, last))
-    return ranges
+    return _cut_at(first, last, cuts)
 
 
 #: Millisecond slices of an interval probed for entries before it is cut into task ranges.
