@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -104,6 +105,12 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__WORKERS": "1",
+            # Every process of this Airflow signs and checks task tokens with one key (a
+            # restarted API server must accept the tokens of tasks already running). Left
+            # empty, each process generates its own unless it finds one in airflow.cfg, which
+            # no `airflow db migrate` writes here any more (the database is a template's
+            # copy): the tasks' calls got "Invalid auth token" (403) and failed, no log.
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             # The view takes its Redis from the sluice_redis connection, as a deployment would.
             "AIRFLOW_CONN_SLUICE_REDIS": redis_url,
             "SLUICE_LAKE_URI": lake,

@@ -125,9 +125,6 @@ def celery(
             "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "3600",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            # every process signs and checks task tokens with one key (a restarted API
-            # server must accept the tokens of tasks already running)
-            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             "SLUICE_STREAMS": STREAM,
