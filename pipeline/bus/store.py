@@ -95,12 +95,11 @@ local a = cmsgpack.unpack(ARGV[3])
 local out = {}
 local size = redis.call('ZCARD', KEYS[1])  -- once per call: each ZADD below adds one id
 for i = 1, #a - 2, 3 do
-  if redis.call('ZSCORE', KEYS[1], a[i]) then
-    out[#out + 1] = 0
-  elseif size >= most then
-    out[#out + 1] = -1
+  if size >= most then
+    out[#out + 1] = redis.call('ZSCORE', KEYS[1], a[i]) and 0 or -1
+  elseif redis.call('ZADD', KEYS[1], 'NX', ARGV[1], a[i]) == 0 then
+    out[#out + 1] = 0  -- seen: ZADD NX leaves its score, adds nothing
   else
-    redis.call('ZADD', KEYS[1], ARGV[1], a[i])
     size = size + 1
     out[#out + 1] = 2 - push_or_bury(a[i + 1], a[i + 2], 'request not delivered')
   end

@@ -256,10 +256,11 @@ async def _commands(client: aioredis.Redis) -> dict[str, int]:
 
 
 async def test_a_post_costs_redis_no_check_per_envelope(redis_url):
-    """A POST's requests: one ZCARD per POST, not one per request; pushes to lists need
-    no TYPE check first (the push is tried, WRONGTYPE sets it aside); replies: no TYPE
-    either, and a ret is read from its backlog entry without decoding the whole entry
-    (the answer the same bytes; a ret with escapes still decoded)."""
+    """A POST's requests: one ZCARD per POST, not one per request, and one ZADD NX per
+    request tells a replay (no ZSCORE first); pushes to lists need no TYPE check first
+    (the push is tried, WRONGTYPE sets it aside); replies: no TYPE either, and a ret is
+    read from its backlog entry without decoding the whole entry (the same answer; a
+    ret with escapes still decoded)."""
     client = aioredis.Redis.from_url(redis_url)
     store = BusStore(client)
     runner = asyncio.create_task(store.coalescer.run())
@@ -279,7 +280,8 @@ async def test_a_post_costs_redis_no_check_per_envelope(redis_url):
         replies = [(uid, 1002, *answer_parts(reply.copy(uid=uid))) for uid in backlog]
         assert await store.deliver_replies(replies) == [1] * 20
         ran = await _commands(client)
-        assert ran.get("zcard") == 1 and "type" not in ran, ran
+        assert ran.get("zcard") == 1 and "type" not in ran and "zscore" not in ran, ran
+        assert ran["zadd"] == 20  # each id remembered by the ZADD that tells a replay
         assert ran["rpush"] == 40
         for uid, request in backlog.items():
             [answer] = await client.lrange(request.ret, 0, -1)
