@@ -30,7 +30,10 @@ from pipeline.errors import NotReplicated
 
 # bury(target, value, why): set value aside in the dead-letter list.
 # push_or_bury(target, value, why): RPUSH value to target when target is a list (or
-# absent), else set it aside in the dead-letter list. 1 pushed, 0 set aside.
+# absent), else set it aside in the dead-letter list. 1 pushed, 0 set aside. The push
+# is tried first (redis.pcall): a WRONGTYPE refusal writes nothing, and the usual push
+# costs one command, not a TYPE check and the push; any other error (OOM, READONLY)
+# fails the script as redis.call would.
 _PUSH_OR_BURY = f"""
 local function bury(target, value, why)
   local head = cjson.encode({{queue = target, at = tonumber(redis.call('TIME')[1]),
@@ -40,11 +43,10 @@ local function bury(target, value, why)
   return 0
 end
 local function push_or_bury(target, value, why)
+  local pushed = redis.pcall('RPUSH', target, value)
+  if type(pushed) ~= 'table' or not pushed['err'] then return 1 end
+  if string.sub(pushed['err'], 1, 9) ~= 'WRONGTYPE' then error(pushed) end
   local kind = redis.call('TYPE', target)['ok']
-  if kind == 'list' or kind == 'none' then
-    redis.call('RPUSH', target, value)
-    return 1
-  end
   return bury(target, value, why .. ': ' .. target .. ' holds a ' .. kind .. ', not a list')
 end
 """
@@ -91,13 +93,14 @@ _ACCEPT_REQUESTS = (
 local most = tonumber(ARGV[2])
 local a = cmsgpack.unpack(ARGV[3])
 local out = {}
+local size = redis.call('ZCARD', KEYS[1])  -- once per call: each ZADD below adds one id
 for i = 1, #a - 2, 3 do
-  if redis.call('ZSCORE', KEYS[1], a[i]) then
-    out[#out + 1] = 0
-  elseif redis.call('ZCARD', KEYS[1]) >= most then
-    out[#out + 1] = -1
+  if size >= most then
+    out[#out + 1] = redis.call('ZSCORE', KEYS[1], a[i]) and 0 or -1
+  elseif redis.call('ZADD', KEYS[1], 'NX', ARGV[1], a[i]) == 0 then
+    out[#out + 1] = 0  -- seen: ZADD NX leaves its score, adds nothing
   else
-    redis.call('ZADD', KEYS[1], ARGV[1], a[i])
+    size = size + 1
     out[#out + 1] = 2 - push_or_bury(a[i + 1], a[i + 2], 'request not delivered')
   end
 end
@@ -117,15 +120,23 @@ local function deliver(uid, sender, head, tail)
   if not entry then return 0 end
   local dst = string.match(entry, '"dst":%[(%d+)%]')
   if dst ~= sender then return -1 end
-  local ok, doc = pcall(cjson.decode, entry)
-  local ret = ok and type(doc) == 'table' and doc['ret'] or nil
+  -- the bus wrote the entry (compact JSON, ASCII): a ret without escapes is read in
+  -- place (a quote inside a JSON string is escaped, so '"ret":"' is the key itself),
+  -- anything else by decoding the whole entry
+  local ret = string.match(entry, '"ret":"([^"\\\\]*)"')
+  local text = ret and '"' .. ret .. '"'
+  if not ret then
+    local ok, doc = pcall(cjson.decode, entry)
+    ret = ok and type(doc) == 'table' and doc['ret'] or nil
+    text = type(ret) == 'string' and cjson.encode(ret)
+  end
   redis.call('HDEL', KEYS[1], uid)
   redis.call('ZREM', KEYS[2], uid)
   if type(ret) ~= 'string' then
     bury('', head .. '""' .. tail, 'corrupt backlog entry ' .. uid .. ': reply kept')
     return 1
   end
-  push_or_bury(ret, head .. cjson.encode(ret) .. tail, 'answer not delivered')
+  push_or_bury(ret, head .. text .. tail, 'answer not delivered')
   return 1
 end
 local a = cmsgpack.unpack(ARGV[1])

@@ -270,6 +270,12 @@ async def print_commandstats(urls: dict[str, str]) -> None:
             f"# redis-{name} commands: {sorted(calls.items(), key=lambda kv: -kv[1])}",
             file=sys.stderr,
         )
+        # server time inside each command (a script's includes the commands it runs)
+        usec = {k.removeprefix("cmdstat_"): v["usec"] for k, v in stats.items()}
+        print(
+            f"# redis-{name} usec in commands: {sorted(usec.items(), key=lambda kv: -kv[1])[:8]}",
+            file=sys.stderr,
+        )
 
 
 def cpu_seconds(pid: int) -> float:

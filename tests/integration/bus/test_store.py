@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import redis.asyncio as aioredis
@@ -246,3 +247,60 @@ async def test_the_envelopes_of_one_post_go_to_redis_as_one_argument(redis_url):
             await runner
         await client.aclose()
         await watcher.aclose()
+
+
+async def _commands(client: aioredis.Redis) -> dict[str, int]:
+    """Commands Redis ran since its last CONFIG RESETSTAT (those of scripts included)."""
+    stats = await client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def test_a_post_costs_redis_no_check_per_envelope(redis_url):
+    """A POST's requests: one ZCARD per POST, not one per request, and one ZADD NX per
+    request tells a replay (no ZSCORE first); pushes to lists need no TYPE check first
+    (the push is tried, WRONGTYPE sets it aside); replies: no TYPE either, and a ret is
+    read from its backlog entry without decoding the whole entry (the same answer; a
+    ret with escapes still decoded)."""
+    client = aioredis.Redis.from_url(redis_url)
+    store = BusStore(client)
+    runner = asyncio.create_task(store.coalescer.run())
+    try:
+        await store.accept_requests([("warm:1", "msgbus.c.d", b"w")], 9e9)  # scripts loaded
+        await store.deliver_replies([("1002.0", 1002, b"", b"")])
+        await client.config_resetstat()
+        requests = [(f"1001:1002.{i}", "msgbus.c.d", b"r%d" % i) for i in range(20)]
+        assert await store.accept_requests(requests, 9e9) == [1] * 20
+        rets = [f"caller-{i}/x" for i in range(19)] + ['odd "ret" \u00e9\\']
+        backlog = {
+            f"1002.{i}": Envelope(uid=f"1002.{i}", cmd="c.d", src=1001, dst=[1002], ret=ret)
+            for i, ret in enumerate(rets)
+        }
+        await client.hset(keys.BUS_BACKLOG, mapping={u: e.encode() for u, e in backlog.items()})
+        reply = Envelope(cmd="c.d", src=1002, dst=[1001], ret=keys.BUS_REPLY, dat="eA==")
+        replies = [(uid, 1002, *answer_parts(reply.copy(uid=uid))) for uid in backlog]
+        assert await store.deliver_replies(replies) == [1] * 20
+        ran = await _commands(client)
+        assert ran.get("zcard") == 1 and "type" not in ran and "zscore" not in ran, ran
+        assert ran["zadd"] == 20  # each id remembered by the ZADD that tells a replay
+        assert ran["rpush"] == 40
+        for uid, request in backlog.items():
+            [answer] = await client.lrange(request.ret, 0, -1)
+            assert json.loads(answer) == {
+                **json.loads(reply.copy(uid=uid).encode()),
+                "ret": request.ret,
+            }
+        # a push Redis refuses for another reason than the type fails the step, as before
+        await client.config_set("maxmemory", "1")
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                await store.push_in(pipe, "answer not delivered", [("caller-oom", b"x")])
+                [refused] = await pipe.execute(raise_on_error=False)
+            assert isinstance(refused, redis.exceptions.OutOfMemoryError)
+            assert await client.llen(keys.bus_dead()) == 0 and not await client.exists("caller-oom")
+        finally:
+            await client.config_set("maxmemory", "0")
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        await client.aclose()
