@@ -82,6 +82,9 @@ ATTACKS = {
 HOSTILE_IN = ("hostile",)
 #: A catch-up whose send buffer stays full this long is closed (1008): shorter than a phase.
 STALL_S = "5"
+#: The server's websocket heartbeat: a ping every so many seconds, the connection closed
+#: if its pong is not back within half as long (aiohttp); well past STALL_S.
+HEARTBEAT_S = "20"
 SLOWLORIS = 200
 #: How long past its phase an attacker waits for the server to close what it holds.
 LINGER_S = 30.0
@@ -227,7 +230,11 @@ async def soak(
             "SLUICE_REDIS_URL": redis_url,
             "SLUICE_LAKE_URI": lake_uri or f"{tmp}/lake",
             "SLUICE_SERVE_STREAM": STREAM,
-            "SLUICE_SERVE_HEARTBEAT_S": "6",
+            # longer than a stuck catch-up takes to fill its buffers and stall (STALL_S):
+            # with 6 s, a loaded server's catch-ups had not filled them when the heartbeat's
+            # unanswered ping closed the never-reading connections, and no 1008 came
+            # (slow disconnects 0 with the stall at 8 s and the heartbeat at 6 s, 3 at 20 s)
+            "SLUICE_SERVE_HEARTBEAT_S": HEARTBEAT_S,
             "SLUICE_SERVE_STALL_S": STALL_S,
             "SLUICE_LOG_LEVEL": "WARNING",
         }

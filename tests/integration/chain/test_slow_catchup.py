@@ -30,7 +30,10 @@ async def test_a_catchup_that_is_never_read_is_closed_with_1008(
 ) -> None:
     gen = SyntheticChain(seed=241, prefixes=("a/", "b/", "c/"))
     write_blocks(redis_client, STREAM, gen.take(3000))
-    settings = settings.replace(serve_stall_s=1.0, serve_send_buffer=64)
+    # the heartbeat out of the way: neither client reads while the test waits for the
+    # stall, so neither answers the server's pings: a wait past the conftest's 5 s
+    # heartbeat (load) let the server close both (no 1008, no live blocks; seen with a 9 s pause)
+    settings = settings.replace(serve_stall_s=1.0, serve_send_buffer=64, serve_heartbeat_s=120.0)
     async with (
         serve(settings) as (base, _app),
         aiohttp.ClientSession() as http,
