@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -203,6 +203,40 @@ class Sender:
                 self._keep(emit)  # (already kept: this only trims)
             return [emit]
         return self._choose(emit)
+
+    def advance(self, emits: list[Emit]) -> None:
+        """What :meth:`take` does for each of ``emits`` in turn, each known to take its fast
+        path: a heavier child of the head, not held, with nothing to announce (a live group
+        checked that for all its members at once, :mod:`pipeline.chain.live`). The state
+        after it equals the state after those takes, at a fraction of their cost: one
+        subscriber's dicts touched in a row, not once per block among hundreds of others."""
+        if not emits:
+            return
+        hashes, blocks, window, limit = self._hashes, self._blocks, self._window, 2 * self.RETAIN
+        for emit in emits:
+            num = emit.num
+            hashes[num] = emit.hash
+            hashes.pop(num - window, None)
+            blocks[emit.hash] = emit
+            if len(blocks) > limit:
+                self.head = num  # (what take's trim measures from)
+                self._keep(emit)
+        last = emits[-1]
+        self.head = last.num
+        self.head_weight = last.weight
+        self.sent += len(emits)
+
+    def live_state(self) -> tuple[int, str, int] | None:
+        """``(head, head hash, head weight)``: what decides whether a block takes
+        :meth:`take`'s fast path, besides the hashes held (:meth:`held`); None before
+        anything was sent (every block then takes the general path)."""
+        at = self._hashes.get(self.head)
+        return None if not self.sent or at is None else (self.head, at, self.head_weight)
+
+    def held(self) -> Iterable[str]:
+        """The hashes of the blocks kept (sent or held): a block with one of them never
+        takes :meth:`take`'s fast path."""
+        return self._blocks.keys()
 
     def _choose(self, emit: Emit) -> list[Emit]:
         """:meth:`take`'s general path: every case, the fast one included."""
