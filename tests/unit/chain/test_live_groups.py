@@ -217,3 +217,42 @@ def test_advance_equals_takes() -> None:
     for i in range(1, len(emits), 97):
         other.advance(emits[i : i + 97])
     assert _state(one) == _state(other)
+
+
+def test_a_slow_member_fails_alone_and_leaves_its_group() -> None:
+    """A member whose sink is full fails with SlowConsumer (its subscription is closed
+    with 1008 by the caller); the other members keep getting every block."""
+    from pipeline.errors import SlowConsumer
+
+    class Full(Sink):
+        def put_nowait(self, emits: list[Emit]) -> None:
+            if len(self.got) >= 2:
+                raise SlowConsumer("send buffer full")
+            super().put_nowait(emits)
+
+    async def run() -> None:
+        hub = WebsocketHub()
+        groups = LiveGroups()
+        hub.groups = groups
+        chain = [
+            LiveBlock.from_block(Block(num=n, hash=_hash(n + 1), parent=_hash(n))) for n in range(6)
+        ]
+        listeners, sinks = [], [Sink(), Full(), Sink()]
+        for sink in sinks:
+            sender = Sender(0)
+            sender.take(chain[0].emit(None))
+            listener = LiveListener(sender, None, sink, groups=groups)
+            hub.add(listener)
+            assert listener.go_live(b"0-0")
+            listeners.append(listener)
+        for item in chain[1:]:
+            hub.publish(item)
+        every = [(n, _hash(n + 1).hex(), 0) for n in range(1, 6)]
+        assert sinks[0].got == every and sinks[2].got == every
+        assert sinks[1].got == every[:2]
+        assert isinstance(listeners[1].failed.exception(), SlowConsumer)
+        assert not listeners[0].failed.done() and not listeners[2].failed.done()
+        (group,) = groups._groups
+        assert set(group.members) == {listeners[0], listeners[2]}
+
+    asyncio.run(run())
