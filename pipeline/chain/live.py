@@ -32,7 +32,7 @@ import asyncio
 from collections.abc import Hashable
 
 from pipeline.blockcodec import KeyTest
-from pipeline.chain.planning import BlockSink, Emit, Sender
+from pipeline.chain.planning import BlockSink, Emit, Run, Sender
 from pipeline.chain.producer import UNSHARED, LiveBlock, share_key
 from pipeline.errors import SlowConsumer
 from pipeline.redisconn import parse_entry_id
@@ -180,9 +180,14 @@ class LiveGroup:
         run = self.run
         if not run:
             return
+        runs: dict[int, tuple[list[Emit], Run]] = {}  # members that joined together share one
         for member, start in self.members.items():
             if start < len(run):
-                member._sender.advance(run[start:])
+                part = runs.get(start)
+                if part is None:
+                    emits = run[start:]
+                    part = runs[start] = (emits, Run.of(emits))
+                member._sender.advance(*part)
         self.members = dict.fromkeys(self.members, 0)
         self.run = []
         if len(self.known) > KNOWN_LIMIT:

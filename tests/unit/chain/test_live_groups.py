@@ -206,16 +206,34 @@ def test_subscribers_in_one_state_share_one_group() -> None:
     asyncio.run(run())
 
 
-def test_advance_equals_takes() -> None:
-    """Sender.advance leaves the state a run of fast-path takes leaves (trims included)."""
-    emits = [Emit(n, f"{n:064x}", f"{n - 1:064x}", [], 0, n + 1) for n in range(1, 700)]
-    one, other = Sender(1), Sender(1)
-    one.take(emits[0])
-    other.take(emits[0])
-    for e in emits[1:]:
-        one.take(e)
-    for i in range(1, len(emits), 97):
-        other.advance(emits[i : i + 97])
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(2, 300),  # (below 2 the head forgets its parent: no fast path)
+    side=st.lists(st.integers(0, 400), max_size=300),
+    length=st.integers(1, 700),
+    chunks=st.lists(st.integers(1, 300), min_size=1),
+)
+def test_advance_equals_takes(window: int, side: list[int], length: int, chunks: list[int]) -> None:
+    """Sender.advance leaves the state a run of fast-path takes leaves: the window's pops,
+    the kept blocks and their trims (from any number already kept, side blocks included)."""
+
+    def emit(num: int, tag: str = "") -> Emit:
+        return Emit(num, f"{tag}{num:063x}", f"{num - 1:063x}", [], 0, num + 1)
+
+    one, other = Sender(1, window), Sender(1, window)
+    for sender in (one, other):
+        sender.take(emit(1))
+        for n in side:  # side blocks held (not heavier), some above the head
+            sender.hold(emit(n, "s"))
+    run = [emit(n) for n in range(2, 2 + length)]
+    for e in run:
+        assert one.take(e) == [e]
+    i = 0
+    for size in chunks * (length // len(chunks) + 1):
+        if i >= length:
+            break
+        other.advance(run[i : i + size])
+        i += size
     assert _state(one) == _state(other)
 
 
