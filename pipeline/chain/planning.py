@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -204,6 +204,56 @@ class Sender:
             return [emit]
         return self._choose(emit)
 
+    def advance(self, emits: list[Emit], run: Run | None = None) -> None:
+        """What :meth:`take` does for each of ``emits`` in turn, each known to take its fast
+        path: a heavier child of the head, not held, with nothing to announce (a live group
+        checked that for all its members at once, :mod:`pipeline.chain.live`). The state
+        after it equals the state after those takes, at a fraction of their cost: two dict
+        updates (``run``: those of ``emits``, built once for every subscriber taking them)
+        and a trim where a take would have trimmed."""
+        if not emits:
+            return
+        if run is None:
+            run = Run.of(emits)
+        hashes, window = self._hashes, self._window
+        hashes.update(run.hashes)
+        # take pops num - window after noting num: the same keys (none of the run's own
+        # can come back after it: num - window is below every later num)
+        for stale in range(emits[0].num - window, emits[-1].num - window + 1):
+            hashes.pop(stale, None)
+        blocks, limit = self._blocks, 2 * self.RETAIN
+        i, count = 0, len(emits)
+        while i < count:
+            room = limit - len(blocks)  # (never negative: every path trims above it)
+            if room <= 0:  # the take that would trim: as it would, from its height
+                emit = emits[i]
+                blocks[emit.hash] = emit
+                self.head = emit.num
+                self._keep(emit)
+                i += 1
+            elif i == 0 and room >= count:
+                blocks.update(run.blocks)
+                i = count
+            else:
+                blocks.update({e.hash: e for e in emits[i : i + room]})
+                i += room
+        last = emits[-1]
+        self.head = last.num
+        self.head_weight = last.weight
+        self.sent += count
+
+    def live_state(self) -> tuple[int, str, int] | None:
+        """``(head, head hash, head weight)``: what decides whether a block takes
+        :meth:`take`'s fast path, besides the hashes held (:meth:`held`); None before
+        anything was sent (every block then takes the general path)."""
+        at = self._hashes.get(self.head)
+        return None if not self.sent or at is None else (self.head, at, self.head_weight)
+
+    def held(self) -> Iterable[str]:
+        """The hashes of the blocks kept (sent or held): a block with one of them never
+        takes :meth:`take`'s fast path."""
+        return self._blocks.keys()
+
     def _choose(self, emit: Emit) -> list[Emit]:
         """:meth:`take`'s general path: every case, the fast one included."""
         num, hash = emit.num, emit.hash
@@ -273,6 +323,18 @@ class Sender:
 
     def hash_at(self, num: int) -> str | None:
         return self._hashes.get(num)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The dicts :meth:`Sender.advance` adds for a run of consecutive emits (no hash twice)."""
+
+    hashes: dict[int, str]
+    blocks: dict[str, Emit]
+
+    @classmethod
+    def of(cls, emits: list[Emit]) -> Run:
+        return cls({e.num: e.hash for e in emits}, {e.hash: e for e in emits})
 
 
 def _with_reorg(emit: Emit, depth: int) -> Emit:
@@ -429,6 +491,7 @@ __all__ = [
     "History",
     "Plan",
     "Reason",
+    "Run",
     "Sender",
     "TailIndex",
     "TailReads",

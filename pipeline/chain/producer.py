@@ -153,6 +153,10 @@ class WebsocketHub:
         self.read_to: bytes | None = None
         #: the writer wake-ups of one publish, sent inline by :meth:`flush` (pipeline.chain.outbox)
         self.batch = FanoutBatch()
+        #: Offered every block before the listeners, and not counted among them: the live
+        #: groups (:class:`pipeline.chain.live.LiveGroups`), which deliver to listeners
+        #: in the same fork-choice state at once.
+        self.groups: Listener | None = None
 
     def __len__(self) -> int:
         return len(self._listeners)
@@ -177,6 +181,8 @@ class WebsocketHub:
         self.published += 1
         self.last = item
         with self.batch.held():
+            if self.groups is not None:
+                self.groups.offer(item)
             for listener in list(self._listeners.values()):
                 listener.offer(item)
 

@@ -75,7 +75,7 @@ from pipeline.chain.lakepages import (
     page_emits,
     refresh_history,
 )
-from pipeline.chain.live import LIVE_ATTEMPTS, LiveListener, live_emit
+from pipeline.chain.live import LIVE_ATTEMPTS, LiveGroups, LiveListener, live_emit
 from pipeline.chain.planning import (
     BlockSink,
     Emit,
@@ -133,6 +133,10 @@ class TieredResumption:
         self._stream = stream
         self._key = keys.stream(stream)
         self._hub = hub
+        #: live subscribers in one fork-choice state take each block at once (one per hub)
+        if not isinstance(hub.groups, LiveGroups):
+            hub.groups = LiveGroups()
+        self._groups: LiveGroups = hub.groups
         self._history_factory = history_factory
         self._threshold = reorg_threshold
         self._max_tail = max_tail
@@ -457,7 +461,7 @@ class TieredResumption:
         covered = self._hub.covers(last_id)
         if not covered:
             last_id = await self._replay(history, last_id, keep, sink, sender)
-        listener = LiveListener(sender, keep, sink)
+        listener = LiveListener(sender, keep, sink, groups=self._groups)
         self._hub.add(listener)
         try:
             for attempt in range(LIVE_ATTEMPTS):
@@ -473,6 +477,7 @@ class TieredResumption:
             checkpoint()
             await listener.failed
         finally:
+            listener.close()
             self._hub.discard(listener)
 
 
