@@ -126,23 +126,25 @@ def task_stats(database: str, run_id: str) -> dict[str, Any]:
 
 
 def cpu_s(home: Path) -> float:
-    """CPU seconds of every live process whose ``AIRFLOW_HOME`` is ``home`` (api-server,
-    scheduler, its executor's workers, their tasks and lake jobs), children they reaped
-    included (``utime + stime + cutime + cstime``)."""
+    """CPU seconds of every live process in the sessions led by processes working in ``home``
+    (api-server, scheduler, its executor's workers, their tasks and lake jobs; ``spawn``
+    starts each in a session of its own), children they reaped included (``utime + stime +
+    cutime + cstime``). Not by environment: setproctitle overwrites a process's environ."""
     tick = os.sysconf("SC_CLK_TCK")
-    mark = f"AIRFLOW_HOME={home}".encode()
-    total = 0
+    stats: list[tuple[int, list[str]]] = []
+    sessions: set[int] = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if mark not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == int(proc.name) and os.readlink(proc / "cwd") == str(home):
+                sessions.add(int(fields[3]))
         except OSError:
             continue
-        total += sum(int(f) for f in fields[11:15])
-    return total / tick
+        stats.append((int(fields[3]), fields))
+    ticks = sum(sum(int(f) for f in fields[11:15]) for sid, fields in stats if sid in sessions)
+    return ticks / tick
 
 
 class Scheduler:
