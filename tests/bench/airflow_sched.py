@@ -31,7 +31,7 @@ from tests.integration.airflow_view.conftest import airflow_env, start_api_serve
 
 DAG = "sluice_archive"
 #: The executor's task slots, as docker/compose.yaml and the README's PostgreSQL setup set it.
-PARALLELISM = int(os.environ.get("SLUICE_BENCH_SCHED_PARALLELISM", "4"))
+PARALLELISM = int(os.environ.get("SLUICE_BENCH_SCHED_PARALLELISM", "8"))
 RUN_DEADLINE_S = 1200.0
 
 
