@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,8 +43,6 @@ def system_env(home: Path, port: int, database: str, env: dict[str, str]) -> dic
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            # every process signs and checks task tokens with one key ("Invalid auth token")
-            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +105,9 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__WORKERS": "1",
+            # One key for every process: a scheduler and an API server that each make up
+            # their own fail every task with "Invalid auth token" (Airflow 3.3).
+            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
             # The view takes its Redis from the sluice_redis connection, as a deployment would.
             "AIRFLOW_CONN_SLUICE_REDIS": redis_url,
             "SLUICE_LAKE_URI": lake,
