@@ -25,7 +25,8 @@ Metrics (JSON lines via Report), each in one run with its baseline:
   rest plain streams at 20 messages/s (~200 B each), one 5-minute interval each
   (6,000 entries a stream). Baseline: the same run with the chain stream alone
   (the fixed cost of a run). ``tasks_s`` sums the task instances' durations per
-  task. Goal: <= 60 s. ``SLUICE_BENCH_ONLY=run`` runs this figure alone.
+  task. Goal: <= 60 s. ``SLUICE_BENCH_ONLY=run`` runs this figure alone. ``xrange``: the
+  run's ``XRANGE`` calls and Redis' time in them (task-range probes and the tasks' pages).
 - ``airflow_run_100_streams_sched_s`` (``SLUICE_BENCH_ONLY=sched`` only): the same run through
   a real ``airflow scheduler`` and ``api-server`` on PostgreSQL (:mod:`airflow_sched`);
   baseline the chain stream's run alone in the same system.
@@ -166,11 +167,24 @@ def _run_streams(
     )  # fmt: skip
     _airflow(af_env, "db", "migrate")
     load = _load()
+    client = redis.Redis.from_url(url)
+    xrange = _xrange_stats(client)
     seconds = _airflow(af_env, "dags", "test", "sluice_archive", end.isoformat())
+    xrange = {k: v - xrange[k] for k, v in _xrange_stats(client).items()}
+    client.close()
     tasks = _tasks_s(home)
     failed = {t: v for t, v in tasks.items() if v["state"] not in ("success", "skipped")}
     assert not failed, failed
-    return seconds, {"load": [load, _load()], "tasks_s": tasks, "entries_per_stream": n}
+    return seconds, {
+        "load": [load, _load()], "tasks_s": tasks, "entries_per_stream": n, "xrange": xrange
+    }  # fmt: skip
+
+
+def _xrange_stats(client: redis.Redis) -> dict[str, int]:
+    """Redis' ``XRANGE`` calls and their server time in us so far (the driver's task-range
+    probes, ``redisread.balanced_ranges``, are up to 256 of them per stream interval)."""
+    stats = client.info("commandstats").get("cmdstat_xrange") or {}
+    return {"calls": int(stats.get("calls", 0)), "usec": int(stats.get("usec", 0))}
 
 
 def _run_sched(
