@@ -56,6 +56,16 @@ mapped ``archive`` tasks, which only read the shared job's XCom, are not
 bounded: only the tasks that start Spark jobs (``archive_streams``,
 ``canonical``) are.
 
+Through a real scheduler (LocalExecutor on PostgreSQL, ``SLUICE_BENCH_ONLY=sched``,
+``airflow_run_100_streams_sched_s``) the 100-stream run took 96 s at
+``AIRFLOW__CORE__PARALLELISM=4`` and 38 s at 8 (load 2-4): the mapped tasks
+run in 0.3 s each, but Airflow spends about 2.5 s per task instance between
+slots, so at 4 slots they took 71 s. Every task process also parses this file
+and runs every module of the plugins folder (Airflow loads the plugins for
+their macros): the coverage plugin builds its FastAPI app only when the API
+server asks for it, and the hook imports redis-py only for its connection
+test (together 0.3 CPU-s less per task; tests/unit/airflow/test_task_imports.py).
+
 Retries back off exponentially: 30 s, 1 min, 2 min, ... capped at 10 min
 (``SLUICE_LAKE_TASK_RETRIES`` retries).
 

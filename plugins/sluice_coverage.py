@@ -46,21 +46,23 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote, urlparse
 
 import sluice_airflow_internals as internals
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-from fastapi.security import HTTPBearer
 
 from pipeline import __version__, keys
 from pipeline.chain.coverage import Archived, Interval, coverage, summarize
 from pipeline.lake.streamset import is_chain, is_configured, is_pattern
 from pipeline.settings import LakeSettings
 from pipeline.snapshot import SharedSnapshot
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 log = logging.getLogger(__name__)
 
@@ -568,7 +570,29 @@ def redis_url(settings: Any) -> tuple[str, str]:
 
 # --- the FastAPI app ---------------------------------------------------------------
 
-_bearer = HTTPBearer(auto_error=False)
+# FastAPI is imported when the API server asks for the app (:func:`_fastapi`), not when the
+# module is: Airflow runs every plugin module in every task process too (for its macros),
+# and FastAPI cost each of them ~0.1-0.2 CPU-s (a 100-stream run has 100 mapped tasks).
+
+
+@cache
+def _fastapi() -> Any:
+    """The ``fastapi`` names this app uses, also set in the module's globals: FastAPI reads
+    the routes' annotations (strings here) there."""
+    import fastapi
+    from fastapi import responses, security
+
+    names = {
+        "FastAPI": fastapi.FastAPI,
+        "Depends": fastapi.Depends,
+        "Request": fastapi.Request,
+        "Response": responses.Response,
+        "HTMLResponse": responses.HTMLResponse,
+        "JSONResponse": responses.JSONResponse,
+        "bearer": security.HTTPBearer(auto_error=False),
+    }
+    globals().update({k: v for k, v in names.items() if k != "bearer"})
+    return type("FastAPINames", (), names)
 
 
 async def authorized(request: Request) -> None:
@@ -579,11 +603,14 @@ async def authorized(request: Request) -> None:
     runs; otherwise 401/403 as the core API answers (see
     :func:`sluice_airflow_internals.authorize_dag_runs`).
     """
-    await internals.authorize_dag_runs(request, await _bearer(request), DAG_ID)
+    await internals.authorize_dag_runs(request, await _fastapi().bearer(request), DAG_ID)
 
 
 def create_app(board: CoverageBoard | None = None) -> FastAPI:
     """The app mounted at :data:`URL_PREFIX`; every route needs read access to the DAG's runs."""
+    fa = _fastapi()
+    FastAPI, Depends = fa.FastAPI, fa.Depends  # noqa: N806
+    Response, HTMLResponse, JSONResponse = fa.Response, fa.HTMLResponse, fa.JSONResponse  # noqa: N806
     state: dict[str, CoverageBoard] = {"board": board} if board is not None else {}
 
     def get_board() -> CoverageBoard:
@@ -633,14 +660,22 @@ def create_app(board: CoverageBoard | None = None) -> FastAPI:
     return app
 
 
-app = create_app()
+@cache
+def app() -> FastAPI:
+    """The process's one app (built when the API server first asks for it)."""
+    return create_app()
 
 
 class SluiceCoveragePlugin(AirflowPlugin):
     """Registers the coverage app on the API server and its page in the UI's navigation."""
 
     name = "sluice_coverage"
-    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Sluice coverage"}]
+
+    @property  # type: ignore[override]
+    def fastapi_apps(self) -> list[dict[str, Any]]:
+        """Read by the API server (and plugin listings) only: see :func:`_fastapi`."""
+        return [{"app": app(), "url_prefix": URL_PREFIX, "name": "Sluice coverage"}]
+
     external_views = [
         {
             "name": "Sluice coverage",

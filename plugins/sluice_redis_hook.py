@@ -18,7 +18,6 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
-from redis.exceptions import RedisError
 
 from pipeline.errors import ConfigError
 from pipeline.settings import RedisSettings, Settings
@@ -69,6 +68,9 @@ class SluiceRedisHook(BaseHook):
         return connect_sync(self.get_url(), Role.CLI)
 
     def test_connection(self) -> tuple[bool, str]:
+        # imported here: every task process parses the DAGs, and redis costs it ~70 ms
+        from redis.exceptions import RedisError
+
         client = self.get_conn()
         try:
             client.ping()

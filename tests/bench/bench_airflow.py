@@ -25,7 +25,11 @@ Metrics (JSON lines via Report), each in one run with its baseline:
   rest plain streams at 20 messages/s (~200 B each), one 5-minute interval each
   (6,000 entries a stream). Baseline: the same run with the chain stream alone
   (the fixed cost of a run). ``tasks_s`` sums the task instances' durations per
-  task. Goal: <= 60 s. ``SLUICE_BENCH_ONLY=run`` runs this figure alone.
+  task. Goal: <= 60 s. ``SLUICE_BENCH_ONLY=run`` runs this figure alone. ``xrange``: the
+  run's ``XRANGE`` calls and Redis' time in them (task-range probes and the tasks' pages).
+- ``airflow_run_100_streams_sched_s`` (``SLUICE_BENCH_ONLY=sched`` only): the same run through
+  a real ``airflow scheduler`` and ``api-server`` on PostgreSQL (:mod:`airflow_sched`);
+  baseline the chain stream's run alone in the same system.
 
 The Connect server is warmed up first (one untimed archive), as a deployment's
 long-lived server is.
@@ -163,11 +167,53 @@ def _run_streams(
     )  # fmt: skip
     _airflow(af_env, "db", "migrate")
     load = _load()
+    client = redis.Redis.from_url(url)
+    xrange = _xrange_stats(client)
     seconds = _airflow(af_env, "dags", "test", "sluice_archive", end.isoformat())
+    xrange = {k: v - xrange[k] for k, v in _xrange_stats(client).items()}
+    client.close()
     tasks = _tasks_s(home)
     failed = {t: v for t, v in tasks.items() if v["state"] not in ("success", "skipped")}
     assert not failed, failed
-    return seconds, {"load": [load, _load()], "tasks_s": tasks, "entries_per_stream": n}
+    return seconds, {
+        "load": [load, _load()], "tasks_s": tasks, "entries_per_stream": n, "xrange": xrange
+    }  # fmt: skip
+
+
+def _xrange_stats(client: redis.Redis) -> dict[str, int]:
+    """Redis' ``XRANGE`` calls and their server time in us so far (the driver's task-range
+    probes, ``redisread.balanced_ranges``, are up to 256 of them per stream interval)."""
+    stats = client.info("commandstats").get("cmdstat_xrange") or {}
+    return {"calls": int(stats.get("calls", 0)), "usec": int(stats.get("usec", 0))}
+
+
+def _run_sched(
+    tmp: Path, env: dict[str, str], end: datetime, start_ms: int, n_streams: int, report: Report
+) -> None:
+    """``airflow_run_100_streams_sched_s`` (:mod:`airflow_sched`): the chain stream's run alone,
+    then the run of every stream, each triggered in one real scheduler and api-server."""
+    from airflow_sched import Scheduler
+
+    rate = 20
+    n = int(INTERVAL.total_seconds()) * rate
+    step = 1000 // rate
+    client = redis.Redis.from_url(env["SLUICE_REDIS_URL"])
+    client.flushall()
+    # the chain over two intervals: the baseline run's, then the timed run's
+    _fill(client, "chain:run", start_ms - n * step, 2 * n, step)
+    af_env = {**env, "SLUICE_LAKE_URI": str(tmp / "lake-sched"),
+              "SLUICE_STREAMS": "chain:*,events:*", "SLUICE_CHAIN_STREAMS": "chain:*"}  # fmt: skip
+    with Scheduler(tmp, af_env) as system:
+        one_s, one = system.run("bench-one", end - 2 * INTERVAL, end - INTERVAL)
+        for i in range(n_streams - 1):
+            _fill_plain(client, f"events:s{i:03d}", start_ms, n, step)
+        many_s, many = system.run("bench-many", end - INTERVAL, end)
+    client.close()
+    report.emit(
+        "airflow_run_100_streams_sched_s", many_s, one_s, streams=n_streams, goal_s=60.0,
+        parallelism=system.env["AIRFLOW__CORE__PARALLELISM"], **many, baseline_stats=one,
+        entries_per_stream=n,
+    )  # fmt: skip
 
 
 def _airflow_env(home: Path, env: dict[str, str]) -> dict[str, str]:
@@ -247,6 +293,10 @@ def main() -> int:
                 # Warm the server (Python workers, Delta classes), untimed.
                 _job({**env, "SLUICE_LAKE_URI": str(tmp / "lake-warm")}, WARM, start_ms, end_ms)
 
+                if only == "sched":
+                    _run_sched(tmp, env, end, start_ms, run_streams, report)
+                    report.save()
+                    return 0
                 if only in ("", "run"):
                     one_s, one = _run_streams(tmp, env, end, start_ms, 1)
                     many_s, many = _run_streams(tmp, env, end, start_ms, run_streams)
