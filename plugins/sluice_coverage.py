@@ -63,6 +63,7 @@ from pipeline.snapshot import SharedSnapshot
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from fastapi.security import HTTPBearer
 
 log = logging.getLogger(__name__)
 
@@ -570,29 +571,16 @@ def redis_url(settings: Any) -> tuple[str, str]:
 
 # --- the FastAPI app ---------------------------------------------------------------
 
-# FastAPI is imported when the API server asks for the app (:func:`_fastapi`), not when the
+# FastAPI is imported when the API server asks for the app (:func:`create_app`), not when the
 # module is: Airflow runs every plugin module in every task process too (for its macros),
 # and FastAPI cost each of them ~0.1-0.2 CPU-s (a 100-stream run has 100 mapped tasks).
 
 
 @cache
-def _fastapi() -> Any:
-    """The ``fastapi`` names this app uses, also set in the module's globals: FastAPI reads
-    the routes' annotations (strings here) there."""
-    import fastapi
-    from fastapi import responses, security
+def _bearer() -> HTTPBearer:
+    from fastapi.security import HTTPBearer
 
-    names = {
-        "FastAPI": fastapi.FastAPI,
-        "Depends": fastapi.Depends,
-        "Request": fastapi.Request,
-        "Response": responses.Response,
-        "HTMLResponse": responses.HTMLResponse,
-        "JSONResponse": responses.JSONResponse,
-        "bearer": security.HTTPBearer(auto_error=False),
-    }
-    globals().update({k: v for k, v in names.items() if k != "bearer"})
-    return type("FastAPINames", (), names)
+    return HTTPBearer(auto_error=False)
 
 
 async def authorized(request: Request) -> None:
@@ -603,14 +591,19 @@ async def authorized(request: Request) -> None:
     runs; otherwise 401/403 as the core API answers (see
     :func:`sluice_airflow_internals.authorize_dag_runs`).
     """
-    await internals.authorize_dag_runs(request, await _fastapi().bearer(request), DAG_ID)
+    await internals.authorize_dag_runs(request, await _bearer()(request), DAG_ID)
 
 
 def create_app(board: CoverageBoard | None = None) -> FastAPI:
     """The app mounted at :data:`URL_PREFIX`; every route needs read access to the DAG's runs."""
-    fa = _fastapi()
-    FastAPI, Depends = fa.FastAPI, fa.Depends  # noqa: N806
-    Response, HTMLResponse, JSONResponse = fa.Response, fa.HTMLResponse, fa.JSONResponse  # noqa: N806
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+    # The routes' annotations are strings (PEP 563), which FastAPI resolves in this
+    # module's globals: the names imported here (not at import, see above) go there too.
+    globals().update(
+        Request=Request, Response=Response, HTMLResponse=HTMLResponse, JSONResponse=JSONResponse
+    )
     state: dict[str, CoverageBoard] = {"board": board} if board is not None else {}
 
     def get_board() -> CoverageBoard:
@@ -671,9 +664,9 @@ class SluiceCoveragePlugin(AirflowPlugin):
 
     name = "sluice_coverage"
 
-    @property  # type: ignore[override]
-    def fastapi_apps(self) -> list[dict[str, Any]]:
-        """Read by the API server (and plugin listings) only: see :func:`_fastapi`."""
+    @property
+    def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """Read by the API server (and plugin listings) only: see :func:`create_app`."""
         return [{"app": app(), "url_prefix": URL_PREFIX, "name": "Sluice coverage"}]
 
     external_views = [
