@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 from pipeline import memory
 from tests.support.poll import until
@@ -129,3 +131,41 @@ def test_system_malloc_runs_the_process_again_on_malloc_unless_set() -> None:
         timeout=60,
     ).stdout.split("\n")  # fmt: skip
     assert kept[1] == f"{kept[0]} pymalloc []", kept  # the operator's choice: no exec
+
+
+async def test_cyclic_garbage_is_collected_before_a_release() -> None:
+    # A server with raised gc thresholds (sluice serve) keeps unreachable cycles for long;
+    # what they hold can only be given back once they are collected.
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+            self.payload = bytearray(MB)
+
+    proc = Process(200 * MB)
+    proc.frees = 40 * MB
+    order: list[str] = []
+
+    def give_back() -> None:
+        order.append("release")
+        proc.give_back()
+
+    rel = memory.Releaser(growth_bytes=32 * MB, measure=lambda: proc.rss, give_back=give_back)
+    thresholds = gc.get_threshold()
+    gc.disable()  # no automatic collection: only the releaser's can free the cycle
+    try:
+        node = Node()
+        gone = weakref.ref(node)
+        del node
+        assert gone() is not None  # a cycle: reference counting alone keeps it
+        proc.rss += 40 * MB
+        assert not order and await rel.check()
+        assert gone() is None and order == ["release"]
+        # under the threshold nothing is collected (a check is cheap when nothing is due)
+        node = Node()
+        gone = weakref.ref(node)
+        del node
+        assert not await rel.check() and gone() is not None
+    finally:
+        gc.enable()
+        gc.set_threshold(*thresholds)
+        gc.collect()
