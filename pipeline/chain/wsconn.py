@@ -204,6 +204,14 @@ class Connection:
                 metrics.inc("sluice_serve_messages_sent_total", len(texts))
         except ConnectionError:
             self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+        except Exception:
+            # Anything else ends this connection as the fan-out's own sends do (1011, logged
+            # once, counted); before, the writer task died with it and the connection was
+            # closed as if all were well (1000), with nothing logged or counted.
+            if not self._failure.done():
+                log.exception("send failed")
+                metrics.inc("sluice_serve_internal_errors_total")
+                self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
 
     async def _send_many(self, texts: list[bytes]) -> None:
         """Send ``texts`` in order: runs of them as one burst (:mod:`pipeline.chain.burst`)

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -25,6 +25,26 @@ from pipeline.chain.wsconn import Connection
 from .conftest import STREAM, write_lake
 
 
+@pytest.fixture
+async def producer(
+    redis_url: str,
+) -> AsyncIterator[Callable[[WebsocketHub], Awaitable[MuxProducer]]]:
+    """A block producer into Redis and a hub, closed when the test ends, failed or not
+    (a leaked client's sockets surfaced as ResourceWarnings in a later test's collection)."""
+    made: list[MuxProducer] = []
+
+    async def make(hub: WebsocketHub) -> MuxProducer:
+        client = aioredis.Redis.from_url(redis_url)
+        made.append(
+            MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+        )
+        return made[-1]
+
+    yield make
+    for mux in made:
+        await mux.close()
+
+
 async def test_lake_tail_and_live_in_order_through_the_public_writer(
     settings, serve, connect, redis_client: redis.Redis
 ) -> None:
@@ -40,7 +60,7 @@ async def test_lake_tail_and_live_in_order_through_the_public_writer(
 
 
 async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_order(
-    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    settings, serve, connect, producer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Live frames meet aiohttp's flow control: nothing lost, nothing reordered.
 
@@ -73,8 +93,7 @@ async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_orde
         )
         parent = block_hash
     hub = WebsocketHub()
-    client = aioredis.Redis.from_url(redis_url)
-    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    mux = await producer(hub)
     await mux.send(blocks[0])
     async with (
         serve(settings.replace(serve_send_buffer=4096), relay=False, hub=hub) as (base, _app),
@@ -86,7 +105,6 @@ async def test_live_blocks_to_a_peer_that_stops_reading_arrive_whole_and_in_orde
             await mux.send(block)
         assert deepest > 50, "frames never queued behind a paused transport: nothing tested"
         got += await sub.blocks(len(blocks) - 1, wait_s=60)
-    await mux.close()
     assert [b.num for b in got] == list(range(len(blocks))) and got == blocks
 
 
@@ -132,7 +150,7 @@ async def test_catch_up_goes_out_in_bursts_whole_and_in_order(
 
 
 async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_holds_it(
-    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    settings, serve, connect, producer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reading peer's live frames are written by the hub's own task, each block's frames
     at once as one write of the shared wire bytes (no send_frame, no writer wake-up); a
@@ -159,8 +177,7 @@ async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_hold
     monkeypatch.setattr(Connection, "_write_direct", write_direct)
     chain = SyntheticChain(seed=9)
     hub = WebsocketHub()
-    client = aioredis.Redis.from_url(redis_url)
-    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    mux = await producer(hub)
     await mux.send(chain.take(1)[0])
     big = [
         Block(
@@ -193,20 +210,18 @@ async def test_live_frames_go_out_from_the_fan_out_and_a_stalled_peer_never_hold
         assert direct.count(hub_task) >= len(big) and set(direct) == {hub_task}, direct[:20]
         assert "ws-writer" in senders  # the stalled peer's queued frames: its writer
         assert await stalled.blocks(len(big), wait_s=60) == big
-    await mux.close()
 
 
-@pytest.mark.parametrize("sender", ["send_frame", "transport"])
+@pytest.mark.parametrize("sender", ["send_frame", "writer", "transport"])
 async def test_a_connection_whose_live_send_fails_ends_alone(
-    settings, serve, connect, redis_url: str, monkeypatch: pytest.MonkeyPatch, sender: str
+    settings, serve, connect, producer: Any, monkeypatch: pytest.MonkeyPatch, sender: str
 ) -> None:
     """An unexpected error in one connection's live send (inline or direct write) closes
     that connection (1011, counted) and never the fan-out: the other subscriber gets every
     block."""
     chain = SyntheticChain(seed=10)
     hub = WebsocketHub()
-    client = aioredis.Redis.from_url(redis_url)
-    mux = MuxProducer([("redis", RedisStreamProducer(client, STREAM)), ("websocket", hub)])
+    mux = await producer(hub)
     await mux.send(chain.take(1)[0])
     async with (
         serve(settings, relay=False, hub=hub) as (base, app),
@@ -231,6 +246,10 @@ async def test_a_connection_whose_live_send_fails_ends_alone(
         if sender == "send_frame":  # the inline send of queued frames
             monkeypatch.setattr(victim.outbox, "_direct", None)
             monkeypatch.setattr(victim.ws, "send_frame", broken)
+        elif sender == "writer":  # the connection's writer task (it sends what is queued)
+            monkeypatch.setattr(victim.outbox, "_direct", None)
+            monkeypatch.setattr(victim.outbox, "_inline", None)
+            monkeypatch.setattr(victim._transport, "write", broken_write)
         else:  # the direct write of live frames
             monkeypatch.setattr(victim._transport, "write", broken_write)
         blocks = chain.take(20)
@@ -246,4 +265,3 @@ async def test_a_connection_whose_live_send_fails_ends_alone(
         assert len(closed) == 1 and "1011" in str(closed[0]), outcomes
         assert [o for o in outcomes if not isinstance(o, ConnectionError)] == [blocks]
         assert app[METRICS].values["sluice_serve_internal_errors_total"] == 1
-    await mux.close()
