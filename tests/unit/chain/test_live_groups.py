@@ -171,26 +171,36 @@ def test_groups_send_what_each_sender_would(data: st.DataObject, blocks: list[Bl
         live.RUN_LIMIT, live.KNOWN_LIMIT = saved
 
 
+def _live_hub(
+    blocks: int, sinks: list[Sink]
+) -> tuple[WebsocketHub, LiveGroups, list[LiveBlock], list[LiveListener]]:
+    """A hub with live groups, a chain of ``blocks`` live blocks, and one live listener per
+    sink, each having taken the chain's first block (call inside a running event loop)."""
+    hub = WebsocketHub()
+    groups = LiveGroups()
+    hub.groups = groups
+    chain = [
+        LiveBlock.from_block(Block(num=n, hash=_hash(n + 1), parent=_hash(n)))
+        for n in range(blocks)
+    ]
+    listeners = []
+    for sink in sinks:
+        sender = Sender(0)
+        sender.take(chain[0].emit(None))
+        listener = LiveListener(sender, None, sink, groups=groups)
+        hub.add(listener)
+        assert listener.go_live(b"0-0")
+        listeners.append(listener)
+    return hub, groups, chain, listeners
+
+
 def test_subscribers_in_one_state_share_one_group() -> None:
     """The common case: subscribers at the same head form one group, and stay in it while
     each block extends the head; a reorg splits nobody off for good."""
 
     async def run() -> None:
-        hub = WebsocketHub()
-        groups = LiveGroups()
-        hub.groups = groups
-        chain = [
-            LiveBlock.from_block(Block(num=n, hash=_hash(n + 1), parent=_hash(n))) for n in range(5)
-        ]
-        sinks = []
-        for _ in range(3):
-            sender = Sender(0)
-            sender.take(chain[0].emit(None))
-            sink = Sink()
-            listener = LiveListener(sender, None, sink, groups=groups)
-            hub.add(listener)
-            assert listener.go_live(b"0-0")
-            sinks.append(sink)
+        sinks = [Sink(), Sink(), Sink()]
+        hub, groups, chain, _ = _live_hub(5, sinks)
         assert len(groups) == 1
         for item in chain[1:]:
             hub.publish(item)
@@ -249,20 +259,8 @@ def test_a_slow_member_fails_alone_and_leaves_its_group() -> None:
             super().put_nowait(emits)
 
     async def run() -> None:
-        hub = WebsocketHub()
-        groups = LiveGroups()
-        hub.groups = groups
-        chain = [
-            LiveBlock.from_block(Block(num=n, hash=_hash(n + 1), parent=_hash(n))) for n in range(6)
-        ]
-        listeners, sinks = [], [Sink(), Full(), Sink()]
-        for sink in sinks:
-            sender = Sender(0)
-            sender.take(chain[0].emit(None))
-            listener = LiveListener(sender, None, sink, groups=groups)
-            hub.add(listener)
-            assert listener.go_live(b"0-0")
-            listeners.append(listener)
+        sinks = [Sink(), Full(), Sink()]
+        hub, groups, chain, listeners = _live_hub(6, sinks)
         for item in chain[1:]:
             hub.publish(item)
         every = [(n, _hash(n + 1).hex(), 0) for n in range(1, 6)]
