@@ -117,7 +117,7 @@ class Sender:
     marked as a reorg above the common ancestor (a shorter, heavier chain too).
     """
 
-    __slots__ = ("_blocks", "_hashes", "_window", "floor", "head", "head_weight", "sent")
+    __slots__ = ("_blocks", "_hashes", "_lost", "_window", "floor", "head", "head_weight", "sent")
 
     #: Heights below the head whose blocks are kept to rebuild a branch (at most
     #: 2 * RETAIN blocks per subscriber: deeper branches fall back to production order).
@@ -132,6 +132,8 @@ class Sender:
         self._window = window
         #: hash -> block, sent or held, in the last RETAIN heights
         self._blocks: dict[str, Emit] = {}
+        #: hash -> height of the blocks on branches the lake says lost (:meth:`lose`)
+        self._lost: dict[str, int] = {}
 
     def accept(
         self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
@@ -257,6 +259,9 @@ class Sender:
     def _choose(self, emit: Emit) -> list[Emit]:
         """:meth:`take`'s general path: every case, the fast one included."""
         num, hash = emit.num, emit.hash
+        if emit.parent in self._lost:
+            self._lose(num, hash)  # a child of a lost block lost too, however heavy
+            return []
         if self.sent == 0 or self._hashes.get(num) == hash:
             return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []
         if hash in self._blocks:
@@ -296,9 +301,31 @@ class Sender:
         if emit.hash not in self._blocks and self._hashes.get(emit.num) != emit.hash:
             self._keep(emit)
 
+    def lose(self, num: int, hash: str) -> None:
+        """The lake says the block ``hash`` at ``num`` is on a branch that lost: neither it nor any block
+        descending from it is sent from now on (each is lost in turn, :meth:`take`).
+
+        Resumption meets such a block when Redis was trimmed past its parent: the
+        parent is in the lake only, as not canonical. Its children still come from
+        Redis in production order, heavier than the head while that branch led; sent,
+        they would follow a branch whose first block the subscriber never got.
+        """
+        self._lose(num, hash)
+
+    def _lose(self, num: int, hash: str) -> None:
+        lost = self._lost
+        lost[hash] = num
+        if len(lost) > 2 * self.RETAIN:
+            low = self.head - self.RETAIN
+            for h in [h for h, n in lost.items() if n < low]:
+                del lost[h]
+            while len(lost) > 2 * self.RETAIN:
+                del lost[next(iter(lost))]
+
     def knows(self, num: int, hash: str) -> bool:
-        """Whether the block ``hash`` at ``num`` was sent or is held (so a child of it links)."""
-        return self._hashes.get(num) == hash or hash in self._blocks
+        """Whether the block ``hash`` at ``num`` was sent, is held or is lost: a child of
+        it links, or is lost with it (no history to read for it either way)."""
+        return self._hashes.get(num) == hash or hash in self._blocks or hash in self._lost
 
     def _keep(self, emit: Emit) -> None:
         self._blocks[emit.hash] = emit

@@ -391,8 +391,8 @@ class TieredResumption:
                             history, block.num, block.parent.hex(), keep, sink, sender
                         )
                         await turn.acquire()
-                        if not linked:  # on a branch the lake says lost: held, not sent
-                            sender.hold(live_emit(LiveBlock.from_block(block, entry_id), keep))
+                        if not linked:  # on a branch the lake says lost: never sent
+                            sender.lose(block.num, block.hash.hex())
                             continue
                     item = LiveBlock.from_block(block, entry_id)
                     emits.extend(sender.take(live_emit(item, keep)))

@@ -141,3 +141,44 @@ def test_sender_extend_refuses_what_is_not_a_run_above_the_head() -> None:
         s.extend(_run(2, 5))  # not above the head
     with pytest.raises(ValueError, match="consecutive"):
         s.extend([*_run(3, 5), *_run(6, 7)])  # a gap
+
+
+def _emit(num: int, tag: str, parent: str) -> Emit:
+    return Emit(num, f"{tag}{num:062x}", parent, [], 0, 10 * num + (5 if tag == "b" else 0))
+
+
+def test_a_lost_blocks_descendants_are_lost_however_heavy() -> None:
+    """Resumption loses a block the lake says lost (its parent trimmed from Redis); its
+    children, heavier than the head while that branch led, are never sent, and the
+    winning branch is followed as usual. Sent, the lost branch had a gap (CI's
+    test_no_gap_no_duplicate_while_producing_archiving_and_trimming)."""
+    sender = Sender(0)
+    chain = [_emit(0, "c", "p" * 64)]
+    for n in range(1, 6):
+        chain.append(_emit(n, "c", chain[-1].hash))
+    for e in chain:
+        assert sender.take(e) == [e]
+    lost = _emit(6, "a", chain[-1].hash)
+    sender.lose(lost.num, lost.hash)
+    assert sender.knows(6, lost.hash)  # resumption reads no history for its child
+    below = lost
+    for n in (7, 8):
+        child = _emit(n, "a", below.hash)
+        assert child.weight > sender.head_weight
+        assert sender.take(child) == []
+        assert sender.knows(n, child.hash)
+        below = child
+    won = _emit(6, "b", chain[-1].hash)
+    assert sender.take(won) == [won]
+    assert sender.head == 6 and sender.hash_at(6) == won.hash
+
+
+def test_lost_blocks_are_bounded_like_held_ones() -> None:
+    sender = Sender(0)
+    parent = "p" * 64
+    for n in range(2000):
+        e = _emit(n, "c", parent)
+        sender.take(e)
+        sender.lose(n + 1, f"x{n:063x}")
+        parent = e.hash
+    assert len(sender._lost) <= 2 * Sender.RETAIN
