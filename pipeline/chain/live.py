@@ -203,6 +203,10 @@ class LiveGroups:
 
     def __init__(self) -> None:
         self._groups: list[LiveGroup] = []
+        #: (encoding key, head, head hash, head weight) -> a group in that state: a join
+        #: looks its group up at once, however many groups there are (subscribers with
+        #: many filters, or split by a reorg, each rejoin)
+        self._index: dict[tuple[Hashable, int, str, int], LiveGroup] = {}
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -213,16 +217,10 @@ class LiveGroups:
         state = listener._sender.live_state()
         if state is None or key is UNSHARED:
             return
-        for group in self._groups:
-            if (
-                group.key == key
-                and group.head == state[0]
-                and group.head_hash == state[1]
-                and group.head_weight == state[2]
-            ):
-                break
-        else:
-            group = LiveGroup(key, listener._keep, state)
+        at = (key, *state)
+        group = self._index.get(at)
+        if group is None:
+            group = self._index[at] = LiveGroup(key, listener._keep, state)
             self._groups.append(group)
         group.known.update(listener._sender.held())
         group.members[listener] = len(group.run)
@@ -230,9 +228,12 @@ class LiveGroups:
 
     def offer(self, item: LiveBlock) -> None:
         alone: list[LiveListener] = []
-        for group in list(self._groups):
+        index = self._index
+        groups, self._groups = self._groups, []
+        kept = self._groups  # (rebuilt: a reorg may end every group, each one removed at once)
+        for group in groups:
             if not group.members:
-                self._groups.remove(group)
+                self._unindex(group)
                 continue
             key = group.key
             emit = item.by_key.get(key)
@@ -246,7 +247,11 @@ class LiveGroups:
                 and emit.hash not in group.known
             ):
                 # Sender.take's fast path, decided once for every member
+                at = (key, group.head, group.head_hash, group.head_weight)
+                if index.get(at) is group:
+                    del index[at]
                 group.head, group.head_hash, group.head_weight = emit.num, emit.hash, emit.weight
+                index[(key, emit.num, emit.hash, emit.weight)] = group
                 group.known.add(emit.hash)
                 group.run.append(emit)
                 emits = [emit]
@@ -257,10 +262,11 @@ class LiveGroups:
                         member._fail(exc)  # (leaves the group)
                 if len(group.run) >= RUN_LIMIT:
                     group.settle()
+                kept.append(group)
                 continue
             # anything else: each member decides alone, as its own Sender says
             group.settle()
-            self._groups.remove(group)
+            self._unindex(group)
             for member in group.members:
                 member._group = None
                 member._done = item
@@ -269,6 +275,11 @@ class LiveGroups:
                     alone.append(member)
         for member in alone:  # after every group took the block: all are in one state again
             self.join(member)
+
+    def _unindex(self, group: LiveGroup) -> None:
+        at = (group.key, group.head, group.head_hash, group.head_weight)
+        if self._index.get(at) is group:
+            del self._index[at]
 
     def settle(self) -> None:
         """Bring every member's Sender up to date (tests compare them)."""

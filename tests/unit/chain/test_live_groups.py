@@ -138,6 +138,7 @@ async def _run(blocks: list[Block], plans: list[Plan]) -> None:
             break
         item = items[step]
         hub.publish(item)
+        _check_index(groups)
         for i, plan in enumerate(plans):
             if listeners[i] is not None:
                 keep = filters[plan.filtered]
@@ -148,6 +149,19 @@ async def _run(blocks: list[Block], plans: list[Plan]) -> None:
         assert sinks[i].got == expected[i], f"subscriber {i}: {plans[i]}"
         if listeners[i] is not None:
             assert _state(own[i]) == _state(refs[i]), f"subscriber {i}: {plans[i]}"
+
+
+def _check_index(groups: LiveGroups) -> None:
+    """Every group is found by its state, and the index holds no group that is gone."""
+    for group in groups._groups:
+        found = groups._index.get((group.key, group.head, group.head_hash, group.head_weight))
+        assert found is not None and (found.key, found.head, found.head_hash) == (
+            group.key,
+            group.head,
+            group.head_hash,
+        )
+    listed = {id(g) for g in groups._groups}
+    assert all(id(g) in listed for g in groups._index.values())
 
 
 @settings(max_examples=300, deadline=None)
