@@ -189,9 +189,12 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def _releaser(metrics: Metrics, history: SharedHistory | None, idle_s: float) -> memory.Releaser:
+def _releaser(
+    metrics: Metrics, history: SharedHistory | None, idle_s: float, conns: set[Connection]
+) -> memory.Releaser:
     """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics;
-    first drops the history cache's files unused for ``idle_s`` seconds."""
+    first drops the history cache's files unused for ``idle_s`` seconds. Cycles are
+    collected first only while no client is connected (a full collection pauses them all)."""
 
     def released(before: int, after: int) -> None:
         metrics.inc("sluice_serve_memory_releases_total")
@@ -203,7 +206,11 @@ def _releaser(metrics: Metrics, history: SharedHistory | None, idle_s: float) ->
         metrics.inc("sluice_serve_history_cache_dropped_total", dropped)
         return dropped
 
-    return memory.Releaser(on_release=released, prune=None if history is None else prune)
+    return memory.Releaser(
+        on_release=released,
+        prune=None if history is None else prune,
+        idle=lambda: not conns,
+    )
 
 
 def create_app(
@@ -275,7 +282,9 @@ def create_app(
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
         releaser = asyncio.create_task(
-            _releaser(app[METRICS], app.get(HISTORY), settings.serve.cache_idle_s).run(),
+            _releaser(
+                app[METRICS], app.get(HISTORY), settings.serve.cache_idle_s, app[CONNECTIONS]
+            ).run(),
             name="memory-releaser",
         )
         task: asyncio.Task[None] | None = None

@@ -165,6 +165,20 @@ async def test_cyclic_garbage_is_collected_before_a_release() -> None:
         gone = weakref.ref(node)
         del node
         assert not await rel.check() and gone() is not None
+        # clients connected (not idle): the release goes on, without the collection's pause
+        clients = [object()]
+        busy = memory.Releaser(
+            growth_bytes=32 * MB,
+            measure=lambda: proc.rss,
+            give_back=give_back,
+            idle=lambda: not clients,
+        )
+        proc.rss += 40 * MB
+        assert await busy.check() and order == ["release", "release"]
+        assert gone() is not None
+        clients.clear()
+        proc.rss += 40 * MB
+        assert await busy.check() and gone() is None
     finally:
         gc.enable()
         gc.set_threshold(*thresholds)
