@@ -247,9 +247,7 @@ class LiveGroups:
                 and emit.hash not in group.known
             ):
                 # Sender.take's fast path, decided once for every member
-                at = (key, group.head, group.head_hash, group.head_weight)
-                if index.get(at) is group:
-                    del index[at]
+                self._unindex(group)
                 group.head, group.head_hash, group.head_weight = emit.num, emit.hash, emit.weight
                 index[(key, emit.num, emit.hash, emit.weight)] = group
                 group.known.add(emit.hash)

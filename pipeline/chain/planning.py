@@ -132,8 +132,8 @@ class Sender:
         self._window = window
         #: hash -> block, sent or held, in the last RETAIN heights
         self._blocks: dict[str, Emit] = {}
-        #: hash -> height of the blocks on branches the lake says lost (:meth:`lose`)
-        self._lost: dict[str, int] = {}
+        #: the hashes of blocks on branches the lake says lost (:meth:`lose`), oldest first
+        self._lost: dict[str, None] = {}
 
     def accept(
         self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
@@ -260,7 +260,7 @@ class Sender:
         """:meth:`take`'s general path: every case, the fast one included."""
         num, hash = emit.num, emit.hash
         if emit.parent in self._lost:
-            self._lose(num, hash)  # a child of a lost block lost too, however heavy
+            self.lose(hash)  # a child of a lost block lost too, however heavy
             return []
         if self.sent == 0 or self._hashes.get(num) == hash:
             return [emit] if self.accept(num, hash, emit.weight, emit) == 0 else []
@@ -301,26 +301,20 @@ class Sender:
         if emit.hash not in self._blocks and self._hashes.get(emit.num) != emit.hash:
             self._keep(emit)
 
-    def lose(self, num: int, hash: str) -> None:
-        """The lake says the block ``hash`` at ``num`` is on a branch that lost: neither it nor any block
-        descending from it is sent from now on (each is lost in turn, :meth:`take`).
+    def lose(self, hash: str) -> None:
+        """The lake says the block ``hash`` is on a branch that lost: neither it nor any
+        block descending from it is sent from now on (each is lost in turn, :meth:`take`).
 
         Resumption meets such a block when Redis was trimmed past its parent: the
         parent is in the lake only, as not canonical. Its children still come from
         Redis in production order, heavier than the head while that branch led; sent,
         they would follow a branch whose first block the subscriber never got.
+        The last ``2 * RETAIN`` are remembered (a lost branch's children come soon after it).
         """
-        self._lose(num, hash)
-
-    def _lose(self, num: int, hash: str) -> None:
         lost = self._lost
-        lost[hash] = num
+        lost[hash] = None
         if len(lost) > 2 * self.RETAIN:
-            low = self.head - self.RETAIN
-            for h in [h for h, n in lost.items() if n < low]:
-                del lost[h]
-            while len(lost) > 2 * self.RETAIN:
-                del lost[next(iter(lost))]
+            del lost[next(iter(lost))]
 
     def knows(self, num: int, hash: str) -> bool:
         """Whether the block ``hash`` at ``num`` was sent, is held or is lost: a child of

@@ -392,7 +392,7 @@ class TieredResumption:
                         )
                         await turn.acquire()
                         if not linked:  # on a branch the lake says lost: never sent
-                            sender.lose(block.num, block.hash.hex())
+                            sender.lose(block.hash.hex())
                             continue
                     item = LiveBlock.from_block(block, entry_id)
                     emits.extend(sender.take(live_emit(item, keep)))
