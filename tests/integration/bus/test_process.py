@@ -241,14 +241,26 @@ async def test_expiry_when_nobody_handles(twins):
     a, b = twins(2)
     await a.start_bus()
     await b.start_bus()
-    # nobody serves msgbus.nobody on b: the request waits there until a's scrubber expires it
-    doc = seed_request("nobody", [b.id], b"", exp=1)
-    [answer] = await raw_call(a.url, doc, 1)
-    assert answer["err"] == "request expired"
-    assert answer["src"] == b.id
+    # nobody serves msgbus.nobody on b: the request waits there until a's scrubber expires it.
+    # ``now`` is whole seconds, so exp=3 leaves 2-3 s to get there (exp=1 left as little as a
+    # few ms: under load the forwarder rightly refused it as expired before sending).
+    doc = seed_request("nobody", [b.id], b"", exp=3)
+    call = asyncio.create_task(raw_call(a.url, doc, 1))
     rb = aioredis.Redis.from_url(b.url)
-    assert await rb.llen("msgbus.nobody") == 1  # it did reach the remote side
-    await rb.aclose()
+    try:
+        deadline = time.monotonic() + 10
+        while await rb.llen("msgbus.nobody") == 0:  # it did reach the remote side
+            assert not call.done(), f"answered before it reached b: {call.result()}"
+            assert time.monotonic() < deadline, "the request never reached b"
+            await asyncio.sleep(0.02)
+        [answer] = await call
+        assert answer["err"] == "request expired"
+        assert answer["src"] == b.id
+        assert await rb.llen("msgbus.nobody") == 1  # expired where it waits, not taken from it
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        await rb.aclose()
     # already expired when sent: answered at once
     [late] = await raw_call(
         a.url, seed_request("nobody", [b.id], b"", now=int(time.time()) - 100, exp=10), 1
