@@ -190,11 +190,12 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 def _releaser(
-    metrics: Metrics, history: SharedHistory | None, idle_s: float, conns: set[Connection]
+    metrics: Metrics, history: SharedHistory | None, idle_s: float, idle: Callable[[], bool]
 ) -> memory.Releaser:
     """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics;
     first drops the history cache's files unused for ``idle_s`` seconds. Cycles are
-    collected first only while no client is connected (a full collection pauses them all)."""
+    collected first only while ``idle()`` says no client (websocket or Dialogue) is
+    connected: a full collection pauses them all."""
 
     def released(before: int, after: int) -> None:
         metrics.inc("sluice_serve_memory_releases_total")
@@ -209,7 +210,7 @@ def _releaser(
     return memory.Releaser(
         on_release=released,
         prune=None if history is None else prune,
-        idle=lambda: not conns,
+        idle=idle,
     )
 
 
@@ -269,6 +270,7 @@ def create_app(
             shared=SharedResults(metrics=app[METRICS]),
         )
         feed = None
+        duplexes: set[object] = set()  # the Dialogue feed's subscribers, while served
         if settings.serve.dialogue_port:
             from pipeline.chain.dialogue_feed import dialogue_server
 
@@ -278,12 +280,16 @@ def create_app(
                 settings.serve.dialogue_port,
                 send_buffer=settings.serve.send_buffer,
                 stall_s=settings.serve.stall_s,
+                active=duplexes,
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
         releaser = asyncio.create_task(
             _releaser(
-                app[METRICS], app.get(HISTORY), settings.serve.cache_idle_s, app[CONNECTIONS]
+                app[METRICS],
+                app.get(HISTORY),
+                settings.serve.cache_idle_s,
+                lambda: not app[CONNECTIONS] and not duplexes,
             ).run(),
             name="memory-releaser",
         )
