@@ -70,34 +70,44 @@ async def test_peers_that_never_finish_their_request_head_are_closed(
         peers: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         for _ in range(20):
             peers.append(await asyncio.open_connection("127.0.0.1", port))
+        # Each answer is read as it comes: a trickler's byte after the server closed gets a
+        # reset, and a reader that had not taken the 408 by then lost it (seen under load).
+        answering = [asyncio.create_task(r.readline()) for r, _w in peers]
         for _reader, writer in peers[:10]:
             writer.write(UPGRADE)  # the head never ends (no blank line)
 
-        async def trickle(writer: asyncio.StreamWriter) -> None:
+        async def trickle(writer: asyncio.StreamWriter, answer: asyncio.Task[bytes]) -> None:
             with contextlib.suppress(ConnectionError):
                 for byte in UPGRADE * 100:  # one byte at a time, for ever as far as it knows
-                    if stop.is_set() or writer.is_closing():
+                    if stop.is_set() or writer.is_closing() or answer.done():
                         return
                     writer.write(bytes([byte]))
                     await writer.drain()
                     await asyncio.sleep(0.2)
 
-        trickling = [asyncio.create_task(trickle(w)) for _r, w in peers[10:]]
-        # meanwhile a websocket subscriber, well past the deadline, is not cut
-        async with aiohttp.ClientSession() as http, http.ws_connect(base + "/ws") as ws:
-            client = Client(http, ws)
-            head = gen.canonical[-1]
-            await client.subscribe(head.num, head.hash)
-            await client.blocks(1)
-            answers = await asyncio.gather(*(r.read() for r, _w in peers))
-            assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
-            more = gen.take(3)
-            write_blocks(redis_client, STREAM, more)
-            assert await client.blocks(3) == more
-        stop.set()
-        await asyncio.gather(*trickling)
-        for _r, w in peers:
-            w.close()
+        trickling = [
+            asyncio.create_task(trickle(w, a))
+            for (_r, w), a in zip(peers[10:], answering[10:], strict=True)
+        ]
+        try:
+            # meanwhile a websocket subscriber, well past the deadline, is not cut
+            async with aiohttp.ClientSession() as http, http.ws_connect(base + "/ws") as ws:
+                client = Client(http, ws)
+                head = gen.canonical[-1]
+                await client.subscribe(head.num, head.hash)
+                await client.blocks(1)
+                answers = await asyncio.gather(*answering)
+                assert all(a.startswith(b"HTTP/1.1 408") for a in answers), answers
+                more = gen.take(3)
+                write_blocks(redis_client, STREAM, more)
+                assert await client.blocks(3) == more
+        finally:  # a failed run leaves no socket behind for a later test's collection
+            stop.set()
+            for reading in answering:
+                reading.cancel()  # those still waiting: a failed run
+            await asyncio.gather(*trickling, *answering, return_exceptions=True)
+            for _r, w in peers:
+                w.close()
         assert await _metric(base, "sluice_serve_header_timeouts_total") == 20
         # 20 peers held 40 descriptors here (both ends); the Redis pool may have opened a few
         await until(
