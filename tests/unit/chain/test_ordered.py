@@ -203,3 +203,36 @@ def test_held_blocks_are_woken_by_their_parent_only() -> None:
     assert chain.head == (2999, blocks[-1].hash)
     # one try on arrival, one when its parent is held, one when its parent lands
     assert calls <= 3 * len(blocks)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_remembered_low_is_always_the_lowest_height(seed: int) -> None:
+    """``_low`` moves a floor up instead of taking ``min`` of the window on every block:
+    through reorgs, rewinds, producer-named ancestors, a small window and shuffled
+    arrivals it must equal the lowest height the chain remembers."""
+    rng = random.Random(seed)
+    gen = SyntheticChain(seed=40 + seed, reorg_every=7, reorg_depth=4)
+    blocks = gen.take(400)
+    chain = OrderedChain(window=16, max_pending=4096)
+
+    def check() -> None:
+        hashes = chain._hashes
+        assert chain._low() == (min(hashes) if hashes else 0)
+
+    check()
+    for i in range(0, len(blocks), 8):
+        batch = blocks[i : i + 8]
+        rng.shuffle(batch)
+        for block in batch:
+            chain.accept(block)
+            check()
+        roll = rng.random()
+        if roll < 0.15 and chain.head is not None:  # a resubscription from further back
+            chain.expect_rewind()
+            back = max(chain.head[0] - rng.randint(1, 40), 0)
+            chain.accept(gen.canonical[back] if back < len(gen.canonical) else batch[0])
+            check()
+        elif roll < 0.25 and chain.head is not None:  # the producer names an ancestor
+            num = max(chain.head[0] - rng.randint(0, 30), 0)
+            chain.reorg_to(num, gen.canonical[num].hash)
+            check()
