@@ -129,17 +129,9 @@ def dialogue_server(
     *,
     send_buffer: int,
     stall_s: float | None = None,
-    active: set[object] | None = None,
 ) -> DialogueServer:
-    """The feed's Dialogue server; ``active`` holds each duplex while it is served."""
-    serving: set[object] = set() if active is None else active
-
     async def on_duplex(duplex: Duplex) -> None:
-        serving.add(duplex)
-        try:
-            await serve_duplex(resumption, duplex, send_buffer=send_buffer, stall_s=stall_s)
-        finally:
-            serving.discard(duplex)
+        await serve_duplex(resumption, duplex, send_buffer=send_buffer, stall_s=stall_s)
 
     return DialogueServer(host, port, on_duplex=on_duplex)
 

@@ -90,9 +90,9 @@ class OrderedChain:
         self._window = window
         self._max_pending = max_pending
         self._hashes: dict[int, bytes] = {}
-        #: at most the lowest height in ``_hashes`` (None: unknown), so the low is found in
-        #: O(1) amortized: ``min`` over the window cost O(window) on every block
-        self._floor: int | None = None
+        #: at most the lowest height in ``_hashes``, so the low is found in O(1)
+        #: amortized: ``min`` over the window cost O(window) on every block
+        self._floor = 0
         self._head: int | None = None
         self._head_weight = 0
         #: blocks held: parent unknown yet, or side blocks not heavier than the head
@@ -287,7 +287,7 @@ class OrderedChain:
 
     def _put(self, num: int, hash: bytes) -> None:
         """Set the chain's block at ``num``, keeping ``_floor`` at most the lowest height."""
-        if not self._hashes or (self._floor is not None and num < self._floor):
+        if not self._hashes or num < self._floor:
             self._floor = num
         self._hashes[num] = hash
 
@@ -297,11 +297,8 @@ class OrderedChain:
         if not hashes:
             return 0
         floor = self._floor
-        if floor is None:
-            floor = min(hashes)
-        else:
-            while floor not in hashes:  # heights dropped below the window since the last call
-                floor += 1
+        while floor not in hashes:  # heights dropped below the window since the last call
+            floor += 1
         self._floor = floor
         return floor
 

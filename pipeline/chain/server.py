@@ -270,7 +270,6 @@ def create_app(
             shared=SharedResults(metrics=app[METRICS]),
         )
         feed = None
-        duplexes: set[object] = set()  # the Dialogue feed's subscribers, while served
         if settings.serve.dialogue_port:
             from pipeline.chain.dialogue_feed import dialogue_server
 
@@ -280,7 +279,6 @@ def create_app(
                 settings.serve.dialogue_port,
                 send_buffer=settings.serve.send_buffer,
                 stall_s=settings.serve.stall_s,
-                active=duplexes,
             )
             await feed.start()
         warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
@@ -289,7 +287,7 @@ def create_app(
                 app[METRICS],
                 app.get(HISTORY),
                 settings.serve.cache_idle_s,
-                lambda: not app[CONNECTIONS] and not duplexes,
+                lambda: not app[CONNECTIONS] and (feed is None or not feed.connections),
             ).run(),
             name="memory-releaser",
         )

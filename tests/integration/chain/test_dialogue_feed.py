@@ -111,30 +111,28 @@ async def test_params_that_are_not_json_get_invalid_params_only(settings, serve)
 
 
 async def test_a_dialogue_subscriber_is_counted_while_served(settings, serve, redis_client) -> None:
-    """``active`` holds each duplex while it is served: serve's memory releaser reads it so that
-    a Dialogue subscriber, like a websocket one, is never paused by a full collection."""
+    """The feed server's ``connections`` hold a subscriber while it is served: serve's memory
+    releaser reads them so that a Dialogue subscriber, like a websocket one, is never paused
+    by a full collection."""
     from pipeline.chain.appkeys import RESUMPTION
     from pipeline.chain.dialogue_feed import dialogue_server
 
     gen = SyntheticChain(seed=64)
     write_blocks(redis_client, STREAM, gen.take(5))
     port = free_port()
-    active: set[object] = set()
     async with serve(settings) as (_base, app):
-        server = dialogue_server(
-            app[RESUMPTION], "127.0.0.1", port, send_buffer=1 << 16, active=active
-        )
+        server = dialogue_server(app[RESUMPTION], "127.0.0.1", port, send_buffer=1 << 16)
         await server.start()
         try:
-            assert not active
+            assert not server.connections
             feed = subscribe_dialogue("127.0.0.1", port, 0, None)
             first = await anext(feed)
-            assert first["type"] == "batch" and len(active) == 1
+            assert first["type"] == "batch" and len(server.connections) == 1
             await feed.aclose()
             for _ in range(200):  # the server sees the peer's close on its next read
-                if not active:
+                if not server.connections:
                     break
                 await asyncio.sleep(0.01)
-            assert not active, "a subscriber that left is still counted"
+            assert not server.connections, "a subscriber that left is still counted"
         finally:
             await server.close()
