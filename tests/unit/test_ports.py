@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 from pipeline.ports import free_port
@@ -18,7 +19,10 @@ def test_a_port_the_kernel_offers_again_is_skipped(monkeypatch) -> None:
     import pipeline.ports as ports
 
     first = free_port()
-    offered = iter([first, first, 0])
+    # `first` twice, then the kernel's own choice for as long as asked: the kernel itself may
+    # offer the just-closed `first` again, which free_port must skip too (a list ending
+    # in one 0 ran out then: StopIteration, seen once in a fresh-clone run)
+    offered = itertools.chain([first, first], itertools.repeat(0))
     real_socket = socket.socket
 
     class Repeating(real_socket):  # type: ignore[misc]
