@@ -141,7 +141,22 @@ async def test_serve_gives_memory_back_after_subscribers_leave(
             "after they left %.0f MB",
             started, baseline, peak, after,
         )  # fmt: skip
-        assert await _metric(port, releases) > warmed  # it was given back, not never taken
+        # it was given back by the releaser, not never taken: glibc may hand part of it
+        # back on its own before the releaser's next look (538 -> 373 MB with the count
+        # still at the warm-up's 1 in one CI run), so wait for the release while the
+        # resident size stays past the releaser's growth bar (32 MB over its floor)
+        async def released_or_near_floor() -> bool:
+            if await _metric(port, releases) > warmed:
+                return True
+            return rss_mb(proc.pid) < baseline + 16
+
+        await until(
+            released_or_near_floor,
+            "a release once the 50 left",
+            within_s=RELEASE_WITHIN_S,
+            every_s=1,
+            detail=lambda: f"resident {rss_mb(proc.pid):.0f} MB, warmed {baseline:.0f} MB",
+        )
         assert await _metric(port, "sluice_serve_resident_bytes") > 0
     finally:
         proc.terminate()
