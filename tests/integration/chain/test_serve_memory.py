@@ -141,6 +141,7 @@ async def test_serve_gives_memory_back_after_subscribers_leave(
             "after they left %.0f MB",
             started, baseline, peak, after,
         )  # fmt: skip
+
         # it was given back by the releaser, not never taken: glibc may hand part of it
         # back on its own before the releaser's next look (538 -> 373 MB with the count
         # still at the warm-up's 1 in one CI run), so wait for the release while the
