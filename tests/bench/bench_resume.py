@@ -8,15 +8,25 @@
   time to the first block; baseline: the raw delta-rs read of that first page.
 - ``fanout_p50_ms`` / ``fanout_p99_ms``: 500 subscribers, 100 blocks/s
   produced, latency from XADD to each client; baseline: a raw aiohttp server
-  that XREADs the stream and sends each entry to every socket.
+  that XREADs the stream and sends each entry to every socket. The clients are
+  aiohttp websockets in the bench process, beside the producer: their CPU
+  (~20 us per message, about one core) competes with the server's on a small
+  machine, so the figure holds the clients' own queueing too.
+- ``fanout_go_p50_ms`` / ``fanout_go_p99_ms``: the same fan-out (a fresh server,
+  a fresh raw server) with the subscribers in the Go load client
+  ``tests/bench/fanout_go`` (a child process, a few us per message; the bench
+  process then only produces). Built with ``go build`` once per source digest
+  into ``~/.cache/sluice-go-bench/<digest>/fanout``; without ``go`` on PATH
+  these figures are left out (one line on stderr says so).
 - ``catchup_blocks_per_s_s3``: the same catch-up with the lake on a local S3
   server (versitygw, :mod:`pipeline.localstore`); baseline: the local-disk
   lake's ``catchup_blocks_per_s`` of the same run.
-- ``catchup_cpu_us_per_block`` / ``fanout_cpu_us_per_message``: CPU time
-  (user + system) of the server process per block sent in catch-up and per
-  notification received in fan-out, against the raw servers' own: on a
-  loaded machine these move much less than the wall-clock figures (Linux:
-  read from ``/proc``; left out elsewhere).
+- ``catchup_cpu_us_per_block`` / ``fanout_cpu_us_per_message`` /
+  ``fanout_go_cpu_us_per_message``: CPU time (user + system) of the server
+  process per block sent in catch-up and per notification received in fan-out
+  (Python clients, Go client), against the raw servers' own: on a loaded
+  machine these move much less than the wall-clock figures (Linux: read from
+  ``/proc``; left out elsewhere).
 - ``fanout_publish_cpu_us_per_message``: the same CPU, counted only from the
   first block produced until every subscriber received every block (the
   per-message cost of fan-out itself); ``fanout_cpu_us_per_message`` also
@@ -39,11 +49,15 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -65,11 +79,15 @@ N = int(os.environ.get("BENCH_RESUME_BLOCKS", "1000000"))
 FANOUT_SUBS = int(os.environ.get("BENCH_RESUME_SUBS", "500"))
 FANOUT_RATE = 100
 FANOUT_SECONDS = 5
+FANOUT_BLOCKS = FANOUT_RATE * FANOUT_SECONDS
 #: Blocks per data file of the lake (the archive writes one or more files per interval).
 FILE_BLOCKS = int(os.environ.get("BENCH_RESUME_FILE_BLOCKS", "250000"))
 #: Parts to run (comma-separated): catchup, first, fanout, s3 (which needs catchup).
 PARTS = set(os.environ.get("BENCH_RESUME_PARTS", "catchup,first,fanout,s3").split(","))
 ROOT = Path(__file__).resolve().parents[2]
+#: The Go load client's module, and where its builds are kept (one folder per source digest).
+FANOUT_GO = Path(__file__).resolve().parent / "fanout_go"
+GO_CACHE = Path.home() / ".cache" / "sluice-go-bench"
 
 
 def block_hash(num: int) -> bytes:
@@ -335,82 +353,212 @@ def raw_first_page(lake_uri: str, samples: int) -> list[float]:
     return out
 
 
-async def fanout(
-    port: int, redis_url: str, subs: int, pid: int | None = None
-) -> tuple[list[float], dict[str, float | None]]:
-    """Latencies (ms) of every live message, and the server's CPU by phase when ``pid`` is
-    given: ``subscribe`` (the subscribes) and ``publish`` (from the first block until each
-    subscriber got every block, bounded by a minute, or the messages that came in it)."""
-    latencies: list[float] = []
-    cpu: dict[str, float | None] = {}
-    received = 0
+@contextlib.contextmanager
+def live_stream(redis_url: str) -> Iterator[tuple[redis.Redis, str]]:
+    """The chain stream of one fan-out run, empty at its start and deleted after.
+
+    The subscribers resume at the lake's last block (``N - 1``), so the run's blocks
+    ``N, N + 1, ...`` are all they get live; each run starts from ``N`` again, on a server
+    that has not seen the previous run's stream (one fresh server a run, but for the first).
+    """
     client = redis.Redis.from_url(redis_url)
     key = keys.stream(STREAM)
-    head = client.xrevrange(key, count=1)
-    start_num = N if not head else None
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        sockets = []
-        cpu0 = cpu_s(pid) if pid else None
-        for _ in range(subs):
-            ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=1 << 22)
-            await ws.send_str(subscribe_frame(N - 1, block_hash(N - 1)))
-            await ws.receive(timeout=30)
-            sockets.append(ws)
-        if pid:
-            after = cpu_s(pid)
-            cpu["subscribe"] = None if cpu0 is None or after is None else after - cpu0
-        done, all_in = asyncio.Event(), asyncio.Event()
-        expected = len(sockets) * FANOUT_RATE * FANOUT_SECONDS
+    try:
+        if client.exists(key):
+            raise RuntimeError(f"{key} holds {client.xlen(key)} entries before a fan-out run")
+        yield client, key
+    finally:
+        client.delete(key)
+        client.close()
 
-        async def reader(ws: aiohttp.ClientWebSocketResponse) -> None:
-            nonlocal received
-            while not done.is_set():
-                try:
-                    msg = await ws.receive(timeout=0.5)
-                except TimeoutError:
-                    continue
-                except (aiohttp.ClientError, ConnectionError):
-                    return
-                if msg.type != aiohttp.WSMsgType.TEXT:
-                    return
-                at = msg.data.find('"t":"0x')
-                if at >= 0:
-                    sent = int(msg.data[at + 7 : at + 23], 16)
-                    latencies.append((time.time_ns() - sent) / 1e6)
-                    received += 1
-                    if received >= expected:
-                        all_in.set()
 
-        readers = [asyncio.create_task(reader(ws)) for ws in sockets]
-        await asyncio.sleep(1.0)  # subscribers reach the live head
-        latencies.clear()
-        received = 0
-        num = start_num or N
-        cpu1 = cpu_s(pid) if pid else None
-        t0 = time.perf_counter()
-        for i in range(FANOUT_RATE * FANOUT_SECONDS):
-            block = Block(
-                num=num + i,
-                hash=block_hash(num + i),
-                parent=block_hash(num + i - 1),
-                updates={"t": time.time_ns().to_bytes(8, "big"), "acct/1": b"\x02" * 8},
-            )
-            client.xadd(key, {ENTRY_FIELD: encode_block(block)})
-            await asyncio.sleep(max(0.0, t0 + (i + 1) / FANOUT_RATE - time.perf_counter()))
-        await asyncio.sleep(1.0)
-        if pid:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(all_in.wait(), 60)
-            after = cpu_s(pid)
-            cpu["publish"] = None if cpu1 is None or after is None else after - cpu1
-            cpu["published"] = received
-        done.set()
-        await asyncio.gather(*readers)
-        for ws in sockets:
-            await ws.close()
-    client.delete(key)
-    client.close()
-    return latencies, cpu
+async def produce(client: redis.Redis, key: str) -> None:
+    """The live blocks ``N, N + 1, ...``, FANOUT_RATE a second for FANOUT_SECONDS, each with
+    its XADD time (ns) in its ``t`` update: the clients' latency is now - t."""
+    t0 = time.perf_counter()
+    for i in range(FANOUT_BLOCKS):
+        block = Block(
+            num=N + i,
+            hash=block_hash(N + i),
+            parent=block_hash(N + i - 1),
+            updates={"t": time.time_ns().to_bytes(8, "big"), "acct/1": b"\x02" * 8},
+        )
+        client.xadd(key, {ENTRY_FIELD: encode_block(block)})
+        await asyncio.sleep(max(0.0, t0 + (i + 1) / FANOUT_RATE - time.perf_counter()))
+
+
+class Clients(Protocol):
+    """The fan-out's subscribers: ``subscribed(port)`` holds them open (each got the reply
+    to its subscribe), ``all_in`` waits until each got every block (at most ``wait_s``)."""
+
+    #: ms from XADD to each subscriber, of every frame with the ``"t":"0x`` marker
+    latencies: list[float]
+    #: such frames received so far
+    received: int
+    #: what went wrong, by kind (a refused connection, a dropped socket), if anything did
+    errors: dict[str, int]
+
+    def subscribed(self, port: int) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    async def all_in(self, wait_s: float) -> None: ...
+
+
+class PythonClients:
+    """aiohttp websockets in the bench process itself, beside the producer."""
+
+    def __init__(self, subs: int) -> None:
+        self.subs = subs
+        self.latencies: list[float] = []
+        self.received = 0
+        self.errors: dict[str, int] = {}  # a reader's error ends that reader, uncounted
+        self._done, self._all_in = asyncio.Event(), asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def subscribed(self, port: int) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            sockets = []
+            for _ in range(self.subs):
+                ws = await session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=1 << 22)
+                await ws.send_str(subscribe_frame(N - 1, block_hash(N - 1)))
+                await ws.receive(timeout=30)
+                sockets.append(ws)
+            expected = len(sockets) * FANOUT_BLOCKS
+            readers = [asyncio.create_task(self._read(ws, expected)) for ws in sockets]
+            try:
+                yield
+            finally:
+                self._done.set()
+                await asyncio.gather(*readers)
+                for ws in sockets:
+                    await ws.close()
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse, expected: int) -> None:
+        while not self._done.is_set():
+            try:
+                msg = await ws.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            except (aiohttp.ClientError, ConnectionError):
+                return
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                return
+            at = msg.data.find('"t":"0x')
+            if at >= 0:
+                sent = int(msg.data[at + 7 : at + 23], 16)
+                self.latencies.append((time.time_ns() - sent) / 1e6)
+                self.received += 1
+                if self.received >= expected:
+                    self._all_in.set()
+
+    async def all_in(self, wait_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_in.wait(), wait_s)
+
+
+class GoClients:
+    """The Go load client ``tests/bench/fanout_go`` in a child process: ``ready`` on its
+    stdout once subscribed, one JSON line (the latencies, errors) once every subscriber got
+    every block or it read ``stop``; it closes its sockets after that line."""
+
+    def __init__(self, binary: str, subs: int) -> None:
+        self.binary = binary
+        self.subs = subs
+        self.latencies: list[float] = []
+        self.received = 0
+        self.errors: dict[str, int] = {}
+        self._report: asyncio.Task[bytes] | None = None
+        self._reported = False
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @contextlib.asynccontextmanager
+    async def subscribed(self, port: int) -> AsyncIterator[None]:
+        proc = self._proc = await asyncio.create_subprocess_exec(
+            self.binary,
+            *("-url", f"ws://127.0.0.1:{port}/ws", "-n", str(self.subs), "-latencies"),
+            *("-frame", subscribe_frame(N - 1, block_hash(N - 1))),
+            *("-count", str(FANOUT_BLOCKS)),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=1 << 26,  # the report is one line of every latency
+        )
+        assert proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), 300)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"the Go fan-out client did not start: {line[:500]!r}")
+            self._report = asyncio.create_task(proc.stdout.readline())
+            yield
+            if not self._reported:
+                await self.all_in(0)
+            if await proc.wait():
+                raise RuntimeError(f"the Go fan-out client exited {proc.returncode}")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+    async def all_in(self, wait_s: float) -> None:
+        """Until the report came (every subscriber got every block), at most ``wait_s``;
+        then the client is told to stop and report what it has."""
+        assert self._report is not None and self._proc is not None
+        if not (await asyncio.wait({self._report}, timeout=wait_s))[0]:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(b"stop\n")
+            await self._proc.stdin.drain()
+        line = await self._report
+        self._reported = True
+        if not line:
+            code = await self._proc.wait()
+            raise RuntimeError(f"the Go fan-out client exited {code} without a report")
+        report = json.loads(line)
+        self.latencies = report["latencies_ms"] or []
+        self.received = report["received"]
+        self.errors = {kind: n for kind, n in report["errors"].items() if n}
+        if self.errors or self.received < report["expected"]:
+            print(f"# Go fan-out client: {self.received} of {report['expected']} messages, "
+                  f"errors {self.errors}, first: {report['error_samples']}", file=sys.stderr)  # fmt: skip
+
+
+def used(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+@dataclass
+class FanoutRun:
+    """One fan-out run's latencies (ms) and the server's CPU seconds: ``cpu`` the whole run
+    (the subscribes to the sockets' close), ``subscribe`` the subscribes, ``publish`` from
+    the first block until each subscriber got every block (bounded by a minute), in which
+    ``published`` messages came."""
+
+    latencies: list[float]
+    cpu: float | None
+    subscribe: float | None
+    publish: float | None
+    published: int
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def cpu_us_per_message(self) -> float | None:
+        if self.cpu is None or not self.latencies:
+            return None
+        return self.cpu / len(self.latencies) * 1e6
+
+
+async def fanout(clients: Clients, port: int, redis_url: str, pid: int) -> FanoutRun:
+    """FANOUT_BLOCKS live blocks from this process to the subscribers of ``clients`` on the
+    server at ``port``, whose process ``pid`` has its CPU counted."""
+    with live_stream(redis_url) as (client, key):
+        cpu0 = cpu_s(pid)
+        async with clients.subscribed(port):
+            cpu1 = cpu_s(pid)
+            await asyncio.sleep(1.0)  # subscribers reach the live head
+            cpu2 = cpu_s(pid)
+            await produce(client, key)
+            await clients.all_in(60)
+            cpu3 = cpu_s(pid)
+            published = clients.received
+        cpu4 = cpu_s(pid)
+    return FanoutRun(clients.latencies, used(cpu0, cpu4), used(cpu0, cpu1), used(cpu2, cpu3),
+                     published, clients.errors)  # fmt: skip
 
 
 async def s3_catchup(report: Report, tmp: str, env: dict[str, str], local: float) -> None:
@@ -446,6 +594,7 @@ async def s3_catchup(report: Report, tmp: str, env: dict[str, str], local: float
 async def main() -> None:
     report = Report("resume")
     ordered_drain(report)  # pure code, first: nothing else runs yet
+    go_client = fanout_go_client() if "fanout" in PARTS else None
     with tempfile.TemporaryDirectory() as tmp:
         lake_uri = f"{tmp}/lake"
         t = time.perf_counter()
@@ -472,14 +621,9 @@ async def main() -> None:
                 cpu0 = cpu_s(proc.pid)
                 baseline = await catchup(base_port, N)
                 base_cpu = cpu_per(proc.pid, cpu0, N)
-                proc.terminate()
-                proc.wait(30)
+                stop(proc)
 
-            port = free_port()
-            server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=env)
-            procs.append(server)
-            await wait_port(port)
-            await wait_healthy(port)
+            server, port = await start_serve(env, procs)
             if "catchup" in PARTS:
                 cpu0 = cpu_s(server.pid)
                 value = await catchup(port, N)
@@ -499,9 +643,8 @@ async def main() -> None:
             if "fanout" in PARTS:
                 if "catchup" not in PARTS:
                     await warm_head(port)
-                await fanouts(report, server, port, redis_server.url, procs)
-            server.terminate()
-            server.wait(30)
+                await fanouts(report, server, port, env, procs, go_client)
+            stop(server)
             if "s3" in PARTS and "catchup" in PARTS:
                 await s3_catchup(report, tmp, env, value)
         finally:
@@ -520,43 +663,112 @@ async def fanouts(
     report: Report,
     server: subprocess.Popen[str],
     port: int,
-    redis_url: str,
+    env: dict[str, str],
     procs: list[subprocess.Popen[str]],
+    go_client: str | None,
 ) -> None:
-    """The fan-out figures: the server's (it is stopped after), then the raw fan-out server's."""
-    cpu0 = cpu_s(server.pid)
-    lat, phases = await fanout(port, redis_url, FANOUT_SUBS, server.pid)
-    fan_cpu = cpu_per(server.pid, cpu0, len(lat))
-    server.terminate()
-    server.wait(30)
+    """The fan-out figures: the Python clients against ``server`` (stopped after) and a raw
+    fan-out server, then the Go client against a fresh server and a fresh raw server."""
+    redis_url = env["SLUICE_REDIS_URL"]
+    sluice = await fanout(PythonClients(FANOUT_SUBS), port, redis_url, server.pid)
+    stop(server)
+    raw = await raw_fanout(PythonClients(FANOUT_SUBS), redis_url, procs)
+    emit_fanout(report, "fanout", sluice, raw)
+    if sluice.publish is not None and raw.publish is not None:
+        count, raw_count = sluice.published or 1, raw.published or 1
+        report.emit("fanout_publish_cpu_us_per_message", sluice.publish / count * 1e6,
+                    raw.publish / raw_count * 1e6, subscribers=FANOUT_SUBS,
+                    samples=int(count), raw_samples=int(raw_count))  # fmt: skip
+    if sluice.subscribe is not None and raw.subscribe is not None:
+        report.emit("subscribe_cpu_ms", sluice.subscribe / FANOUT_SUBS * 1e3,
+                    raw.subscribe / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
+    if go_client is None:
+        return
+    server, port = await start_serve(env, procs)
+    await warm_head(port)
+    sluice = await fanout(GoClients(go_client, FANOUT_SUBS), port, redis_url, server.pid)
+    stop(server)
+    raw = await raw_fanout(GoClients(go_client, FANOUT_SUBS), redis_url, procs)
+    emit_fanout(report, "fanout_go", sluice, raw)
 
-    fport = free_port()
+
+async def raw_fanout(
+    clients: Clients, redis_url: str, procs: list[subprocess.Popen[str]]
+) -> FanoutRun:
+    """A fan-out run against a fresh raw fan-out server (stopped after)."""
+    port = free_port()
     proc = spawn(
-        ["-c", FANOUT_BASELINE_SERVER, redis_url, keys.stream(STREAM), str(fport)],
+        ["-c", FANOUT_BASELINE_SERVER, redis_url, keys.stream(STREAM), str(port)],
         ready="READY",
     )
     procs.append(proc)
-    await wait_port(fport)
-    cpu0 = cpu_s(proc.pid)
-    raw_lat, raw_phases = await fanout(fport, redis_url, FANOUT_SUBS, proc.pid)
-    raw_fan_cpu = cpu_per(proc.pid, cpu0, len(raw_lat))
-    report.emit("fanout_p50_ms", percentile(lat, 50), percentile(raw_lat, 50),
-                subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
-    report.emit("fanout_p99_ms", percentile(lat, 99), percentile(raw_lat, 99),
-                subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat))  # fmt: skip
-    if fan_cpu is not None and raw_fan_cpu is not None:
-        report.emit("fanout_cpu_us_per_message", fan_cpu, raw_fan_cpu,
-                    subscribers=FANOUT_SUBS, samples=len(lat))  # fmt: skip
-    pub, raw_pub = phases.get("publish"), raw_phases.get("publish")
-    if pub is not None and raw_pub is not None:
-        count, raw_count = phases["published"] or 1, raw_phases["published"] or 1
-        report.emit("fanout_publish_cpu_us_per_message", pub / count * 1e6,
-                    raw_pub / raw_count * 1e6, subscribers=FANOUT_SUBS,
-                    samples=int(count), raw_samples=int(raw_count))  # fmt: skip
-    sub, raw_sub = phases.get("subscribe"), raw_phases.get("subscribe")
-    if sub is not None and raw_sub is not None:
-        report.emit("subscribe_cpu_ms", sub / FANOUT_SUBS * 1e3,
-                    raw_sub / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
+    await wait_port(port)
+    run = await fanout(clients, port, redis_url, proc.pid)
+    stop(proc)
+    return run
+
+
+def emit_fanout(report: Report, prefix: str, sluice: FanoutRun, raw: FanoutRun) -> None:
+    """``<prefix>_p50_ms``, ``<prefix>_p99_ms`` and ``<prefix>_cpu_us_per_message``."""
+    errors = {}
+    if sluice.errors or raw.errors:
+        errors = {"errors": sluice.errors, "raw_errors": raw.errors}
+    lat, raw_lat = sluice.latencies, raw.latencies
+    for q in (50, 99):
+        report.emit(f"{prefix}_p{q}_ms", percentile(lat, q), percentile(raw_lat, q),
+                    subscribers=FANOUT_SUBS, rate=FANOUT_RATE, samples=len(lat),
+                    **errors)  # fmt: skip
+    cpu, raw_cpu = sluice.cpu_us_per_message(), raw.cpu_us_per_message()
+    if cpu is not None and raw_cpu is not None:
+        report.emit(f"{prefix}_cpu_us_per_message", cpu, raw_cpu, subscribers=FANOUT_SUBS,
+                    samples=len(lat))  # fmt: skip
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    proc.wait(30)
+
+
+async def start_serve(
+    env: dict[str, str], procs: list[subprocess.Popen[str]]
+) -> tuple[subprocess.Popen[str], int]:
+    """A ``sluice serve`` process, once its ``/healthz`` answers, and its port."""
+    port = free_port()
+    server = spawn(["-m", "pipeline.cli", "serve", "--port", str(port)], env=env)
+    procs.append(server)
+    await wait_port(port)
+    await wait_healthy(port)
+    return server, port
+
+
+def fanout_go_client() -> str | None:
+    """The Go load client, built once per digest of its sources (``go build -mod=readonly``,
+    into GO_CACHE/<digest>/fanout, renamed into place whole); None without ``go`` on PATH."""
+    go = shutil.which("go")
+    if go is None:
+        print("# fanout_go_*: left out: no 'go' on PATH to build tests/bench/fanout_go",
+              file=sys.stderr)  # fmt: skip
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(FANOUT_GO.iterdir()):
+        if path.suffix == ".go" or path.name in ("go.mod", "go.sum"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    out = GO_CACHE / digest.hexdigest()[:16]
+    if not (out / "fanout").is_file():
+        GO_CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=GO_CACHE))  # same filesystem
+        try:
+            built = subprocess.run(
+                [go, "build", "-mod=readonly", "-o", str(tmp / "fanout"), "."],
+                cwd=FANOUT_GO, capture_output=True, text=True, timeout=900, check=False,
+            )  # fmt: skip
+            if built.returncode != 0:
+                raise RuntimeError(f"go build of {FANOUT_GO} failed:\n{built.stderr[-4000:]}")
+            with contextlib.suppress(OSError):
+                tmp.rename(out)  # a concurrent build of the same sources may have won
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(out / "fanout")
 
 
 if __name__ == "__main__":
