@@ -12,6 +12,12 @@ Baseline, same run: the same handler answering through one Redis with no bus
 (the client RPUSHes to ``msgbus.$cmd``, the handler BLPOPs it and RPUSHes the
 answer to ``ret``).
 
+Floor, same run: the same client and handler through two bare Python forwarders
+(:mod:`bus_floor`: the bus's topology and stack with none of its checks, signatures
+or durable state), on Redis servers of their own: ``calls_per_s_vs_floor`` and
+``p99_ms_vs_floor`` (what the bus's reliability and security cost above the price
+of the shape itself in CPython).
+
 Second baseline, same run: NATS core request-reply at the same concurrency
 (a real ``nats-server``, one responder process that decodes the envelope and
 answers it, the client's ``request()`` on one connection, nats-py). Bench only:
@@ -333,10 +339,13 @@ def main() -> int:
     report = Report("bus")
     with tempfile.TemporaryDirectory(prefix="bench-bus-") as tmp:
         work = Path(tmp)
-        redises = [LocalRedis(work / f"redis-{name}").start() for name in ("a", "b", "raw")]
+        redises = [
+            LocalRedis(work / f"redis-{name}").start()
+            for name in ("a", "b", "raw", "floor-a", "floor-b")
+        ]
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            ra, rb, rraw = redises
+            ra, rb, rraw, rfa, rfb = redises
             ports = {A: free_port(), B: free_port()}
             signers = {A: Signer.generate(), B: Signer.generate()}
             directory = work / "twins.json"
@@ -381,7 +390,17 @@ def main() -> int:
                 )
                 procs.append(proc)
                 wait_line(proc, b"listening", log)
-            for url, direct in ((rb.url, False), (rraw.url, True)):
+            floor_ports = (free_port(), free_port())
+            for side, redis_server, port, peer in (
+                ("a", rfa, floor_ports[0], floor_ports[1]),
+                ("b", rfb, floor_ports[1], floor_ports[0]),
+            ):
+                log = work / f"floor-{side}.log"
+                floor_args = [side, redis_server.url, str(port), f"http://127.0.0.1:{peer}"]
+                proc = spawn([str(Path(__file__).parent / "bus_floor.py"), *floor_args], log)
+                procs.append(proc)
+                wait_line(proc, b"ready", log)
+            for url, direct in ((rb.url, False), (rraw.url, True), (rfb.url, False)):
                 log = work / "handler.log"
                 extra = ["--direct"] if direct else []
                 proc = spawn([__file__, "--handler", url, *extra], log)
@@ -405,17 +424,23 @@ def main() -> int:
                 proc = spawn([__file__, "--nats-handler", nats_url], log)
                 procs.append(proc)
                 wait_line(proc, b"ready", log)
-            names = ["bus-1001", "bus-1002", "handler-bus", "handler-raw"]
+            names = ["bus-1001", "bus-1002", "floor-a", "floor-b"]
+            names += ["handler-bus", "handler-raw", "handler-floor"]
             if nats_url:
                 names += ["nats-server", "handler-nats"]
             pids = {
                 **dict(zip(names, [p.pid for p in procs], strict=True)),
-                **{f"redis-{n}": r.proc.pid for n, r in zip("abr", redises, strict=True) if r.proc},
+                **{
+                    f"redis-{n}": r.proc.pid
+                    for n, r in zip(("a", "b", "r", "fa", "fb"), redises, strict=True)
+                    if r.proc
+                },
             }
 
             # warm up every path, then measure the baseline, the bus, NATS
             run(load(rraw.url, f"msgbus.{CMD}", B, 1000, args.concurrency))
             run(load(ra.url, "msgbus.system.local", B, 1000, args.concurrency))
+            run(load(rfa.url, "msgbus.system.local", B, 1000, args.concurrency))
             if nats_url:
                 run(nats_load(nats_url, 1000, args.concurrency))
             with cpu_per_call(pids, args.calls, "direct"):
@@ -426,6 +451,10 @@ def main() -> int:
             with cpu_per_call(pids, args.calls, "bus"):
                 bus_s, bus_lat = run(
                     load(ra.url, "msgbus.system.local", B, args.calls, args.concurrency)
+                )
+            with cpu_per_call(pids, args.calls, "floor"):
+                floor_s, floor_lat = run(
+                    load(rfa.url, "msgbus.system.local", B, args.calls, args.concurrency)
                 )
             if nats_url:
                 with cpu_per_call(pids, args.calls, "nats"):
@@ -440,6 +469,13 @@ def main() -> int:
             report.emit("calls_per_s", args.calls / bus_s, args.calls / base_s, **extra)
             report.emit("p50_ms", percentile(bus_lat, 50), percentile(base_lat, 50), **extra)
             report.emit("p99_ms", percentile(bus_lat, 99), percentile(base_lat, 99), **extra)
+            vs_floor = {**extra, "baseline_is": "floor"}
+            report.emit(
+                "calls_per_s_vs_floor", args.calls / bus_s, args.calls / floor_s, **vs_floor
+            )
+            report.emit(
+                "p99_ms_vs_floor", percentile(bus_lat, 99), percentile(floor_lat, 99), **vs_floor
+            )
             if nats_url:
                 # baseline: NATS core request-reply in the same run
                 vs_nats = {**extra, "baseline_is": "nats"}
@@ -462,7 +498,7 @@ def main() -> int:
                 urls = {"a": ra.url, "b": rb.url}
                 run(trace_hops(urls, "msgbus.system.local", B, args.trace))
             if os.environ.get("BENCH_STATS"):  # Redis commands per call, to see where trips go
-                run(print_commandstats({n: r.url for n, r in zip("abr", redises, strict=True)}))
+                run(print_commandstats({n: r.url for n, r in zip("abr", redises[:3], strict=True)}))
         finally:
             for proc in procs:
                 proc.terminate()
