@@ -398,6 +398,8 @@ class ServeSettings:
     history_cache_mb: int = 512
     #: Seconds a cached history file may go unused before it is dropped (its memory given back).
     cache_idle_s: float = 60.0
+    #: Seconds between two looks of the memory releaser (longer after fruitless releases).
+    release_every_s: float = 10.0
     #: Redis tail entries indexed by block number (about 0.7 KB each); older ones come from the lake.
     tail_index_max: int = 500_000
     #: HTTP connections open at once (more: answered 503 and closed).
@@ -409,7 +411,7 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         _check(self)
-        for name in ("max_connections", "header_timeout_s", "cache_idle_s"):
+        for name in ("max_connections", "header_timeout_s", "cache_idle_s", "release_every_s"):
             if not getattr(self, name) > 0:
                 raise _invalid(self, name, f"must be positive, got {getattr(self, name)}")
 

@@ -190,10 +190,15 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 def _releaser(
-    metrics: Metrics, history: SharedHistory | None, idle_s: float, idle: Callable[[], bool]
+    metrics: Metrics,
+    history: SharedHistory | None,
+    idle_s: float,
+    idle: Callable[[], bool],
+    every_s: float,
 ) -> memory.Releaser:
-    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics;
-    first drops the history cache's files unused for ``idle_s`` seconds. Cycles are
+    """Gives native memory back after catch-ups (see pipeline.memory), counted in /metrics,
+    looking every ``every_s`` seconds; first drops the history cache's files unused for
+    ``idle_s`` seconds. Cycles are
     collected first only while ``idle()`` says no client (websocket or Dialogue) is
     connected: a full collection pauses them all."""
 
@@ -208,6 +213,7 @@ def _releaser(
         return dropped
 
     return memory.Releaser(
+        every_s=every_s,
         on_release=released,
         prune=None if history is None else prune,
         idle=idle,
@@ -288,6 +294,7 @@ def create_app(
                 app.get(HISTORY),
                 settings.serve.cache_idle_s,
                 lambda: not app[CONNECTIONS] and (feed is None or not feed.connections),
+                settings.serve.release_every_s,
             ).run(),
             name="memory-releaser",
         )

@@ -33,6 +33,7 @@ from rich.live import Live
 from pipeline.demo import components as comp
 from pipeline.demo import prereq
 from pipeline.demo.activity import Activity
+from pipeline.demo.check import LIVE_S
 from pipeline.demo.procs import MARKER
 from pipeline.demo.startup import progress_bar, running, start_all, warmer
 from pipeline.demo.supervisor import Component, Supervisor
@@ -64,6 +65,11 @@ class Options:
     #: a Redis of the user's for streams, chain, nodes, lake jobs and Airflow (any URL form:
     #: redis+sentinel://, redis+cluster://); empty: the demo's own Redis holds everything
     redis: str = ""
+    #: the user's Spark Connect server (``sc://``) for the lake jobs; empty: the demo starts
+    #: its own (the ``spark`` component, warmed by one Delta write)
+    spark: str = ""
+    #: --check: seconds the subscriber follows the live chain before the producer stops
+    follow_s: float = LIVE_S
 
 
 def repo_root() -> Path:
@@ -109,6 +115,20 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
         "(redis://, redis+sentinel://, redis+cluster://; best empty: the demo writes stream "
         f"{comp.STREAM!r}); the bus twins stay on the demo's own Redis",
     )
+    p.add_argument(
+        "--spark",
+        metavar="URL",
+        default="",
+        help="run the lake jobs on this Spark Connect server (sc://host:port) instead of "
+        "starting one (the spark component)",
+    )
+    p.add_argument(
+        "--follow",
+        type=float,
+        default=LIVE_S,
+        metavar="SECONDS",
+        help="--check: seconds the subscriber follows the live chain before the producer stops",
+    )
     p.add_argument("--up-then-stop", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -126,8 +146,14 @@ def parse(argv: list[str]) -> Options:
             parser.error(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
     if not 30 <= args.deadline <= 7200:
         parser.error("--deadline must be between 30 and 7200 seconds")
+    if not 1 <= args.follow <= 600:
+        parser.error("--follow must be between 1 and 600 seconds")
     if args.check and only != ALL:
         parser.error("--check runs every component; drop --only")
+    if args.spark and not args.spark.startswith("sc://"):
+        parser.error("--spark must be a Spark Connect URL (sc://host:port)")
+    if args.spark:  # the user's server stands in for the spark component
+        only = tuple(s for s in only if s != "spark")
     if args.redis:
         from pipeline import redischeck
 
@@ -143,6 +169,8 @@ def parse(argv: list[str]) -> Options:
         up_then_stop=args.up_then_stop,
         lake=args.lake,
         redis=args.redis,
+        spark=args.spark,
+        follow_s=args.follow,
     )
 
 
@@ -151,6 +179,7 @@ def plan_for(opts: Options, root: Path, demo_id: str = "") -> comp.Plan:
         "demo_id": demo_id,
         "lake": opts.lake,
         "redis": opts.redis,
+        "spark": opts.spark,
     }
     if opts.check:  # faster blocks and a shorter hot window: the check waits for a trim
         timing |= {"rate": 4.0, "reorg_every": 8, "hot_retention_s": 15}
@@ -248,7 +277,9 @@ async def _main(opts: Options, plan: comp.Plan) -> int:
         if opts.check:
             from pipeline.demo.check import run_check
 
-            code = await run_check(plan, supervisor, console, stop, started, opts.deadline_s, event)
+            code = await run_check(
+                plan, supervisor, console, stop, started, opts.deadline_s, event, opts.follow_s
+            )
         else:
             code = await _live(opts, plan, supervisor, console, stop, started, events, event)
     except DemoError as exc:

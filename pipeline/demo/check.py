@@ -6,7 +6,8 @@
 2. Wait until a bus call and both node round trips succeeded, and Redis no
    longer holds block 0 (an archive run trimmed it).
 3. Subscribe to ``sluice serve`` from block 0 while blocks and reorgs keep
-   coming; once it caught up, follow the live chain for :data:`LIVE_S`.
+   coming; once it caught up, follow the live chain for ``--follow`` seconds
+   (:data:`LIVE_S` by default).
 4. Stop the producer (the head stops moving) and compute the expected
    canonical chain from the lake (the JVM-free reader) and Redis together.
 5. The subscriber's chain must become exactly that chain, each block once,
@@ -74,6 +75,7 @@ async def run_check(
     started: float,
     deadline_s: float,
     event: Callable[[str], None],
+    follow_s: float = LIVE_S,
 ) -> int:
     from pipeline.demo.startup import progress_bar, running, start_all, warmer
 
@@ -108,7 +110,9 @@ async def run_check(
                 f"Redis trimmed below block {counts.redis_first_num} after {counts.runs_ok} "
                 "archive run(s); a subscriber joins from block 0 while blocks and reorgs go on"
             )
-            rows += await _subscribe_and_compare(plan, supervisor, counts, deadline, stop, event)
+            rows += await _subscribe_and_compare(
+                plan, supervisor, counts, deadline, stop, event, follow_s
+            )
             rpc_failed = counts.rpc_failed
             rows.append(
                 Row("bus RPC twin 1 -> twin 2", counts.rpc_ok > 0 and rpc_failed == 0,
@@ -139,6 +143,7 @@ async def _subscribe_and_compare(
     deadline: float,
     stop: asyncio.Event,
     event: Callable[[str], None],
+    follow_s: float = LIVE_S,
 ) -> list[Row]:
     """Subscribe from 0, follow live through reorgs, stop the producer, compare everything."""
     follower = Follower()
@@ -152,12 +157,16 @@ async def _subscribe_and_compare(
             min(deadline, time.monotonic() + CATCH_UP_S),
             stop,
         )
-        removed = follower.removed
-        event(f"the subscriber caught up with block {joined}; following live for {LIVE_S:g}s")
+        added, removed = follower.added, follower.removed
+        event(f"the subscriber caught up with block {joined}; following live for {follow_s:g}s")
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(LIVE_S):
+            async with asyncio.timeout(follow_s):
                 await stop.wait()
         live_reorgs = follower.removed - removed
+        event(
+            f"followed live: {follower.added - added} blocks added, {live_reorgs} removed "
+            f"(head #{_fmt(follower.head)})"
+        )
         event("stopping the producer")
         await supervisor.stop("produce")
         await asyncio.sleep(1.0)  # the server's tail reads the last entries

@@ -70,6 +70,9 @@ class Plan:
     #: the user's Redis for everything but the bus twins (``sluice demo --redis``); empty:
     #: the demo's own
     redis: str = ""
+    #: the user's Spark Connect server (``sluice demo --spark``); empty: the demo's own on
+    #: ``spark_port``
+    spark: str = ""
 
     @classmethod
     def make(
@@ -153,7 +156,7 @@ class Plan:
 
     @property
     def spark_url(self) -> str:
-        return f"sc://127.0.0.1:{self.spark_port}"
+        return self.spark or f"sc://127.0.0.1:{self.spark_port}"
 
     @property
     def airflow_home(self) -> Path:

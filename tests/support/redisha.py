@@ -63,13 +63,19 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
 
-    def start(self) -> None:
+    def start(self, *, replica_of: int | None = None) -> None:
+        """Start with the fixed arguments; ``replica_of``: as a replica of the server on that
+        port instead of whatever master the fixed arguments name."""
         exe = shutil.which("redis-server")
         assert exe is not None
+        args = self.args
+        if replica_of is not None:
+            at = args.index("--replicaof") if "--replicaof" in args else len(args)
+            args = [*args[:at], *args[at + 3 :], "--replicaof", "127.0.0.1", str(replica_of)]
         log = open(self.directory / "server.log", "ab")  # noqa: SIM115 - the child owns it
         try:
             self.proc = subprocess.Popen(
-                [exe, *self.args], cwd=self.directory, stdout=log, stderr=subprocess.STDOUT
+                [exe, *args], cwd=self.directory, stdout=log, stderr=subprocess.STDOUT
             )
         finally:
             log.close()
@@ -360,9 +366,17 @@ class LocalSentinels(_Group):
         _wait(lambda: self.master() is not dead, "sentinels promoting the replica")
 
     def heal(self) -> None:
-        for server in self.data + self.sentinels:
+        """Restart what died; a dead data node comes back as a replica of the master the
+        Sentinels promoted meanwhile, as an operator would restart it. (Started as a
+        master, it waited for the Sentinels to turn it into a replica: their INFO period
+        and convert-to-slave delay, 8-12 s of every Sentinel failover test.)"""
+        for server in self.sentinels:
             if not server.alive():
                 server.start()
+        master = self.master()
+        for server in self.data:
+            if not server.alive():
+                server.start(replica_of=None if server is master else master.port)
         self.wait_whole()
 
     def flush(self) -> None:

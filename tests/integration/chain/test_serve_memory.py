@@ -32,9 +32,13 @@ from tests.support.poll import until
 
 #: How far above the warmed baseline the resident memory may stay once everyone left.
 MARGIN = 1.5
+#: Seconds between the releaser's looks in these tests (``SLUICE_SERVE_RELEASE_EVERY_S``;
+#: 10 s by default): the waits below end at its next look instead of up to 10 s later.
+RELEASE_EVERY_S = 2
 #: The deadline of a wait for the releaser: it bounds a hang only, so it is longer than
 #: the releaser's longest wait between two checks (after fruitless releases, made while
-#: subscribers still held their memory, it waits up to 16 x 10 s; ``memory.Releaser``).
+#: subscribers still held their memory, it waits up to 16 times its period;
+#: ``memory.Releaser``), even at the default period of 10 s.
 RELEASE_WITHIN_S = 16 * 10 + 60
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,7 @@ async def _serve(settings: Any, port: int, **env: str) -> asyncio.subprocess.Pro
         "SLUICE_LAKE_URI": settings.lake.uri,
         "SLUICE_SERVE_STREAM": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
+        "SLUICE_SERVE_RELEASE_EVERY_S": str(RELEASE_EVERY_S),
     }
     full = {k: v for k, v in os.environ.items() if k != "SLUICE_SERVE_HISTORY_CACHE_MB"}
     return await asyncio.create_subprocess_exec(
@@ -133,7 +138,7 @@ async def test_serve_gives_memory_back_after_subscribers_leave(
         assert all(c > 0 for c in counts)
         peak = rss_mb(proc.pid)
 
-        # the releaser looks every 10 s (backing off after fruitless releases, made while
+        # the releaser looks every RELEASE_EVERY_S (backing off after fruitless releases, made while
         # the 50 still held their memory); a hang, not a speed, is what the deadline bounds
         after = await rss_back(proc.pid, baseline, MARGIN, peak, within_s=RELEASE_WITHIN_S)
         log.warning(

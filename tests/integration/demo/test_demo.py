@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.demo.supervisor import sweep
 from pipeline.ports import free_port
 from pipeline.redisconn import Role
+from tests.integration.lake.connect import shared_server
 from tests.support.poll import until_sync
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -236,17 +238,32 @@ def test_live_demo_on_the_users_sentinel_or_cluster(
     assert marked_pids(demo_id) == []
 
 
+#: ``--follow`` of the check in the suite: at the check's 4 blocks/s, about 20 blocks and a
+#: couple of reorgs arrive while the subscriber follows the live chain (15 s by default)
+FOLLOW_S = 5
+
+
+@pytest.fixture
+def spark_remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``sc://`` URL of the session's Spark Connect server (shared with the lake tests)."""
+    return shared_server(request, tmp_path_factory.getbasetemp()).url
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_demo_check_passes_on_a_cluster(tmp_path: Path, cluster_url: str) -> None:
+def test_demo_check_passes_on_a_cluster(
+    tmp_path: Path, cluster_url: str, spark_remote: str
+) -> None:
     """``sluice demo --check --redis redis+cluster://...``: the whole scripted scenario
-    (Spark, Airflow's archive runs, trim, serve, a subscriber from 0, the nodes) with
-    every part but the bus twins on the session's 3+3 Redis Cluster (about 150 s)."""
+    (Airflow's archive runs through Spark Connect, trim, serve, a subscriber from 0 that
+    follows the live chain, the nodes) with every part but the bus twins on the session's
+    3+3 Redis Cluster and the lake jobs on the session's Spark Connect server (``--spark``:
+    one Connect server per session; ``make demo-check`` starts and warms the demo's own)."""
     demo_id = f"test-{uuid.uuid4().hex[:8]}"
     proc = _demo(
-        tmp_path, demo_id, "--check", "--redis", cluster_url,
+        tmp_path, demo_id, "--check", "--redis", cluster_url, "--spark", spark_remote,
+        "--follow", str(FOLLOW_S),
         "--serve-port", str(free_port()), "--airflow-port", str(free_port()),
-        "--spark-port", str(free_port()),
     )  # fmt: skip
     try:
         proc.wait(timeout=1100)  # bounds a hang only: the check has its own deadline
@@ -258,3 +275,7 @@ def test_demo_check_passes_on_a_cluster(tmp_path: Path, cluster_url: str) -> Non
     out = _out(tmp_path)
     assert proc.returncode == 0, out
     assert marked_pids(demo_id) == []
+    assert "spark up in" not in out, out  # the session's server, not one of its own
+    # the live chain flowed while the subscriber followed it: blocks arrived
+    followed = re.search(r"followed live: (\d+) blocks added", out)
+    assert followed is not None and int(followed[1]) > 0, out

@@ -1,10 +1,15 @@
-"""The demo's plan puts the lake where --lake says, for every component alike."""
+"""The demo's plan puts the lake where --lake says and the lake jobs on the Spark Connect
+server --spark names, for every component alike."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from pipeline.demo import app
 from pipeline.demo import components as comp
+from pipeline.demo.check import LIVE_S
 
 
 def plan(tmp_path: Path, lake: str) -> comp.Plan:
@@ -33,3 +38,33 @@ def test_an_s3_lake_points_every_component_at_the_demos_server(tmp_path: Path) -
     store = comp.store_component(p)
     assert (p.store_dir / comp.LAKE_BUCKET).is_dir()  # the bucket, made before it starts
     assert f"127.0.0.1:{p.store_port}" in store.argv and "ROOT_ACCESS_KEY" in store.env
+
+
+def test_the_users_spark_stands_in_for_the_demos_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_VAR_DIR", str(tmp_path / "var"))
+    opts = app.parse(["--check", "--spark", "sc://127.0.0.1:15002"])
+    assert "spark" not in opts.only and "airflow" in opts.only
+    p = app.plan_for(opts, tmp_path)
+    assert p.sluice_env()["SLUICE_SPARK_REMOTE"] == "sc://127.0.0.1:15002"
+    assert p.airflow_env()["SLUICE_SPARK_REMOTE"] == "sc://127.0.0.1:15002"
+    assert all(port != opts.spark_port for port, _ in app.user_ports(opts))
+    # by default the demo starts its own, and the check follows the live chain 15 s
+    default = app.parse(["--check"])
+    assert default.only == app.ALL and default.follow_s == LIVE_S == 15.0
+    assert app.plan_for(default, tmp_path).sluice_env()["SLUICE_SPARK_REMOTE"] == (
+        f"sc://127.0.0.1:{default.spark_port}"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv", [["--spark", "http://127.0.0.1:15002"], ["--check", "--follow", "0"]]
+)
+def test_a_bad_spark_url_or_follow_time_exits_2(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_VAR_DIR", str(tmp_path / "var"))
+    with pytest.raises(SystemExit) as exc:
+        app.parse(argv)
+    assert exc.value.code == 2

@@ -281,6 +281,7 @@ BAD = [
     ("SLUICE_BUS_RETRY_BASE_S", "-0.5", ["'bus_retry_base_s'", "non-negative"]),
     ("SLUICE_SERVE_HEARTBEAT_S", "nan", ["'serve_heartbeat_s'", "non-negative"]),
     ("SLUICE_NODE_TCP_IDLE_S", "inf", ["'node_tcp_idle_s'"]),
+    ("SLUICE_SERVE_RELEASE_EVERY_S", "0", ["'serve_release_every_s'", "positive"]),
     ("SLUICE_SERVE_PORT", "70000", ["'serve_port'", "0-65535"]),
     ("SLUICE_SPARK_CONNECT_PORT", "65536", ["'spark_connect_port'", "0-65535"]),
     ("SLUICE_SERVE_PORT", "eighty", ["'serve_port'", "int", "eighty"]),
