@@ -150,9 +150,13 @@ def parse(argv: list[str]) -> Options:
         parser.error("--follow must be between 1 and 600 seconds")
     if args.check and only != ALL:
         parser.error("--check runs every component; drop --only")
-    if args.spark and not args.spark.startswith("sc://"):
-        parser.error("--spark must be a Spark Connect URL (sc://host:port)")
     if args.spark:  # the user's server stands in for the spark component
+        from pipeline.lake.session import parse_remote
+
+        try:
+            parse_remote(args.spark, name="--spark")
+        except ConfigError as exc:
+            parser.error(str(exc))
         only = tuple(s for s in only if s != "spark")
     if args.redis:
         from pipeline import redischeck

@@ -185,15 +185,16 @@ def build_session(settings: Settings | None = None, *, app_name: str = APP_NAME)
     return builder.getOrCreate()
 
 
-def parse_remote(url: str) -> tuple[str, int]:
-    """``sc://host:port[/;params]`` -> ``(host, port)``; raises ConfigError otherwise."""
+def parse_remote(url: str, name: str = "SLUICE_SPARK_REMOTE") -> tuple[str, int]:
+    """``sc://host:port[/;params]`` -> ``(host, port)``; raises ConfigError (naming where
+    the URL came from, ``name``) otherwise."""
     parsed = urlparse(url)
     if parsed.scheme != "sc" or not parsed.hostname:
-        raise ConfigError(f"SLUICE_SPARK_REMOTE must look like sc://host:port, got {url!r}")
+        raise ConfigError(f"{name} must look like sc://host:port, got {url!r}")
     try:
         port = parsed.port or 15002
     except ValueError as exc:
-        raise ConfigError(f"bad port in SLUICE_SPARK_REMOTE {url!r}") from exc
+        raise ConfigError(f"bad port in {name} {url!r}") from exc
     return parsed.hostname, port
 
 

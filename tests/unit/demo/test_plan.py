@@ -59,12 +59,23 @@ def test_the_users_spark_stands_in_for_the_demos_own(
 
 
 @pytest.mark.parametrize(
-    "argv", [["--spark", "http://127.0.0.1:15002"], ["--check", "--follow", "0"]]
+    "argv",
+    [
+        ["--spark", "http://127.0.0.1:15002"],
+        ["--spark", "sc://"],
+        ["--spark", "sc://127.0.0.1:port"],
+        ["--check", "--follow", "0"],
+    ],
 )
 def test_a_bad_spark_url_or_follow_time_exits_2(
-    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("SLUICE_VAR_DIR", str(tmp_path / "var"))
     with pytest.raises(SystemExit) as exc:
         app.parse(argv)
     assert exc.value.code == 2
+    flag = next(a for a in argv if a in ("--spark", "--follow"))
+    assert flag in capsys.readouterr().err.splitlines()[-1]
