@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 $(JARS): $(STAMP)
 	@echo "sluice: fetching the Delta jars from Maven Central (once, up to a minute)"
 	@# Spark and Ivy print ~80 lines: kept in a log, shown only if the step fails
-	@$(PY) -m pipeline.lake.session --warm > $(VENV)/warm-jars.log 2>&1 || { cat $(VENV)/warm-jars.log; exit 1; }
+	@$(PY) -m pipeline.lake.spark.session --warm > $(VENV)/warm-jars.log 2>&1 || { cat $(VENV)/warm-jars.log; exit 1; }
 	@grep '^sluice:' $(VENV)/warm-jars.log || true
 	@touch $@
 

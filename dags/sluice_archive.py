@@ -50,7 +50,7 @@ took 266-268 s when the shared job archived one stream after another, 100
 Now the shared job archives ``SLUICE_ARCHIVE_JOB_WORKERS`` streams at once
 (a slow stream, such as a chain interval taking the MERGE path, holds one
 worker, not the others) and runs what its workers write at the same moment
-as one Spark job and one commit (:mod:`pipeline.lake.arrowbatch`), one job
+as one Spark job and one commit (:mod:`pipeline.lake.write.arrowbatch`), one job
 trims every stream (a task per stream cost more than its trim), and the
 mapped ``archive`` tasks, which only read the shared job's XCom, are not
 bounded: only the tasks that start Spark jobs (``archive_streams``,
@@ -123,15 +123,15 @@ def sluice_archive() -> None:
     @task
     def streams() -> list[str]:
         """The streams to archive (``SLUICE_STREAMS``: names and glob patterns), resolved
-        in Redis when the run starts (:mod:`pipeline.lake.streamset`)."""
-        from pipeline.lake.streamset import resolve_now
+        in Redis when the run starts (:mod:`pipeline.lake.intake.streamset`)."""
+        from pipeline.lake.intake.streamset import resolve_now
 
         return list(resolve_now(load_settings()).streams)
 
     @task
     def chain_streams(names: list[str]) -> list[str]:
         """The run's streams that carry blocks (``SLUICE_CHAIN_STREAMS``: names, patterns)."""
-        from pipeline.lake.streamset import is_chain
+        from pipeline.lake.intake.streamset import is_chain
 
         lake = load_settings().lake
         return [name for name in names if is_chain(lake, name)]

@@ -38,7 +38,7 @@ _settings = load_settings()
 def sluice_audit() -> None:
     @task
     def chain_streams() -> list[str]:
-        from pipeline.lake.streamset import resolve_now
+        from pipeline.lake.intake.streamset import resolve_now
 
         settings = load_settings()
         return list(resolve_now(settings, settings.lake.chain_streams).streams)

@@ -224,7 +224,7 @@ def _subbatch(raw: Any) -> SubBatch:
 _MAX_QUANTITY_DIGITS = 16
 _json_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
-#: A key filter: ``keep(key) -> bool`` (see ``pipeline.chain.patterns``).
+#: A key filter: ``keep(key) -> bool`` (see ``pipeline.chain.serve.patterns``).
 KeyTest = Callable[[str], bool]
 
 

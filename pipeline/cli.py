@@ -13,13 +13,14 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from pipeline import __version__, memory
+from pipeline import __version__
 from pipeline.cliargs import non_negative
 from pipeline.errors import ConfigError, SluiceError
+from pipeline.runtime import memory
 from pipeline.settings import Settings
 
 #: subcommand -> (module with ``main(argv)``, one-line help)
-#: Always-on commands that read Arrow data: their allocators give memory back (pipeline.memory).
+#: Always-on commands that read Arrow data: their allocators give memory back (pipeline.runtime.memory).
 _LONG_RUNNING = frozenset({"serve"})
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,14 +30,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pipeline.bus.cli",
         "run the reliable message bus for one twin; bus keygen|register|dead|requeue",
     ),
-    "serve": ("pipeline.chain.cli", "run the websocket resumption server"),
-    "subscribe": ("pipeline.chain.subscribe_cli", "subscribe to a chain stream and print updates"),
-    "produce": ("pipeline.chain.produce_cli", "write a synthetic chain into a Redis stream"),
+    "serve": ("pipeline.chain.serve.cli", "run the websocket resumption server"),
+    "subscribe": ("pipeline.chain.client.cli", "subscribe to a chain stream and print updates"),
+    "produce": ("pipeline.chain.produce.cli", "write a synthetic chain into a Redis stream"),
     "lake": (
         "pipeline.lake.cli",
         "run one lake job: archive, canonical, trim, replay, audit, maintain, backfill",
     ),
-    "spark": ("pipeline.lake.sparkserver", "run a local Spark Connect server for the lake jobs"),
+    "spark": ("pipeline.lake.spark.server", "run a local Spark Connect server for the lake jobs"),
 }
 
 

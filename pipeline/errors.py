@@ -296,7 +296,7 @@ class RedisUnavailable(LakeError, StreamError):
 
 class NotReplicated(RedisUnavailable):
     """A write the master took but fewer replicas than required acknowledged in time
-    (``SLUICE_REDIS_MIN_REPLICAS``, :mod:`pipeline.durability`): it may survive a
+    (``SLUICE_REDIS_MIN_REPLICAS``, :mod:`pipeline.redisio.durability`): it may survive a
     failover or not; retry it idempotently or report it, never count it as done."""
 
 

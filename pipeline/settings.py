@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar
 from urllib.parse import urlparse
 
-from pipeline import redisurl
 from pipeline.errors import ConfigError
+from pipeline.redisio import url as redisurl
 
 _PREFIX = "SLUICE_"
 
@@ -76,7 +76,7 @@ def _split(value: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RedisSettings:
-    """Where Redis is: one URL in any form of :mod:`pipeline.redisurl`.
+    """Where Redis is: one URL in any form of :mod:`pipeline.redisio.url`.
 
     ``redis://[:password@]host[:port][/db]``, ``rediss://`` (TLS) or ``unix://`` for one
     server; ``redis+sentinel://host:port,host:port/service[/db]`` for the master a group
@@ -144,7 +144,7 @@ class LakeSettings:
     archive_partitions: int = _bare(4)
     #: How the archive writes: ``arrow`` (tasks write Parquet with pyarrow, the driver commits
     #: with delta-rs; the Spark writer where the lake already holds part of the interval) or
-    #: ``spark`` (always the Spark writer). See :mod:`pipeline.lake.arrowwrite`.
+    #: ``spark`` (always the Spark writer). See :mod:`pipeline.lake.write.arrowwrite`.
     archive_writer: str = _bare("arrow")
     #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
     archive_parallelism: int = _bare(1)
@@ -161,7 +161,7 @@ class LakeSettings:
     #: How long a lake job waits for its stream's archive lock (another job on the stream).
     lock_wait_s: int = 600
     # Object storage (a lake at ``s3://bucket/prefix``): passed to delta-rs, pyarrow and
-    # Spark alike through :meth:`storage_options` (see pipeline.lake.store). Empty
+    # Spark alike through :meth:`storage_options` (see pipeline.lake.storage.store). Empty
     # credentials: the AWS_* environment, profile or instance role.
     #: ``http(s)://host:port`` of an S3-compatible server ("" = AWS S3 itself).
     s3_endpoint: str = ""
@@ -237,7 +237,7 @@ class LakeSettings:
         """delta-rs (object_store) storage options of this lake; empty for a local lake.
 
         The one translation of the ``lake_s3_*`` settings: pyarrow's and Spark's
-        are derived from it (:mod:`pipeline.lake.store`). Holds the secret: never log it.
+        are derived from it (:mod:`pipeline.lake.storage.store`). Holds the secret: never log it.
         """
         if not self.remote:
             return {}

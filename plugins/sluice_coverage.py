@@ -11,7 +11,7 @@ its page in the UI.
   newest ``archive_log`` rows with links to their ``sluice_archive`` DAG run
   and the archive task's log in Airflow's UI; plus the DAG's newest runs. The
   numbers come from the same pure functions as the status page of ``sluice
-  serve`` (:mod:`pipeline.chain.coverage`), so both views agree.
+  serve`` (:mod:`pipeline.chain.serve.coverage`), so both views agree.
 - ``GET /sluice/``: a plain HTML page (no build step) that polls the JSON.
 
 Bounded and shared: one snapshot per :data:`SNAPSHOT_TTL_S` serves every
@@ -55,10 +55,10 @@ import sluice_airflow_internals as internals
 from airflow.plugins_manager import AirflowPlugin
 
 from pipeline import __version__, keys
-from pipeline.chain.coverage import Archived, Interval, coverage, summarize
-from pipeline.lake.streamset import is_chain, is_configured, is_pattern
+from pipeline.chain.serve.coverage import Archived, Interval, coverage, summarize
+from pipeline.lake.intake.streamset import is_chain, is_configured, is_pattern
+from pipeline.runtime.snapshot import SharedSnapshot
 from pipeline.settings import LakeSettings
-from pipeline.snapshot import SharedSnapshot
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -121,7 +121,7 @@ class ArchiveLogReader:
     COLUMNS = ["stream", "start_ms", "end_ms", "entries", "blocks", "run_id", "archived_at"]
 
     def __init__(self, lake: LakeSettings | str) -> None:
-        from pipeline.lake import tables
+        from pipeline.lake.storage import tables
 
         self.lake = LakeSettings.from_url(lake) if isinstance(lake, str) else lake
         self.uri = self.lake.table(tables.ARCHIVE_LOG)
@@ -129,7 +129,7 @@ class ArchiveLogReader:
 
     def read(self) -> LakeView:
         """Blocking. Raises ``OSError``, ``ValueError`` or deltalake's ``DeltaError``."""
-        from pipeline.lake import store, tables
+        from pipeline.lake.storage import store, tables
 
         if self._table is None:
             if not store.is_table(self.lake, tables.ARCHIVE_LOG):
@@ -386,7 +386,7 @@ class CoverageBoard:
 
     async def _redis_client(self, settings: Any) -> Any:
         if self._redis is None:
-            from pipeline.redisconn import Role, connect
+            from pipeline.redisio.conn import Role, connect
 
             url, self._redis_source = await asyncio.to_thread(redis_url, settings)
             self._redis = connect(url, Role.SERVE, max_connections=2)
@@ -396,7 +396,7 @@ class CoverageBoard:
         import redis.asyncio as aioredis
 
         from pipeline.errors import ConfigError
-        from pipeline.redisconn import UNAVAILABLE, checkpoint
+        from pipeline.redisio.conn import UNAVAILABLE, checkpoint
 
         redis_errors: tuple[type[BaseException], ...] = (
             TimeoutError,
@@ -443,7 +443,7 @@ class CoverageBoard:
             await self._lake.close()
 
     async def _build(self) -> dict[str, Any]:
-        from pipeline.redisconn import parse_entry_id
+        from pipeline.redisio.conn import parse_entry_id
 
         self.builds += 1
         now_ms = int(time.time() * 1000)

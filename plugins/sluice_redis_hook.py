@@ -63,7 +63,7 @@ class SluiceRedisHook(BaseHook):
 
     def get_conn(self) -> Any:
         """A ``redis.Redis`` client for :meth:`get_url` (the caller closes it)."""
-        from pipeline.redisconn import Role, connect_sync
+        from pipeline.redisio.conn import Role, connect_sync
 
         return connect_sync(self.get_url(), Role.CLI)
 

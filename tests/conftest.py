@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from pipeline.demo import airflowdb
-from pipeline.localpostgres import LocalPostgres
-from pipeline.localredis import LocalRedis
-from pipeline.localstore import LocalStore
+from pipeline.local.postgres import LocalPostgres
+from pipeline.local.redisserver import LocalRedis
+from pipeline.local.s3 import LocalStore
 from tests.support.spark import SparkHolder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,14 +28,17 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from pipeline import health, keys, redischeck, redisconn
+from pipeline import keys
 from pipeline.bus import dead
 from pipeline.bus.config import BusConfig, bus_redis_url
 from pipeline.bus.directory import Directory, FileDirectory, RedisDirectory
 from pipeline.bus.process import BusProcess
 from pipeline.bus.signing import Signer
-from pipeline.durability import Durability
 from pipeline.errors import ConfigError
+from pipeline.redisio import check as redischeck
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.durability import Durability
+from pipeline.runtime import health
 from pipeline.settings import Settings
 
 

@@ -6,7 +6,7 @@ It speaks only the seed's Redis protocol: RPUSH the envelope to
 destination it answers for, which is how answers are put back in ``dst`` order.
 
 A wait of any length is cut into BLPOPs of at most :data:`BLOCK_S` seconds on
-a client whose socket timeout is longer (see :mod:`pipeline.redisconn`), so
+a client whose socket timeout is longer (see :mod:`pipeline.redisio.conn`), so
 ``exp=60`` waits 60 s, not redis-py's default 5.
 """
 
@@ -19,11 +19,12 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from pipeline import keys, lifecycle, redisconn
+from pipeline import keys, lifecycle
 from pipeline.bus.config import bus_redis_url
 from pipeline.bus.envelope import Envelope, decode, encode_data
 from pipeline.errors import CallFailed, RemoteError, RequestExpired
 from pipeline.loggate import LogGate
+from pipeline.redisio import conn as redisconn
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 import redis.exceptions
 
 from pipeline.errors import ConfigError
-from pipeline.redisurl import Topology, parse
+from pipeline.redisio.url import Topology, parse
 from pipeline.settings import MAX_PAYLOAD, BusSettings, Settings
 
 #: What a Redis call may raise when Redis is away; loops retry after these.

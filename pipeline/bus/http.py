@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import redis.exceptions
 from aiohttp import web
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.bus import envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
 from pipeline.bus.directory import Directory
@@ -65,6 +65,7 @@ from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PAT
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, SignatureError
+from pipeline.redisio import conn as redisconn
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.bus import envelope
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, bus_redis_url, reraise_if_cancelling
 from pipeline.bus.directory import Directory
@@ -59,9 +59,10 @@ from pipeline.bus.http import Ingress, build_server
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
-from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
 from pipeline.loggate import LogGate
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.durability import Durability
 
 log = logging.getLogger(__name__)
 

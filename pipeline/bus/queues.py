@@ -32,9 +32,9 @@ from pipeline.bus.directory import Directory
 from pipeline.bus.envelope import Envelope
 from pipeline.bus.forward import Forwarder, Kind, Outbound
 from pipeline.bus.store import BusStore
-from pipeline.durability import Durability
 from pipeline.errors import EnvelopeError
 from pipeline.loggate import LogGate
+from pipeline.redisio.durability import Durability
 
 log = logging.getLogger(__name__)
 

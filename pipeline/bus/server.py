@@ -36,12 +36,13 @@ from typing import cast
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from pipeline import keys, lifecycle, redisconn
+from pipeline import keys, lifecycle
 from pipeline.bus import dead
 from pipeline.bus.config import bus_redis_url, reraise_if_cancelling
 from pipeline.bus.envelope import Envelope, deadline, decode, encode_data
 from pipeline.errors import EnvelopeError, HandlerError
 from pipeline.loggate import LogGate
+from pipeline.redisio import conn as redisconn
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ class BusServer:
     async def _deliver(self, source: str, replies: list[tuple[str, bytes, bytes]]) -> None:
         """Push ``(target, reply, raw)`` replies; set aside those with no target.
 
-        What Redis refuses for now (:func:`pipeline.redisconn.unavailable`) is pushed
+        What Redis refuses for now (:func:`pipeline.redisio.conn.unavailable`) is pushed
         again with backoff; a reply pushed twice is refused by the bus ("unknown uid").
         """
         todo = [(target, reply) for target, reply, _ in replies if target]

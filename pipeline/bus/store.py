@@ -25,8 +25,8 @@ import redis.exceptions
 from pipeline import keys
 from pipeline.bus import dead
 from pipeline.bus.coalesce import Coalescer
-from pipeline.durability import Durability
 from pipeline.errors import NotReplicated
+from pipeline.redisio.durability import Durability
 
 # bury(target, value, why): set value aside in the dead-letter list.
 # push_or_bury(target, value, why): RPUSH value to target when target is a list (or

@@ -13,13 +13,13 @@ from pipeline.facade import lazy
 _EXPORTS = {
     "Block": "pipeline.blockcodec",
     "SubBatch": "pipeline.blockcodec",
-    "Added": "pipeline.chain.ordered",
-    "Removed": "pipeline.chain.ordered",
-    "subscribe": "pipeline.chain.consumer",
-    "subscribe_dialogue": "pipeline.chain.dialogue_feed",
-    "RedisStreamProducer": "pipeline.chain.producer",
-    "MuxProducer": "pipeline.chain.producer",
-    "WebsocketHub": "pipeline.chain.producer",
+    "Added": "pipeline.chain.client.ordered",
+    "Removed": "pipeline.chain.client.ordered",
+    "subscribe": "pipeline.chain.client.consumer",
+    "subscribe_dialogue": "pipeline.chain.serve.dialogue_feed",
+    "RedisStreamProducer": "pipeline.chain.produce.producer",
+    "MuxProducer": "pipeline.chain.produce.producer",
+    "WebsocketHub": "pipeline.chain.produce.producer",
 }
 
 __all__ = [
@@ -43,24 +43,24 @@ if TYPE_CHECKING:
     from pipeline.blockcodec import (
         SubBatch as SubBatch,
     )
-    from pipeline.chain.consumer import (
+    from pipeline.chain.client.consumer import (
         subscribe as subscribe,
     )
-    from pipeline.chain.dialogue_feed import (
-        subscribe_dialogue as subscribe_dialogue,
-    )
-    from pipeline.chain.ordered import (
+    from pipeline.chain.client.ordered import (
         Added as Added,
     )
-    from pipeline.chain.ordered import (
+    from pipeline.chain.client.ordered import (
         Removed as Removed,
     )
-    from pipeline.chain.producer import (
+    from pipeline.chain.produce.producer import (
         MuxProducer as MuxProducer,
     )
-    from pipeline.chain.producer import (
+    from pipeline.chain.produce.producer import (
         RedisStreamProducer as RedisStreamProducer,
     )
-    from pipeline.chain.producer import (
+    from pipeline.chain.produce.producer import (
         WebsocketHub as WebsocketHub,
+    )
+    from pipeline.chain.serve.dialogue_feed import (
+        subscribe_dialogue as subscribe_dialogue,
     )

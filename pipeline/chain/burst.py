@@ -10,7 +10,7 @@ bytes object, the exact bytes aiohttp writes for each (RFC 6455: FIN, text
 opcode, no mask, no compression, shortest length form), so a run costs one
 write.
 
-Pure: no I/O. The writer (:class:`pipeline.chain.wsconn.Connection`) decides
+Pure: no I/O. The writer (:class:`pipeline.chain.serve.wsconn.Connection`) decides
 when a burst may be written: only on a connection without compression, while
 the transport's buffer is empty, at most :data:`BURST_BYTES` at once, and
 always through aiohttp's own ``send_frame`` for the rest (its flow control
@@ -73,10 +73,10 @@ WIRE_BYTES = 64 * 1024
 
 class SharedFrames(tuple[bytes, ...]):
     """The notification texts of one live block for one subscription prefix, shared by every
-    subscriber with that prefix (:mod:`pipeline.chain.frames`), with ``wire``: their
+    subscriber with that prefix (:mod:`pipeline.chain.serve.frames`), with ``wire``: their
     websocket frames back to back (:func:`frame_texts`), built once for all of them, which
     a connection with nothing queued writes as they are
-    (:meth:`pipeline.chain.wsconn.Connection._write_direct`); None over :data:`WIRE_BYTES`."""
+    (:meth:`pipeline.chain.serve.wsconn.Connection._write_direct`); None over :data:`WIRE_BYTES`."""
 
     wire: bytes | None
 

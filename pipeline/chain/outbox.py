@@ -10,7 +10,7 @@ task for that would cost a task switch per subscriber and block. So, while
 the hub publishes, a :class:`FanoutBatch` is *held*: an outbox whose writer is
 idle is only noted. The hub's owner then awaits :meth:`FanoutBatch.flush`,
 which hands each noted outbox to its ``inline`` sender (the connection sends
-what it can right there, see :meth:`pipeline.chain.wsconn.Connection`) and
+what it can right there, see :meth:`pipeline.chain.serve.wsconn.Connection`) and
 wakes the writer for whatever is left. A publish nobody flushes still wakes
 every noted writer (on the next loop iteration): nothing waits forever.
 

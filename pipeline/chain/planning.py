@@ -1,8 +1,8 @@
 """Resumption planning, pure: what to send, in which order, and where to start.
 
 No I/O here (no asyncio, Redis, aiohttp or pyarrow; an import-contract test
-keeps it so): :mod:`pipeline.chain.resumption` runs these against Redis
-(:mod:`pipeline.chain.tail`) and the lake (:mod:`pipeline.chain.lakepages`).
+keeps it so): :mod:`pipeline.chain.history.resumption` runs these against Redis
+(:mod:`pipeline.chain.history.tail`) and the lake (:mod:`pipeline.chain.history.lakepages`).
 
 - :class:`Sender`: dedup, reorg depth and fork choice over what one
   subscriber was sent; every emitted block goes through one.
@@ -56,7 +56,7 @@ class Emit:
     #: the effective weight (``num + 1`` for a block without one): what fork choice compares
     weight: int = 0
     #: A live block's notification frames by notification prefix, shared by every
-    #: subscriber that gets this very object (see :mod:`pipeline.chain.frames`); None
+    #: subscriber that gets this very object (see :mod:`pipeline.chain.serve.frames`); None
     #: for an emit of one subscriber's own (catch-up), whose frames are encoded as sent.
     frames: dict[str, SharedFrames] | None = field(default=None, compare=False, repr=False)
 
@@ -75,7 +75,7 @@ class BlockSink(Protocol):
 
 
 class History(Protocol):
-    """What resumption reads from the lake; ``pipeline.lake.reader.LakeReader`` is the adapter.
+    """What resumption reads from the lake; ``pipeline.lake.storage.reader.LakeReader`` is the adapter.
 
     Rows are ``BlockRow``-like (``num``, ``hash``, ``parent``, ``payload``);
     pages are Arrow tables with the columns ``num``, ``hash`` and ``parent``
@@ -95,7 +95,7 @@ class History(Protocol):
 
 
 class TailReads(Protocol):
-    """What resumption reads from the Redis stream; ``pipeline.chain.tail.RedisTail`` is the adapter."""
+    """What resumption reads from the Redis stream; ``pipeline.chain.history.tail.RedisTail`` is the adapter."""
 
     async def between(self, first: bytes, last: bytes) -> Entries:
         """Entries with ids in ``[first, last]``, in order."""
@@ -209,7 +209,7 @@ class Sender:
     def advance(self, emits: list[Emit], run: Run | None = None) -> None:
         """What :meth:`take` does for each of ``emits`` in turn, each known to take its fast
         path: a heavier child of the head, not held, with nothing to announce (a live group
-        checked that for all its members at once, :mod:`pipeline.chain.live`). The state
+        checked that for all its members at once, :mod:`pipeline.chain.history.live`). The state
         after it equals the state after those takes, at a fraction of their cost: two dict
         updates (``run``: those of ``emits``, built once for every subscriber taking them)
         and a trim where a take would have trimmed."""

@@ -36,15 +36,16 @@ import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.bus.client import BusClient
 from pipeline.bus.envelope import Envelope
 from pipeline.bus.server import BusServer
-from pipeline.chain.status import peek_header
+from pipeline.chain.serve.status import peek_header
 from pipeline.demo.components import RPC_CMD, STREAM, TWINS, Plan
 from pipeline.demo.procs import MARKER
 from pipeline.errors import BusError
+from pipeline.redisio import conn as redisconn
 
 log = logging.getLogger(__name__)
 

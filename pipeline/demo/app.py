@@ -151,7 +151,7 @@ def parse(argv: list[str]) -> Options:
     if args.check and only != ALL:
         parser.error("--check runs every component; drop --only")
     if args.spark:  # the user's server stands in for the spark component
-        from pipeline.lake.session import parse_remote
+        from pipeline.lake.spark.session import parse_remote
 
         try:
             parse_remote(args.spark, name="--spark")
@@ -159,7 +159,7 @@ def parse(argv: list[str]) -> Options:
             parser.error(str(exc))
         only = tuple(s for s in only if s != "spark")
     if args.redis:
-        from pipeline import redischeck
+        from pipeline.redisio import check as redischeck
 
         redischeck.check(args.redis)  # a bad URL or layout: one line, exit 2
     return Options(

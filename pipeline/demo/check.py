@@ -33,14 +33,15 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
-from pipeline.chain.consumer import subscribe
+from pipeline.chain.client.consumer import subscribe
 from pipeline.demo import components as comp
 from pipeline.demo.activity import Activity, Counts
 from pipeline.demo.supervisor import Supervisor
 from pipeline.demo.verify import Follower, Known, canonical_chain
 from pipeline.errors import BrokenChain, DemoTimeout
+from pipeline.redisio import conn as redisconn
 from pipeline.settings import LakeSettings
 
 #: Seconds the subscriber keeps listening after it reached the expected head.
@@ -271,7 +272,7 @@ async def _redis_blocks(plan: comp.Plan) -> tuple[list[Known], tuple[int, bytes]
 
 
 def _lake_canonical(lake: LakeSettings) -> list[Any]:
-    from pipeline.lake.reader import LakeReader
+    from pipeline.lake.storage.reader import LakeReader
 
     reader = LakeReader(lake)
     rows: list[Any] = []

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import aiohttp
 
-from pipeline import localpostgres, localstore
 from pipeline.demo import airflowdb
 from pipeline.demo.procs import MARKER
 from pipeline.demo.supervisor import Component, Probe
-from pipeline.ports import free_port
+from pipeline.local import postgres as localpostgres
+from pipeline.local import s3 as localstore
+from pipeline.runtime.ports import free_port
 from pipeline.settings import LakeSettings
 
 STREAM = "chain:demo"

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipeline import localpostgres, localstore
 from pipeline.errors import ConfigError
-from pipeline.ports import port_free
+from pipeline.local import postgres as localpostgres
+from pipeline.local import s3 as localstore
+from pipeline.runtime.ports import port_free
 
 #: Free disk the demo wants under var/ (the lake, logs, Airflow's SQLite, Spark's scratch).
 MIN_FREE_BYTES = 2 << 30

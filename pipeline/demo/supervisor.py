@@ -36,7 +36,7 @@ from typing import IO
 
 from pipeline.demo import procs
 from pipeline.errors import DemoError
-from pipeline.parentdeath import bound_to_parent
+from pipeline.runtime.parentdeath import bound_to_parent
 
 Probe = Callable[[], Awaitable[bool]]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pipeline.blockcodec import effective_weight
-from pipeline.chain.ordered import Added, ChainUpdate, Removed
+from pipeline.chain.client.ordered import Added, ChainUpdate, Removed
 from pipeline.errors import BrokenChain
 
 #: Violations kept in full (the count goes on).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline.lake.session import close_session, connect_session
+from pipeline.lake.spark.session import close_session, connect_session
 
 
 def main(argv: list[str]) -> int:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from pipeline.facade import lazy
 
 _EXPORTS = {
-    "LakeReader": "pipeline.lake.reader",
-    "BlockRow": "pipeline.lake.reader",
+    "LakeReader": "pipeline.lake.storage.reader",
+    "BlockRow": "pipeline.lake.storage.reader",
 }
 
 __all__ = [
@@ -22,9 +22,9 @@ __all__ = [
 __getattr__, __dir__ = lazy(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from pipeline.lake.reader import (
+    from pipeline.lake.storage.reader import (
         BlockRow as BlockRow,
     )
-    from pipeline.lake.reader import (
+    from pipeline.lake.storage.reader import (
         LakeReader as LakeReader,
     )

@@ -14,7 +14,7 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
    block is new when its hash is not in ``blocks`` and this is its first
    entry. The driver gets only aggregates (counts, num range, first and last
    ids, at most 100 invalid ids); the marks stay in Spark and are joined into
-   both writes (:mod:`pipeline.lake.sparkwrite`).
+   both writes (:mod:`pipeline.lake.write.sparkwrite`).
 4. Write the new blocks to ``blocks`` (payload and weight as read,
    ``canonical = false``; :mod:`pipeline.lake.canonical` marks them): a
    ``replaceWhere`` on ``(stream, num range)`` when that range is empty, else
@@ -26,7 +26,7 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
    stored once: an entry whose one field is a block that ``blocks`` holds
    from this very entry has ``payload_in_blocks = true`` and empty ``fields``
    (``blocks`` is committed first, so such a row never points at nothing);
-   any other entry keeps its whole fields. :mod:`pipeline.lake.entries`
+   any other entry keeps its whole fields. :mod:`pipeline.lake.storage.entries`
    reads entries back whole.
 6. Record the interval in ``archive_log`` (insert-only MERGE on
    ``(stream, start_ms, end_ms)``), last: a log row proves the entries and
@@ -36,18 +36,18 @@ Every step is one atomic Delta commit and is idempotent, so a job killed at
 any point leaves nothing half-written visible and a rerun completes it.
 
 Steps 2 to 5 have two writers (``settings.lake.archive_writer``). The Spark
-writer (:mod:`pipeline.lake.sparkwrite`) is described above. The Arrow writer (:mod:`pipeline.lake.arrowwrite`,
+writer (:mod:`pipeline.lake.write.sparkwrite`) is described above. The Arrow writer (:mod:`pipeline.lake.write.arrowwrite`,
 the default) takes the common interval, one the lake holds nothing of: Spark
 tasks read their id ranges, decode and write the Parquet files of both tables
 with pyarrow (each task writes a hash's ``blocks`` row once, from its first
 entry, for repeats within a window of its range:
-:class:`~pipeline.lake.blockplan.FirstSeen`), and the driver commits them with
+:class:`~pipeline.lake.write.blockplan.FirstSeen`), and the driver commits them with
 delta-rs, ``blocks`` first. A hash the tasks cannot settle alone (repeated
 further back, across their ranges, or in ``blocks`` already) gets the files holding it rewritten
-before the commits (:mod:`pipeline.lake.arrowfix`), so an interval with
+before the commits (:mod:`pipeline.lake.write.arrowfix`), so an interval with
 repeated hashes keeps the fast writer. An interval the lake holds part of
 (a forced rerun, entries added later with explicit ids) takes the merge
-writer (:mod:`pipeline.lake.mergewrite`): the driver reads the interval and
+writer (:mod:`pipeline.lake.write.mergewrite`): the driver reads the interval and
 appends, with delta-rs, exactly the rows the Spark writer's MERGE adds (no
 Spark write). All three write the same
 rows; ``archive_writer = spark`` takes the Spark writer for every interval.
@@ -76,11 +76,14 @@ from pipeline.errors import (
     LakePathError,
     RedisUnavailable,
 )
-from pipeline.lake import mergewrite, source, sparkwrite, store, streamset, tables
-from pipeline.lake.intervalstats import Stats, any_rows, interval_stats
-from pipeline.lake.jobs import delta_retry, ensure_tables, run_spark
-from pipeline.lake.redisread import MAX_SEQ, connect
-from pipeline.lake.writejob import WriteJob
+from pipeline.lake.intake import streamset
+from pipeline.lake.intake.redisread import MAX_SEQ, connect
+from pipeline.lake.spark import source
+from pipeline.lake.storage import store, tables
+from pipeline.lake.storage.intervalstats import Stats, any_rows, interval_stats
+from pipeline.lake.write import mergewrite, sparkwrite
+from pipeline.lake.write.jobs import delta_retry, ensure_tables, run_spark
+from pipeline.lake.write.writejob import WriteJob
 from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -143,7 +146,7 @@ def archive_interval(
     and delta-rs reads alone (``spark`` may be a lazy stand-in that is never
     started then). ``guard`` is called right before the ``archive_log``
     commit (the archive lock's check): if it raises, nothing is logged.
-    ``shared`` (a :class:`pipeline.lake.arrowbatch.SharedWrites`) runs the Arrow
+    ``shared`` (a :class:`pipeline.lake.write.arrowbatch.SharedWrites`) runs the Arrow
     writer's Spark job, its commits and the ``archive_log`` row together with
     other streams' of the same job.
     """
@@ -234,7 +237,7 @@ def _finish(
 def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_ms: int) -> bool:
     """Check the stream and that the interval is closed; True when Redis holds an entry in it."""
 
-    from pipeline.redisconn import UNAVAILABLE
+    from pipeline.redisio.conn import UNAVAILABLE
 
     client = connect(settings.redis.url)
     try:
@@ -322,16 +325,16 @@ def _arrow_writer(lake: LakeSettings) -> bool:
 
 
 def _write_arrow(spark: Any, job: WriteJob) -> Stats:
-    """The Arrow writer (:mod:`pipeline.lake.arrowwrite`) for an interval the lake holds nothing of.
+    """The Arrow writer (:mod:`pipeline.lake.write.arrowwrite`) for an interval the lake holds nothing of.
 
     Spark tasks read, decode and write the files; the driver commits them once
     they hold exactly what the Spark writer's MERGE would write: a hash
     repeated across tasks' ranges or already in ``blocks`` gets the files
-    that hold it rewritten first (:mod:`pipeline.lake.arrowfix`; no second
+    that hold it rewritten first (:mod:`pipeline.lake.write.arrowfix`; no second
     read of Redis). Commits: ``blocks``, then ``stream_entries``, one atomic
     append each.
     """
-    from pipeline.lake import arrowfix, arrowwrite
+    from pipeline.lake.write import arrowfix, arrowwrite
 
     settings, stream, lap = job.settings, job.stream, job.lap
     lake = settings.lake

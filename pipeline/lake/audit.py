@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pipeline.lake.reader import LakeReader
+from pipeline.lake.storage.reader import LakeReader
 from pipeline.settings import Settings
 
 #: At most this many gaps / broken links / duplicates are listed (``ok`` counts all).

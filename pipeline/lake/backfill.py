@@ -188,9 +188,9 @@ def _covered(runs: Sequence[tuple[int, int]], interval: tuple[int, int]) -> bool
 def read_state(settings: Settings, stream: str) -> tuple[list[tuple[int, int]], int | None, int]:
     """``archive_log``'s intervals of ``stream``, the oldest entry's ms in Redis, Redis' clock (ms)."""
 
-    from pipeline.lake.redisread import connect, parse_id
+    from pipeline.lake.intake.redisread import connect, parse_id
     from pipeline.lake.trim import logged_intervals
-    from pipeline.redisconn import UNAVAILABLE
+    from pipeline.redisio.conn import UNAVAILABLE
 
     logged = logged_intervals(settings.lake, stream)
     client = connect(settings.redis.url)

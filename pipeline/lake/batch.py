@@ -44,8 +44,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from pipeline.errors import JobCancelled, RedisUnavailable, SluiceError, SparkUnavailable
-from pipeline.lake import streamset
 from pipeline.lake.catchup import CAUGHT_UP_FIELDS, archive_steps
+from pipeline.lake.intake import streamset
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class _Run:
         self.settings, self.start_ms, self.end_ms, self.run_id = settings, start_ms, end_ms, run_id
         self.catchup, self.locked, self.check, self.report = catchup, locked, check, report
         self.spark = spark
-        from pipeline.lake.arrowbatch import SharedWrites
+        from pipeline.lake.write.arrowbatch import SharedWrites
 
         #: the streams' Spark jobs, commits and log rows, coalesced across the workers
         self.shared = SharedWrites(spark)

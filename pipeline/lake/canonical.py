@@ -14,16 +14,16 @@ where no block is canonical: blocks archived under the marked chain later
 walk goes on down through canonical blocks to the lowest of those, so they
 are marked too. Reorged blocks stay in the table with ``canonical = false``.
 
-:func:`~pipeline.lake.chainwalk.pending` is the same read and walk without
+:func:`~pipeline.lake.storage.chainwalk.pending` is the same read and walk without
 writing (no Spark): trim uses it to keep in Redis every block the canonical
 job still has to mark.
 
-The walk itself is the pure :func:`~pipeline.lake.chainwalk.plan_walk`; the job reads a window of
+The walk itself is the pure :func:`~pipeline.lake.storage.chainwalk.plan_walk`; the job reads a window of
 ``(num, hash, parent, canonical, entry_id, weight)`` rows with delta-rs (no payloads,
 files pruned by ``num``), widening the window downwards while the walk runs
 off its bottom, then applies the changes as one delta-rs commit: the ``blocks``
 files of the changed ``num`` range are rewritten with pyarrow
-(:mod:`pipeline.lake.rewrite`), on a local lake as on object storage. No Spark:
+(:mod:`pipeline.lake.write.rewrite`), on a local lake as on object storage. No Spark:
 a Spark MERGE of the same change cost about 5.6 s per run through a warm Connect
 server (25 s on its first MERGE); ``canonical_s`` of ``make bench B=archive``
 measures this one. A second run finds the head canonical and changes nothing.
@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.lake import tables
-from pipeline.lake.chainwalk import Node, Plan, pending, plan_walk
-from pipeline.lake.jobs import delta_retry, ensure_tables
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.chainwalk import Node, Plan, pending, plan_walk
+from pipeline.lake.write.jobs import delta_retry, ensure_tables
 from pipeline.settings import LakeSettings, Settings
 
 
@@ -85,11 +85,11 @@ def _changes(plan: Plan) -> Any:
 
 
 def _apply_delta(lake: LakeSettings, stream: str, plan: Plan) -> None:
-    """The plan's changes with pyarrow and delta-rs (:mod:`pipeline.lake.rewrite`): one commit."""
+    """The plan's changes with pyarrow and delta-rs (:mod:`pipeline.lake.write.rewrite`): one commit."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipeline.lake.rewrite import rewrite_partition_range
+    from pipeline.lake.write.rewrite import rewrite_partition_range
 
     frame = _changes(plan)
     wanted = {

@@ -52,13 +52,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pipeline import redischeck
 from pipeline.errors import ConfigError, JobCancelled, SluiceError
-from pipeline.lake import store
 from pipeline.lake.joblog import WarningCounter, job_logging
-from pipeline.lake.lazyspark import LazySpark
 from pipeline.lake.progress import reporter
+from pipeline.lake.spark.lazyspark import LazySpark
+from pipeline.lake.storage import store
 from pipeline.lake.story import describe, summary_lines
+from pipeline.redisio import check as redischeck
 from pipeline.settings import Settings
 
 log = logging.getLogger("pipeline.lake.job")
@@ -175,7 +175,7 @@ def check_args(args: argparse.Namespace, settings: Settings) -> None:
     if args.job != "backfill":
         return
     from pipeline.lake.backfill import iso, parse_time
-    from pipeline.lake.streamset import is_configured
+    from pipeline.lake.intake.streamset import is_configured
 
     if not is_configured(settings.lake, args.stream):
         raise ConfigError(

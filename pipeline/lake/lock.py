@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline import keys
 from pipeline.errors import LockBusy, LockLost, RedisUnavailable
-from pipeline.redisconn import UNAVAILABLE, Role, connect_sync
+from pipeline.redisio.conn import UNAVAILABLE, Role, connect_sync
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from pipeline.lake import store, tables
-from pipeline.lake.jobs import ensure_tables, run_spark, table_sql
+from pipeline.lake.storage import store, tables
+from pipeline.lake.write.jobs import ensure_tables, run_spark, table_sql
 from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -168,13 +168,13 @@ def _restore(spark: Any, lake: LakeSettings, name: str, version: int) -> None:
 
 
 def _vacuum(lake: LakeSettings, name: str, retain_hours: int) -> int:
-    from pipeline.lake.jobs import delta_retry
+    from pipeline.lake.write.jobs import delta_retry
 
     table = store.open_table(lake, name)
     removed = delta_retry(
         f"vacuum of {name}",
         # full: also files no commit references and older than the retention (data files
-        # of an archive job killed before its commit, see pipeline.lake.arrowwrite).
+        # of an archive job killed before its commit, see pipeline.lake.write.arrowwrite).
         lambda: table.vacuum(
             retention_hours=retain_hours,
             dry_run=False,

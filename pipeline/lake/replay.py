@@ -17,8 +17,8 @@ from typing import Any
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.errors import BadBatch, LakeError, RedisUnavailable
-from pipeline.lake.reader import LakeReader
-from pipeline.lake.redisread import connect
+from pipeline.lake.intake.redisread import connect
+from pipeline.lake.storage.reader import LakeReader
 from pipeline.settings import Settings
 
 #: Largest range one replay may publish.
@@ -57,7 +57,7 @@ def replay(
     heights it settled (published or already there).
     """
 
-    from pipeline.redisconn import UNAVAILABLE
+    from pipeline.redisio.conn import UNAVAILABLE
 
     if from_num < 0 or to_num < from_num:
         raise LakeError(f"bad block range {from_num}..{to_num}")

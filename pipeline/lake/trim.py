@@ -7,7 +7,7 @@ log stops it, and so does an oldest entry outside every logged interval (an
 entry nobody archived). The stream is then trimmed with ``XTRIM MINID`` to the
 lower of that coverage's end and ``now - hot_retention_s``. For a chain
 stream it also stops below the oldest block the canonical job has yet to mark
-(:func:`pipeline.lake.chainwalk.pending`): another run may have archived
+(:func:`pipeline.lake.storage.chainwalk.pending`): another run may have archived
 blocks it has not marked yet, and the server serves the lake's canonical rows
 only, so cutting them from Redis first would leave a gap.
 """
@@ -20,10 +20,10 @@ from typing import Any
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
 from pipeline.intervals import covered_until
-from pipeline.lake import store, tables
-from pipeline.lake.chainwalk import pending
-from pipeline.lake.redisread import connect, parse_id
-from pipeline.lake.streamset import is_chain
+from pipeline.lake.intake.redisread import connect, parse_id
+from pipeline.lake.intake.streamset import is_chain
+from pipeline.lake.storage import store, tables
+from pipeline.lake.storage.chainwalk import pending
 from pipeline.settings import LakeSettings, Settings
 
 
@@ -101,7 +101,7 @@ def safe_trim(
     them already (:func:`all_logged_intervals`); read from the log otherwise.
     """
 
-    from pipeline.redisconn import UNAVAILABLE
+    from pipeline.redisio.conn import UNAVAILABLE
 
     key = keys.stream(stream)
     if intervals is None:

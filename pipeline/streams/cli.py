@@ -17,13 +17,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from pipeline import health, redischeck
 from pipeline.cliargs import plain
-from pipeline.durability import Durability
 from pipeline.errors import ConfigError
+from pipeline.redisio import check as redischeck
+from pipeline.redisio.durability import Durability
 from pipeline.routing.message import parse_route
 from pipeline.routing.node import Node, Transport, Worker
 from pipeline.routing.workers import Echo, Requester
+from pipeline.runtime import health
 from pipeline.settings import Settings
 from pipeline.streams.service import StreamService, connect, connect_hot
 from pipeline.streams.transport import StreamTransport

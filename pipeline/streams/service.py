@@ -49,10 +49,11 @@ import msgpack
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from pipeline import keys, redisconn
-from pipeline.durability import Durability
+from pipeline import keys
 from pipeline.errors import ConfigError, PayloadTooLarge, RemoteProtocolError, SluiceError
 from pipeline.loggate import LogGate
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.durability import Durability
 from pipeline.routing.message import Address, Route
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p
@@ -134,7 +135,7 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, *redisconn.UNAVAIL
 
 
 def connect(url: str, *, max_connections: int | None = None, block_s: float = 5.0) -> Redis:
-    """The stream service's Redis client (:func:`pipeline.redisconn.connect`, role STREAM_SERVICE).
+    """The stream service's Redis client (:func:`pipeline.redisio.conn.connect`, role STREAM_SERVICE).
 
     ``block_s`` is the longest ``XREAD BLOCK`` it issues (``max_wait_ms``).
     Retried pushes are safe: a push is idempotent by its request id.
@@ -182,7 +183,7 @@ class _Held:
         self._closed = False
         #: A cluster client has no single-connection clients (each command goes to the
         #: node owning its key), and a Sentinel one's would stay on a dead master after a
-        #: failover (see :mod:`pipeline.redisha`): every take is then the client itself.
+        #: failover (see :mod:`pipeline.redisio.ha`): every take is then the client itself.
         self._shared = redisconn.is_cluster(redis) or redisconn.is_sentinel(redis)
 
     def take(self) -> Redis:
@@ -243,7 +244,7 @@ class StreamService(Worker):
         durability: Durability | None = None,
     ) -> None:
         self.redis = redis
-        #: Replicas that must hold a push before it is confirmed (see pipeline.durability).
+        #: Replicas that must hold a push before it is confirmed (see pipeline.redisio.durability).
         self.durability = durability or Durability()
         self.max_payload = max_payload
         self.max_pull = max_pull
@@ -547,8 +548,8 @@ class StreamService(Worker):
 
     async def _run_replicated(self, pushes: Sequence[tuple[object, str, p.Push]]) -> list[Any]:
         """:meth:`_run_pushes` followed by ``WAIT`` on the same connections (see
-        :mod:`pipeline.durability`): a push fewer replicas took than required becomes a
-        :class:`~pipeline.durability.NotReplicated` error (its client retries it; a push is
+        :mod:`pipeline.redisio.durability`): a push fewer replicas took than required becomes a
+        :class:`~pipeline.redisio.durability.NotReplicated` error (its client retries it; a push is
         idempotent by its request id)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             self._queue_pushes(pipe, pushes)

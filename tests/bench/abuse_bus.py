@@ -48,11 +48,12 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 from common import Report, percentile  # noqa: E402
 
-from pipeline import keys, redisconn  # noqa: E402
+from pipeline import keys  # noqa: E402
 from pipeline.bus.forward import BATCH_TYPE  # noqa: E402
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
-from pipeline.ports import free_port  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.redisio import conn as redisconn  # noqa: E402
+from pipeline.runtime.ports import free_port  # noqa: E402
 
 CMD = "bench.echo"
 A, B = 1001, 1002

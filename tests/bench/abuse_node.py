@@ -48,11 +48,11 @@ from common import Report, percentile  # noqa: E402
 from pipeline import keys  # noqa: E402
 from pipeline.dialogue.connection import Connection  # noqa: E402
 from pipeline.dialogue.transport import TcpTransport  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
-from pipeline.ports import free_port  # noqa: E402
-from pipeline.redisconn import UNAVAILABLE, Role, connect  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.redisio.conn import UNAVAILABLE, Role, connect  # noqa: E402
 from pipeline.routing.message import Address, AddressType, Route, TransportMessage  # noqa: E402
 from pipeline.routing.node import Context, Node, Worker  # noqa: E402
+from pipeline.runtime.ports import free_port  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

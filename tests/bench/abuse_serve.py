@@ -39,10 +39,10 @@ from common import percentile  # noqa: E402
 
 from pipeline import keys  # noqa: E402
 from pipeline.blockcodec import ENTRY_FIELD, encode_block  # noqa: E402
-from pipeline.chain.generator import SyntheticChain  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
-from pipeline.ports import free_port  # noqa: E402
-from pipeline.redisconn import BOUNDS, Role  # noqa: E402
+from pipeline.chain.produce.generator import SyntheticChain  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.redisio.conn import BOUNDS, Role  # noqa: E402
+from pipeline.runtime.ports import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM = "chain:abuse"

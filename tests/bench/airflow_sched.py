@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from pipeline.localpostgres import LocalPostgres
-from pipeline.ports import free_port
+from pipeline.local.postgres import LocalPostgres
+from pipeline.runtime.ports import free_port
 from tests.integration.airflow_view.conftest import airflow_env, start_api_server
 
 DAG = "sluice_archive"

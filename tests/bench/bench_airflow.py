@@ -58,7 +58,7 @@ from common import Report  # noqa: E402
 from pipeline import keys  # noqa: E402
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block  # noqa: E402
 from pipeline.demo import airflowdb  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM = "chain:bench-af"
@@ -252,8 +252,8 @@ def _task_seconds(home: Path, task_id: str) -> list[float]:
 
 
 def main() -> int:
-    from pipeline.lake.sparkserver import ConnectServer
-    from pipeline.ports import free_port
+    from pipeline.lake.spark.server import ConnectServer
+    from pipeline.runtime.ports import free_port
     from pipeline.settings import Settings
 
     n_streams = int(os.environ.get("SLUICE_BENCH_STREAMS", "4"))

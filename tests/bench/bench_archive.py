@@ -7,17 +7,17 @@ Metrics (JSON lines via Report), all in one run with their baselines:
   machine): N entries (~300 B block payloads) of one stream archived by
   ``archive_interval``, measured after the session is up; baseline = raw paged
   ``XRANGE`` of the same entries in Python (redis-py), same run. ``writer`` says
-  which writer ran (``arrow``: :mod:`pipeline.lake.arrowwrite`); ``stages`` holds
+  which writer ran (``arrow``: :mod:`pipeline.lake.write.arrowwrite`); ``stages`` holds
   the per-stage split (see ``ArchiveResult.stages``).
 - ``archive_entries_per_s_s3``: local mode, the lake on versitygw (a real S3 server on
-  this machine, :mod:`pipeline.localstore`); baseline = ``archive_entries_per_s`` of the
+  this machine, :mod:`pipeline.local.s3`); baseline = ``archive_entries_per_s`` of the
   same run (local disk), so its ratio is S3 against local disk.
 - ``archive_entries_per_s_spark_writer``: local mode with ``SLUICE_ARCHIVE_WRITER=spark``
   (the Spark writer), for comparison, same run.
 - ``archive_entries_per_s_merge``: local mode, N/4 entries of a chain stream whose
   every block is in it twice (a repeated hash: what the Spark writer's MERGE settles;
   the Arrow writer's tasks write each hash's row once per range and the driver
-  rewrites the files of a hash repeated across ranges, :mod:`pipeline.lake.arrowfix`;
+  rewrites the files of a hash repeated across ranges, :mod:`pipeline.lake.write.arrowfix`;
   ``stages`` has ``fix`` when it did); baseline = raw ``XRANGE``, same run. With ``merge_spark`` in ``SLUICE_BENCH_MODES`` also
   ``archive_entries_per_s_merge_spark``: the same with ``SLUICE_ARCHIVE_WRITER=spark``.
 - ``canonical_s``: canonical marking of one interval of 3,000 new blocks on top of
@@ -55,7 +55,7 @@ from common import Report  # noqa: E402
 
 from pipeline import keys  # noqa: E402
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
 
 STREAM = "bench"
 WARM = "warm"
@@ -112,7 +112,7 @@ def _raw_xrange(client: redis.Redis) -> tuple[int, float, list[Any]]:
 
 def _raw_pages(url: str) -> tuple[float, list[Any]]:
     """Seconds of the archive's own paged read (raw ``XRANGE`` replies), and its pages."""
-    from pipeline.lake.redisread import raw_connect, read_raw_pages
+    from pipeline.lake.intake.redisread import raw_connect, read_raw_pages
 
     client = raw_connect(url)
     try:
@@ -125,8 +125,8 @@ def _raw_pages(url: str) -> tuple[float, list[Any]]:
 
 def _decode(pages: list[Any]) -> float:
     """Seconds the archive's decode (block heads, Arrow pages) takes for ``pages`` in one process."""
-    from pipeline.lake.blockhead import HeadReader
-    from pipeline.lake.source import raw_to_batch
+    from pipeline.lake.intake.blockhead import HeadReader
+    from pipeline.lake.spark.source import raw_to_batch
 
     heads = HeadReader()
     began = time.perf_counter()
@@ -177,7 +177,7 @@ def _child_session(kind: str) -> None:
             .getOrCreate()
         )
     else:
-        from pipeline.lake.session import build_session
+        from pipeline.lake.spark.session import build_session
         from pipeline.settings import Settings
 
         spark = build_session(Settings.load(spark_master="local[*]", spark_remote=""))
@@ -190,7 +190,7 @@ def _child_session(kind: str) -> None:
 def _child_archive(stream: str, start_ms: int, end_ms: int, warm: str) -> None:
     """Archive one interval with the session up first (untimed warm-up on ``warm``)."""
     from pipeline.lake.archive import archive_interval
-    from pipeline.lake.session import build_session, close_session
+    from pipeline.lake.spark.session import build_session, close_session
     from pipeline.settings import Settings
 
     settings = Settings.load()
@@ -211,7 +211,7 @@ def _child_canonical(stream: str, start_ms: int, end_ms: int) -> None:
     """Mark the lake's chain (untimed), archive one more interval, time its canonical marking."""
     from pipeline.lake.archive import archive_interval
     from pipeline.lake.canonical import mark_canonical, pending
-    from pipeline.lake.session import build_session, close_session
+    from pipeline.lake.spark.session import build_session, close_session
     from pipeline.settings import Settings
 
     settings = Settings.load()
@@ -234,7 +234,7 @@ def _child_canonical(stream: str, start_ms: int, end_ms: int) -> None:
 
 
 def _standalone(tmp: Path, workers: int = 2) -> tuple[str, list[subprocess.Popen[bytes]]]:
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
     from tests.e2e.test_standalone_cluster import _cluster_env, _start, _wait_for, spark_home
 
     env = _cluster_env(tmp)
@@ -274,8 +274,8 @@ def main() -> int:
     if sys.argv[1:2] == ["--child-archive"]:
         _child_archive(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
-    from pipeline.lake.sparkserver import ConnectServer
-    from pipeline.ports import free_port
+    from pipeline.lake.spark.server import ConnectServer
+    from pipeline.runtime.ports import free_port
     from pipeline.settings import Settings
 
     scale = float(os.environ.get("SLUICE_BENCH_SCALE", "1"))
@@ -389,7 +389,7 @@ def main() -> int:
             if "s3" in modes:
                 # The same archive onto versitygw (a real S3 server on this machine), against
                 # the local-disk figure of this run (or raw XRANGE when "local" did not run).
-                from pipeline.localstore import LocalStore
+                from pipeline.local.s3 import LocalStore
 
                 with LocalStore(tmp / "s3") as store:
                     store.create_bucket("lake")
@@ -442,7 +442,7 @@ def _reads(report: Report, lake_uri: str, n: int) -> None:
     """The JVM-free reader over the local mode's lake (whole chain marked canonical by delta-rs)."""
     from deltalake import DeltaTable
 
-    from pipeline.lake.reader import LakeReader
+    from pipeline.lake.storage.reader import LakeReader
 
     DeltaTable(f"{lake_uri}/blocks").update(
         updates={"canonical": "true"}, predicate=f"stream = '{STREAM}'"

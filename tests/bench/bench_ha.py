@@ -44,17 +44,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import Report, percentile  # noqa: E402
 
-from pipeline import keys, redisconn  # noqa: E402
+from pipeline import keys  # noqa: E402
 from pipeline.bus.client import BusClient  # noqa: E402
 from pipeline.bus.config import BusConfig  # noqa: E402
 from pipeline.bus.directory import FileDirectory  # noqa: E402
 from pipeline.bus.envelope import Envelope  # noqa: E402
 from pipeline.bus.process import BusProcess  # noqa: E402
 from pipeline.bus.server import BusServer  # noqa: E402
-from pipeline.durability import Durability  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
-from pipeline.ports import free_port  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.redisio import conn as redisconn  # noqa: E402
+from pipeline.redisio.durability import Durability  # noqa: E402
 from pipeline.routing.message import Route  # noqa: E402
+from pipeline.runtime.ports import free_port  # noqa: E402
 from pipeline.streams import protocol as p  # noqa: E402
 from pipeline.streams.service import StreamService, connect  # noqa: E402
 from tests.support.redisha import LocalCluster, LocalSentinels  # noqa: E402

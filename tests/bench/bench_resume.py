@@ -19,7 +19,7 @@
   into ``~/.cache/sluice-go-bench/<digest>/fanout``; without ``go`` on PATH
   these figures are left out (one line on stderr says so).
 - ``catchup_blocks_per_s_s3``: the same catch-up with the lake on a local S3
-  server (versitygw, :mod:`pipeline.localstore`); baseline: the local-disk
+  server (versitygw, :mod:`pipeline.local.s3`); baseline: the local-disk
   lake's ``catchup_blocks_per_s`` of the same run.
 - ``catchup_cpu_us_per_block`` / ``fanout_cpu_us_per_message`` /
   ``fanout_go_cpu_us_per_message``: CPU time (user + system) of the server
@@ -70,9 +70,9 @@ from ordered_drain import run as ordered_drain  # noqa: E402
 
 from pipeline import keys  # noqa: E402
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block  # noqa: E402
-from pipeline.lake.tables import BLOCKS  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
-from pipeline.ports import free_port  # noqa: E402
+from pipeline.lake.storage.tables import BLOCKS  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.runtime.ports import free_port  # noqa: E402
 
 STREAM = "chain:bench"
 N = int(os.environ.get("BENCH_RESUME_BLOCKS", "1000000"))
@@ -110,7 +110,7 @@ def write_lake(lake_uri: str, options: dict[str, str] | None = None) -> None:
     (partitioned by stream: the chain stream's ``:`` is escaped in its directory)."""
     from deltalake import DeltaTable, write_deltalake
 
-    from pipeline.lake.tables import LAYOUT, TABLE_PROPERTIES
+    from pipeline.lake.storage.tables import LAYOUT, TABLE_PROPERTIES
 
     schema, partitions = LAYOUT[BLOCKS]
     DeltaTable.create(
@@ -146,7 +146,7 @@ import asyncio, sys
 from aiohttp import web
 from pipeline.chain import jsonrpc
 from pipeline.blockcodec import decode_raw, raw_results
-from pipeline.lake.reader import LakeReader
+from pipeline.lake.storage.reader import LakeReader
 
 lake, stream, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 prefix = jsonrpc.notification_prefix("cardinal_subscribe", "0x1")
@@ -340,7 +340,7 @@ async def warm_head(port: int) -> None:
 
 
 def raw_first_page(lake_uri: str, samples: int) -> list[float]:
-    from pipeline.lake.reader import LakeReader
+    from pipeline.lake.storage.reader import LakeReader
 
     rng = random.Random(7)
     out = []
@@ -563,7 +563,7 @@ async def fanout(clients: Clients, port: int, redis_url: str, pid: int) -> Fanou
 
 async def s3_catchup(report: Report, tmp: str, env: dict[str, str], local: float) -> None:
     """The catch-up figure again with the lake on a local S3 server, against ``local``."""
-    from pipeline.localstore import LocalStore
+    from pipeline.local.s3 import LocalStore
     from pipeline.settings import Settings
 
     with LocalStore(Path(tmp) / "s3") as store:

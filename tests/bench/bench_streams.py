@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import Report, percentile  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 
-from pipeline.durability import Durability  # noqa: E402
-from pipeline.localredis import LocalRedis  # noqa: E402
+from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.redisio.durability import Durability  # noqa: E402
 from pipeline.routing.message import Route, StreamAddress, TransportMessage  # noqa: E402
 from pipeline.routing.node import Context, Node, Worker  # noqa: E402
 from pipeline.routing.workers import Echo  # noqa: E402

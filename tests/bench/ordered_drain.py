@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.ordered import OrderedChain
+from pipeline.chain.client.ordered import OrderedChain
+from pipeline.chain.produce.generator import SyntheticChain
 
 LINKED = 200  # blocks accepted one by one below the gap
 

@@ -25,8 +25,8 @@ import redis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, encode_block
-from pipeline.chain.generator import SyntheticChain
-from pipeline.ports import free_port
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.runtime.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

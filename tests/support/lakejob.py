@@ -23,7 +23,7 @@ def log_rows(lake_uri: str, stream: str) -> list[tuple[int, int, int]]:
     """``(start_ms, end_ms, entries)`` of every ``archive_log`` row of ``stream``, in order."""
     from deltalake import DeltaTable
 
-    from pipeline.lake import tables
+    from pipeline.lake.storage import tables
     from pipeline.settings import LakeSettings
 
     uri = LakeSettings.from_url(lake_uri).table(tables.ARCHIVE_LOG)

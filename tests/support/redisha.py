@@ -24,7 +24,7 @@ from typing import TypeVar
 import pytest
 import redis
 
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 
 #: Failure detection of both the cluster and the Sentinels, in ms.
 NODE_TIMEOUT_MS = 1000

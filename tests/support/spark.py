@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def build() -> Any:
-    from pipeline.lake.session import build_session
+    from pipeline.lake.spark.session import build_session
     from pipeline.settings import Settings
 
     settings = Settings.load(spark_master="local[2]", spark_shuffle_partitions=2)

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from pipeline.bus.directory import FileDirectory
-from pipeline.localstore import LocalStore
+from pipeline.local.s3 import LocalStore
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"

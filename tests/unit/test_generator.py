@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pipeline.blockcodec import decode_block, encode_block
-from pipeline.chain.generator import GENESIS_PARENT, SyntheticChain
+from pipeline.chain.produce.generator import GENESIS_PARENT, SyntheticChain
 
 
 def test_linear_chain_links():

@@ -1,6 +1,6 @@
 """Import contracts of the chain part: no Spark under the server, no I/O in the pure modules.
 
-- No pyspark is reachable from ``pipeline/chain/`` or ``pipeline/lake/reader.py``:
+- No pyspark is reachable from ``pipeline/chain/`` or ``pipeline/lake/storage/reader.py``:
   every import (also those inside functions, which run later) is followed
   through ``pipeline`` modules, and none may import pyspark. The server reads
   the lake without a JVM.
@@ -23,14 +23,14 @@ PURE = [
     "pipeline.blockcodec",
     "pipeline.chain.cardinal",
     "pipeline.chain.jsonrpc",
-    "pipeline.chain.ordered",
+    "pipeline.chain.client.ordered",
     "pipeline.chain.planning",
-    "pipeline.chain.coverage",
-    "pipeline.chain.frames",
+    "pipeline.chain.serve.coverage",
+    "pipeline.chain.serve.frames",
 ]
 IO = ("asyncio", "redis", "aiohttp")
 #: Extra libraries a pure module must not load (planning names pyarrow only for typing).
-EXTRA = {"pipeline.chain.planning": ("pyarrow",), "pipeline.chain.frames": ("pyarrow",)}
+EXTRA = {"pipeline.chain.planning": ("pyarrow",), "pipeline.chain.serve.frames": ("pyarrow",)}
 
 
 def _loaded(module: str, names: tuple[str, ...]) -> list[str]:
@@ -88,7 +88,10 @@ def _reaching(roots: list[Path], forbidden: str) -> dict[str, str]:
 
 
 def _chain_roots() -> list[Path]:
-    return [*sorted((ROOT / "pipeline" / "chain").glob("*.py")), ROOT / "pipeline/lake/reader.py"]
+    return [
+        *sorted((ROOT / "pipeline" / "chain").glob("*.py")),
+        ROOT / "pipeline/lake/storage/reader.py",
+    ]
 
 
 def test_no_pyspark_reachable_from_chain_or_the_lake_reader() -> None:
@@ -97,13 +100,15 @@ def test_no_pyspark_reachable_from_chain_or_the_lake_reader() -> None:
 
 def test_the_reachability_walk_finds_spark_where_it_is() -> None:
     """The walk above can fail: from the lake's Spark session it finds pyspark."""
-    assert _reaching([ROOT / "pipeline/lake/session.py"], "pyspark")
+    assert _reaching([ROOT / "pipeline/lake/spark/session.py"], "pyspark")
 
 
 def test_importing_all_of_chain_starts_no_spark() -> None:
     modules = [f"pipeline.chain.{p.stem}" for p in _chain_roots()[:-1] if p.stem != "__init__"]
     code = (
-        "import sys\n" + "".join(f"import {m}\n" for m in modules) + "import pipeline.lake.reader\n"
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in modules)
+        + "import pipeline.lake.storage.reader\n"
     )
     code += "print('pyspark' in sys.modules)"
     out = subprocess.run(

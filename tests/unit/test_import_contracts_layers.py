@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pipeline"
 
-#: What each part may import besides the base modules (``pipeline/*.py``).
+#: What each part may import besides the rooms ranked below the parts (``GROUND``).
 ALLOWED: dict[str, set[str]] = {
     "routing": set(),
     "dialogue": {"routing"},
@@ -28,10 +28,37 @@ ALLOWED: dict[str, set[str]] = {
     "bus": set(),
     "lake": set(),
     "chain": {"dialogue", "lake"},
-    "demo": {"bus", "chain", "lake", "streams", "routing", "dialogue"},
+}
+#: The rooms of ``pipeline`` from the bottom: a module may import a module of its own
+#: room or of a room ranked below it; the parts (rank ``PARTS``) import each other only as
+#: ``ALLOWED`` says. Ground modules of one rank import none of each other.
+GROUND: dict[str, int] = {
+    "errors": 0,
+    "intervals": 1,
+    "keys": 1,
+    "facade": 1,
+    "lifecycle": 1,
+    "loggate": 1,
+    "blockcodec": 1,
+    "airflowfolders": 1,
+    "cliargs": 1,
+    "redisio": 2,
+    "settings": 3,
+    "runtime": 3,
+    "local": 6,
+    "demo": 7,
+    "cli": 8,
+}
+PARTS = 5
+#: Rooms inside a part, from the bottom ("" is the part's own top-level modules).
+SUBROOMS: dict[str, dict[str, int]] = {
+    "chain": {"": 0, "produce": 1, "client": 1, "history": 2, "serve": 3},
+    "lake": {"storage": 0, "intake": 0, "spark": 1, "write": 2, "": 3},
 }
 #: Base modules that start other parts' commands by name (importlib), never by import.
 DISPATCHER = "pipeline.cli"
+#: What of the lake the chain part may reach: its JVM-free storage room.
+CHAIN_READS_LAKE = "pipeline.lake.storage"
 
 
 def _modules() -> dict[str, Path]:
@@ -76,10 +103,48 @@ def _imports(path: Path) -> set[str]:
 GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
 
 
-def _part(name: str) -> str | None:
-    """The part (sub-package) a module belongs to; None for a base module."""
+def _room(name: str) -> str:
+    """The room a module belongs to: a part, a ground room, or a top-level module's name."""
     parts = name.split(".")
-    return parts[1] if len(parts) > 1 and f"pipeline.{parts[1]}" in PACKAGES else None
+    return parts[1] if len(parts) > 1 else "pipeline"
+
+
+def _part(name: str) -> str | None:
+    """The part a module belongs to; None for the ground, local servers, demo and cli."""
+    room = _room(name)
+    return room if room in ALLOWED else None
+
+
+def _rank(room: str) -> int:
+    return PARTS if room in ALLOWED else GROUND[room]
+
+
+def _subroom(name: str) -> str:
+    """The room inside its part: ``serve`` for ``pipeline.chain.serve.server``, else ""."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and ".".join(parts[:3]) in PACKAGES else ""
+
+
+def test_every_room_has_a_rank() -> None:
+    rooms = {_room(n) for n in MODULES} - {"pipeline"}
+    assert sorted(r for r in rooms if r not in ALLOWED and r not in GROUND) == []
+    for part, ranks in SUBROOMS.items():
+        seen = {_subroom(n) for n in MODULES if _room(n) == part and n != f"pipeline.{part}"}
+        assert sorted(seen - set(ranks)) == [], part
+
+
+def test_each_room_imports_only_the_rooms_below_it() -> None:
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in GRAPH.items()
+        if name != "pipeline"  # the root facade names parts lazily
+        for dep in deps
+        if (src := _room(name)) != (dst := _room(dep))
+        and dst != "pipeline"
+        and not (_rank(dst) < _rank(src))
+        and not (src in ALLOWED and dst in ALLOWED[src])
+    )
+    assert wrong == []
 
 
 def test_each_part_imports_only_the_parts_below_it() -> None:
@@ -95,11 +160,47 @@ def test_each_part_imports_only_the_parts_below_it() -> None:
     assert wrong == []
 
 
+def test_the_rooms_inside_a_part_import_downward() -> None:
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in GRAPH.items()
+        if (part := _room(name)) in SUBROOMS and name != f"pipeline.{part}"
+        for dep in deps
+        if _room(dep) == part
+        and dep != f"pipeline.{part}"
+        and (src := _subroom(name)) != (dst := _subroom(dep))
+        and not SUBROOMS[part][dst] < SUBROOMS[part][src]
+    )
+    assert wrong == []
+
+
+def test_the_chain_reads_the_lake_only_through_its_storage() -> None:
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in GRAPH.items()
+        if _room(name) == "chain"
+        for dep in deps
+        if _room(dep) == "lake" and not dep.startswith(CHAIN_READS_LAKE)
+    )
+    assert wrong == []
+
+
+def test_no_part_imports_the_local_servers_or_the_demo() -> None:
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in GRAPH.items()
+        if _part(name) is not None
+        for dep in deps
+        if _room(dep) in ("local", "demo")
+    )
+    assert wrong == []
+
+
 def test_base_modules_import_no_part() -> None:
     wrong = sorted(
         f"{name} imports {dep}"
         for name, deps in GRAPH.items()
-        if _part(name) is None and name != "pipeline"  # the root facade names parts lazily
+        if name != "pipeline" and _rank(_room(name)) < PARTS  # the root facade names parts lazily
         for dep in deps
         if _part(dep) is not None
     )
@@ -143,7 +244,10 @@ CALLS = {
         ("asyncio", "redis", "aiohttp", "pyarrow"),
     ),
     "pipeline.intervals": ("m.covered_until([(0, 5), (5, 9)], 3)", ("asyncio", "pyarrow")),
-    "pipeline.chain.coverage": ("m.summarize([])", ("asyncio", "redis", "aiohttp", "pyarrow")),
+    "pipeline.chain.serve.coverage": (
+        "m.summarize([])",
+        ("asyncio", "redis", "aiohttp", "pyarrow"),
+    ),
 }
 
 

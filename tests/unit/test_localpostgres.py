@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline import localpostgres
+from pipeline.local import postgres as localpostgres
 
 
 def test_a_directory_not_made_yet_is_judged_by_its_existing_ancestors(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import weakref
 
-from pipeline import memory
+from pipeline.runtime import memory
 from tests.support.poll import until
 
 MB = 1 << 20
@@ -107,7 +107,7 @@ def test_release_and_rss_work_on_this_machine() -> None:
 
 
 _SHOW = (
-    "import os, sys; from pipeline import memory; print(os.getpid(), flush=True); "
+    "import os, sys; from pipeline.runtime import memory; print(os.getpid(), flush=True); "
     "memory.system_malloc(); print(os.getpid(), os.environ.get('PYTHONMALLOC'), sys.argv[1:])"
 )
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 #: The starter: launches `sleep` bound to itself, prints the child's pid, waits.
 STARTER = """\
 import subprocess, sys, time
-from pipeline.parentdeath import bound_to_parent
+from pipeline.runtime.parentdeath import bound_to_parent
 child = subprocess.Popen(bound_to_parent(["sleep", "600"]))
 print(child.pid, flush=True)
 time.sleep(600)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import socket
 
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 
 
 def test_ports_are_distinct_and_bindable() -> None:
@@ -16,7 +16,7 @@ def test_ports_are_distinct_and_bindable() -> None:
 
 
 def test_a_port_the_kernel_offers_again_is_skipped(monkeypatch) -> None:
-    import pipeline.ports as ports
+    import pipeline.runtime.ports as ports
 
     first = free_port()
     # `first` twice, then the kernel's own choice for as long as asked: the kernel itself may

@@ -8,7 +8,14 @@ import pytest
 import redis
 
 from pipeline.errors import ConfigError
-from pipeline.redisconn import BLOCK_MARGIN_S, BOUNDS, Role, connect, connect_sync, parse_entry_id
+from pipeline.redisio.conn import (
+    BLOCK_MARGIN_S,
+    BOUNDS,
+    Role,
+    connect,
+    connect_sync,
+    parse_entry_id,
+)
 
 
 def test_rediss_keeps_tls_and_redis_does_not() -> None:
@@ -89,7 +96,7 @@ def test_write_refusals_count_as_unavailable() -> None:
     # What redis-py raises for an OOM / READONLY / MISCONF reply (seen from redis-server 7).
     from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
-    from pipeline.redisconn import UNAVAILABLE, unavailable
+    from pipeline.redisio.conn import UNAVAILABLE, unavailable
 
     oom = OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
     assert isinstance(oom, UNAVAILABLE) and unavailable(oom)

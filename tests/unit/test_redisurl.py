@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.redisurl import RedisTarget, Topology, parse, redact
+from pipeline.redisio.url import RedisTarget, Topology, parse, redact
 from pipeline.settings import Settings
 
 

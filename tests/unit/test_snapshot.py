@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from pipeline.snapshot import SharedSnapshot
+from pipeline.runtime.snapshot import SharedSnapshot
 
 
 async def test_concurrent_callers_share_one_build_and_a_stale_one_is_rebuilt() -> None:

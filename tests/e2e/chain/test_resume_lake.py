@@ -7,7 +7,7 @@ import asyncio
 import redis
 
 from pipeline import keys
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 from tests.integration.chain.conftest import STREAM
 
 

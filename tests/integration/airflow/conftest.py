@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.localredis import LocalRedis
+from pipeline.local.redisserver import LocalRedis
 from tests.integration.airflow import scenario
 from tests.integration.lake.connect import shared_server
 

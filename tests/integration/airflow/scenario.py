@@ -15,7 +15,7 @@ import redis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
-from pipeline.chain.generator import SyntheticChain
+from pipeline.chain.produce.generator import SyntheticChain
 
 CHAIN = "chain:dagtest"
 PLAIN = "events:dagtest"

@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.lake.jobs import ensure_tables
-from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
+from pipeline.lake.storage.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
+from pipeline.lake.write.jobs import ensure_tables
 from pipeline.settings import LakeSettings
 from tests.integration.airflow import scenario as sc
 from tests.integration.airflow.conftest import AIRFLOW_WARNINGS, DagRunner, task_states

@@ -87,7 +87,7 @@ def test_replay_refuses_a_negative_block_number(dag_runner: DagRunner, lake: Any
 
 
 def test_maintenance_keeps_the_lake_readable(dag_runner: DagRunner, lake: Any) -> None:
-    from pipeline.lake.reader import LakeReader
+    from pipeline.lake.storage.reader import LakeReader
 
     run = dag_runner.run("sluice_maintenance", datetime(2026, 6, 3, tzinfo=UTC), env=lake["env"])
     assert str(run.state) == "success", task_states(run)

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.blockcodec import decode_block
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.canonical import mark_canonical
 from pipeline.lake.replay import replay
-from pipeline.redisconn import Role
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
 from tests.integration.lake.helpers import chain, publish, settings_for
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.timeout(300)]

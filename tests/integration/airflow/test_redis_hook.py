@@ -45,7 +45,7 @@ def test_hook_talks_to_a_real_redis(
 def test_unreachable_redis_is_reported(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sluice_redis_hook import SluiceRedisHook
 
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_REDIS", f"redis://127.0.0.1:{free_port()}/0")
     ok, message = SluiceRedisHook().test_connection()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pipeline.blockcodec import encode_block
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 from tests.integration.airflow import scenario as sc
 from tests.integration.airflow.conftest import AIRFLOW_WARNINGS, ROOT, DagRunner, task_states
 
@@ -42,7 +42,7 @@ def test_both_runs_succeed_for_exactly_the_interval(archived: Any) -> None:
 
 
 def test_blocks_are_archived_with_reorged_blocks_kept_non_canonical(archived: Any) -> None:
-    from pipeline.lake.reader import LakeReader
+    from pipeline.lake.storage.reader import LakeReader
 
     written = archived["written"]
     reader = LakeReader(archived["lake"])
@@ -211,8 +211,8 @@ def test_the_dag_archives_into_an_s3_lake_and_the_coverage_view_reads_it(
     import sys
 
     from pipeline import keys
-    from pipeline.lake import store, tables
-    from pipeline.lake.entries import read_entries
+    from pipeline.lake.storage import store, tables
+    from pipeline.lake.storage.entries import read_entries
     from pipeline.settings import Settings
 
     stream = "events:s3"

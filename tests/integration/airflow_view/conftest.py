@@ -31,9 +31,9 @@ import pyarrow as pa
 import pytest
 
 from pipeline.demo import airflowdb
-from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
-from pipeline.localredis import LocalRedis
-from pipeline.ports import free_port
+from pipeline.lake.storage.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
+from pipeline.local.redisserver import LocalRedis
+from pipeline.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 VIEW_REDIS_DB = 11

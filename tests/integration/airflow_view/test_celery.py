@@ -30,9 +30,9 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.localredis import LocalRedis
-from pipeline.localstore import LocalStore
-from pipeline.ports import free_port
+from pipeline.local.redisserver import LocalRedis
+from pipeline.local.s3 import LocalStore
+from pipeline.runtime.ports import free_port
 from tests.conftest import S3_BUCKET
 from tests.integration.lake.connect import shared_server
 from tests.support.poll import until_sync
@@ -199,7 +199,7 @@ def _task_states(http: httpx.Client, run_id: str) -> dict[str, str]:
 
 
 def _lake_ids(lake: dict[str, Any], lo: int, hi: int) -> list[str]:
-    from pipeline.lake.entries import read_entries
+    from pipeline.lake.storage.entries import read_entries
     from pipeline.settings import Settings
 
     settings = Settings.load(env={}, **lake)

@@ -83,7 +83,7 @@ async def test_bad_settings_are_shown_not_raised(plugin: ModuleType) -> None:
 async def test_a_lake_store_that_is_down_is_shown_in_one_line_with_the_read_age(
     plugin: ModuleType, s3_lake: dict[str, object]
 ) -> None:
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
     from pipeline.settings import Settings
 
     down = {**s3_lake, "lake_s3_endpoint": f"http://127.0.0.1:{free_port()}"}

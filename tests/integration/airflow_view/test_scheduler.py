@@ -33,8 +33,8 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.localredis import LocalRedis
-from pipeline.ports import free_port
+from pipeline.local.redisserver import LocalRedis
+from pipeline.runtime.ports import free_port
 from tests.integration.lake.connect import shared_server
 from tests.support.poll import until_sync
 

@@ -25,9 +25,9 @@ from pipeline.bus.directory import FileDirectory
 from pipeline.bus.process import BusProcess
 from pipeline.bus.server import BusServer
 from pipeline.bus.signing import Signer
-from pipeline.durability import Durability
-from pipeline.localredis import LocalRedis
-from pipeline.ports import free_port
+from pipeline.local.redisserver import LocalRedis
+from pipeline.redisio.durability import Durability
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,7 +22,7 @@ from pipeline import keys
 from pipeline.bus.directory import FileDirectory, Peer
 from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE, Forwarder, Kind, Outbound, Outcome
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 
 from .conftest import eventually
 from .test_http import request_body

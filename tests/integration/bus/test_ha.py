@@ -16,8 +16,8 @@ from redis.exceptions import RedisError
 from pipeline.bus.config import CLUSTER_REFUSAL
 from pipeline.bus.directory import FileDirectory
 from pipeline.bus.process import BusProcess
-from pipeline.durability import Durability
 from pipeline.errors import ConfigError, SluiceError
+from pipeline.redisio.durability import Durability
 from tests.support.poll import until
 
 from .conftest import ROOT, Twin

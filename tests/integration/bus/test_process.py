@@ -307,8 +307,8 @@ def test_the_bus_waits_for_its_redis(tmp_path) -> None:
     import subprocess
     import sys
 
-    from pipeline.localredis import LocalRedis
-    from pipeline.ports import free_port
+    from pipeline.local.redisserver import LocalRedis
+    from pipeline.runtime.ports import free_port
 
     server = LocalRedis(tmp_path / "redis")
     env = {

@@ -28,9 +28,9 @@ from pipeline.blockcodec import (
     parse_batch_result,
     parse_subbatch_result,
 )
-from pipeline.chain.ordered import BlockAssembler
-from pipeline.chain.server import create_app
-from pipeline.lake.tables import BLOCKS, BLOCKS_ARROW
+from pipeline.chain.client.ordered import BlockAssembler
+from pipeline.chain.serve.server import create_app
+from pipeline.lake.storage.tables import BLOCKS, BLOCKS_ARROW
 from pipeline.settings import Settings
 
 STREAM = "chain:test"

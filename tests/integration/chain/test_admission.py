@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from pipeline.chain.appkeys import GUARD
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.server import create_app
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.appkeys import GUARD
+from pipeline.chain.serve.server import create_app
 from pipeline.settings import Settings
 from tests.support.poll import until
 

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from pipeline.blockcodec import block_results
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 
 from .conftest import STREAM
 
@@ -138,7 +138,7 @@ async def _answers(url: str) -> list[Any]:
 async def test_json_rpc_answers_as_the_library_producer_does(
     settings, serve, redis_client, go_run
 ) -> None:
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
     from tests.integration.chain.test_cardinal_go import _listening
 
     write_blocks(redis_client, STREAM, SyntheticChain(seed=74).take(3))

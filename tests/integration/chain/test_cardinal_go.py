@@ -26,13 +26,13 @@ from aiohttp.test_utils import TestServer
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, effective_weight
-from pipeline.chain.consumer import subscribe
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.ordered import Added, Removed
+from pipeline.chain.client.consumer import subscribe
+from pipeline.chain.client.ordered import Added, Removed
 from pipeline.chain.planning import TailIndex
-from pipeline.chain.server import create_app
-from pipeline.lake.reader import LakeReader
-from pipeline.ports import free_port
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.server import create_app
+from pipeline.lake.storage.reader import LakeReader
+from pipeline.runtime.ports import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
 
 ZERO = "0x" + "00" * 32

@@ -25,8 +25,8 @@ from typing import Any
 import redis
 
 from pipeline.blockcodec import effective_weight
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.ports import free_port
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.runtime.ports import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake
 from tests.integration.chain.test_cardinal_go import _listening, sluice_canonical
 from tests.support.poll import until

@@ -11,7 +11,7 @@ import time
 import redis
 
 from pipeline import keys
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 
 from .conftest import STREAM
 

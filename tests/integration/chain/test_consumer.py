@@ -8,10 +8,10 @@ import pytest
 import redis
 from aiohttp.test_utils import TestServer
 
-from pipeline.chain.consumer import subscribe
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.ordered import Added, Removed
-from pipeline.chain.server import create_app
+from pipeline.chain.client.consumer import subscribe
+from pipeline.chain.client.ordered import Added, Removed
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.server import create_app
 from pipeline.errors import BadParams
 
 from .conftest import STREAM

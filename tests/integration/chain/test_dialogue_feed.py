@@ -8,11 +8,11 @@ import json
 import pytest
 
 from pipeline.blockcodec import parse_batch_result, parse_subbatch_result
-from pipeline.chain.dialogue_feed import subscribe_dialogue
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.ordered import BlockAssembler
+from pipeline.chain.client.ordered import BlockAssembler
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.dialogue_feed import subscribe_dialogue
 from pipeline.errors import DuplexError
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 
 from .conftest import STREAM, write_lake
 
@@ -114,8 +114,8 @@ async def test_a_dialogue_subscriber_is_counted_while_served(settings, serve, re
     """The feed server's ``connections`` hold a subscriber while it is served: serve's memory
     releaser reads them so that a Dialogue subscriber, like a websocket one, is never paused
     by a full collection."""
-    from pipeline.chain.appkeys import RESUMPTION
-    from pipeline.chain.dialogue_feed import dialogue_server
+    from pipeline.chain.serve.appkeys import RESUMPTION
+    from pipeline.chain.serve.dialogue_feed import dialogue_server
 
     gen = SyntheticChain(seed=64)
     write_blocks(redis_client, STREAM, gen.take(5))

@@ -7,12 +7,12 @@ import logging
 
 import pytest
 
-from pipeline.chain.appkeys import HUB
-from pipeline.chain.dialogue_feed import subscribe_dialogue
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.appkeys import HUB
+from pipeline.chain.serve.dialogue_feed import subscribe_dialogue
 from pipeline.dialogue.connection import Connection
 from pipeline.errors import DuplexError
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until
 
 from .conftest import STREAM

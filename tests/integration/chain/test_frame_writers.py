@@ -15,12 +15,12 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from pipeline.blockcodec import Block
-from pipeline.chain import resumption
-from pipeline.chain.appkeys import CONNECTIONS, METRICS
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.history import resumption
 from pipeline.chain.outbox import Outbox
-from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
-from pipeline.chain.wsconn import Connection
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.producer import MuxProducer, RedisStreamProducer, WebsocketHub
+from pipeline.chain.serve.appkeys import CONNECTIONS, METRICS
+from pipeline.chain.serve.wsconn import Connection
 
 from .conftest import STREAM, write_lake
 

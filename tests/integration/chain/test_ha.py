@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pipeline import keys
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until_sync
 
 pytestmark = pytest.mark.timeout(240)

@@ -16,7 +16,7 @@ import msgpack
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 from tests.support.poll import until
 
 from .conftest import STREAM

@@ -10,12 +10,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.lakepages import FIRST_PAGE
-from pipeline.chain.producer import WebsocketHub
-from pipeline.chain.resumption import TieredResumption
-from pipeline.lake.reader import LakeReader
-from pipeline.redisconn import Role, connect
+from pipeline.chain.history.lakepages import FIRST_PAGE
+from pipeline.chain.history.resumption import TieredResumption
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.produce.producer import WebsocketHub
+from pipeline.lake.storage.reader import LakeReader
+from pipeline.redisio.conn import Role, connect
 from tests.support.poll import until
 
 from .conftest import STREAM, write_lake

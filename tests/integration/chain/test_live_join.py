@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.chain.appkeys import HUB
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.tail import RedisTail, SharedTail
+from pipeline.chain.history.tail import RedisTail, SharedTail
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.appkeys import HUB
 from tests.support.poll import until
 
 from .conftest import STREAM

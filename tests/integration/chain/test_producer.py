@@ -6,9 +6,9 @@ import redis.asyncio as aioredis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block
-from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.producer import MuxProducer, RedisStreamProducer, WebsocketHub
-from pipeline.chain.server import HUB
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.produce.producer import MuxProducer, RedisStreamProducer, WebsocketHub
+from pipeline.chain.serve.server import HUB
 from pipeline.errors import ChainError, MuxError
 
 from .conftest import STREAM

@@ -16,11 +16,11 @@ import redis.asyncio as aioredis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, MAX_ENTRY_BYTES, encode_block
-from pipeline.chain.generator import SyntheticChain
 from pipeline.chain.metrics import Metrics
-from pipeline.chain.producer import WebsocketHub
-from pipeline.chain.relay import RedisTailer
-from pipeline.chain.tailwake import TailWake
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.produce.producer import WebsocketHub
+from pipeline.chain.serve.relay import RedisTailer
+from pipeline.chain.serve.tailwake import TailWake
 from tests.support.poll import until
 
 STREAM = "relay-filter"

@@ -10,12 +10,12 @@ import redis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.ordered import Added, OrderedChain
-from pipeline.chain.producer import WebsocketHub
-from pipeline.chain.resumption import TieredResumption
-from pipeline.lake.reader import LakeReader
-from pipeline.redisconn import Role, connect
+from pipeline.chain.client.ordered import Added, OrderedChain
+from pipeline.chain.history.resumption import TieredResumption
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.producer import WebsocketHub
+from pipeline.lake.storage.reader import LakeReader
+from pipeline.redisio.conn import Role, connect
 from tests.support.poll import until
 
 from .conftest import STREAM, CollectingSink, write_lake

@@ -9,7 +9,7 @@ against a quiet phase's, which this test has no use for); the stuck readers are 
 counted; the slow-loris peers are answered 408 and closed; resident memory
 and descriptors come back within 20% of the baseline, taken after one warm-up
 catch-up (the lake is empty here: no history cache; what held memory was
-CPython's arenas, see pipeline/memory.py). Before the fixes: p99 10-20 s, no 1008, the slow-loris
+CPython's arenas, see pipeline/runtime/memory.py). Before the fixes: p99 10-20 s, no 1008, the slow-loris
 connections held for good, RSS 1.45x the baseline after 90 s idle.
 """
 

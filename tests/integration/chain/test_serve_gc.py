@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline.chain import cli
-from pipeline.ports import free_port
+from pipeline.chain.serve import cli
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until
 
 

@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import redis
 
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.ports import free_port
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.runtime.ports import free_port
 from tests.integration.chain.conftest import STREAM, write_lake
 from tests.integration.chain.test_cardinal_go import _listening
 from tests.support.poll import until

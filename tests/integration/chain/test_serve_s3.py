@@ -10,11 +10,11 @@ import pytest
 import redis
 
 from pipeline import keys
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.canonical import mark_canonical
 from pipeline.lake.trim import safe_trim
-from pipeline.localstore import LocalStore
+from pipeline.local.s3 import LocalStore
 from pipeline.settings import Settings
 from tests.support.poll import until
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import redis
 
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 
 from .conftest import STREAM, write_lake
 

@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 
 from pipeline import keys
-from pipeline.chain.generator import SyntheticChain, write_blocks
 from pipeline.chain.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, SERVER_ERROR
-from pipeline.chain.wsconn import MAX_IN_FLIGHT
-from pipeline.lake.reader import LakeReader
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.wsconn import MAX_IN_FLIGHT
+from pipeline.lake.storage.reader import LakeReader
 
 from .conftest import STREAM, Client, write_foreign_block, write_lake
 
@@ -86,7 +86,7 @@ async def test_block_numbers_past_int64_are_refused_and_the_connection_goes_on(
     gen = SyntheticChain(seed=41)
     write_lake(settings.lake.uri, gen.take(5))
     write_blocks(redis_client, STREAM, gen.take(5))
-    caplog.set_level(logging.INFO, logger="pipeline.chain.wsconn")
+    caplog.set_level(logging.INFO, logger="pipeline.chain.serve.wsconn")
     async with serve(settings) as (base, _app), connect(base) as client:
         sub = await subscribed(client, gen)
         reply = await rpc(client, "cardinal_getBlock", [number])
@@ -113,7 +113,7 @@ async def test_nesting_bombs_are_answered_and_the_connection_goes_on(
     # (100,000 levels and more) is tested in tests/unit/chain/test_jsonrpc_fuzz.py.
     gen = SyntheticChain(seed=42)
     write_blocks(redis_client, STREAM, gen.take(3))
-    caplog.set_level(logging.INFO, logger="pipeline.chain.wsconn")
+    caplog.set_level(logging.INFO, logger="pipeline.chain.serve.wsconn")
     async with serve(settings) as (base, _app), connect(base) as client:
         await subscribed(client, gen)
         for bomb in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
@@ -234,7 +234,7 @@ async def test_ten_thousand_calls_on_one_connection_keep_the_heartbeat(
 
 
 def app_metrics(app: Any) -> str:
-    from pipeline.chain.server import METRICS
+    from pipeline.chain.serve.server import METRICS
 
     text: str = app[METRICS].render()
     return text
@@ -396,7 +396,7 @@ async def test_a_stream_key_of_the_wrong_type_is_reported_and_survived(
 async def test_requests_in_flight_are_bounded_for_the_whole_server(
     settings, serve, connect, redis_client, monkeypatch
 ) -> None:
-    from pipeline.chain import wsconn
+    from pipeline.chain.serve import wsconn
 
     monkeypatch.setattr(wsconn, "MAX_IN_FLIGHT_SERVER", 8)  # small enough to reach here
     gen = SyntheticChain(seed=50)

@@ -11,8 +11,8 @@ import struct
 import aiohttp
 import pytest
 
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.server import CONNECTIONS, HUB, METRICS
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.server import CONNECTIONS, HUB, METRICS
 
 from .conftest import STREAM, write_lake
 

@@ -1,4 +1,4 @@
-"""Concurrent catch-ups from the lake share the encoded blocks (pipeline/chain/shared.py)."""
+"""Concurrent catch-ups from the lake share the encoded blocks (pipeline/chain/history/shared.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 import dataclasses
 import os
 
-from pipeline.chain.appkeys import METRICS, RESUMPTION
-from pipeline.chain.generator import SyntheticChain
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.serve.appkeys import METRICS, RESUMPTION
 
 from .conftest import write_lake
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import redis
 
 from pipeline import keys
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.history import SharedHistory
-from pipeline.lake.reader import LakeReader
+from pipeline.chain.history.lakeview import SharedHistory
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.lake.storage.reader import LakeReader
 
 from .conftest import STREAM, write_lake
 

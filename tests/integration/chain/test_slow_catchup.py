@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.wsconn import MAX_SUBSCRIPTIONS
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.wsconn import MAX_SUBSCRIPTIONS
 from tests.support.poll import until
 
 from .conftest import STREAM

@@ -17,14 +17,14 @@ import redis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, MAX_ENTRY_BYTES
-from pipeline.chain.entries import Refusals
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.history.entries import Refusals
+from pipeline.chain.history.resumption import TieredResumption
+from pipeline.chain.history.tail import SharedTail
+from pipeline.chain.history.tailread import READ_BYTES, FilteredReads
 from pipeline.chain.metrics import Metrics
-from pipeline.chain.producer import WebsocketHub
-from pipeline.chain.resumption import TieredResumption
-from pipeline.chain.tail import SharedTail
-from pipeline.chain.tailread import READ_BYTES, FilteredReads
-from pipeline.redisconn import Role, connect
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.producer import WebsocketHub
+from pipeline.redisio.conn import Role, connect
 from tests.support.poll import until
 
 from .conftest import STREAM, CollectingSink

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from pipeline import keys
-from pipeline.chain.generator import SyntheticChain, write_blocks
-from pipeline.chain.tail import SharedTail
-from pipeline.redisconn import Role, connect
+from pipeline.chain.history.tail import SharedTail
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.redisio.conn import Role, connect
 from tests.support.poll import until
 
 from .conftest import STREAM, write_foreign_block

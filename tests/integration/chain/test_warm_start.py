@@ -7,8 +7,8 @@ lake opened at start it took 0.02 s (see the report of issue 21).
 
 from __future__ import annotations
 
-from pipeline.chain.appkeys import HISTORY
-from pipeline.chain.generator import SyntheticChain, write_blocks
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+from pipeline.chain.serve.appkeys import HISTORY
 from tests.support.poll import until
 
 from .conftest import STREAM, write_lake

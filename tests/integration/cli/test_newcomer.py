@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 from tests.integration.cli.test_bad_input import _one_line, sluice
 from tests.support.poll import until_sync
 from tests.support.userenv import user_env

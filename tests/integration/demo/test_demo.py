@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.demo.components import STREAM
 from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.demo.supervisor import sweep
-from pipeline.ports import free_port
-from pipeline.redisconn import Role
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
+from pipeline.runtime.ports import free_port
 from tests.integration.lake.connect import shared_server
 from tests.support.poll import until_sync
 

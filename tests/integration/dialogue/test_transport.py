@@ -15,10 +15,10 @@ import pytest
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.transport import TcpTransport, parse_host_port
 from pipeline.errors import ConfigError
-from pipeline.ports import free_port
 from pipeline.routing.message import Address, AddressType, Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker
 from pipeline.routing.workers import Echo
+from pipeline.runtime.ports import free_port
 from pipeline.settings import Settings
 from tests.support.poll import until
 

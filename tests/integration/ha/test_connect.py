@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from pipeline import redischeck, redisconn
 from pipeline.errors import ConfigError
-from pipeline.ports import free_port
-from pipeline.redisconn import Role
+from pipeline.redisio import check as redischeck
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until_sync
 from tests.support.userenv import user_env
 
@@ -35,7 +36,7 @@ async def test_many_connections_at_once_keep_every_sentinel_client(sentinel_url:
     in a failover): every Sentinel client stays in the manager, so closing the client
     closes all their connections (redis-py 8.1's own discovery dropped one, whose open
     connections were then garbage-collected unclosed)."""
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
 
     hosts = sentinel_url.split("//")[1].split("/")[0]
     url = sentinel_url.replace(hosts, f"127.0.0.1:{free_port()},{hosts}")
@@ -100,7 +101,7 @@ def test_data_node_given_as_sentinel(redis_url: str) -> None:
 
 
 def test_unreachable_redis_is_not_a_misconfiguration() -> None:
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
 
     port = free_port()
     for url in (

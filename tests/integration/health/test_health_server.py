@@ -9,9 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pipeline import health
 from pipeline.errors import ConfigError
-from pipeline.health import HealthServer, Sample
+from pipeline.runtime import health
+from pipeline.runtime.health import HealthServer, Sample
 from tests.support.poll import until
 
 

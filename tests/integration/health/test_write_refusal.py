@@ -33,8 +33,8 @@ from redis.exceptions import OutOfMemoryError
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.bus.signing import Signer
-from pipeline.localredis import LocalRedis
-from pipeline.ports import free_port
+from pipeline.local.redisserver import LocalRedis
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until_sync
 from tests.support.refusal import Refusal, misconf, refusing, replica
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.localredis import LocalRedis
-from pipeline.ports import free_port
+from pipeline.local.redisserver import LocalRedis
+from pipeline.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("pyarrow", "deltalake", "pandas", "rich", "re2", "pyspark")

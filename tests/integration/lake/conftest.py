@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.lake.sparkserver import ConnectServer
+from pipeline.lake.spark.server import ConnectServer
 from tests.integration.lake.connect import shared_server
 
 

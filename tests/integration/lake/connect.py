@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.lake.sparkserver import ConnectServer
-from pipeline.ports import free_port
+from pipeline.lake.spark.server import ConnectServer
+from pipeline.runtime.ports import free_port
 from pipeline.settings import Settings
 
 _KEY = pytest.StashKey[ConnectServer]()

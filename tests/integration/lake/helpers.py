@@ -92,7 +92,7 @@ def append_blocks(
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from pipeline.lake import tables
+    from pipeline.lake.storage import tables
     from pipeline.settings import LakeSettings
 
     values = {

@@ -12,10 +12,10 @@ from deltalake import DeltaTable
 from pipeline import keys
 from pipeline.blockcodec import Block, encode_block
 from pipeline.errors import ArchiveError, RedisUnavailable
-from pipeline.lake import tables
 from pipeline.lake.archive import archive_interval
-from pipeline.lake.entries import Entry, read_entries
-from pipeline.lake.reader import LakeReader
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.entries import Entry, read_entries
+from pipeline.lake.storage.reader import LakeReader
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import block_rows, chain, publish, settings_for
 

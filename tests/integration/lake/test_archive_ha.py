@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.errors import RedisUnavailable
-from pipeline.lake import redisread, tables
 from pipeline.lake.archive import archive_interval
-from pipeline.lake.entries import read_entries
-from pipeline.redisconn import Role
+from pipeline.lake.intake import redisread
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.entries import read_entries
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
 from pipeline.settings import LakeSettings
 from tests.support.poll import until_sync
 

@@ -10,10 +10,11 @@ from deltalake import DeltaTable
 
 from pipeline import keys
 from pipeline.blockcodec import Block, encode_block
-from pipeline.lake import arrowwrite, tables
 from pipeline.lake.archive import ArchiveResult, archive_interval
-from pipeline.lake.entries import Entry, read_entries
 from pipeline.lake.maintain import _vacuum
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.entries import Entry, read_entries
+from pipeline.lake.write import arrowwrite
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish, settings_for
 
@@ -220,8 +221,8 @@ def test_a_repeat_further_back_than_the_task_window_is_settled_by_the_driver(
     """One task, a hash repeated 10,000 entries after its first (beyond the task's window,
     blockplan.WINDOW): the task writes it as a first, the driver's fix settles it; the rows
     are the Spark writer's."""
-    from pipeline.lake.blockplan import WINDOW
-    from pipeline.lake.source import DEFAULT_PAGE
+    from pipeline.lake.spark.source import DEFAULT_PAGE
+    from pipeline.lake.write.blockplan import WINDOW
 
     n = 2 * DEFAULT_PAGE
     assert n - DEFAULT_PAGE > WINDOW  # the first page has left the window by the repeat's

@@ -14,8 +14,8 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline import keys
-from pipeline.lake import tables
-from pipeline.ports import free_port
+from pipeline.lake.storage import tables
+from pipeline.runtime.ports import free_port
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish
 from tests.support.lakejob import job_env, log_rows, run_job

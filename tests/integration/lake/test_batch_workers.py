@@ -73,7 +73,7 @@ def test_log_rows_committed_together_are_read_back_per_stream(
     are found again per stream: a rerun sees every interval as archived already."""
     import pyarrow.parquet as pq
 
-    from pipeline.lake import tables
+    from pipeline.lake.storage import tables
 
     names = [f"q{i}" for i in range(8)]
     for name in names:

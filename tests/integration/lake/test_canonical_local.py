@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from deltalake import DeltaTable
 
-from pipeline.chain.generator import SyntheticChain
-from pipeline.lake import tables
+from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.lake.canonical import mark_canonical
-from pipeline.lake.jobs import ensure_tables
+from pipeline.lake.storage import tables
+from pipeline.lake.write.jobs import ensure_tables
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import append_blocks, settings_for
 

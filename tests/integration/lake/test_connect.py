@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.lake import tables
-from pipeline.ports import free_port
+from pipeline.lake.storage import tables
+from pipeline.runtime.ports import free_port
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish
 from tests.support.lakejob import job_env as _job_env
@@ -74,7 +74,7 @@ def test_invalid_entries_are_warnings_counted_in_the_result(
 ) -> None:
     from pipeline import keys
     from pipeline.blockcodec import encode_block
-    from pipeline.lake.entries import read_entries
+    from pipeline.lake.storage.entries import read_entries
 
     blocks = chain(0, 10)
     publish(redis_client, "c", blocks, first_ms=1000)
@@ -167,7 +167,7 @@ def test_a_locked_stream_waits_then_fails_naming_the_holder(
 def test_server_killed_mid_job_fails_clearly_and_the_rerun_completes(
     redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path, spark_remote: str
 ) -> None:
-    from pipeline.lake.sparkserver import ConnectServer
+    from pipeline.lake.spark.server import ConnectServer
     from tests.integration.lake.connect import server_settings
 
     n = 20_000

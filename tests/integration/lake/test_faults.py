@@ -10,9 +10,9 @@ import pytest
 from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
 from pipeline.lake.archive import archive_interval
-from pipeline.lake.jobs import ensure_tables
 from pipeline.lake.replay import replay
 from pipeline.lake.trim import safe_trim
+from pipeline.lake.write.jobs import ensure_tables
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import settings_for
 

@@ -18,8 +18,8 @@ from pipeline.lake.archive import archive_interval
 from pipeline.lake.audit import audit
 from pipeline.lake.canonical import mark_canonical
 from pipeline.lake.maintain import maintain
-from pipeline.lake.reader import LakeReader
 from pipeline.lake.replay import replay
+from pipeline.lake.storage.reader import LakeReader
 from pipeline.lake.trim import safe_trim
 from tests.integration.lake.helpers import chain, publish, settings_for
 

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.lake import tables
 from pipeline.lake.archive import archive_interval
+from pipeline.lake.storage import tables
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import chain, publish, settings_for
 

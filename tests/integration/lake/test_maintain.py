@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.lake import tables
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.maintain import live_files, maintain
+from pipeline.lake.storage import tables
 from tests.integration.lake.helpers import chain, publish, settings_for
 
 pytestmark = [pytest.mark.spark]

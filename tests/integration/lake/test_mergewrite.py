@@ -15,10 +15,11 @@ import pytest
 
 from pipeline import keys
 from pipeline.blockcodec import encode_block
-from pipeline.lake import arrowwrite, store, tables
 from pipeline.lake.archive import archive_interval
-from pipeline.lake.entries import read_entries
+from pipeline.lake.storage import store, tables
+from pipeline.lake.storage.entries import read_entries
 from pipeline.lake.trim import logged_intervals
+from pipeline.lake.write import arrowwrite
 from tests.integration.lake.helpers import chain, publish, settings_for
 from tests.integration.lake.test_s3 import _redis_entries
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from pipeline.errors import LakeError
-from pipeline.lake import tables
-from pipeline.lake.jobs import ensure_tables, table_sql
-from pipeline.lake.reader import LakeReader
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.reader import LakeReader
+from pipeline.lake.write.jobs import ensure_tables, table_sql
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import block_rows, chain
 

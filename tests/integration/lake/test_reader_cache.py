@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.lake.jobs import ensure_tables
-from pipeline.lake.reader import LakeReader
+from pipeline.lake.storage.reader import LakeReader
+from pipeline.lake.write.jobs import ensure_tables
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import append_blocks, chain
 

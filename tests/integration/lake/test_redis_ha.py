@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import keys, redisconn
+from pipeline import keys
 from pipeline.errors import LockBusy
-from pipeline.lake import redisread
+from pipeline.lake.intake import redisread
 from pipeline.lake.lock import StreamLock
-from pipeline.redisconn import Role
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
 
 
 def test_raw_reader_and_bounds_on_every_layout(any_redis_url: str) -> None:

@@ -18,16 +18,17 @@ import pytest
 from pipeline import keys
 from pipeline.blockcodec import decode_block
 from pipeline.errors import LakePathError
-from pipeline.lake import arrowwrite, store, tables
 from pipeline.lake.archive import ArchiveResult, _write_log, archive_interval
 from pipeline.lake.audit import audit
 from pipeline.lake.canonical import mark_canonical
-from pipeline.lake.entries import Entry, read_entries
 from pipeline.lake.maintain import maintain
-from pipeline.lake.reader import LakeReader
 from pipeline.lake.replay import replay
+from pipeline.lake.storage import store, tables
+from pipeline.lake.storage.entries import Entry, read_entries
+from pipeline.lake.storage.reader import LakeReader
 from pipeline.lake.trim import logged_intervals, safe_trim
-from pipeline.localstore import LocalStore
+from pipeline.lake.write import arrowwrite
+from pipeline.local.s3 import LocalStore
 from tests.integration.lake.helpers import chain, publish, settings_for
 
 pytestmark = pytest.mark.spark
@@ -146,7 +147,7 @@ def test_two_archives_of_different_streams_commit_at_once(
 def test_racing_commits_to_one_table_are_all_kept(redis_url: str, s3_lake: dict[str, Any]) -> None:
     """Eight writers MERGE a row each into archive_log at once: a lost race is retried."""
     settings = settings_for(redis_url, **s3_lake)
-    from pipeline.lake.jobs import ensure_tables
+    from pipeline.lake.write.jobs import ensure_tables
 
     ensure_tables(settings.lake)
     start = threading.Barrier(8)
@@ -235,7 +236,7 @@ def test_cli_on_a_broken_store_is_one_line_and_exit_1(
         **change,
     }  # fmt: skip
     if env["SLUICE_LAKE_S3_ENDPOINT"] == "__down__":
-        from pipeline.ports import free_port
+        from pipeline.runtime.ports import free_port
 
         env["SLUICE_LAKE_S3_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
     for argv in (

@@ -36,9 +36,9 @@ import pytest
 from aiohttp import ClientSession, web
 from yarl import URL
 
-from pipeline.lake import store
-from pipeline.localstore import LocalStore
-from pipeline.ports import free_port
+from pipeline.lake.storage import store
+from pipeline.local.s3 import LocalStore
+from pipeline.runtime.ports import free_port
 from tests.integration.lake.helpers import settings_for
 
 #: A commit file of a Delta table (not the writer's temporary file).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.ports import free_port
+from pipeline.runtime.ports import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

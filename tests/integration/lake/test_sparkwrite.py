@@ -12,10 +12,11 @@ import pytest
 
 from pipeline import keys
 from pipeline.blockcodec import encode_block
-from pipeline.lake import sparkwrite, tables
 from pipeline.lake.archive import ArchiveResult, archive_interval
-from pipeline.lake.entries import read_entries
-from pipeline.lake.intervalstats import MAX_REPORTED_INVALID
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.entries import read_entries
+from pipeline.lake.storage.intervalstats import MAX_REPORTED_INVALID
+from pipeline.lake.write import sparkwrite
 from tests.integration.lake.helpers import chain, publish, settings_for
 from tests.integration.lake.test_arrowwrite import _redis_entries, _rows
 

@@ -7,8 +7,8 @@ import redis
 
 from pipeline import keys
 from pipeline.errors import RedisUnavailable
-from pipeline.lake import streamset
-from pipeline.redisconn import Role, connect_sync
+from pipeline.lake.intake import streamset
+from pipeline.redisio.conn import Role, connect_sync
 from tests.integration.lake.helpers import settings_for
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import keys
-from pipeline.lake.arrowwrite import WriteOptions, plan_task
+from pipeline.lake.write.arrowwrite import WriteOptions, plan_task
 
 STREAM = "bursty"
 

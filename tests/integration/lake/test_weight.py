@@ -11,11 +11,11 @@ from deltalake import DeltaTable, write_deltalake
 
 from pipeline import keys
 from pipeline.blockcodec import encode_block
-from pipeline.chain.generator import SyntheticChain
-from pipeline.lake import tables
+from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.lake.archive import archive_interval
 from pipeline.lake.canonical import mark_canonical
-from pipeline.lake.reader import LakeReader
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.reader import LakeReader
 from pipeline.settings import LakeSettings
 from tests.integration.lake.helpers import publish, settings_for
 

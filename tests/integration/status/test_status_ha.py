@@ -8,9 +8,10 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from redis.crc import key_slot
 
-from pipeline import keys, redisconn
-from pipeline.chain.server import create_app
-from pipeline.redisconn import Role
+from pipeline import keys
+from pipeline.chain.serve.server import create_app
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
 from tests.support.poll import until
 
 from .test_status_json import STREAM, _add_blocks, _get, _settings

@@ -24,8 +24,8 @@ import aiohttp
 import pyarrow as pa
 import pytest
 
-from pipeline.lake.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
-from pipeline.ports import free_port
+from pipeline.lake.storage.tables import ARCHIVE_LOG, ARCHIVE_LOG_ARROW
+from pipeline.runtime.ports import free_port
 
 from .cdp import chromium, chromium_path
 

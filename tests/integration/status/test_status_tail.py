@@ -15,8 +15,8 @@ import redis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
-from pipeline.chain.status import StatusBoard
-from pipeline.redisconn import Role, connect
+from pipeline.chain.serve.status import StatusBoard
+from pipeline.redisio.conn import Role, connect
 from pipeline.settings import Settings
 from tests.support.poll import until
 

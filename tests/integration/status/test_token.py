@@ -1,4 +1,4 @@
-"""The serve token's reach over HTTP (pipeline/chain/auth.py), against a real server and Redis.
+"""The serve token's reach over HTTP (pipeline/chain/serve/auth.py), against a real server and Redis.
 
 With ``serve_token`` set: ``/status.json``, ``/metrics`` and ``/ws`` need it
 (``Authorization: Bearer`` or ``?token=``) and answer 401 with a Bearer
@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from pipeline.chain.server import create_app
+from pipeline.chain.serve.server import create_app
 from pipeline.settings import Settings
 
 from .cdp import chromium, chromium_path

@@ -11,7 +11,7 @@ import redis as sync_redis
 
 from pipeline import keys
 from pipeline.errors import LeaseHeld
-from pipeline.localredis import LocalRedis
+from pipeline.local.redisserver import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Node
 from pipeline.streams.client import Consumer, Publisher

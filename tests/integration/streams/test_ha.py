@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from pipeline import keys, redisconn
-from pipeline.durability import Durability
+from pipeline import keys
 from pipeline.errors import SluiceError
-from pipeline.redisconn import Role
+from pipeline.redisio import conn as redisconn
+from pipeline.redisio.conn import Role
+from pipeline.redisio.durability import Durability
 from pipeline.routing.message import Route
 from pipeline.routing.node import Context
 from pipeline.streams import protocol as p

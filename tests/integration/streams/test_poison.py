@@ -17,8 +17,8 @@ import msgpack
 import redis as sync_redis
 
 from pipeline import keys
-from pipeline.ports import free_port
 from pipeline.routing.message import Address, Route, StreamAddress, TransportMessage
+from pipeline.runtime.ports import free_port
 from tests.support.poll import until_sync
 
 from .test_cli import Proc, env, procs  # noqa: F401 - fixtures

@@ -13,7 +13,7 @@ import redis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
-from pipeline.localredis import LocalRedis
+from pipeline.local.redisserver import LocalRedis
 
 ROOT = Path(__file__).resolve().parents[3]
 STREAM = "chain:produce-restart"

@@ -16,7 +16,7 @@ from pipeline.errors import (
     RemoteProtocolError,
     StreamNotFound,
 )
-from pipeline.localredis import LocalRedis
+from pipeline.local.redisserver import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.streams import protocol as p

@@ -9,7 +9,7 @@ import msgpack
 import redis as sync_redis
 
 from pipeline import keys
-from pipeline.localredis import LocalRedis
+from pipeline.local.redisserver import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Node
 from pipeline.streams import protocol as p

@@ -98,7 +98,7 @@ def test_facades_import_lazily() -> None:
     loaded = _imports_after("from pipeline.bus import BusClient")
     assert "pipeline.bus.client" in loaded
     assert "pipeline.bus.server" not in loaded
-    assert "pipeline.lake.reader" not in _imports_after("import pipeline.lake")
+    assert "pipeline.lake.storage.reader" not in _imports_after("import pipeline.lake")
 
 
 def test_core_names_load_no_heavy_package() -> None:

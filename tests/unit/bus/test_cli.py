@@ -32,7 +32,7 @@ def test_keygen_into_a_missing_directory_is_one_line(tmp_path, capsys):
 
 
 def test_dead_and_register_with_redis_down_are_one_line(capsys):
-    from pipeline.ports import free_port
+    from pipeline.runtime.ports import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     assert cli.main(["dead", "--redis", url]) == 1

@@ -18,8 +18,8 @@ from pipeline.blockcodec import (
     parse_quantity,
     raw_results,
 )
-from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.patterns import compile_patterns
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.serve.patterns import compile_patterns
 from pipeline.errors import BadBatch
 
 H1, H2, S1 = bytes.fromhex("42" * 32), bytes.fromhex("db" * 32), bytes.fromhex("fe" * 32)

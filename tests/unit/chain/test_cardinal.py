@@ -19,8 +19,8 @@ from pipeline.chain.cardinal import (
     reorg_text,
     whole_block_result,
 )
-from pipeline.chain.ordered import Added, OrderedChain, Removed
-from pipeline.chain.patterns import compile_patterns
+from pipeline.chain.client.ordered import Added, OrderedChain, Removed
+from pipeline.chain.serve.patterns import compile_patterns
 from pipeline.errors import BadBatch
 
 H1, H2, S1 = bytes.fromhex("42" * 32), bytes.fromhex("db" * 32), bytes.fromhex("fe" * 32)

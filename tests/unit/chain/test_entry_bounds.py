@@ -25,7 +25,7 @@ from pipeline.blockcodec import (
     decode_raw,
     encode_block,
 )
-from pipeline.chain.entries import Refusals
+from pipeline.chain.history.entries import Refusals
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.planning import TailIndex, index_entry
 from pipeline.errors import BadBatch

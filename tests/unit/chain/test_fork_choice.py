@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.blockcodec import Block
-from pipeline.chain.ordered import Added, OrderedChain
+from pipeline.chain.client.ordered import Added, OrderedChain
 from pipeline.chain.planning import Emit, Sender, TailIndex
 from pipeline.lake.canonical import Node, plan_walk
 

@@ -8,14 +8,16 @@ from typing import Any
 import pytest
 
 from pipeline.blockcodec import Block, SubBatch
-from pipeline.chain import frames, jsonrpc, producer
+from pipeline.chain import jsonrpc
 from pipeline.chain.burst import frame_texts
 from pipeline.chain.cardinal import CARDINAL, SEED, encode_results
-from pipeline.chain.frames import encode_frames, frames_for
 from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Emit
-from pipeline.chain.producer import UNSHARED, LiveBlock, share_key
-from pipeline.chain.subscription import METHOD, Subscription, parse_subscribe
+from pipeline.chain.produce import producer
+from pipeline.chain.produce.producer import UNSHARED, LiveBlock, share_key
+from pipeline.chain.serve import frames
+from pipeline.chain.serve.frames import encode_frames, frames_for
+from pipeline.chain.serve.subscription import METHOD, Subscription, parse_subscribe
 
 H = "0x" + "00" * 32
 

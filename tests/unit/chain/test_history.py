@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.chain.history import SharedHistory
+from pipeline.chain.history.lakeview import SharedHistory
 from pipeline.errors import LakePathError
 
 

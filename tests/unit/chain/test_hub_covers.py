@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.chain.producer import WebsocketHub
+from pipeline.chain.produce.producer import WebsocketHub
 
 
 def test_a_hub_covers_only_ids_its_feed_has_not_read_past() -> None:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.blockcodec import Block, encode_block
-from pipeline.chain.lakepages import next_page
+from pipeline.chain.history.lakepages import next_page
 
 
 def _block(num: int) -> tuple[int, str, str, bytes]:
@@ -31,7 +31,7 @@ def test_an_undecodable_body_is_skipped_with_a_warning(caplog: pytest.LogCapture
             "payload": [r[3] for r in rows],
         }
     )
-    with caplog.at_level(logging.WARNING, logger="pipeline.chain.lakepages"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.chain.history.lakepages"):
         emits = next_page(iter([page]), None)
     assert emits is not None and [e.num for e in emits] == [1, 3]
     assert "skipping lake block 2" in caplog.text

@@ -1,4 +1,4 @@
-"""Live groups (pipeline/chain/live.py) send every subscriber exactly what its own Sender would.
+"""Live groups (pipeline/chain/history/live.py) send every subscriber exactly what its own Sender would.
 
 Random chains (forks, heavier shorter branches, blocks whose parent was never
 seen, blocks published twice, explicit and implied weights), subscribers that
@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.blockcodec import Block
-from pipeline.chain import live
-from pipeline.chain.live import LiveGroups, LiveListener
-from pipeline.chain.patterns import compile_patterns
+from pipeline.chain.history import live
+from pipeline.chain.history.live import LiveGroups, LiveListener
 from pipeline.chain.planning import Emit, Sender
-from pipeline.chain.producer import LiveBlock, WebsocketHub
+from pipeline.chain.produce.producer import LiveBlock, WebsocketHub
+from pipeline.chain.serve.patterns import compile_patterns
 
 
 class Sink:

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from pipeline.blockcodec import BatchHeader, Block, SubBatch
-from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.ordered import Added, BlockAssembler, OrderedChain, Removed
+from pipeline.chain.client.ordered import Added, BlockAssembler, OrderedChain, Removed
+from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.errors import ChainGap, OrderingError
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.chain.patterns import MAX_PATTERN_LEN, MAX_PATTERNS, compile_patterns
+from pipeline.chain.serve.patterns import MAX_PATTERN_LEN, MAX_PATTERNS, compile_patterns
 from pipeline.errors import BadParams
 
 

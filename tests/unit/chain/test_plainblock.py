@@ -16,7 +16,7 @@ from pipeline.blockcodec import (
     raw_results,
     raw_weight,
 )
-from pipeline.chain.plainblock import MAX_FAST_BYTES, plain_results
+from pipeline.chain.history.plainblock import MAX_FAST_BYTES, plain_results
 from pipeline.errors import BadBatch
 
 H, P = "42" * 32, "db" * 32

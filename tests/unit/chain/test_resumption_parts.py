@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Emit, Sender, TailIndex
-from pipeline.chain.subscription import Subscription, parse_subscribe
+from pipeline.chain.serve.subscription import Subscription, parse_subscribe
 from pipeline.errors import BadParams, SlowConsumer
 
 H = "0x" + "ab" * 32

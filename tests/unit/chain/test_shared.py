@@ -7,10 +7,10 @@ import pytest
 
 from pipeline.blockcodec import Block, encode_block
 from pipeline.chain.cardinal import CARDINAL, encoding_for
-from pipeline.chain.lakepages import page_emits
+from pipeline.chain.history.lakepages import page_emits
+from pipeline.chain.history.shared import SharedResults, shape_of
 from pipeline.chain.metrics import Metrics
-from pipeline.chain.patterns import compile_patterns
-from pipeline.chain.shared import SharedResults, shape_of
+from pipeline.chain.serve.patterns import compile_patterns
 
 
 def _page(lo: int, hi: int, bad: int | None = None) -> pa.Table:

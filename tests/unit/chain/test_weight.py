@@ -18,7 +18,7 @@ from pipeline.blockcodec import (
     raw_results,
     weight_bytes32,
 )
-from pipeline.chain.generator import SyntheticChain
+from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.errors import BadBatch
 
 H1, H2 = bytes.fromhex("42" * 32), bytes.fromhex("db" * 32)

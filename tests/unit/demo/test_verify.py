@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.blockcodec import Block
-from pipeline.chain.generator import SyntheticChain
-from pipeline.chain.ordered import Added, Removed
+from pipeline.chain.client.ordered import Added, Removed
+from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.demo.verify import Follower, Known, canonical_chain
 from pipeline.errors import BrokenChain
 

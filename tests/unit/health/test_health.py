@@ -1,11 +1,11 @@
-"""The pure parts of pipeline.health: names, exposition text, listen addresses."""
+"""The pure parts of pipeline.runtime.health: names, exposition text, listen addresses."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.health import Sample, counter_samples, metric_name, parse_listen, render
+from pipeline.runtime.health import Sample, counter_samples, metric_name, parse_listen, render
 
 
 def test_metric_names_are_sanitized() -> None:

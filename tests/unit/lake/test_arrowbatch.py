@@ -1,11 +1,11 @@
-"""The coalescer of a shared archive job's writes (:class:`pipeline.lake.arrowbatch.Coalescer`)."""
+"""The coalescer of a shared archive job's writes (:class:`pipeline.lake.write.arrowbatch.Coalescer`)."""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.lake.arrowbatch import Coalescer
+from pipeline.lake.write.arrowbatch import Coalescer
 from tests.support.poll import until_sync
 
 
@@ -33,7 +33,7 @@ def test_requests_made_while_a_batch_runs_are_served_together_each_with_its_own_
 
 
 def test_a_batch_takes_at_most_its_limit_and_a_failure_fails_every_request_of_it() -> None:
-    from pipeline.lake.arrowbatch import _Request
+    from pipeline.lake.write.arrowbatch import _Request
 
     def run(items: list[int]) -> list[int]:
         if 13 in items:

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.lake.archive import _arrow_writer
-from pipeline.lake.arrowwrite import (
+from pipeline.lake.write.arrowwrite import (
     ENTRIES_FILE,
     ROW_GROUP_ROWS,
     _File,

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.blockcodec import Block, SubBatch, decode_block, encode_block, weight_bytes32
 from pipeline.errors import BadBatch
-from pipeline.lake.blockhead import HeadReader, block_head
+from pipeline.lake.intake.blockhead import HeadReader, block_head
 
 H, P = b"\x01" * 32, b"\x02" * 32
 

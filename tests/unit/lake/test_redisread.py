@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.lake.redisread import MAX_SEQ, format_id, id_before, parse_id, split_range
+from pipeline.lake.intake.redisread import MAX_SEQ, format_id, id_before, parse_id, split_range
 
 
 def test_parse_and_format_ids() -> None:
@@ -48,7 +48,7 @@ def test_split_range_covers_exactly(a: tuple[int, int], b: tuple[int, int], part
 def test_split_occupied_gives_each_range_as_many_busy_slices() -> None:
     """A burst at the end of a span (what a split by milliseconds gives one range): two
     ranges of two busy slices each; with every slice busy, the plain split."""
-    from pipeline.lake.redisread import split_occupied
+    from pipeline.lake.intake.redisread import split_occupied
 
     edges = list(range(0, 110, 10))  # ten slices of 10 ms
     busy = [True] + [False] * 6 + [True] * 3

@@ -6,7 +6,7 @@ import pytest
 from pyspark.errors import PythonException
 
 from pipeline.errors import RedisUnavailable, SparkUnavailable
-from pipeline.lake.jobs import run_spark
+from pipeline.lake.write.jobs import run_spark
 
 WORKER = "An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
 

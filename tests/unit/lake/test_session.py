@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError, SparkUnavailable
-from pipeline.lake.session import (
+from pipeline.lake.spark.session import (
     cached_jars,
     delta_package,
     drop_provided,

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from pipeline.ports import port_free
+from pipeline.runtime.ports import port_free
 
 
 def test_a_port_in_use_is_refused_in_one_line() -> None:

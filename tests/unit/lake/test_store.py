@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.lake import store
+from pipeline.lake.storage import store
 from pipeline.settings import LakeSettings, Settings
 
 S3 = {

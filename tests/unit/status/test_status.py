@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
-from pipeline.chain.status import (
+from pipeline.chain.serve.status import (
     MAX_RUNS,
     Archived,
     Interval,

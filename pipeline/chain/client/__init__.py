@@ -1,0 +1,1 @@
+"""Reading chain streams: the subscriber library (ordered updates, reorgs as removals) and `sluice subscribe`."""

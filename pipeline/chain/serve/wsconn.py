@@ -1,0 +1,530 @@
+"""One websocket connection of ``sluice serve``: JSON-RPC requests in, notifications out.
+
+A :class:`Connection` reads requests (each in its own bounded task), answers
+them through one bounded :class:`~pipeline.chain.serve.subscription.Outbox` drained
+by one writer task, and runs the subscriptions it opened. The app around it
+(routes, auth, lifecycle, the live tailer) is :mod:`pipeline.chain.serve.server`;
+the wire dialects are :mod:`pipeline.chain.cardinal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from pipeline.blockcodec import MAX_BLOCK_NUM, parse_quantity
+from pipeline.chain import jsonrpc
+from pipeline.chain.burst import burst_end, frame_texts
+from pipeline.chain.cardinal import (
+    CARDINAL,
+    DIALECTS,
+    SEED,
+    STREAMS_BLOCK,
+    encoding_for,
+    whole_block_result,
+)
+from pipeline.chain.outbox import Outbox
+from pipeline.chain.planning import Reason
+from pipeline.chain.serve.appkeys import CALLS, HUB, METRICS, RESUMPTION, SETTINGS
+from pipeline.chain.serve.subscription import Subscription, parse_subscribe
+from pipeline.errors import BadBatch, BadParams, NotFound, SlowConsumer, SluiceError
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME = 64 * 1024
+MAX_SUBSCRIPTIONS = 16
+#: Requests of one connection being worked on at once; more are refused with an
+#: error reply while the reader goes on reading (so pings and pongs still flow).
+MAX_IN_FLIGHT = 64
+#: Requests being worked on in the whole server; more are refused the same way, so
+#: thousands of connections cannot queue unbounded work in front of live data.
+MAX_IN_FLIGHT_SERVER = 1024
+CLOSE_TIMEOUT_S = 2.0
+#: Refused requests logged per connection (later ones are only counted).
+_REFUSALS_LOGGED = 16
+_WRITE_BATCH = 512
+#: The longest websocket frame header a server writes (no mask): 2 + 8 bytes.
+_FRAME_HEADER = 10
+_TCP = (socket.AF_INET, socket.AF_INET6)
+#: Linux's TCP_CORK (None elsewhere: bursts are then written uncorked).
+_CORK: int | None = getattr(socket, "TCP_CORK", None)
+
+
+@contextlib.contextmanager
+def _corked(sock: Any) -> Iterator[None]:
+    """Hold a burst of frames in the kernel until it ends (``TCP_CORK``), where there is one."""
+    if sock is None or _CORK is None:
+        yield
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
+
+
+def dialect_of(request: web.Request) -> str | None:
+    """The wire dialect the URL asks for (``/cardinal``, ``?dialect=``), None if unknown."""
+    default = CARDINAL if request.path == "/cardinal" else SEED
+    name = request.query.get("dialect", default)
+    return name if name in DIALECTS else None
+
+
+class Connection:
+    """One websocket peer: reads requests, owns its subscriptions and its writer."""
+
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
+        app = request.app
+        self.ws = ws
+        self.request = request
+        self.settings = app[SETTINGS]
+        self.metrics = app[METRICS]
+        self.resumption = app[RESUMPTION]
+        self.dialect = dialect_of(request) or SEED
+        self.outbox = Outbox(
+            self.settings.serve.send_buffer,
+            batch=app[HUB].batch,
+            inline=self._send_inline,
+            direct=self._write_direct,
+            stall_s=self.settings.serve.stall_s,
+        )
+        #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
+        self._writing = False
+        transport = request.transport
+        #: The connection's transport (None: already gone), for the inline send's checks,
+        #: and the longest frame it sends inline: below the high-water mark, never paused.
+        self._transport = transport
+        self._inline_max = (
+            transport.get_write_buffer_limits()[1] - _FRAME_HEADER if transport is not None else 0
+        )
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
+        self._sock = sock if sock is not None and sock.family in _TCP else None
+        self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
+        self._next_sub = 0
+        self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self._pending_start: tuple[Subscription, Any] | None = None
+        #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task.
+        self._calls: set[asyncio.Task[None]] = set()
+        self._subscribing = 0
+        self._refusals_logged = 0
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write(), name="ws-writer")
+        reader = asyncio.create_task(self._read(), name="ws-reader")
+        try:
+            waits: set[asyncio.Future[Any]] = {reader, writer, self._failure}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for _, task in self.subs.values():
+                task.cancel()
+            reader.cancel()
+            writer.cancel()
+            for call in self._calls:
+                call.cancel()
+            await asyncio.gather(
+                reader,
+                writer,
+                *self._calls,
+                *(t for _, t in self.subs.values()),
+                return_exceptions=True,
+            )
+            self.subs.clear()
+            code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
+            await self.close(code, reason)
+
+    def fail(self, code: int, reason: str) -> None:
+        if not self._failure.done():
+            self._failure.set_result((code, reason))
+
+    async def close(self, code: int, reason: str) -> None:
+        log.debug("closing %s %s closed=%s", code, reason, self.ws.closed)
+        if self.ws.closed:
+            return
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(code=code, message=reason.encode()[:123])
+        except (TimeoutError, ConnectionError) as exc:
+            log.debug("close failed %r; aborting %s", exc, self.request.transport)
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()
+
+    async def _write(self) -> None:
+        """The one writer of the connection: every text in outbox order, aiohttp's public API only.
+
+        Live fan-out only appends shared frames to the outbox
+        (:mod:`pipeline.chain.serve.frames`); this task wakes once per batch and
+        sends what it finds. ``send_frame`` writes each frame and waits while
+        the transport is paused (aiohttp's flow control), so a subscriber that
+        does not read lets its outbox fill up and is closed with 1008 by the
+        fan-out, which never waits for it. A burst of frames is written corked
+        (``TCP_CORK``) so the kernel sends it in full segments: the frames of
+        catch-up cost one small copy each, not one packet each
+        (``catchup_blocks_per_s`` of ``make bench B=resume``).
+        """
+        ws, outbox, metrics = self.ws, self.outbox, self.metrics
+        send, text_op = ws.send_frame, WSMsgType.TEXT
+        sock = self._sock
+        try:
+            while True:
+                await outbox.wait()
+                if self._writing:  # the fan-out's inline send holds texts: it wakes us after
+                    await outbox.wait(fresh=True)
+                    continue
+                texts = outbox.pop_many(_WRITE_BATCH)
+                if not texts:
+                    continue
+                if ws.closed:
+                    raise ConnectionResetError("websocket closed")
+                self._writing = True
+                try:
+                    if len(texts) == 1:  # one live text: no cork to set up
+                        await send(texts[0], text_op)
+                    else:
+                        with _corked(sock):
+                            await self._send_many(texts)
+                finally:
+                    self._writing = False
+                metrics.inc("sluice_serve_messages_sent_total", len(texts))
+        except ConnectionError:
+            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+        except Exception:
+            # Anything else ends this connection as the fan-out's own sends do (1011, logged
+            # once, counted); before, the writer task died with it and the connection was
+            # closed as if all were well (1000), with nothing logged or counted.
+            if not self._failure.done():
+                log.exception("send failed")
+                metrics.inc("sluice_serve_internal_errors_total")
+                self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
+
+    async def _send_many(self, texts: list[bytes]) -> None:
+        """Send ``texts`` in order: runs of them as one burst (:mod:`pipeline.chain.burst`)
+        while the transport's buffer is empty, the rest through aiohttp's ``send_frame``.
+
+        A burst is written only when nothing is buffered, and is at most
+        ``BURST_BYTES``: what it leaves in the buffer then goes out before the
+        next frame, which aiohttp's flow control makes wait while the transport
+        is paused (it checks after each ``writer_limit`` bytes it wrote itself).
+        """
+        ws, transport = self.ws, self._transport
+        send, text_op = ws.send_frame, WSMsgType.TEXT
+        i, count = 0, len(texts)
+        while i < count:
+            if transport is not None and not transport.get_write_buffer_size():
+                end = burst_end(texts, i)
+                if end - i > 1:
+                    if ws.closed or transport.is_closing():
+                        raise ConnectionResetError("websocket closed")
+                    transport.write(frame_texts(texts[i:end]))
+                    i = end
+                    continue
+            await send(texts[i], text_op)
+            i += 1
+
+    def _write_direct(self, wire: bytes, count: int) -> bool:
+        """Write ``count`` live frames, ``wire`` (built once for every subscriber that shares
+        them, :class:`~pipeline.chain.burst.SharedFrames`), now if nothing else can go first.
+
+        Called by the outbox for an offer made while nothing is queued: writes only
+        while neither sender holds texts, the transport's buffer is empty and ``wire``
+        is smaller than its high-water mark, so the transport is not paused after it
+        (what aiohttp's flow control waits for) and nothing sent before is still
+        waiting to go; False (nothing written: queue them) otherwise. One
+        ``transport.write`` and no coroutine per subscriber and block: the frames are
+        the bytes aiohttp's ``send_frame`` writes for each text (the server's
+        websockets are uncompressed), and a websocket that is closing gets nothing.
+        """
+        transport = self._transport
+        if (
+            self._writing
+            or transport is None
+            or len(wire) > self._inline_max
+            or transport.get_write_buffer_size()
+            or transport.is_closing()
+            or self.ws.closed
+        ):
+            return False
+        try:
+            transport.write(wire)
+        except Exception:
+            # Runs in the hub's publisher: as in _send_inline, whatever one connection
+            # raises ends that connection, logged once, never the live feed of the others.
+            if not self._failure.done():
+                log.exception("live send failed")
+                self.metrics.inc("sluice_serve_internal_errors_total")
+                self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
+            return True  # (nothing to queue: the connection is closing)
+        self.metrics.inc("sluice_serve_messages_sent_total", count)
+        return True
+
+    async def _send_inline(self) -> None:
+        """The live fan-out's send (:class:`~pipeline.chain.outbox.FanoutBatch`): no task switch.
+
+        Runs in the hub's task, so it must never wait: it sends only while the
+        writer task holds nothing, the transport's write buffer is empty and
+        the frame is smaller than its high-water mark. Then the protocol is not
+        paused (asyncio pauses it only above the high-water mark) and aiohttp's
+        ``send_frame``, which waits only for a paused protocol, completes at
+        once. Anything else is left queued for the writer task, in order
+        (``fanout_cpu_us_per_message`` of ``make bench B=resume``: a task
+        wake-up per subscriber and block was about a fifth of the fan-out's CPU).
+        """
+        transport = self._transport
+        if self._writing or transport is None or transport.get_write_buffer_size():
+            return
+        room, outbox, ws, sent = self._inline_max, self.outbox, self.ws, 0
+        send, text_op = ws.send_frame, WSMsgType.TEXT
+        self._writing = True
+        try:
+            while (text := outbox.peek()) is not None and len(text) < room and not ws.closed:
+                outbox.pop()
+                await send(text, text_op)
+                sent += 1
+                if transport.get_write_buffer_size():
+                    break
+        except ConnectionError:
+            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
+        except Exception:
+            # Runs in the hub's publisher: whatever one connection raises ends that
+            # connection, logged, never the live feed of the others.
+            log.exception("live send failed")
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
+        finally:
+            self._writing = False
+        if sent:
+            self.metrics.inc("sluice_serve_messages_sent_total", sent)
+
+    async def _read(self) -> None:
+        """Read frames without ever waiting for a request to finish.
+
+        Each request runs in its own task (at most ``MAX_IN_FLIGHT``); the loop
+        goes straight back to ``receive``, which is where aiohttp answers pings
+        and notes pongs, so a burst of slow calls cannot starve the heartbeat.
+        """
+        async for msg in self.ws:
+            if msg.type == WSMsgType.TEXT:
+                self._dispatch(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                self._error(None, jsonrpc.PARSE_ERROR, "binary frames are not JSON-RPC: send text")
+            elif msg.type == WSMsgType.ERROR:
+                self.fail(WSCloseCode.MESSAGE_TOO_BIG, "frame too large or invalid")
+                return
+
+    # --- requests -----------------------------------------------------------
+
+    def _reply(self, text: str) -> None:
+        if not self.outbox.offer([text.encode()]):
+            self._slow()
+
+    def _error(self, req_id: jsonrpc.RequestId, code: int, message: str) -> None:
+        self.metrics.inc_label("sluice_serve_rpc_errors_total", "code", str(code))
+        self._reply(jsonrpc.error(req_id, code, message))
+
+    def _log_refusal(self, fmt: str, *args: object) -> None:
+        """Log a refused request, at most ``_REFUSALS_LOGGED`` per connection (a flood is counted
+        in ``sluice_serve_rpc_errors_total``, not written to the log line by line)."""
+        if self._refusals_logged < _REFUSALS_LOGGED:
+            self._refusals_logged += 1
+            log.info(fmt + " (%s)", *args, self.request.remote)
+
+    def _slow(self) -> None:
+        if self._failure.done():
+            return  # one disconnect, however many of its subscriptions found it too slow
+        self.metrics.inc("sluice_serve_slow_disconnects_total")
+        self.fail(
+            WSCloseCode.POLICY_VIOLATION,
+            f"subscriber too slow: send buffer of {self.outbox.limit} messages full",
+        )
+
+    def _dispatch(self, text: str) -> None:
+        """Parse one frame (bounded: see ``jsonrpc.parse_request``) and start its call."""
+        req = jsonrpc.parse_request(text)
+        if isinstance(req, jsonrpc.RpcError):
+            self._log_refusal("refused a request: %s", req.message)
+            self._error(req.id, req.code, req.message)
+            return
+        if req.is_notification:
+            return  # JSON-RPC: no reply to a notification, and none of our methods is one
+        handler = _METHODS.get(req.method)
+        if handler is None:
+            self._error(req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}")
+            return
+        everyone = self.request.app[CALLS]
+        if len(self._calls) >= MAX_IN_FLIGHT or len(everyone) >= MAX_IN_FLIGHT_SERVER:
+            self.metrics.inc("sluice_serve_requests_refused_total")
+            busy = len(self._calls) < MAX_IN_FLIGHT
+            self._error(
+                req.id,
+                jsonrpc.SERVER_ERROR,
+                "server busy: retry later"
+                if busy
+                else f"too many requests in flight (at most {MAX_IN_FLIGHT}): wait for replies",
+            )
+            return
+        task = asyncio.create_task(self._handle(req, handler), name=f"rpc-{req.method[:32]}")
+        self._calls.add(task)
+        everyone.add(task)
+        task.add_done_callback(self._calls.discard)
+        task.add_done_callback(everyone.discard)
+
+    async def _handle(
+        self, req: jsonrpc.Request, handler: Callable[[Connection, Any], Any]
+    ) -> None:
+        """Run one call; its errors become replies here, the one boundary to the wire.
+
+        Only ``public_message`` texts (and the texts of :class:`BadParams`,
+        which describe the peer's own input) are sent; details go to the log.
+        """
+        try:
+            value = await handler(self, req.params)
+        except BadParams as exc:
+            self._log_refusal("request %s: invalid params: %s", req.method[:64], exc)
+            self._error(req.id, jsonrpc.INVALID_PARAMS, exc.public_message)
+        except NotFound as exc:
+            self._error(req.id, exc.code, exc.public_message)
+        except SluiceError as exc:
+            log.info("request %s refused: %r", req.method, exc)
+            self._error(req.id, jsonrpc.SERVER_ERROR, exc.public_message)
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("request %s failed: %r", req.method, exc)
+            self._error(req.id, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
+        except Exception:
+            # Whatever a message can cause ends here, logged: the connection and
+            # its subscriptions go on.
+            log.exception("request %s failed", req.method)
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self._error(req.id, jsonrpc.INTERNAL_ERROR, "internal error")
+        else:
+            self._reply(jsonrpc.result(req.id, value))
+            if req.method == "cardinal_subscribe":
+                self._start(str(value))
+
+    async def subscribe(self, params: Any) -> str:
+        parsed = parse_subscribe(params)
+        if len(self.subs) + self._subscribing >= MAX_SUBSCRIPTIONS:
+            raise BadParams(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        if parsed.num > MAX_BLOCK_NUM:
+            raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+        self._subscribing += 1
+        try:
+            keep = encoding_for(parsed.keep, self.dialect, parsed.weight)
+            plan = await self.resumption.resolve(parsed.num, parsed.hash, keep)
+        finally:
+            self._subscribing -= 1
+        self._next_sub += 1
+        sub_id = hex(self._next_sub)
+        # Not started where the subscriber said it was: the cardinal dialect names the block below.
+        moved = plan.reason in (Reason.REWIND, Reason.FORK) and (parsed.num, parsed.hash) != (
+            0,
+            bytes(32),
+        )
+        sub = Subscription(
+            sub_id,
+            parsed,
+            self.outbox,
+            dialect=self.dialect,
+            announce=moved,
+            deep_reorg=self.settings.lake.reorg_threshold,
+        )
+        self._pending_start = (sub, plan)
+        return sub_id
+
+    def _start(self, sub_id: str) -> None:
+        assert self._pending_start is not None
+        sub, plan = self._pending_start
+        self._pending_start = None
+        task = asyncio.create_task(self._run_sub(sub, plan), name=f"sub-{sub_id}")
+        self.subs[sub_id] = (sub, task)
+        self.metrics.inc("sluice_serve_subscriptions_open")
+
+    async def _run_sub(self, sub: Subscription, plan: Any) -> None:
+        try:
+            await self.resumption.stream(plan, sub.keep, sub)
+        except SlowConsumer:
+            self._slow()
+        except SluiceError as exc:
+            log.warning("subscription %s ended: %r", sub.id, exc)
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: {exc.public_message}")
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("subscription %s: redis error %r", sub.id, exc)
+            self.fail(WSCloseCode.TRY_AGAIN_LATER, "redis unavailable, resubscribe later")
+        except Exception:
+            log.exception("subscription %s failed", sub.id)
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: internal error")
+        finally:
+            self.metrics.inc("sluice_serve_subscriptions_open", -1)
+
+    async def unsubscribe(self, params: Any) -> bool:
+        if not isinstance(params, list) or len(params) != 1 or not isinstance(params[0], str):
+            raise BadParams('params must be ["0xID"]')
+        entry = self.subs.pop(params[0], None)
+        if entry is None:
+            if self.dialect == CARDINAL:
+                raise NotFound("subscription not found")  # as cardinal-rpc answers
+            return False
+        entry[1].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await entry[1]
+        return True
+
+    async def get_block(self, params: Any) -> list[Any] | None:
+        num = _block_number(params)
+        texts = await self.resumption.get_block(num, encoding_for(None, self.dialect, False))
+        return None if texts is None else [json.loads(t) for t in texts]
+
+    async def streams_block(self, params: Any) -> Any:
+        """``cardinal_streamsBlock``: the library's ``StreamsBlock`` (one ``batch``, all values)."""
+        num = _block_number(params)
+        found = await self.resumption.get_block_raw(num)
+        if found is None:
+            raise NotFound("block not found", code=jsonrpc.HANDLER_ERROR)
+        return whole_block_result(*found)
+
+    async def rpc_modules(self, params: Any) -> dict[str, str]:
+        """``rpc_modules``, as cardinal-rpc answers it: every namespace served, at "1.0"."""
+        return {name.split("_", 1)[0]: "1.0" for name in _METHODS}
+
+    async def rpc_methods(self, params: Any) -> list[str]:
+        """``rpc_methods``: every method name served."""
+        return sorted(_METHODS)
+
+
+def _block_number(params: Any) -> int:
+    """The one ``["0xNUM"]`` parameter of a block query; :class:`BadParams` otherwise."""
+    if not isinstance(params, list) or len(params) != 1:
+        raise BadParams('params must be ["0xNUM"]')
+    try:
+        num = parse_quantity(params[0])
+    except BadBatch as exc:
+        raise BadParams(f"block number: {exc}") from exc
+    if num > MAX_BLOCK_NUM:
+        raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
+    return num
+
+
+_METHODS: dict[str, Callable[[Connection, Any], Any]] = {
+    "cardinal_subscribe": Connection.subscribe,
+    "cardinal_unsubscribe": Connection.unsubscribe,
+    "cardinal_getBlock": Connection.get_block,
+    STREAMS_BLOCK: Connection.streams_block,
+    "rpc_modules": Connection.rpc_modules,
+    "rpc_methods": Connection.rpc_methods,
+}

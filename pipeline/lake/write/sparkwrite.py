@@ -1,0 +1,486 @@
+"""The archive's Spark writer: Delta writes of Spark DataFrames read by the ``redis-streams`` source.
+
+What :mod:`pipeline.lake.archive` runs with ``SLUICE_ARCHIVE_WRITER=spark``
+(local lakes only), or when the tables are not in the layout the Arrow and
+merge writers write. :mod:`pipeline.lake.write.mergewrite` reproduces its rows.
+Steps 2 to 5 of the archive's theory of operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.lake.spark import source
+from pipeline.lake.spark.session import is_connect
+from pipeline.lake.storage import tables
+from pipeline.lake.storage.intervalstats import (
+    MAX_REPORTED_INVALID,
+    Stats,
+    any_rows,
+    interval_stats,
+)
+from pipeline.lake.write.jobs import table_sql
+from pipeline.lake.write.writejob import WriteJob
+from pipeline.settings import LakeSettings, Settings
+
+log = logging.getLogger(__name__)
+
+#: ``mark`` of an entry whose hash ``blocks`` holds from another entry (keeps its payload)
+_DUP = "dup"
+#: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
+_PRESENT = "present"
+_BLOCK_KEY = "block"
+#: Entries a task of the Spark writer reads, caches and writes, at most (as estimated by
+#: :func:`read_partitions`): the Delta write sorts each task's rows by the table's partition
+#: column on the heap, beside Parquet's row-group buffers, and 1.5M entries a task ran a
+#: 1g local driver out of heap (3M entries in 12 or 16 tasks passed).
+MAX_TASK_ENTRIES = 250_000
+#: Marks of at most this many entries are broadcast to the writes' joins (a broadcast
+#: relation is built whole on the driver); more are joined by a shuffle instead.
+MAX_BROADCAST_MARKS = 100_000
+
+
+def read_interval(
+    spark: Any, settings: Settings, key: str, start_ms: int, end_ms: int, chain: bool
+) -> Any:
+    """The interval's entries as read by the ``redis-streams`` source (block payloads split off)."""
+    source.register(spark)
+    partitions = read_partitions(settings, key, start_ms, end_ms)
+    return (
+        spark.read.format(source.NAME)
+        .option("url", settings.redis.url)
+        .option("key", key)
+        .option("start", f"{start_ms}-0")
+        .option("end", f"{end_ms}-0")
+        .option("partitions", str(partitions))
+        .option("chain", "true" if chain else "false")
+        .option("splitPayload", "true" if chain else "false")
+        .load()
+    )
+
+
+def read_partitions(settings: Settings, key: str, start_ms: int, end_ms: int) -> int:
+    """``settings.lake.archive_partitions``, or more when the interval holds more than
+    :data:`MAX_TASK_ENTRIES` entries a partition by the stream's mean density
+    (``XINFO STREAM``: its length over the span of its ids; a burst in a long quiet
+    stream is underestimated)."""
+    from pipeline.lake.intake.redisread import connect
+
+    client = connect(settings.redis.url)
+    try:
+        info = client.xinfo_stream(key)
+    finally:
+        client.close()
+    first, last = info.get("first-entry"), info.get("last-entry")
+    if not first or not last:
+        return settings.lake.archive_partitions
+    return partitions_for(
+        int(info["length"]),
+        int(first[0].split(b"-")[0]),
+        int(last[0].split(b"-")[0]),
+        start_ms,
+        end_ms,
+        settings.lake.archive_partitions,
+    )
+
+
+def partitions_for(
+    length: int, first_ms: int, last_ms: int, start_ms: int, end_ms: int, least: int
+) -> int:
+    """Partitions for ``[start_ms, end_ms)`` of a stream of ``length`` entries with ids from
+    ``first_ms`` to ``last_ms``: at least ``least``, at most :data:`source.MAX_PARTITIONS`."""
+    overlap = min(end_ms, last_ms + 1) - max(start_ms, first_ms)
+    if length <= 0 or overlap <= 0:
+        return least
+    estimate = min(length, -(-length * overlap // (last_ms - first_ms + 1)))
+    wanted = -(-estimate // MAX_TASK_ENTRIES)
+    return max(least, min(wanted, source.MAX_PARTITIONS))
+
+
+def write(spark: Any, job: WriteJob, empty: bool) -> Stats:
+    """Read the interval from Redis once and write ``blocks`` then ``stream_entries`` from it.
+
+    Returns what ``stream_entries`` holds for the interval afterwards. A chain
+    stream's read is cached in Spark for its two writes (and released after),
+    so Redis is read and each payload's head decoded once. ``empty``: the lake
+    holds no entry of the interval (plain writes instead of MERGE).
+
+    The driver never collects the read's rows: counts, the num range and the
+    first and last ids come from Spark aggregates, the invalid ids from a
+    ``limit`` of :data:`MAX_REPORTED_INVALID`, and the marks stay in Spark. (The
+    whole read's small columns collected at once, ~110 MB per million entries,
+    lost task results in a 1g local driver; see issue 9.)
+    """
+    settings, stream, start_ms, end_ms = job.settings, job.stream, job.start_ms, job.end_ms
+    archived_at, lap, lake = job.archived_at, job.lap, job.settings.lake
+    raw = read_interval(spark, settings, job.key, start_ms, end_ms, job.chain)
+    if not job.chain:
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, None, empty, archived_at)
+        lap("entries")
+        stats = interval_stats(lake, stream, start_ms, end_ms)
+        lap("stats")
+        return stats
+    raw = _keep(spark, raw)
+    marks = None
+    try:
+        read, repeats = _scan(raw)
+        lap("scan")
+        plan = _plan_blocks(spark, lake, stream, raw, read, repeats)
+        marks = plan.marks
+        lap("plan")
+        if plan.write:
+            _write_blocks(spark, lake, stream, raw, plan, archived_at)
+            lap("blocks")
+        _write_entries(spark, lake, stream, start_ms, end_ms, raw, plan, empty, archived_at)
+        lap("entries")
+    finally:
+        if marks is not None:
+            _release(marks)
+        _release(raw)
+    if empty:
+        return read  # the lake held nothing of the interval: it now holds exactly what was read
+    stats = interval_stats(lake, stream, start_ms, end_ms)
+    lap("stats")
+    return stats
+
+
+def _keep(spark: Any, frame: Any) -> Any:
+    """``frame`` cached on local disk for the plans that follow (lazily, unless under
+    Spark Connect).
+
+    On disk only: a cache level that tries memory first unrolls each partition in
+    the heap before it spills (260 MiB a partition before it gave up), and a
+    3M-entry read ran a 1g local driver out of heap that way; from disk (the page
+    cache, mostly) each use streams batch by batch.
+    """
+    from pyspark import StorageLevel
+
+    # Under Spark Connect a persisted Python data source read is not matched by the
+    # next plans (each re-reads Redis); a local checkpoint is, in both modes.
+    if is_connect(spark):
+        return frame.localCheckpoint(storageLevel=StorageLevel.DISK_ONLY)
+    return frame.persist(StorageLevel.DISK_ONLY)
+
+
+def _scan(raw: Any) -> tuple[Stats, int]:
+    """What the read holds (as :func:`~pipeline.lake.storage.intervalstats.stats_of` counts it),
+    and :func:`_repeats` of it (0 when every valid hash is distinct).
+
+    An aggregate (the first job over the cached read: it reads Redis), the
+    repeated-hash count and, when there are invalid entries, a ``limit`` of their
+    first ids: the driver gets a few rows whatever the interval's size.
+    """
+    from pyspark.sql import functions as F
+
+    valid = F.col("valid_block")
+    order = F.struct("entry_ms", "entry_seq", "entry_id")  # min/max: the first and last entry
+    row = raw.agg(
+        F.count(F.lit(1)).alias("entries"),
+        F.count_if(valid).alias("blocks"),
+        F.count_if(~valid).alias("invalid"),
+        F.min(F.when(valid, F.col("block_num"))).alias("lo"),
+        F.max(F.when(valid, F.col("block_num"))).alias("hi"),
+        F.min(order).alias("first"),
+        F.max(order).alias("last"),
+    ).collect()[0]
+    if not row["entries"]:
+        return Stats(0, 0, 0, (), None, None, None, None), 0
+    repeats = _repeats(raw) if row["blocks"] else 0
+    invalid_ids: tuple[str, ...] = ()
+    if row["invalid"]:
+        first_bad = (
+            raw.where(~valid)
+            .orderBy("entry_ms", "entry_seq")
+            .limit(MAX_REPORTED_INVALID)
+            .select("entry_id")
+            .collect()
+        )
+        invalid_ids = tuple(r["entry_id"] for r in first_bad)
+    stats = Stats(
+        entries=int(row["entries"]),
+        blocks=int(row["blocks"]),
+        invalid=int(row["invalid"]),
+        invalid_ids=invalid_ids,
+        lo=row["lo"],
+        hi=row["hi"],
+        first_id=row["first"]["entry_id"],
+        last_id=row["last"]["entry_id"],
+    )
+    return stats, repeats
+
+
+#: Partitions of the repeated-hash check: each Python task holds 8 bytes per valid
+#: entry of its share (3M entries: ~3 MB a task).
+REPEAT_PARTITIONS = 8
+
+
+def _repeats(raw: Any) -> int:
+    """How many valid entries of ``raw`` repeat an earlier 64-bit key of their hash
+    (0 when every hash is distinct; > 0 also on a key collision, which only costs the
+    exact marks of :func:`_plan_blocks`, which then find none).
+
+    The keys are shuffled by value and counted in Python tasks. (A Spark distinct
+    count keeps a hash map of every key of its input partition on the JVM heap: at
+    3M entries in two partitions it ran a 1g local driver out of heap.)
+    """
+    from pyspark.sql import functions as F
+
+    keys = (
+        raw.where(F.col("valid_block"))
+        .select(F.xxhash64("block_hash").alias("key"))
+        .repartition(REPEAT_PARTITIONS, "key")
+    )
+    total = keys.mapInArrow(count_repeats, "repeats BIGINT").agg(F.sum("repeats")).collect()
+    return int(total[0][0] or 0)
+
+
+def count_repeats(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: one row, the keys of this partition minus its distinct keys."""
+    import numpy as np
+
+    parts = [batch.column(0).to_numpy(zero_copy_only=False) for batch in batches]
+    keys = np.concatenate(parts) if parts else np.empty(0, np.int64)
+    repeats = len(keys) - len(np.unique(keys))
+    yield pa.RecordBatch.from_pydict({"repeats": pa.array([repeats], pa.int64())})
+
+
+def _release(raw: Any) -> None:
+    """Drop a cached frame (the read, the marks); a session that is already gone took its
+    cache with it.
+
+    (A local checkpoint is freed when its DataFrame is garbage-collected.)
+    """
+    try:
+        raw.unpersist()
+    except Exception as exc:  # noqa: BLE001 (cleanup: the job's own error, if any, propagates)
+        log.debug("could not release the cached read: %s", exc)
+
+
+def _write_entries(
+    spark: Any,
+    lake: LakeSettings,
+    stream: str,
+    start_ms: int,
+    end_ms: int,
+    raw: Any,
+    plan: _BlocksPlan | None,
+    empty: bool,
+    archived_at: datetime,
+) -> None:
+    """Insert the read entries into ``stream_entries`` (see :data:`tables.PAYLOAD_COLUMN`).
+
+    A valid block entry whose one field is the block keeps it out of
+    ``fields`` (``payload_in_blocks``) when ``blocks`` holds it from this very
+    entry; one marked ``dup`` (``blocks`` holds its hash from another entry)
+    gets its field back. Non-chain entries have ``payload_in_blocks`` null.
+    """
+    from pyspark.sql import functions as F
+
+    # The source emptied the fields of each valid entry whose one field is its block.
+    split = F.col("valid_block") & (F.size("fields") == 0)
+    if plan is not None and plan.marks is not None:
+        raw = raw.join(plan.joinable(), "entry_id", "left")
+        in_blocks = split & F.coalesce(F.col("mark") != F.lit(_DUP), F.lit(True))
+        fields = F.when(
+            split & ~in_blocks, F.create_map(F.lit(_BLOCK_KEY), F.col("payload"))
+        ).otherwise(F.col("fields"))
+    else:
+        in_blocks = split
+        fields = F.col("fields")
+    entries = raw.select(
+        F.lit(stream).alias("stream"),
+        "entry_id",
+        "entry_ms",
+        "entry_seq",
+        fields.alias("fields"),
+        "valid_block",
+        "block_num",
+        "block_hash",
+        "block_parent",
+        "block_error",
+        F.lit(archived_at).alias("archived_at"),
+        in_blocks.alias(tables.PAYLOAD_COLUMN),
+    )
+    _insert_rows(
+        spark,
+        entries,
+        lake,
+        tables.STREAM_ENTRIES,
+        replace_where=_interval_predicate(stream, start_ms, end_ms),
+        empty=empty,
+        match=f"t.stream = s.stream AND t.entry_ms >= {start_ms} AND t.entry_ms < {end_ms} "
+        "AND t.entry_id = s.entry_id",
+    )
+
+
+def _insert_rows(
+    spark: Any,
+    rows: Any,
+    lake: LakeSettings,
+    table: str,
+    *,
+    replace_where: str,
+    empty: bool,
+    match: str,
+) -> None:
+    """Insert ``rows`` into ``table`` in one atomic Delta commit, never rewriting a row.
+
+    When the lake holds nothing under ``replace_where`` a plain ``replaceWhere``
+    write is enough (and cheapest); otherwise an insert-only MERGE on ``match``
+    (``t`` the table, ``s`` the new rows) adds just the missing rows.
+    """
+    if empty:
+        # No sort: rows arrive in entry order, so per-file stats stay tight and
+        # readers sort each file's rows themselves.
+        (
+            rows.write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", replace_where)
+            .save(lake.table(table))
+        )
+        return
+    view = f"sluice_new_{table}"
+    rows.createOrReplaceTempView(view)
+    spark.sql(
+        f"MERGE INTO {table_sql(lake, table)} t USING {view} s "
+        f"ON {match} WHEN NOT MATCHED THEN INSERT *"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _BlocksPlan:
+    #: rows of ``blocks`` to write (0: nothing to write)
+    write: int
+    #: True when ``blocks`` holds no row of the interval's num range (replaceWhere is safe)
+    empty: bool
+    lo: int
+    hi: int
+    #: ``(entry_id, mark)`` of the valid entries that are not plain new blocks (a
+    #: cached DataFrame, never collected), or None when there is none
+    marks: Any = None
+    #: rows of ``marks``
+    marked: int = 0
+
+    def joinable(self) -> Any:
+        """``marks`` for a join: broadcast when small (:data:`MAX_BROADCAST_MARKS`), else as is."""
+        from pyspark.sql import functions as F
+
+        return F.broadcast(self.marks) if self.marked <= MAX_BROADCAST_MARKS else self.marks
+
+
+def _plan_blocks(
+    spark: Any, lake: LakeSettings, stream: str, raw: Any, read: Stats, repeats: int
+) -> _BlocksPlan:
+    """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
+
+    The common interval (every hash new and seen once) needs no marks. Else
+    each other valid entry is marked ``present`` (``blocks`` holds its row
+    from this very entry: a rerun) or ``dup`` (``blocks`` holds the hash from
+    another entry, whose payload may differ: this entry keeps its own). The
+    marks are computed and cached in Spark; the driver only counts them.
+    """
+    if not read.blocks:
+        return _BlocksPlan(0, True, 0, 0)
+    lo, hi = int(read.lo or 0), int(read.hi or 0)
+    present = any_rows(lake, tables.BLOCKS, stream, "num", lo, hi)
+    if not present and not repeats:
+        return _BlocksPlan(read.blocks, True, lo, hi)
+    marks = _keep(spark, _marks(spark, lake, stream, raw, lo, hi, present))
+    try:
+        marked = int(marks.count())
+    except BaseException:
+        _release(marks)
+        raise
+    if not marked:
+        _release(marks)
+        return _BlocksPlan(read.blocks, not present, lo, hi)
+    return _BlocksPlan(read.blocks - marked, not present, lo, hi, marks, marked)
+
+
+def _marks(
+    spark: Any, lake: LakeSettings, stream: str, raw: Any, lo: int, hi: int, present: bool
+) -> Any:
+    """``(entry_id, mark)`` of the valid entries of ``raw`` that do not add a ``blocks`` row.
+
+    In entry order per hash, the first entry of a hash ``blocks`` does not hold
+    is new (unmarked) and any later one is ``dup``; an entry whose hash
+    ``blocks`` holds is ``present`` when that row is its own, else ``dup``.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy("block_hash").orderBy("entry_ms", "entry_seq")
+    ranked = (
+        raw.where(F.col("valid_block"))
+        .select("entry_id", "entry_ms", "entry_seq", "block_hash")
+        .withColumn("nth", F.row_number().over(order))
+    )
+    if not present:
+        return ranked.where(F.col("nth") > 1).select("entry_id", F.lit(_DUP).alias("mark"))
+    owners = (
+        spark.read.format("delta")
+        .load(lake.table(tables.BLOCKS))
+        .where((F.col("stream") == F.lit(stream)) & F.col("num").between(lo, hi))
+        .groupBy(F.col("hash").alias("block_hash"))
+        .agg(F.collect_set("entry_id").alias("owners"))
+    )
+    owned = F.col("owners").isNotNull()
+    mark = F.when(owned & F.array_contains("owners", F.col("entry_id")), F.lit(_PRESENT))
+    return (
+        ranked.join(owners, "block_hash", "left")
+        .where(owned | (F.col("nth") > 1))
+        .select("entry_id", mark.otherwise(F.lit(_DUP)).alias("mark"))
+    )
+
+
+def _write_blocks(
+    spark: Any,
+    lake: LakeSettings,
+    stream: str,
+    raw: Any,
+    plan: _BlocksPlan,
+    archived_at: datetime,
+) -> None:
+    """Insert the planned new blocks (payload and weight as read) into ``blocks``."""
+    from pyspark.sql import functions as F
+
+    valid = raw.where(F.col("valid_block"))
+    if plan.marks is not None:
+        valid = valid.join(plan.joinable(), "entry_id", "left_anti")
+    rows = valid.select(
+        F.lit(stream).alias("stream"),
+        F.col("block_num").alias("num"),
+        F.col("block_hash").alias("hash"),
+        F.col("block_parent").alias("parent"),
+        F.lit(False).alias("canonical"),
+        "entry_id",
+        "entry_ms",
+        "payload",
+        F.lit(archived_at).alias("archived_at"),
+        F.col("weight").alias(tables.WEIGHT_COLUMN),
+    )
+    lo, hi = plan.lo, plan.hi
+    _insert_rows(
+        spark,
+        rows,
+        lake,
+        tables.BLOCKS,
+        replace_where=f"stream = '{_sql_str(stream)}' AND num >= {lo} AND num <= {hi}",
+        empty=plan.empty,
+        match=f"t.stream = s.stream AND t.num >= {lo} AND t.num <= {hi} "
+        "AND t.num = s.num AND t.hash = s.hash",
+    )
+
+
+def _interval_predicate(stream: str, start_ms: int, end_ms: int) -> str:
+    return f"stream = '{_sql_str(stream)}' AND entry_ms >= {start_ms} AND entry_ms < {end_ms}"
+
+
+def _sql_str(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
