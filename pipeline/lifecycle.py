@@ -1,16 +1,22 @@
-"""Shutdown that runs once: ``close()`` / ``stop()`` safe to call twice, and concurrently.
+"""Shutdown that runs once and never skips a step.
 
+:class:`Once`: ``close()`` / ``stop()`` safe to call twice, and concurrently.
 The first caller runs the shutdown; every later or concurrent caller waits
 until that run has finished (a second ``stop()`` never returns while the
-first is still draining). No asyncio, no Redis: one ``asyncio.Event``.
+first is still draining).
+
+:func:`run_every`: the steps of one cleanup, each run even when an earlier one
+failed, the failures raised together at the end (as aiohttp's
+``CleanupContext`` does); :func:`cancel_and_wait` ends a background task and
+hands back its failure, if it had one. No Redis: only asyncio.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
-__all__ = ["Once"]
+__all__ = ["Once", "cancel_and_wait", "run_every"]
 
 
 class Once:
@@ -46,3 +52,52 @@ class Once:
             await shutdown()
         finally:
             self._done.set()
+
+
+async def run_every(steps: Iterable[Callable[[], Awaitable[object]]]) -> None:
+    """Await every step in order, even when one fails; then raise what failed.
+
+    One failure is raised as itself, several as an :class:`ExceptionGroup` of
+    them all, in step order. A ``CancelledError`` out of a step is that step's
+    normal end (it awaited a task it had cancelled) unless the task running the
+    cleanup is itself being cancelled: then the remaining steps still run and
+    the cancellation is raised last, after every failure was logged by its step
+    or raised here.
+    """
+    errors: list[Exception] = []
+    cancelled = False
+    for step in steps:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                cancelled = True
+        except Exception as exc:  # noqa: BLE001 - collected, raised at the end: the next steps still run
+            errors.append(exc)
+    if cancelled:
+        if errors:
+            raise ExceptionGroup("cleanup steps failed while cancelled", errors)
+        raise asyncio.CancelledError
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup("cleanup steps failed", errors)
+
+
+async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
+    """Cancel ``task`` and wait for its end; raise its failure if it failed before.
+
+    A task that ended by the cancel returns quietly; one that had already
+    failed raises its exception here, so a cleanup built with :func:`run_every`
+    reports it and still runs its other steps.
+    """
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
