@@ -1,16 +1,22 @@
-"""The layers hold: which part may import which, no import cycle, pure code stays pure when called.
+"""The layers hold: which room may import which, no import cycle, pure code stays pure when called.
 
 Imports are followed at any depth of a module's code (inside functions too:
 they run later, but they run), except under ``if TYPE_CHECKING:`` (never at
 run time) and ``if __name__ == "__main__":`` (an entry point is the top of
-the stack, not a layer). Package ``__init__`` facades import lazily (PEP 562)
-and are left out of the cycle check: importing ``pipeline.bus.server`` runs
-``pipeline.bus``'s ``__init__`` whatever the code says.
+the stack, not a layer). Relative imports are resolved; a string that names a
+module (``importlib.import_module("pipeline....")``, a facade's export map, the
+dispatcher's command table, Spark's daemon module) counts as an import of it.
+``dags/`` and ``plugins/`` are rooms too, above the package (Airflow puts both
+folders on ``sys.path``, so ``import sluice_dag_common`` names a plugin).
+Package ``__init__`` facades import lazily (PEP 562) and are left out of the
+cycle check: importing ``pipeline.bus.server`` runs ``pipeline.bus``'s
+``__init__`` whatever the code says.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +54,8 @@ GROUND: dict[str, int] = {
     "local": 6,
     "demo": 7,
     "cli": 8,
+    "plugins": 9,
+    "dags": 10,
 }
 PARTS = 5
 #: Rooms inside a part, from the bottom ("" is the part's own top-level modules).
@@ -61,17 +69,18 @@ DISPATCHER = "pipeline.cli"
 CHAIN_READS_LAKE = "pipeline.lake.storage"
 
 
-def _modules() -> dict[str, Path]:
+#: The folders whose modules are rooms, and how a module there is named.
+FOLDERS = ("pipeline", "dags", "plugins")
+
+
+def _modules(root: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = path
+    for folder in FOLDERS:
+        for path in (root / folder).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
     return out
-
-
-MODULES = _modules()
-PACKAGES = {name for name, path in MODULES.items() if path.name == "__init__.py"}
 
 
 def _skipped(node: ast.If) -> bool:
@@ -79,33 +88,64 @@ def _skipped(node: ast.If) -> bool:
     return test in ("TYPE_CHECKING", "typing.TYPE_CHECKING", "__name__ == '__main__'")
 
 
-def _imports(path: Path) -> set[str]:
-    """The ``pipeline`` modules ``path`` imports at run time, at any depth."""
+def _absolute(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module an ``ImportFrom`` names, relative levels resolved against ``name``."""
+    if node.level == 0:
+        return node.module or ""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules ``path`` imports at run time, at any depth, by statement or by name."""
     found: set[str] = set()
+    bare = {m.split(".", 1)[1]: m for m in modules if m.startswith(("dags.", "plugins."))}
+    started: set[int] = set()  # ``python -m MODULE``: another process's entry point, not an import
 
     def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Tuple | ast.List | ast.Call):
+            items = node.args if isinstance(node, ast.Call) else node.elts
+            for before, item in zip(items, items[1:], strict=False):
+                if isinstance(before, ast.Constant) and before.value == "-m":
+                    started.add(id(item))
+        if id(node) in started:
+            return
         if isinstance(node, ast.If) and _skipped(node):
             for child in node.orelse:
                 visit(child)
             return
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            found.update(bare.get(alias.name, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(name, path, node)
+            module = bare.get(module, module)
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)  # a module named by a string: kept only if it is one
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(ast.parse(path.read_text()))
-    return {name for name in found if name in MODULES}
+    return {m for m in found if m in modules}
 
 
-GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+def _graph(root: Path) -> dict[str, set[str]]:
+    modules = _modules(root)
+    return {name: _imports(name, path, modules) - {name} for name, path in modules.items()}
+
+
+MODULES = _modules(ROOT)
+PACKAGES = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+GRAPH = _graph(ROOT)
 
 
 def _room(name: str) -> str:
-    """The room a module belongs to: a part, a ground room, or a top-level module's name."""
+    """The room a module belongs to: a part, a ground room, a top-level module's name, dags, plugins."""
     parts = name.split(".")
+    if parts[0] != "pipeline":
+        return parts[0]
     return parts[1] if len(parts) > 1 else "pipeline"
 
 
@@ -133,10 +173,11 @@ def test_every_room_has_a_rank() -> None:
         assert sorted(seen - set(ranks)) == [], part
 
 
-def test_each_room_imports_only_the_rooms_below_it() -> None:
-    wrong = sorted(
+def _climbs(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a room ranked at or above the importer's (parts: unless ``ALLOWED``)."""
+    return sorted(
         f"{name} imports {dep}"
-        for name, deps in GRAPH.items()
+        for name, deps in graph.items()
         if name != "pipeline"  # the root facade names parts lazily
         for dep in deps
         if (src := _room(name)) != (dst := _room(dep))
@@ -144,7 +185,24 @@ def test_each_room_imports_only_the_rooms_below_it() -> None:
         and not (_rank(dst) < _rank(src))
         and not (src in ALLOWED and dst in ALLOWED[src])
     )
-    assert wrong == []
+
+
+def _climbs_inside_parts(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a room of the same part ranked at or above the importer's room."""
+    return sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        if (part := _room(name)) in SUBROOMS and name != f"pipeline.{part}"
+        for dep in deps
+        if _room(dep) == part
+        and dep != f"pipeline.{part}"
+        and (src := _subroom(name)) != (dst := _subroom(dep))
+        and not SUBROOMS[part][dst] < SUBROOMS[part][src]
+    )
+
+
+def test_each_room_imports_only_the_rooms_below_it() -> None:
+    assert _climbs(GRAPH) == []
 
 
 def test_each_part_imports_only_the_parts_below_it() -> None:
@@ -161,17 +219,41 @@ def test_each_part_imports_only_the_parts_below_it() -> None:
 
 
 def test_the_rooms_inside_a_part_import_downward() -> None:
-    wrong = sorted(
-        f"{name} imports {dep}"
-        for name, deps in GRAPH.items()
-        if (part := _room(name)) in SUBROOMS and name != f"pipeline.{part}"
-        for dep in deps
-        if _room(dep) == part
-        and dep != f"pipeline.{part}"
-        and (src := _subroom(name)) != (dst := _subroom(dep))
-        and not SUBROOMS[part][dst] < SUBROOMS[part][src]
-    )
-    assert wrong == []
+    assert _climbs_inside_parts(GRAPH) == []
+
+
+#: Climbs planted in a copy of the tree, each in a form the statement-only check missed.
+PLANTED = {
+    # a relative climb from the lake's storage up to its writers
+    "pipeline/lake/storage/store.py": "from ..write import jobs  # noqa\n",
+    # a plugin importing a DAG (Airflow's folders are on sys.path)
+    "plugins/sluice_redis_hook.py": "import sluice_archive  # noqa\n",
+    # a part naming the demo by string, as importlib would load it
+    "pipeline/bus/dead.py": "_PLANTED = 'pipeline.demo.app'\n",
+    # a facade's export map pointing up into another part
+    "pipeline/lake/__init__.py": "_PLANTED = {'X': 'pipeline.chain.serve.server'}\n",
+    # a ground module importing a part inside a function
+    "pipeline/keys.py": "def _planted() -> None:\n    from pipeline.bus import envelope  # noqa\n",
+}
+
+
+def test_planted_climbs_are_caught(tmp_path: Path) -> None:
+    for folder in FOLDERS:
+        shutil.copytree(
+            ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for rel, line in PLANTED.items():
+        with (tmp_path / rel).open("a") as out:
+            out.write("\n" + line)
+    climbs = _climbs(_graph(tmp_path)) + _climbs_inside_parts(_graph(tmp_path))
+    assert set(climbs) >= {
+        "pipeline.lake.storage.store imports pipeline.lake.write.jobs",
+        "plugins.sluice_redis_hook imports dags.sluice_archive",
+        "pipeline.bus.dead imports pipeline.demo.app",
+        "pipeline.lake imports pipeline.chain.serve.server",
+        "pipeline.keys imports pipeline.bus.envelope",
+    }
+    assert _climbs(GRAPH) == [] and _climbs_inside_parts(GRAPH) == []
 
 
 def test_the_chain_reads_the_lake_only_through_its_storage() -> None:
