@@ -11,11 +11,11 @@ _EXPORTS = {
     "AddressType": "pipeline.routing.message",
     "Route": "pipeline.routing.message",
     "TransportMessage": "pipeline.routing.message",
-    "Context": "pipeline.routing.node",
+    "Context": "pipeline.routing.workerbase",
     "Node": "pipeline.routing.node",
     "Transport": "pipeline.routing.node",
-    "Worker": "pipeline.routing.node",
-    "WorkerContext": "pipeline.routing.node",
+    "Worker": "pipeline.routing.workerbase",
+    "WorkerContext": "pipeline.routing.workerbase",
 }
 
 __all__ = [
@@ -46,17 +46,17 @@ if TYPE_CHECKING:
         TransportMessage as TransportMessage,
     )
     from pipeline.routing.node import (
-        Context as Context,
-    )
-    from pipeline.routing.node import (
         Node as Node,
     )
     from pipeline.routing.node import (
         Transport as Transport,
     )
-    from pipeline.routing.node import (
+    from pipeline.routing.workerbase import (
+        Context as Context,
+    )
+    from pipeline.routing.workerbase import (
         Worker as Worker,
     )
-    from pipeline.routing.node import (
+    from pipeline.routing.workerbase import (
         WorkerContext as WorkerContext,
     )

@@ -46,8 +46,14 @@ this hop and prepends the address leading back to it.
 
 Shutdown (:meth:`Node.stop`), in order, bounded by a deadline: workers are
 asked to stop (``stopping``: consumers stop pulling), their ``run`` loops are
-awaited, mailboxes drain, handler tasks end, then transports stop. Safe to
-call twice.
+awaited, mailboxes drain, handler tasks end, queued messages fail, workers'
+teardowns run, then transports stop. Every step runs even when one fails;
+the failures are raised together at the end. Safe to call twice.
+
+Where the pieces live: the worker API (:class:`Worker`, :class:`Context`,
+:class:`WorkerContext`) in :mod:`pipeline.routing.workerbase`, a worker's mailbox
+and loops in :mod:`pipeline.routing.slots`, the stop steps in
+:mod:`pipeline.routing.shutdown`; this module routes and owns them.
 """
 
 from __future__ import annotations
@@ -69,12 +75,14 @@ from pipeline.errors import (
     UnroutableMessage,
 )
 from pipeline.routing.message import Address, AddressType, Route, TransportMessage
+from pipeline.routing.shutdown import slot_steps, transport_step
+from pipeline.routing.slots import Done, Slot, put_when_room, run_mailbox, run_worker
+
+# Context is re-exported: its home is pipeline.routing.workerbase, and it stays importable here.
+from pipeline.routing.workerbase import Context, Worker, WorkerContext
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAILBOX = 1024
-#: Payload bytes a mailbox holds before senders wait (besides its message count).
-DEFAULT_MAILBOX_BYTES = 64 << 20
 MAX_WORKERS = 10_000
 
 
@@ -90,123 +98,6 @@ class Transport(Protocol):
     async def stop(self) -> None: ...
 
 
-class Context:
-    """What a worker's handler gets: the message, the address it came to, and the node."""
-
-    __slots__ = ("address", "message", "node")
-
-    def __init__(self, node: Node, address: Address, message: TransportMessage) -> None:
-        self.node = node
-        self.address = address
-        self.message = message
-
-    @property
-    def payload(self) -> bytes:
-        return self.message.payload
-
-    async def send(
-        self,
-        onward_route: Iterable[Address | str],
-        payload: bytes,
-        *,
-        return_route: Iterable[Address | str] | None = None,
-    ) -> None:
-        """Send a new message; replies come back to this worker unless told otherwise."""
-        ret = Route([self.address]) if return_route is None else Route(return_route)
-        await self.node.deliver(TransportMessage(Route(onward_route), ret, payload), strict=True)
-
-    async def reply(self, payload: bytes) -> None:
-        """Answer along the traced return route."""
-        await self.node.deliver(
-            TransportMessage(self.message.return_route, Route([self.address]), payload),
-            strict=True,
-        )
-
-    async def forward(
-        self,
-        onward_route: Iterable[Address | str] | None = None,
-        *,
-        via: Address | None = None,
-        payload: bytes | None = None,
-    ) -> None:
-        """Pass the message on: pop this hop, prepend ``via`` (default: this address) to the return route."""
-        onward = self.message.onward_route.rest() if onward_route is None else Route(onward_route)
-        ret = self.message.return_route.prepend(via or self.address)
-        body = self.message.payload if payload is None else payload
-        await self.node.deliver(TransportMessage(onward, ret, body), strict=True)
-
-
-class WorkerContext:
-    """What a worker's lifecycle hooks get: its node and its main address."""
-
-    __slots__ = ("address", "name", "node")
-
-    def __init__(self, node: Node, name: str) -> None:
-        self.node = node
-        self.name = name
-        self.address = Address.local(name)
-
-
-class Worker:
-    """Base of local workers. Override :meth:`handle` (or :meth:`handle_batch`).
-
-    ``mailbox_size`` bounds the mailbox in messages and ``mailbox_bytes`` in
-    payload bytes (a sender waits above either); ``batch_size`` > 1 makes the node hand
-    up to that many queued messages at once to :meth:`handle_batch`.
-    """
-
-    mailbox_size: int = DEFAULT_MAILBOX
-    mailbox_bytes: int = DEFAULT_MAILBOX_BYTES
-    batch_size: int = 1
-
-    async def setup(self, wctx: WorkerContext) -> None:
-        """Called once when the worker is added, before it gets messages."""
-
-    async def handle(self, ctx: Context) -> None:
-        raise NotImplementedError
-
-    async def handle_batch(self, batch: list[Context]) -> None:
-        for ctx in batch:
-            await self.handle(ctx)
-
-    def intercept(self, message: TransportMessage) -> bool:
-        """Synchronous fast path at delivery time; True means consumed (not mailed)."""
-        return False
-
-    async def serve_inline(self, address: Address, request: object, origin: Route) -> object | None:
-        """Answer ``request`` (a decoded message from a worker on this node, at ``address``)
-        in the caller's task, without a message, mailbox or codec (:meth:`Node.call_inline`);
-        None: it cannot be served so now, and the caller routes it as any other."""
-        return None
-
-    async def run(self, wctx: WorkerContext) -> None:
-        """Optional long-running loop (a consumer's pull loop); owned by the node."""
-
-    def stopping(self) -> None:
-        """Asked to stop: finish the current step, start nothing new."""
-
-    async def teardown(self) -> None:
-        """Called once after the mailbox drained (save state, release leases)."""
-
-
-_Done = asyncio.Future[None] | None
-_Item = tuple[TransportMessage, _Done]
-
-
-class _Slot:
-    __slots__ = ("address", "bytes", "name", "queue", "room", "tasks", "worker")
-
-    def __init__(self, name: str, worker: Worker) -> None:
-        self.name = name
-        self.address = Address.local(name)
-        self.worker = worker
-        self.queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=max(1, worker.mailbox_size))
-        #: Payload bytes queued, and an event set whenever some were taken out.
-        self.bytes = 0
-        self.room = asyncio.Event()
-        self.tasks: list[asyncio.Task[None]] = []
-
-
 class Node:
     """Owns local workers and transports; routes every message through :meth:`deliver`."""
 
@@ -218,8 +109,8 @@ class Node:
         self.trace: collections.deque[tuple[Address, TransportMessage]] = collections.deque(
             maxlen=max(0, trace_size)
         )
-        self._slots: dict[str, _Slot] = {}
-        self._addresses: dict[bytes, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
+        self._addresses: dict[bytes, Slot] = {}
         self._transports: dict[int, Transport] = {}
         self._started = False
         self._stopping = False
@@ -249,15 +140,15 @@ class Node:
             raise LocalProtocolError(f"address {name!r} is taken on node {self.name}")
         if len(self._addresses) >= MAX_WORKERS:
             raise LocalProtocolError(f"node {self.name} has {MAX_WORKERS} addresses already")
-        slot = _Slot(name, worker)
+        slot = Slot(name, worker)
         wctx = WorkerContext(self, name)
         await worker.setup(wctx)
         self._slots[name] = slot
         self._addresses[slot.address.value] = slot
         for alias in aliases:
             self.add_alias(name, alias)
-        slot.tasks.append(asyncio.create_task(self._mailbox_loop(slot), name=f"{name}:mailbox"))
-        slot.tasks.append(asyncio.create_task(self._run_loop(slot, wctx), name=f"{name}:run"))
+        slot.tasks.append(asyncio.create_task(run_mailbox(self, slot), name=f"{name}:mailbox"))
+        slot.tasks.append(asyncio.create_task(run_worker(self, slot, wctx), name=f"{name}:run"))
         return wctx
 
     def add_alias(self, name: str, alias: str) -> Address:
@@ -284,13 +175,22 @@ class Node:
         return slot.worker if slot else None
 
     async def remove_worker(self, name: str, *, grace_s: float = 5.0) -> None:
+        """Stop worker ``name`` (drain, teardown) and free its addresses.
+
+        Its addresses are freed even when a step of its stop failed; the
+        failures are raised once every step ran.
+        """
         slot = self._slots.get(name)
         if slot is None:
             return
-        await self._stop_slots([slot], grace_s)
-        del self._slots[name]
-        for key in [k for k, s in self._addresses.items() if s is slot]:
-            del self._addresses[key]
+        deadline = time.monotonic() + grace_s
+
+        async def forget() -> None:
+            self._slots.pop(name, None)
+            for key in [k for k, s in self._addresses.items() if s is slot]:
+                del self._addresses[key]
+
+        await lifecycle.run_every([*slot_steps(self.name, [slot], deadline), forget])
 
     # --- lifecycle --------------------------------------------------------
 
@@ -309,53 +209,38 @@ class Node:
         for transport in list(self._transports.values()):
             await transport.start(self)
 
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` has run every step, whether or not one failed."""
+        return self._stopped
+
     async def stop(self, grace_s: float = 10.0) -> None:
         """Graceful shutdown bounded by ``grace_s``: workers drain, then transports stop.
 
+        Every step runs even when one fails: each worker's teardown, the failing
+        of messages still queued, each transport's stop, and the node then
+        reports :attr:`stopped`. Each failure is logged once; they are raised
+        together at the end (one as itself, several as an ``ExceptionGroup``).
+
         Safe to call twice: a second (or concurrent) caller returns once the first
-        caller's drain has finished.
+        caller's drain has finished (only the first sees the failures).
         """
         await self._stopping_once.run(lambda: self._stop(grace_s))
 
     async def _stop(self, grace_s: float) -> None:
         self._stopping = True
         deadline = time.monotonic() + grace_s
-        await self._stop_slots(list(self._slots.values()), grace_s)
-        for transport in list(self._transports.values()):
-            remaining = max(0.1, deadline - time.monotonic())
-            try:
-                await asyncio.wait_for(transport.stop(), remaining)
-            except TimeoutError:
-                log.error("node %s: transport %s did not stop in time", self.name, transport)
-        self._stopped = True
 
-    async def _stop_slots(self, slots: list[_Slot], grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        for slot in slots:
-            slot.worker.stopping()
-        run_tasks = [s.tasks[1] for s in slots if len(s.tasks) > 1]
-        if run_tasks:
-            await asyncio.wait(run_tasks, timeout=max(0.1, deadline - time.monotonic()))
-        # Let the mailboxes drain (all loops still run, so workers can still talk).
-        joins = [asyncio.ensure_future(s.queue.join()) for s in slots]
-        if joins:
-            _, pending = await asyncio.wait(joins, timeout=max(0.1, deadline - time.monotonic()))
-            for join in pending:
-                join.cancel()
-            await asyncio.gather(*joins, return_exceptions=True)
-        tasks = [t for s in slots for t in s.tasks]
-        for task in tasks:
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for slot, result in zip([s for s in slots for _ in s.tasks], results, strict=True):
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                log.error("node %s: worker %s failed: %r", self.name, slot.name, result)
-        for slot in slots:
-            while not slot.queue.empty():
-                _, done = slot.queue.get_nowait()
-                if done is not None and not done.done():
-                    done.set_exception(UnroutableMessage(f"worker {slot.name} stopped"))
-            await slot.worker.teardown()
+        async def mark_stopped() -> None:
+            self._stopped = True
+
+        await lifecycle.run_every(
+            [
+                *slot_steps(self.name, list(self._slots.values()), deadline),
+                *(transport_step(self.name, t, deadline) for t in self._transports.values()),
+                mark_stopped,
+            ]
+        )
 
     # --- routing ----------------------------------------------------------
 
@@ -409,7 +294,7 @@ class Node:
         await self._route(message, done)
         return done
 
-    def _drop(self, exc: RoutingError | PayloadTooLarge, counter: str, done: _Done) -> None:
+    def _drop(self, exc: RoutingError | PayloadTooLarge, counter: str, done: Done) -> None:
         self.counters[counter] += 1
         self.counters["dropped"] += 1
         log.error("node %s: dropped message: %s", self.name, exc)
@@ -425,13 +310,13 @@ class Node:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         return done, self._route_now(message, done)
 
-    async def _route(self, message: TransportMessage, done: _Done) -> None:
+    async def _route(self, message: TransportMessage, done: Done) -> None:
         pending = self._route_now(message, done)
         if pending is not None:
             await pending
 
     def _route_now(
-        self, message: TransportMessage, done: _Done, strict: bool = False
+        self, message: TransportMessage, done: Done, strict: bool = False
     ) -> Coroutine[Any, Any, None] | None:
         """Route synchronously if possible; else return what is left to await."""
         onward = message.onward_route
@@ -446,26 +331,7 @@ class Node:
             return None
         first = onward[0]
         if first.type == AddressType.LOCAL:
-            slot = self._addresses.get(first.value)
-            if slot is None:
-                self._drop(UnroutableMessage(f"no worker at {first}"), "unknown_worker", done)
-                return None
-            if self.trace.maxlen:
-                self.trace.append((first, message))
-            if slot.worker.intercept(message):
-                self.counters["intercepted"] += 1
-                if done is not None:
-                    done.set_result(None)
-                return None
-            queue = slot.queue
-            size = len(message.payload)
-            if queue.full() or (
-                slot.bytes + size > slot.worker.mailbox_bytes and not queue.empty()
-            ):
-                return self._put_when_room(slot, message, done)  # back-pressure
-            slot.bytes += size
-            queue.put_nowait((message, done))
-            return None
+            return self._to_mailbox(first, message, done)
         transport = self._transports.get(first.type)
         if transport is None:
             self._drop(
@@ -476,16 +342,29 @@ class Node:
             return None
         return self._send(transport, message, done, strict)
 
-    async def _put_when_room(self, slot: _Slot, message: TransportMessage, done: _Done) -> None:
-        size = len(message.payload)
-        while slot.bytes + size > slot.worker.mailbox_bytes and not slot.queue.empty():
-            slot.room.clear()
-            await slot.room.wait()
-        slot.bytes += size
-        await slot.queue.put((message, done))
+    def _to_mailbox(
+        self, first: Address, message: TransportMessage, done: Done
+    ) -> Coroutine[Any, Any, None] | None:
+        """Hand ``message`` to the local worker at ``first``: intercepted, queued, or
+        (mailbox full) a coroutine that queues it when there is room."""
+        slot = self._addresses.get(first.value)
+        if slot is None:
+            self._drop(UnroutableMessage(f"no worker at {first}"), "unknown_worker", done)
+            return None
+        if self.trace.maxlen:
+            self.trace.append((first, message))
+        if slot.worker.intercept(message):
+            self.counters["intercepted"] += 1
+            if done is not None:
+                done.set_result(None)
+            return None
+        if slot.is_full_for(len(message.payload)):
+            return put_when_room(slot, message, done)  # back-pressure
+        slot.put_nowait(message, done)
+        return None
 
     async def _send(
-        self, transport: Transport, message: TransportMessage, done: _Done, strict: bool = False
+        self, transport: Transport, message: TransportMessage, done: Done, strict: bool = False
     ) -> None:
         try:
             await transport.send(message)
@@ -502,60 +381,6 @@ class Node:
         self.counters["sent"] += 1
         if done is not None and not done.done():
             done.set_result(None)
-
-    # --- worker loops -----------------------------------------------------
-
-    async def _run_loop(self, slot: _Slot, wctx: WorkerContext) -> None:
-        try:
-            await slot.worker.run(wctx)
-        except Exception:  # surfaced now (logged, counted) and again when the node stops
-            self.counters["worker_run_failures"] += 1
-            log.exception("node %s: worker %s stopped running", self.name, slot.name)
-            raise
-
-    async def _mailbox_loop(self, slot: _Slot) -> None:
-        worker, queue = slot.worker, slot.queue
-        limit = max(1, worker.batch_size)
-        while True:
-            items = [await queue.get()]
-            while len(items) < limit and not queue.empty():
-                items.append(queue.get_nowait())
-            slot.bytes -= sum(len(message.payload) for message, _ in items)
-            slot.room.set()
-            contexts = []
-            for message, _ in items:
-                address = message.onward_route[0]
-                contexts.append(Context(self, address, message))
-            try:
-                if limit == 1:
-                    await worker.handle(contexts[0])
-                else:
-                    await worker.handle_batch(contexts)
-            except asyncio.CancelledError:
-                for _, done in items:
-                    if done is not None and not done.done():
-                        done.cancel()
-                raise
-            except SluiceError as exc:  # e.g. its reply could not be sent: no traceback
-                self.counters["handler_errors"] += 1
-                log.error("node %s: worker %s failed on a message: %s", self.name, slot.name, exc)
-                for _, done in items:
-                    if done is not None and not done.done():
-                        done.set_exception(exc)
-            except Exception as exc:  # a handler bug must not stop the node: log, count, report
-                self.counters["handler_errors"] += 1
-                log.exception("node %s: worker %s failed on a message", self.name, slot.name)
-                for _, done in items:
-                    if done is not None and not done.done():
-                        done.set_exception(exc)
-            else:
-                self.counters["handled"] += len(items)
-                for _, done in items:
-                    if done is not None and not done.done():
-                        done.set_result(None)
-            finally:
-                for _ in items:
-                    queue.task_done()
 
     def statistics(self) -> dict[str, int]:
         stats = dict(self.counters)

@@ -52,6 +52,7 @@ GROUND: dict[str, int] = {
     "settings": 3,
     "runtime": 3,
     "local": 6,
+    "board": 6,
     "demo": 7,
     "cli": 8,
     "plugins": 9,
@@ -104,6 +105,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     started: set[int] = set()  # ``python -m MODULE``: another process's entry point, not an import
 
     def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("getLogger"):
+            return  # a logger's name, not a module loaded
         if isinstance(node, ast.Tuple | ast.List | ast.Call):
             items = node.args if isinstance(node, ast.Call) else node.elts
             for before, item in zip(items, items[1:], strict=False):
