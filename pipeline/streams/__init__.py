@@ -11,9 +11,9 @@ from pipeline.facade import lazy
 _EXPORTS = {
     "StreamService": "pipeline.streams.service",
     "StreamClient": "pipeline.streams.client",
-    "StreamPusher": "pipeline.streams.client",
-    "Publisher": "pipeline.streams.client",
-    "Consumer": "pipeline.streams.client",
+    "StreamPusher": "pipeline.streams.pusher",
+    "Publisher": "pipeline.streams.publisher",
+    "Consumer": "pipeline.streams.consumer",
     "BiPublisher": "pipeline.streams.bidirectional",
     "ReturnRegistry": "pipeline.streams.bidirectional",
     "bidirectional_consumer": "pipeline.streams.bidirectional",
@@ -45,15 +45,15 @@ if TYPE_CHECKING:
         bidirectional_consumer as bidirectional_consumer,
     )
     from pipeline.streams.client import (
-        Consumer as Consumer,
-    )
-    from pipeline.streams.client import (
-        Publisher as Publisher,
-    )
-    from pipeline.streams.client import (
         StreamClient as StreamClient,
     )
-    from pipeline.streams.client import (
+    from pipeline.streams.consumer import (
+        Consumer as Consumer,
+    )
+    from pipeline.streams.publisher import (
+        Publisher as Publisher,
+    )
+    from pipeline.streams.pusher import (
         StreamPusher as StreamPusher,
     )
     from pipeline.streams.service import (

@@ -30,7 +30,8 @@ import msgpack
 from pipeline.errors import LocalProtocolError, RemoteProtocolError, SluiceError
 from pipeline.routing.message import Address, TransportMessage, unpack_bounded
 from pipeline.routing.node import Context, Node
-from pipeline.streams.client import Consumer, Publisher
+from pipeline.streams.consumer import Consumer
+from pipeline.streams.publisher import Publisher
 
 
 def encode_entry(return_stream: str, message: TransportMessage) -> bytes:

@@ -26,7 +26,8 @@ from pipeline.routing.node import Node, Transport, Worker
 from pipeline.routing.workers import Echo, Requester
 from pipeline.runtime import health
 from pipeline.settings import Settings
-from pipeline.streams.service import StreamService, connect, connect_hot
+from pipeline.streams.service import StreamService
+from pipeline.streams.serviceredis import connect, connect_hot
 from pipeline.streams.transport import StreamTransport
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ stream::
     push: onward [B]                 return [Stream{a, b}, A]   (to stream b)
 
 It creates the onward stream, subscribes to the return stream (a
-:class:`~pipeline.streams.client.Consumer` at ``consumer:<stream>``) on first
+:class:`~pipeline.streams.consumer.Consumer` at ``consumer:<stream>``) on first
 send, and pushes the wire-encoded message (the same codec as TCP) through the
 stream service with return route ``[<node>:transport]``. Sends to one stream
 are batched into multi-entry pushes (at most ``max_batch`` entries and the
@@ -31,12 +31,12 @@ from typing import Any
 from pipeline.errors import LocalProtocolError, RemoteProtocolError, SluiceError, StreamError
 from pipeline.routing.message import Address, AddressType, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker
-from pipeline.streams.client import (
+from pipeline.streams.client import StreamClient
+from pipeline.streams.consumer import Consumer
+from pipeline.streams.pusher import (
     DEFAULT_SEND_TIMEOUT_S,
     PUSH_ENTRY_OVERHEAD,
     PUSH_OVERHEAD,
-    Consumer,
-    StreamClient,
     StreamPusher,
 )
 

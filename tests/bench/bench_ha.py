@@ -57,7 +57,8 @@ from pipeline.redisio.durability import Durability  # noqa: E402
 from pipeline.routing.message import Route  # noqa: E402
 from pipeline.runtime.ports import free_port  # noqa: E402
 from pipeline.streams import protocol as p  # noqa: E402
-from pipeline.streams.service import StreamService, connect  # noqa: E402
+from pipeline.streams.service import StreamService  # noqa: E402
+from pipeline.streams.serviceredis import connect  # noqa: E402
 from tests.support.redisha import LocalCluster, LocalSentinels  # noqa: E402
 
 N = int(os.environ.get("BENCH_HA_N", "20000"))

@@ -40,7 +40,8 @@ from pipeline.routing.message import Route, StreamAddress, TransportMessage  # n
 from pipeline.routing.node import Context, Node, Worker  # noqa: E402
 from pipeline.routing.workers import Echo  # noqa: E402
 from pipeline.streams.bidirectional import ReturnRegistry, bidirectional_consumer  # noqa: E402
-from pipeline.streams.service import StreamService, connect, connect_hot  # noqa: E402
+from pipeline.streams.service import StreamService  # noqa: E402
+from pipeline.streams.serviceredis import connect, connect_hot  # noqa: E402
 from pipeline.streams.transport import StreamTransport  # noqa: E402
 
 N = int(os.environ.get("BENCH_STREAMS_N", "200000"))

@@ -9,7 +9,8 @@ import pytest
 from redis.asyncio import Redis
 
 from pipeline.routing.node import Context, Node, Worker
-from pipeline.streams.service import StreamService, connect, connect_hot
+from pipeline.streams.service import StreamService
+from pipeline.streams.serviceredis import connect, connect_hot
 from pipeline.streams.transport import StreamTransport
 from tests.support.poll import until
 

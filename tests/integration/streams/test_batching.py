@@ -8,7 +8,8 @@ import redis as sync_redis
 
 from pipeline import keys
 from pipeline.routing.message import Route, StreamAddress, TransportMessage
-from pipeline.streams.client import Publisher, split_pushes
+from pipeline.streams.publisher import Publisher
+from pipeline.streams.pusher import split_pushes
 
 from .conftest import MakeNode, eventually
 

@@ -14,7 +14,8 @@ from pipeline.errors import LeaseHeld
 from pipeline.local.redisserver import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Node
-from pipeline.streams.client import Consumer, Publisher
+from pipeline.streams.consumer import Consumer
+from pipeline.streams.publisher import Publisher
 from tests.support.poll import until
 
 from .conftest import MakeNode, eventually

@@ -21,8 +21,9 @@ SCRIPT = textwrap.dedent(
     import asyncio, os, sys, time
     from pathlib import Path
     from pipeline.routing.node import Node
-    from pipeline.streams.client import Consumer
-    from pipeline.streams.service import StreamService, connect
+    from pipeline.streams.consumer import Consumer
+    from pipeline.streams.service import StreamService
+    from pipeline.streams.serviceredis import connect
 
     async def main(url: str, record: Path) -> None:
         node = Node("crashy")

@@ -14,8 +14,11 @@ from pipeline.errors import StreamError
 from pipeline.routing.message import Route, StreamAddress, TransportMessage
 from pipeline.routing.node import Context, Node, Worker, WorkerContext
 from pipeline.routing.workers import Echo
-from pipeline.streams.client import Consumer, StreamClient, StreamPusher, new_request_id
-from pipeline.streams.service import HELD_IDLE, StreamService, connect, connect_hot
+from pipeline.streams.client import StreamClient, new_request_id
+from pipeline.streams.consumer import Consumer
+from pipeline.streams.pusher import StreamPusher
+from pipeline.streams.service import StreamService
+from pipeline.streams.serviceredis import HELD_IDLE, connect, connect_hot
 
 from .conftest import MakeNode, Recorder, eventually
 

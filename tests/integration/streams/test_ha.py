@@ -16,8 +16,9 @@ from pipeline.redisio.durability import Durability
 from pipeline.routing.message import Route
 from pipeline.routing.node import Context
 from pipeline.streams import protocol as p
-from pipeline.streams.client import Publisher
-from pipeline.streams.service import StreamService, connect
+from pipeline.streams.publisher import Publisher
+from pipeline.streams.service import StreamService
+from pipeline.streams.serviceredis import connect
 from tests.support.poll import until
 
 from .conftest import MakeNode

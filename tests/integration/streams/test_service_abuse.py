@@ -13,8 +13,10 @@ from pipeline.local.redisserver import LocalRedis
 from pipeline.routing.message import Route, TransportMessage
 from pipeline.routing.node import Node
 from pipeline.streams import protocol as p
-from pipeline.streams.client import Consumer, Publisher
-from pipeline.streams.service import StreamService, connect
+from pipeline.streams.consumer import Consumer
+from pipeline.streams.publisher import Publisher
+from pipeline.streams.service import StreamService
+from pipeline.streams.serviceredis import connect
 
 from .conftest import MakeNode, Recorder, eventually
 

@@ -42,7 +42,7 @@ async def test_a_refused_push_is_reported_to_its_sender_at_its_deadline(
     transport.send_timeout_s = 2.0
     sender = Sender()
     await node.add_worker("sender", sender)
-    caplog.set_level(logging.WARNING, logger="pipeline.streams.client")
+    caplog.set_level(logging.WARNING, logger="pipeline.streams.pusher")
     caplog.set_level(logging.WARNING, logger="pipeline.streams.service")
     with refusing(redis_url):
         await node.deliver(TransportMessage(Route(["sender"]), Route([]), b"m"))

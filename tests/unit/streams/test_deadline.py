@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from pipeline.errors import LocalProtocolError
-from pipeline.streams.client import _Deadlines
+from pipeline.streams.deadlines import Deadlines
 from tests.support.poll import until
 
 
 async def test_expiry_surfaces_as_timeout_error_and_leaves_no_cancellation() -> None:
-    deadlines = _Deadlines()
+    deadlines = Deadlines()
     task = asyncio.current_task()
     assert task is not None
     with pytest.raises(TimeoutError), deadlines.guard(0.01):
@@ -23,7 +23,7 @@ async def test_expiry_surfaces_as_timeout_error_and_leaves_no_cancellation() -> 
 
 
 async def test_finishing_in_time_leaves_nothing_to_fire() -> None:
-    deadlines = _Deadlines()
+    deadlines = Deadlines()
     with deadlines.guard(0.05) as task:
         await asyncio.sleep(0)
     assert task is asyncio.current_task()
@@ -34,7 +34,7 @@ async def test_finishing_in_time_leaves_nothing_to_fire() -> None:
 
 
 async def test_another_cancellation_passes_through() -> None:
-    deadlines = _Deadlines()
+    deadlines = Deadlines()
     started = asyncio.Event()
 
     async def guarded() -> None:
@@ -51,7 +51,7 @@ async def test_another_cancellation_passes_through() -> None:
 
 
 async def test_each_call_owns_its_expiry() -> None:
-    deadlines = _Deadlines()
+    deadlines = Deadlines()
     with deadlines.guard(10):
         with pytest.raises(TimeoutError), deadlines.guard(0.01):
             await asyncio.Event().wait()
@@ -65,7 +65,7 @@ async def test_each_call_owns_its_expiry() -> None:
 
     async def quick() -> None:
         with deadlines.guard(10):
-            await asyncio.sleep(_Deadlines.TICK_S * 2)
+            await asyncio.sleep(Deadlines.TICK_S * 2)
 
     results = await asyncio.gather(slow(), quick(), return_exceptions=True)
     assert isinstance(results[0], TimeoutError) and results[1] is None
@@ -73,4 +73,4 @@ async def test_each_call_owns_its_expiry() -> None:
 
 def test_outside_a_task_it_is_refused() -> None:
     with pytest.raises((LocalProtocolError, RuntimeError)):
-        _Deadlines().guard(1)
+        Deadlines().guard(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 from pipeline.streams import protocol as p
-from pipeline.streams.service import _CONTROL
+from pipeline.streams.servicecontrol import _CONTROL
 
 
 def test_every_request_but_push_and_pull_has_a_control_handler() -> None:
