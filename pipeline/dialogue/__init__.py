@@ -8,6 +8,7 @@ from pipeline.facade import lazy
 
 _EXPORTS = {
     "Connection": "pipeline.dialogue.connection",
+    "ConnectionLimits": "pipeline.dialogue.limits",
     "DialogueServer": "pipeline.dialogue.server",
     "Duplex": "pipeline.dialogue.duplex",
     "Role": "pipeline.dialogue.states",
@@ -15,6 +16,7 @@ _EXPORTS = {
 
 __all__ = [
     "Connection",
+    "ConnectionLimits",
     "DialogueServer",
     "Duplex",
     "Role",
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
     )
     from pipeline.dialogue.duplex import (
         Duplex as Duplex,
+    )
+    from pipeline.dialogue.limits import (
+        ConnectionLimits as ConnectionLimits,
     )
     from pipeline.dialogue.server import (
         DialogueServer as DialogueServer,

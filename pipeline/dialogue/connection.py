@@ -14,7 +14,13 @@ functions in owned, bounded tasks).
 
 Who does what: the machine alone changes the dialogue's state; this class
 feeds it, turns its events into futures and handler calls (one table, keyed by
-event type) and owns the tasks. :class:`~pipeline.dialogue.duplex.Duplex` and
+event type) and owns the tasks. The pieces it wires together: the reader and
+writer task bodies (:mod:`~pipeline.dialogue.reader`,
+:mod:`~pipeline.dialogue.writer`), our requests and duplexes in flight
+(:mod:`~pipeline.dialogue.inflight`), the machine's deadline timer
+(:mod:`~pipeline.dialogue.timer`) and the bounds
+(:class:`~pipeline.dialogue.limits.ConnectionLimits`).
+:class:`~pipeline.dialogue.duplex.Duplex` and
 :class:`~pipeline.dialogue.handlers.HandlerRunner` reach the connection only
 through the narrow ``DuplexHost`` / ``RunnerHost`` interfaces (the methods
 under "for Duplex and HandlerRunner") and import nothing from here; the read
@@ -32,7 +38,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from pipeline.dialogue import events as ev
 from pipeline.dialogue.channel import Channel, StreamChannel, WebSocket, WebSocketChannel
@@ -45,23 +51,30 @@ from pipeline.dialogue.handlers import (
     MessageHandler,
     RequestHandler,
 )
-from pipeline.dialogue.packets import DEFAULT_MAX_FRAME
+from pipeline.dialogue.inflight import InFlight, closed_error
+from pipeline.dialogue.limits import DEFAULT_LIMITS, ConnectionLimits, LimitOptions
 from pipeline.dialogue.protocol import Dialogue, Role, State
-from pipeline.dialogue.readclock import Overdue, ReadClock
+from pipeline.dialogue.readclock import ReadClock
+from pipeline.dialogue.reader import Reader
+from pipeline.dialogue.timer import DeadlineTimer
+from pipeline.dialogue.writer import Writer
 from pipeline.errors import (
     DialogueClosed,
-    DialogueError,
     InternalProtocolError,
     ProtocolError,
-    RemoteProtocolError,
-    RequestCancelled,
 )
 
 log = logging.getLogger(__name__)
 
 
 class Connection:
-    """One Dialogue connection. Use ``async with`` or call :meth:`start` and :meth:`close`."""
+    """One Dialogue connection. Use ``async with`` or call :meth:`start` and :meth:`close`.
+
+    Its bounds are ``limits`` (:class:`~pipeline.dialogue.limits.ConnectionLimits`).
+    For compatibility, their fields are also accepted as keyword arguments
+    (``Connection(ch, role, window=65536)``), applied over ``limits``; a bound
+    that is not positive raises :class:`~pipeline.errors.ConfigError`.
+    """
 
     def __init__(
         self,
@@ -71,71 +84,34 @@ class Connection:
         on_message: MessageHandler | None = None,
         on_request: RequestHandler | None = None,
         on_duplex: DuplexHandler | None = None,
-        max_frame: int = DEFAULT_MAX_FRAME,
-        window: int | None = None,
-        duplex_queue_bytes: int = 1 << 20,
-        max_queued_messages: int = 1024,
-        max_queued_bytes: int = 8 << 20,
-        max_handlers: int = 256,
-        write_high: int = 1 << 18,
-        close_timeout: float = 5.0,
-        end_timeout: float = 10.0,
-        first_frame_timeout: float | None = None,
-        frame_timeout: float | None = None,
-        idle_timeout: float | None = None,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
         name: str = "dialogue",
+        **options: Unpack[LimitOptions],
     ) -> None:
+        self.limits = limits = limits.replace(**options) if options else limits
         self.channel = channel
         self.name = name
-        self._proto = Dialogue(role, max_frame=max_frame, window=window)
-        # Flow control grants back half a window at a time, so the receive queue
-        # must hold a whole window (plus one frame) before the fallback pauses reading.
-        self._duplex_high = (
-            duplex_queue_bytes if window is None else max(duplex_queue_bytes, window + max_frame)
-        )
-        self._write_high = write_high
-        self.close_timeout = close_timeout
-        self.end_timeout = end_timeout
+        self.close_timeout = limits.close_timeout
+        self.end_timeout = limits.end_timeout
+        self._proto = Dialogue(role, max_frame=limits.max_frame, window=limits.window)
         self._loop = asyncio.get_running_loop()
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
-        self._duplexes: dict[tuple[int, bool], Duplex] = {}
+        self._inflight = InFlight(self._proto, self)
         self._runner = HandlerRunner(
             self,
             on_message=on_message,
             on_request=on_request,
             on_duplex=on_duplex,
-            max_queued_messages=max_queued_messages,
-            max_handlers=max_handlers,
-            max_queued_bytes=max_queued_bytes,
+            max_queued_messages=limits.max_queued_messages,
+            max_handlers=limits.max_handlers,
+            max_queued_bytes=limits.max_queued_bytes,
         )
-        self._flush_waiters: list[asyncio.Future[None]] = []
-        self._writer_wake: asyncio.Future[None] | None = None
         self._pressure: set[object] = set()
         self._read_allowed = asyncio.Event()
         self._read_allowed.set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_when: float | None = None
+        self._timer = DeadlineTimer(self._proto, self._after)
         self._closed = asyncio.Event()
         self._dispatching = False
-        #: Event dispatch (see :meth:`_after`), by event type.
-        self._on_event: dict[type[ev.Event], Callable[[Any], None]] = {
-            ev.ResponseReceived: self._on_response,
-            ev.MessageReceived: self._runner.message_received,
-            ev.RequestReceived: self._runner.request_received,
-            ev.DuplexData: self._on_duplex_data,
-            ev.RequestDeclined: self._on_request_failed,
-            ev.RequestTimedOut: self._on_request_failed,
-            ev.RequestAborted: self._on_request_failed,
-            ev.PeerCancelledRequest: self._runner.request_cancelled,
-            ev.DuplexOpened: self._runner.duplex_opened,
-            ev.DuplexEnded: self._on_duplex_ended,
-            ev.DuplexClosed: self._on_duplex_closed,
-            ev.DuplexWritable: self._on_duplex_writable,
-            ev.CloseRequested: self._on_close_requested,
-            ev.PeerClosing: self._on_peer_closing,
-            ev.ConnectionClosed: self._connection_closed,
-        }
-        self._writer_done = False
+        self._on_event = self._event_table()
         self._tasks: list[asyncio.Task[None]] = []
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Set when the dialogue ended: why, and the protocol error if it was one.
@@ -143,12 +119,47 @@ class Connection:
         self.close_reason: str | None = None
         self.error: ProtocolError | None = None
         self._wire_close: tuple[int, str] = (ev.CloseCode.GOING_AWAY, "going away")
-        self._clock = ReadClock(
-            first_frame_timeout=first_frame_timeout,
-            frame_timeout=frame_timeout,
-            idle_timeout=idle_timeout,
+        self._clock, self._reader, self._writer = self._io(limits)
+
+    def _io(self, limits: ConnectionLimits) -> tuple[ReadClock, Reader, Writer]:
+        """The read deadlines' clock, and the bodies of the reader and writer tasks."""
+        clock = ReadClock(
+            first_frame_timeout=limits.first_frame_timeout,
+            frame_timeout=limits.frame_timeout,
+            idle_timeout=limits.idle_timeout,
             started_at=self._loop.time(),
         )
+        reader = Reader(
+            self._proto,
+            self.channel,
+            clock,
+            allowed=self._read_allowed,
+            after=self._after,
+            close_timeout=limits.close_timeout,
+            name=self.name,
+        )
+        writer = Writer(self._proto, self.channel, clock, high=limits.write_high, after=self._after)
+        return clock, reader, writer
+
+    def _event_table(self) -> dict[type[ev.Event], Callable[[Any], None]]:
+        """Event dispatch (see :meth:`_after`), by event type."""
+        return {
+            ev.ResponseReceived: self._inflight.on_response,
+            ev.MessageReceived: self._runner.message_received,
+            ev.RequestReceived: self._runner.request_received,
+            ev.DuplexData: self._inflight.on_duplex_data,
+            ev.RequestDeclined: self._inflight.on_request_failed,
+            ev.RequestTimedOut: self._inflight.on_request_failed,
+            ev.RequestAborted: self._inflight.on_request_failed,
+            ev.PeerCancelledRequest: self._runner.request_cancelled,
+            ev.DuplexOpened: self._runner.duplex_opened,
+            ev.DuplexEnded: self._inflight.on_duplex_ended,
+            ev.DuplexClosed: self._inflight.on_duplex_closed,
+            ev.DuplexWritable: self._inflight.on_duplex_writable,
+            ev.CloseRequested: self._on_close_requested,
+            ev.PeerClosing: self._on_peer_closing,
+            ev.ConnectionClosed: self._connection_closed,
+        }
 
     # ---------------------------------------------------------------- factories
 
@@ -175,8 +186,8 @@ class Connection:
     def start(self) -> None:
         if self._tasks:
             return
-        self._tasks.append(self._loop.create_task(self._reader(), name=f"{self.name}-reader"))
-        self._tasks.append(self._loop.create_task(self._writer(), name=f"{self.name}-writer"))
+        self._tasks.append(self._loop.create_task(self._reader.run(), name=f"{self.name}-reader"))
+        self._tasks.append(self._loop.create_task(self._write(), name=f"{self.name}-writer"))
         if self._runner.messages_async:
             self._tasks.append(
                 self._loop.create_task(
@@ -256,8 +267,7 @@ class Connection:
                 await self.channel.close(*self._wire_close)
         except TimeoutError:
             self.channel.abort()
-        if self._timer is not None:
-            self._timer.cancel()
+        self._timer.cancel()
 
     # -------------------------------------------------------------- operations
 
@@ -265,7 +275,7 @@ class Connection:
         """Send one message (waits only when the output buffer is over its bound)."""
         self._proto.send_message(data)
         self._after()
-        if self._proto.bytes_to_send > self._write_high:
+        if self._proto.bytes_to_send > self.limits.write_high:
             await self._wait_flushed()
 
     async def request(self, data: bytes, *, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
@@ -278,11 +288,10 @@ class Connection:
         """
         deadline = None if timeout is None else self._loop.time() + timeout
         pid = self._proto.send_request(data, deadline=deadline)
-        future: asyncio.Future[bytes] = self._loop.create_future()
-        self._pending[pid] = future
+        future = self._inflight.expect_response(pid)
         try:
             self._after()
-            if self._proto.bytes_to_send > self._write_high:
+            if self._proto.bytes_to_send > self.limits.write_high:
                 await self._wait_flushed()
             return await future
         except asyncio.CancelledError:
@@ -290,7 +299,7 @@ class Connection:
                 self._after()
             raise
         finally:
-            del self._pending[pid]
+            self._inflight.forget_request(pid)
 
     def duplex(self, data: bytes | None = None) -> Duplex:
         """Open a duplex: ``async with conn.duplex() as d:`` (DuplexInitial carries ``data``)."""
@@ -308,7 +317,7 @@ class Connection:
     async def duplex_send(self, duplex: Duplex, data: bytes) -> None:
         self._proto.duplex_send(duplex.id, duplex.local, data)
         self._after()
-        if self._proto.bytes_to_send > self._write_high:
+        if self._proto.bytes_to_send > self.limits.write_high:
             await self._wait_flushed()
 
     async def duplex_end(self, duplex: Duplex, error: bytes | None) -> None:
@@ -317,7 +326,7 @@ class Connection:
         deadline = self._loop.time() + self.end_timeout
         self._proto.duplex_end(duplex.id, duplex.local, error, deadline=deadline)
         self._after()
-        if self._proto.bytes_to_send > self._write_high:
+        if self._proto.bytes_to_send > self.limits.write_high:
             await self._wait_flushed()
 
     def duplex_consumed(self, duplex: Duplex, nbytes: int, low: bool) -> None:
@@ -375,26 +384,8 @@ class Connection:
                     events = proto.events_received()
             finally:
                 self._dispatching = False
-        wake = self._writer_wake
-        if (
-            wake is not None
-            and (proto.bytes_to_send or proto.state is State.CLOSED)
-            and not wake.done()
-        ):
-            wake.set_result(None)
-        if proto.has_deadlines or self._timer is not None:
-            when = proto.next_deadline()
-            if when != self._timer_when:
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer = None if when is None else self._loop.call_at(when, self._on_timer)
-                self._timer_when = when
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_when = None
-        self._proto.expire(self._loop.time())
-        self._after()
+        self._writer.wake()
+        self._timer.update()
 
     @property
     def frames_received(self) -> int:
@@ -416,152 +407,17 @@ class Connection:
         """Loop time of the last byte read or written."""
         return self._clock.last_activity
 
-    async def _read(self) -> bytes | None:
-        """The next chunk from the channel; None when a read deadline passed (already acted on)."""
-        clock = self._clock
-        due = clock.deadline(self._proto.stats.frames_in)
-        if due is None:
-            return await self.channel.read()
-        deadline, what = due
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await self.channel.read()
-        except TimeoutError:
-            if self._loop.time() < deadline:
-                raise  # the channel's own timeout, not ours
-        if what is Overdue.IDLE:
-            # Writes may have moved it, and outstanding work defers it.
-            if clock.deadline(self._proto.stats.frames_in) == due and not any(
-                self._proto.outstanding()
-            ):
-                clock.idle_closing = True
-                log.info("%s: idle for %.0fs, closing", self.name, clock.idle_timeout)
-                self._proto.close(deadline=self._loop.time() + self.close_timeout)
-        else:
-            log.warning("%s: %s in time, dropping the connection", self.name, what.value)
-            error = RemoteProtocolError(f"{what.value} in time", public="timeout")
-            self._proto.peer_failed(error)
-        return None
-
-    async def _reader(self) -> None:
-        proto = self._proto
-        clock = self._clock
-        try:
-            while proto.state is not State.CLOSED:
-                if not self._read_allowed.is_set():
-                    await self._read_allowed.wait()
-                    clock.resumed(self._loop.time())
-                data = await self._read()
-                if data is None:
-                    self._after()
-                    continue
-                if data:
-                    before = proto.stats.frames_in
-                    proto.receive_data(data)
-                    clock.received(
-                        self._loop.time(),
-                        completed=proto.stats.frames_in != before,
-                        buffered=proto.buffered,
-                    )
-                else:
-                    proto.receive_eof()
-                self._after()
-        except (ConnectionError, OSError) as exc:
-            proto.abort(f"read failed: {exc!r}")
-            self._after()
-        except RemoteProtocolError as exc:  # the channel's own check (a websocket text message)
-            proto.peer_failed(exc)
-            self._after()
-        except Exception as exc:  # noqa: BLE001 - a bug must end this connection, not leave it half alive
-            # (logged with its traceback when the close is dispatched; the peer
-            # is told "internal error" only)
-            proto.internal_error(exc)
-            self._after()
-
-    async def _writer(self) -> None:
-        proto = self._proto
-        channel = self.channel
-        try:
-            while True:
-                data = proto.data_to_send()
-                if data:
-                    await channel.send(data)
-                    self._clock.sent(self._loop.time())
-                    self._wake_flush_waiters()
-                    continue
-                self._wake_flush_waiters()
-                if proto.state is State.CLOSED:
-                    break
-                self._writer_wake = self._loop.create_future()
-                try:
-                    await self._writer_wake
-                finally:
-                    self._writer_wake = None
-        except (ConnectionError, OSError) as exc:
-            proto.abort(f"write failed: {exc!r}")
-            self._after()
-        finally:
-            self._writer_done = True
-            self._wake_flush_waiters()
-        await channel.close(*self._wire_close)
-
-    def _wake_flush_waiters(self) -> None:
-        waiters, self._flush_waiters = self._flush_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    async def _write(self) -> None:
+        """The writer task: write until the dialogue is over, then close the channel."""
+        await self._writer.run()
+        await self.channel.close(*self._wire_close)
 
     async def _wait_flushed(self) -> None:
-        while self._proto.bytes_to_send > self._write_high:
-            if self._writer_done:
-                raise DialogueClosed(self.close_reason or "dialogue closed")
-            waiter = self._loop.create_future()
-            self._flush_waiters.append(waiter)
-            await waiter
+        """Wait while more than ``write_high`` bytes are unwritten (DialogueClosed if never)."""
+        if not await self._writer.flushed():
+            raise DialogueClosed(self.close_reason or "dialogue closed")
 
     # ---------------------------------------------------------- event dispatch
-
-    def _on_response(self, event: ev.ResponseReceived) -> None:
-        future = self._pending.get(event.id)
-        if future is not None and not future.done():
-            future.set_result(event.data)
-
-    def _on_duplex_data(self, event: ev.DuplexData) -> None:
-        duplex = self._duplexes.get((event.id, event.local))
-        if duplex is not None and duplex.feed(event.data):
-            self.pause_reading(duplex)
-
-    def _on_request_failed(
-        self, event: ev.RequestDeclined | ev.RequestTimedOut | ev.RequestAborted
-    ) -> None:
-        future = self._pending.get(event.id)
-        if future is None or future.done():
-            return
-        if isinstance(event, ev.RequestDeclined):
-            future.set_exception(RequestCancelled("the peer declined the request"))
-        elif isinstance(event, ev.RequestTimedOut):
-            future.set_exception(TimeoutError("request timed out"))
-        else:
-            future.set_exception(self._closed_error())
-
-    def _on_duplex_ended(self, event: ev.DuplexEnded) -> None:
-        duplex = self._duplexes.get((event.id, event.local))
-        if duplex is not None:
-            duplex.peer_end(event.error)
-
-    def _on_duplex_closed(self, event: ev.DuplexClosed) -> None:
-        duplex = self._duplexes.pop((event.id, event.local), None)
-        if duplex is not None:
-            self.resume_reading(duplex)
-            if event.abandoned and not duplex.peer_ended:
-                closing = self._proto.state is State.CLOSED
-                duplex.fail(self._closed_error() if closing else TimeoutError("peer never ended"))
-            duplex.sending = False
-
-    def _on_duplex_writable(self, event: ev.DuplexWritable) -> None:
-        duplex = self._duplexes.get((event.id, event.local))
-        if duplex is not None:
-            duplex.wake_writer()
 
     def _on_close_requested(self, event: ev.CloseRequested) -> None:
         # The server wants to close: as the client we start the close ourselves.
@@ -578,30 +434,14 @@ class Connection:
             log.error("%s: internal error, closing", self.name, exc_info=event.error.__cause__)
         elif event.error is not None:
             log.warning("%s: protocol error, closing: %s", self.name, event.error)
-        error = self._closed_error()
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        for duplex in self._duplexes.values():
-            duplex.fail(error)
-        self._duplexes.clear()
+        self._inflight.fail_all(closed_error(self._proto))
         self._runner.connection_closed()
         self._pressure.clear()
         self._read_allowed.set()
         self._closed.set()
 
-    def _closed_error(self) -> DialogueError:
-        error = self._proto.error
-        if error is not None:
-            exc = DialogueClosed(f"dialogue closed: {error}")
-            exc.__cause__ = error
-            return exc
-        return DialogueClosed(f"dialogue closed: {self._proto.close_reason}")
-
     def _new_duplex(self, pid: int, local: bool, data: bytes | None) -> Duplex:
-        duplex = Duplex(self, pid, local, data, self._duplex_high)
-        self._duplexes[(pid, local)] = duplex
-        return duplex
+        return self._inflight.add_duplex(Duplex(self, pid, local, data, self.limits.duplex_high))
 
 
 __all__ = ["HANDLER_FAILED", "NO_HANDLER", "Connection", "Duplex", "Role"]

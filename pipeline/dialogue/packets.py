@@ -46,6 +46,16 @@ class PacketType(enum.IntEnum):
     DUPLEX_RESPONSE_END = 7
 
 
+# The packet types as plain ints, for the machine's hot paths (no enum lookup).
+MESSAGE = PacketType.MESSAGE.value
+REQUEST = PacketType.REQUEST.value
+RESPONSE = PacketType.RESPONSE.value
+DUPLEX_INITIAL = PacketType.DUPLEX_INITIAL.value
+DUPLEX_REQUEST = PacketType.DUPLEX_REQUEST.value
+DUPLEX_RESPONSE = PacketType.DUPLEX_RESPONSE.value
+DUPLEX_REQUEST_END = PacketType.DUPLEX_REQUEST_END.value
+DUPLEX_RESPONSE_END = PacketType.DUPLEX_RESPONSE_END.value
+
 #: A decoded frame as the hot path sees it: (type, id, data or None).
 RawPacket = tuple[int, int, bytes | None]
 

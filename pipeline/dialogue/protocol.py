@@ -9,11 +9,15 @@ local intentions go in through commands (:meth:`send_message`,
 :meth:`events_received` (what the peer did), :meth:`data_to_send` (bytes to
 write, batched) and :meth:`close_expected` (the transport should be closed).
 
-Everything that changes the machine's state is in this module: the commands
-below, the receiving side (one method per packet type, indexed by type in
+Every transition is decided in this module: the commands below, the
+receiving side (one method per packet type, indexed by type in
 :data:`_RECEIVE`) and the deadlines. The transitions that are pure data (what
-a close does, by role and state) are the tables of enums in
-:mod:`~pipeline.dialogue.states`.
+a close does, by role and state; what a duplex packet does to the half it
+finds) are the tables of enums in :mod:`~pipeline.dialogue.states`, read here
+and nowhere else. What the machine holds (open requests and duplexes, issued
+ids, queued frames, events, deadlines) and the bookkeeping every transition
+shares (queue a frame, allocate an id, forget a duplex, end the dialogue) is
+its base class, :class:`~pipeline.dialogue.ledger.Ledger`.
 
 The parser never raises to the caller: a malformed frame, an unknown type, an
 oversize frame or a packet for an id in the wrong state closes the dialogue
@@ -33,18 +37,15 @@ request, an abandoned duplex) is ignored; one for an id we never issued is a
 protocol error.
 
 Duplex halves. Each duplex has a sending and a receiving half, each open or
-ended. The packet transitions, for the receiving half:
-
-=====================  ================  ====================  ===================
-packet                 duplex opened by  receiving half open   receiving half gone
-=====================  ================  ====================  ===================
-DuplexInitial          peer              (new) -> both open    error if id in use
-DuplexRequest          peer              data                  error
-DuplexRequestEnd       peer              -> ended              error
-DuplexResponse         us                data                  ignored if issued
-DuplexResponseEnd      us                -> ended              ignored if issued
-=====================  ================  ====================  ===================
-
+ended. A duplex packet from the peer acts on the receiving half: the peer's
+``DuplexInitial`` opens a duplex (both halves open), ``DuplexRequest`` /
+``DuplexResponse`` carry data, and ``DuplexRequestEnd`` / ``DuplexResponseEnd``
+end the half. The ``Request`` packets name a duplex the peer opened, the
+``Response`` packets one we opened (:data:`~pipeline.dialogue.states.DUPLEX_PACKET_LOCAL`).
+What each does, by the state of the half it finds (none, open, ended), is the
+:data:`~pipeline.dialogue.states.ON_DUPLEX_PACKET` table: a packet for a half
+that ended is an error, and one for a duplex that is gone is an error too,
+unless it is a late packet for a duplex of ours (ignored if we issued the id).
 A duplex is forgotten when both halves ended. Half-close works both ways:
 either side may keep sending after the other ended (the seed's "unidirectional
 stream with a single response after its end" needs exactly that).
@@ -74,70 +75,54 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipeline.dialogue import control
-from pipeline.dialogue.deadlines import Deadline, DeadlineKind, Deadlines
+from pipeline.dialogue.deadlines import DeadlineKind
 from pipeline.dialogue.events import (
     CloseRequested,
-    ConnectionClosed,
-    DuplexClosed,
     DuplexData,
-    DuplexEnded,
     DuplexOpened,
-    DuplexWritable,
-    Event,
     MessageReceived,
     PeerCancelledRequest,
-    PeerClosing,
-    RequestAborted,
     RequestDeclined,
     RequestReceived,
     RequestTimedOut,
     ResponseReceived,
 )
+from pipeline.dialogue.ledger import Ledger
 from pipeline.dialogue.packets import (
     DEFAULT_MAX_FRAME,
-    HAS_DATA,
-    HEADER,
+    DUPLEX_INITIAL,
+    DUPLEX_REQUEST,
+    DUPLEX_REQUEST_END,
+    DUPLEX_RESPONSE,
+    DUPLEX_RESPONSE_END,
     MAX_ID,
-    Decoder,
+    MESSAGE,
+    REQUEST,
+    RESPONSE,
     PacketType,
 )
 from pipeline.dialogue.states import (
     CAN_CONTINUE,
     CAN_START,
+    DUPLEX_PACKET_LOCAL,
     ON_CLOSE_MESSAGE,
+    ON_DUPLEX_PACKET,
     ON_LOCAL_CLOSE,
     CloseAction,
     DuplexHalves,
+    Half,
+    HalfAction,
     Role,
     State,
-    Stats,
 )
-from pipeline.errors import (
-    DialogueClosed,
-    InternalProtocolError,
-    LocalProtocolError,
-    PayloadTooLarge,
-    ProtocolError,
-    RemoteProtocolError,
-)
-
-_pack = HEADER.pack
+from pipeline.errors import DialogueClosed, LocalProtocolError, ProtocolError, RemoteProtocolError
 
 #: Default bounds on what a peer may keep open on us (exceeding one is a protocol error).
 DEFAULT_MAX_INCOMING_REQUESTS = 4096
 DEFAULT_MAX_DUPLEXES = 1024
 
-MESSAGE = PacketType.MESSAGE.value
-REQUEST = PacketType.REQUEST.value
-RESPONSE = PacketType.RESPONSE.value
-DUPLEX_INITIAL = PacketType.DUPLEX_INITIAL.value
-DUPLEX_REQUEST = PacketType.DUPLEX_REQUEST.value
-DUPLEX_RESPONSE = PacketType.DUPLEX_RESPONSE.value
-DUPLEX_REQUEST_END = PacketType.DUPLEX_REQUEST_END.value
-DUPLEX_RESPONSE_END = PacketType.DUPLEX_RESPONSE_END.value
 
-
-class Dialogue:
+class Dialogue(Ledger):
     """One side of a Dialogue connection. Not thread-safe; no I/O."""
 
     def __init__(
@@ -151,85 +136,20 @@ class Dialogue:
     ) -> None:
         if window is not None and not 0 < window <= MAX_ID:
             raise LocalProtocolError(f"flow-control window {window} out of range")
-        self.role = role
-        self.state = State.OPEN
-        self.max_frame = max_frame
-        self.window = window
-        #: The peer's initial window once its HELLO arrived (flow control active for sends).
-        self.peer_window: int | None = None
-        self.max_incoming_requests = max_incoming_requests
-        self.max_duplexes = max_duplexes
-        self.close_reason: str | None = None
-        self.error: ProtocolError | None = None
-        self.stats = Stats()
-        self._decoder = Decoder(max_frame)
-        self._events: list[Event] = []
-        self._out: list[bytes] = []
-        self._out_size = 0
-        self._next_id = 1
-        self._wrapped = False
-        #: our requests: id -> deadline
-        self._out_requests: dict[int, float | None] = {}
-        #: the peer's requests we have not answered
-        self._in_requests: set[int] = set()
-        self._out_duplexes: dict[int, DuplexHalves] = {}
-        self._in_duplexes: dict[int, DuplexHalves] = {}
-        self._deadlines = Deadlines(self._deadline_live)
-        self._close_deadline: float | None = None
+        super().__init__(
+            role,
+            max_frame=max_frame,
+            window=window,
+            max_incoming_requests=max_incoming_requests,
+            max_duplexes=max_duplexes,
+        )
         if window is not None:
             self._queue(MESSAGE, 0, control.encode_hello(window))
-
-    # ------------------------------------------------------------------ outputs
-
-    def events_received(self) -> list[Event]:
-        """Events since the last call, in order."""
-        events, self._events = self._events, []
-        return events
-
-    def data_to_send(self) -> bytes:
-        """Bytes to write since the last call (b"" if none)."""
-        if not self._out:
-            return b""
-        data = b"".join(self._out)
-        self._out.clear()
-        self._out_size = 0
-        return data
-
-    @property
-    def bytes_to_send(self) -> int:
-        return self._out_size
-
-    @property
-    def buffered(self) -> int:
-        """Bytes of an incomplete incoming frame held by the decoder (0 between frames)."""
-        return self._decoder.buffered
-
-    @property
-    def has_deadlines(self) -> bool:
-        return bool(self._deadlines)
 
     def can_send(self, pid: int, local: bool) -> bool:
         """Is our sending half of this duplex open (and the dialogue able to send)?"""
         duplex = self._duplex(pid, local)
         return duplex is not None and duplex.send_open and self.state in CAN_CONTINUE[self.role]
-
-    def close_expected(self) -> bool:
-        """True once the dialogue is over: flush :meth:`data_to_send`, then close the transport."""
-        return self.state is State.CLOSED
-
-    @property
-    def flow_control(self) -> bool:
-        """True when our sends are limited by the peer's credit."""
-        return self.peer_window is not None
-
-    def outstanding(self) -> tuple[int, int, int, int]:
-        """(our requests, the peer's unanswered requests, our duplexes, the peer's duplexes)."""
-        return (
-            len(self._out_requests),
-            len(self._in_requests),
-            len(self._out_duplexes),
-            len(self._in_duplexes),
-        )
 
     # ------------------------------------------------------------------- inputs
 
@@ -314,13 +234,6 @@ class Dialogue:
         self._out_duplexes[pid] = DuplexHalves(credit=self.peer_window or 0)
         return pid
 
-    def send_credit(self, pid: int, local: bool) -> int | None:
-        """Bytes we may send on the duplex now; None when flow control is not active."""
-        if self.peer_window is None:
-            return None
-        duplex = self._duplex(pid, local)
-        return duplex.credit if duplex is not None else 0
-
     def duplex_send(self, pid: int, local: bool, data: bytes) -> None:
         """Send data on our half. With flow control, needs positive :meth:`send_credit`."""
         duplex = self._sending_half(pid, local)
@@ -384,30 +297,9 @@ class Dialogue:
                     if not duplex.recv_open:
                         self._forget(pid, local)
 
-    def abort(self, reason: str) -> None:
-        """Close at once (local failure, transport error); no more bytes are produced."""
-        if self.state is not State.CLOSED:
-            self._finish(reason, clean=False)
-
-    def internal_error(self, exc: Exception) -> None:
-        """Close at once because of a bug on this side (``exc``), as websockets closes with 1011.
-
-        ``error`` becomes an :class:`InternalProtocolError` caused by ``exc``;
-        the peer may be told ``internal error`` and nothing more.
-        """
-        if self.state is not State.CLOSED:
-            error = InternalProtocolError(f"internal error: {exc!r}")
-            error.__cause__ = exc
-            self._fail(error)
-
-    def peer_failed(self, error: ProtocolError) -> None:
-        """Close at once because of the peer (e.g. it missed a read deadline); ``error`` is kept."""
-        if self.state is not State.CLOSED:
-            self._fail(error)
-
     # ---------------------------------------------------------------- receiving
-    # One method per packet type (see :data:`_RECEIVE`). Each records events or
-    # raises RemoteProtocolError, which receive_data turns into a close.
+    # One method per packet type, one for all five duplex packets (see :data:`_RECEIVE`).
+    # Each records events or raises RemoteProtocolError, which receive_data turns into a close.
 
     def _on_message(self, pid: int, data: bytes | None) -> None:
         if data is None:
@@ -455,10 +347,29 @@ class Dialogue:
         else:
             self._events.append(ResponseReceived(id=pid, data=data))
 
-    def _on_duplex_initial(self, pid: int, data: bytes | None) -> None:
-        self._check_peer_may_send()
-        if pid in self._in_duplexes:
-            raise RemoteProtocolError(f"duplex id {pid} already open", public="duplicate id")
+    def _on_duplex_packet(self, ptype: PacketType, pid: int, data: bytes | None) -> None:
+        """A duplex packet does what :data:`ON_DUPLEX_PACKET` says for the half it finds."""
+        local = DUPLEX_PACKET_LOCAL[ptype]
+        if not local:
+            self._check_peer_may_send()
+        duplex = self._duplex(pid, local)
+        half = Half.NONE if duplex is None else Half.OPEN if duplex.recv_open else Half.ENDED
+        action = ON_DUPLEX_PACKET[(ptype, half)]
+        if action is HalfAction.DATA:
+            if data is None:
+                name = "DuplexResponse" if local else "DuplexRequest"
+                raise RemoteProtocolError(f"{name} without data", public="malformed packet")
+            self._events.append(DuplexData(id=pid, local=local, data=data))
+        elif action is HalfAction.END and duplex is not None:  # (only an open half ends)
+            self._end_receiving_half(pid, local, duplex, data)
+        elif action is HalfAction.OPEN:
+            self._open_incoming(pid, data)
+        elif action is HalfAction.STALE:
+            self._stale(pid, "duplex packet")
+        else:
+            raise _duplex_error(action, pid)
+
+    def _open_incoming(self, pid: int, data: bytes | None) -> None:
         if len(self._in_duplexes) >= self.max_duplexes:
             raise RemoteProtocolError("too many open duplexes", public="too many duplexes")
         duplex = DuplexHalves(credit=self.peer_window or 0)
@@ -467,62 +378,7 @@ class Dialogue:
         self._in_duplexes[pid] = duplex
         self._events.append(DuplexOpened(id=pid, data=data))
 
-    def _on_duplex_request(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_data(pid, False, data)
-
-    def _on_duplex_response(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_data(pid, True, data)
-
-    def _on_duplex_data(self, pid: int, local: bool, data: bytes | None) -> None:
-        duplex = self._receiving_half(pid, local)
-        if duplex is None:
-            return
-        if data is None:
-            name = "DuplexResponse" if local else "DuplexRequest"
-            raise RemoteProtocolError(f"{name} without data", public="malformed packet")
-        self._events.append(DuplexData(id=pid, local=local, data=data))
-
-    def _on_duplex_request_end(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_end(pid, False, data)
-
-    def _on_duplex_response_end(self, pid: int, data: bytes | None) -> None:
-        self._on_duplex_end(pid, True, data)
-
-    def _on_duplex_end(self, pid: int, local: bool, data: bytes | None) -> None:
-        duplex = self._receiving_half(pid, local)
-        if duplex is None:
-            return
-        duplex.recv_open = False
-        self._events.append(DuplexEnded(id=pid, local=local, error=data))
-        if not duplex.send_open:
-            self._forget(pid, local)
-            self._maybe_finish_close()
-
-    def _on_control(self, data: bytes) -> None:
-        msg = control.decode(data)
-        if isinstance(msg, control.Hello):
-            if self.peer_window is not None:
-                raise RemoteProtocolError("second flow-control hello", public="bad control message")
-            self.peer_window = msg.window
-            # Duplexes opened before the HELLO arrived start with a full window now.
-            for table in (self._out_duplexes, self._in_duplexes):
-                for duplex in table.values():
-                    duplex.credit = msg.window
-        elif isinstance(msg, control.Grant):
-            for local, pid, credit in msg.entries:
-                target = self._duplex(pid, local)
-                if target is None or not target.send_open:
-                    continue  # the grant crossed our end: harmless
-                was_blocked = target.credit <= 0
-                target.credit += credit
-                if was_blocked and target.credit > 0:
-                    self._events.append(DuplexWritable(id=pid, local=local))
-
     # ---------------------------------------------------------------- deadlines
-
-    def next_deadline(self) -> float | None:
-        """The earliest pending deadline, or None."""
-        return self._deadlines.next()
 
     def expire(self, now: float) -> None:
         """Act on every deadline at or before ``now``."""
@@ -539,59 +395,7 @@ class Dialogue:
                 self._finish("close timed out", clean=False)
                 return
 
-    def _deadline_live(self, item: Deadline) -> bool:
-        if self.state is State.CLOSED:
-            return False
-        if item.kind is DeadlineKind.REQUEST:
-            return self._out_requests.get(item.id, -1.0) == item.when
-        if item.kind is DeadlineKind.DUPLEX:
-            duplex = self._out_duplexes.get(item.id)
-            return duplex is not None and duplex.end_deadline == item.when
-        return self._close_deadline == item.when
-
-    def _add_deadline(self, when: float, kind: DeadlineKind, pid: int) -> None:
-        self._deadlines.add(when, kind, pid, len(self._out_requests) + len(self._out_duplexes) + 1)
-
-    # ------------------------------------------------------------------ helpers
-
-    def _queue(self, ptype: int, pid: int, data: bytes | None) -> None:
-        if data is None:
-            self._out.append(_pack(ptype, pid, 0))
-            self._out_size += 9
-        else:
-            size = len(data)
-            if size > self.max_frame:
-                raise PayloadTooLarge(
-                    f"{size} bytes exceed the maximum frame of {self.max_frame}",
-                    public="payload too large",
-                )
-            self._out.append(_pack(ptype | HAS_DATA, pid, size))
-            self._out.append(data)
-            self._out_size += 9 + size
-        self.stats.frames_out += 1
-
-    def _allocate(self) -> int:
-        in_use = self._out_requests.keys() | self._out_duplexes.keys() if self._wrapped else ()
-        while True:
-            pid = self._next_id
-            if pid == MAX_ID:
-                self._next_id = 1
-                self._wrapped = True
-            else:
-                self._next_id = pid + 1
-            if pid not in in_use:
-                return pid
-
-    def _issued(self, pid: int) -> bool:
-        return self._wrapped or 0 < pid < self._next_id
-
-    def _stale(self, pid: int, what: str) -> None:
-        if not self._issued(pid):
-            raise RemoteProtocolError(f"{what} for id {pid} we never issued", public="unknown id")
-        self.stats.stale_ignored += 1
-
-    def _duplex(self, pid: int, local: bool) -> DuplexHalves | None:
-        return (self._out_duplexes if local else self._in_duplexes).get(pid)
+    # ---------------------------------------------------------------- decisions
 
     def _sending_half(self, pid: int, local: bool) -> DuplexHalves:
         if self.state not in CAN_CONTINUE[self.role]:
@@ -599,20 +403,6 @@ class Dialogue:
         duplex = self._duplex(pid, local)
         if duplex is None or not duplex.send_open:
             raise LocalProtocolError(f"duplex {pid} is not open for sending")
-        return duplex
-
-    def _receiving_half(self, pid: int, local: bool) -> DuplexHalves | None:
-        """The duplex if its receiving half is open; None for a stale one; else an error."""
-        if not local:
-            self._check_peer_may_send()
-        duplex = self._duplex(pid, local)
-        if duplex is None:
-            if local:
-                self._stale(pid, "duplex packet")
-                return None
-            raise RemoteProtocolError(f"duplex packet for unknown id {pid}", public="unknown id")
-        if not duplex.recv_open:
-            raise RemoteProtocolError(f"duplex {pid} packet after its end", public="wrong state")
         return duplex
 
     def _check_peer_may_send(self) -> None:
@@ -623,53 +413,23 @@ class Dialogue:
         if self.state not in CAN_START:
             raise DialogueClosed(f"dialogue is {self.state.value}")
 
-    def _forget(self, pid: int, local: bool, abandoned: bool = False) -> None:
-        del (self._out_duplexes if local else self._in_duplexes)[pid]
-        self._events.append(DuplexClosed(id=pid, local=local, abandoned=abandoned))
 
-    def _peer_closing(self) -> None:
-        self.state = State.CLOSING
-        self._events.append(PeerClosing())
-        for pid in list(self._out_requests):
-            del self._out_requests[pid]
-            self._events.append(RequestAborted(id=pid))
-        for table, local in ((self._out_duplexes, True), (self._in_duplexes, False)):
-            for pid, duplex in list(table.items()):
-                if duplex.recv_open:
-                    duplex.recv_open = False
-                    self._events.append(DuplexEnded(id=pid, local=local, error=None))
-                if not duplex.send_open:
-                    self._forget(pid, local)
-        self._maybe_finish_close()
+def _duplex_error(action: HalfAction, pid: int) -> RemoteProtocolError:
+    """The protocol error a refused duplex packet closes the dialogue with."""
+    if action is HalfAction.DUPLICATE_ID:
+        return RemoteProtocolError(f"duplex id {pid} already open", public="duplicate id")
+    if action is HalfAction.AFTER_END:
+        return RemoteProtocolError(f"duplex {pid} packet after its end", public="wrong state")
+    return RemoteProtocolError(f"duplex packet for unknown id {pid}", public="unknown id")
 
-    def _maybe_finish_close(self) -> None:
-        if (
-            self.role is Role.SERVER
-            and self.state is State.CLOSING
-            and not self._in_requests
-            and not self._out_duplexes
-            and not self._in_duplexes
-        ):
-            self._queue(MESSAGE, 0, None)
-            self._finish("closed", clean=True)
 
-    def _fail(self, exc: ProtocolError) -> None:
-        self.error = exc
-        self._finish(str(exc), clean=False)
+def _receive_duplex(ptype: PacketType) -> Callable[[Dialogue, int, bytes | None], None]:
+    """The receiver of one duplex packet type (``_RECEIVE``'s entries share one signature)."""
 
-    def _finish(self, reason: str, *, clean: bool) -> None:
-        self.state = State.CLOSED
-        self.close_reason = reason
-        for pid in list(self._out_requests):
-            self._events.append(RequestAborted(id=pid))
-        self._out_requests.clear()
-        self._in_requests.clear()
-        for table, local in ((self._out_duplexes, True), (self._in_duplexes, False)):
-            for pid in table:
-                self._events.append(DuplexClosed(id=pid, local=local, abandoned=True))
-            table.clear()
-        self._deadlines.clear()
-        self._events.append(ConnectionClosed(reason=reason, clean=clean, error=self.error))
+    def receive(machine: Dialogue, pid: int, data: bytes | None) -> None:
+        machine._on_duplex_packet(ptype, pid, data)
+
+    return receive
 
 
 #: The receiving side of the machine, by packet type.
@@ -677,11 +437,7 @@ _RECEIVE: dict[int, Callable[[Dialogue, int, bytes | None], None]] = {
     PacketType.MESSAGE: Dialogue._on_message,
     PacketType.REQUEST: Dialogue._on_request,
     PacketType.RESPONSE: Dialogue._on_response,
-    PacketType.DUPLEX_INITIAL: Dialogue._on_duplex_initial,
-    PacketType.DUPLEX_REQUEST: Dialogue._on_duplex_request,
-    PacketType.DUPLEX_RESPONSE: Dialogue._on_duplex_response,
-    PacketType.DUPLEX_REQUEST_END: Dialogue._on_duplex_request_end,
-    PacketType.DUPLEX_RESPONSE_END: Dialogue._on_duplex_response_end,
+    **{ptype: _receive_duplex(ptype) for ptype in DUPLEX_PACKET_LOCAL},
 }
 
 __all__ = ["Dialogue", "Role", "State"]

@@ -25,6 +25,7 @@ from typing import Any
 
 from pipeline import lifecycle
 from pipeline.dialogue.connection import Connection
+from pipeline.dialogue.limits import ConnectionLimits
 from pipeline.dialogue.protocol import Role
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ class DialogueServer:
     is the bound port) and closes on exit. :meth:`close` stops accepting, closes
     every connection the seed's way within ``close_timeout`` and returns when
     done; it is safe to call twice, and a second caller waits for the first.
+
+    Each connection gets ``limits``; without them, the connection's defaults
+    with the hostile-client deadlines on and the server's ``close_timeout``.
+    The limits' fields are also accepted as keywords in ``options``, applied
+    over ``limits`` (the connection's compatibility path).
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class DialogueServer:
         on_connection: Callable[[Connection], Awaitable[None]] | None = None,
         max_connections: int = 1024,
         close_timeout: float = 5.0,
+        limits: ConnectionLimits | None = None,
         **options: Any,
     ) -> None:
         self.host = host
@@ -76,8 +83,13 @@ class DialogueServer:
         self.on_connection = on_connection
         self.max_connections = max_connections
         self.close_timeout = close_timeout
-        options.setdefault("first_frame_timeout", DEFAULT_FIRST_FRAME_TIMEOUT)
-        options.setdefault("frame_timeout", DEFAULT_FRAME_TIMEOUT)
+        if limits is None:
+            limits = ConnectionLimits(
+                close_timeout=close_timeout,
+                first_frame_timeout=DEFAULT_FIRST_FRAME_TIMEOUT,
+                frame_timeout=DEFAULT_FRAME_TIMEOUT,
+            )
+        self.limits = limits
         self.options = options
         self.connections: set[Connection] = set()
         self.evicted = 0
@@ -130,8 +142,9 @@ class DialogueServer:
             log.warning("dialogue server: refusing %s", writer.get_extra_info("peername"))
             writer.close()
             return
-        options = {"close_timeout": self.close_timeout, **self.options}
-        conn = Connection.over_streams(reader, writer, Role.SERVER, **options)
+        conn = Connection.over_streams(
+            reader, writer, Role.SERVER, limits=self.limits, **self.options
+        )
         self.connections.add(conn)
         try:
             async with conn:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from pipeline.dialogue.packets import PacketType
+
 
 class Role(enum.Enum):
     """Which end of a Dialogue connection this is (the seed's close rules differ)."""
@@ -69,6 +71,62 @@ CAN_START = {State.OPEN, State.SIGNALLED}
 CAN_CONTINUE: dict[Role, set[State]] = {
     Role.CLIENT: {State.OPEN, State.SIGNALLED},
     Role.SERVER: {State.OPEN, State.SIGNALLED, State.CLOSING},
+}
+
+
+class Half(enum.Enum):
+    """The receiving half of a duplex, as a duplex packet finds it."""
+
+    #: No duplex of that id: never opened, or forgotten once both halves ended.
+    NONE = "none"
+    OPEN = "open"
+    ENDED = "ended"
+
+
+class HalfAction(enum.Enum):
+    """What a duplex packet does to the receiving half it finds."""
+
+    #: (DuplexInitial) A new duplex, both halves open: report DuplexOpened.
+    OPEN = "open"
+    #: Data for the application (a packet without data is malformed): report DuplexData.
+    DATA = "data"
+    #: The receiving half ends: report DuplexEnded; forget the duplex if our half ended too.
+    END = "end"
+    #: A late packet for a duplex of ours we forgot: ignored if we issued the id, else an error.
+    STALE = "stale"
+    #: Protocol errors: an id the peer never opened, one already in use, a packet after the end.
+    UNKNOWN_ID = "unknown id"
+    DUPLICATE_ID = "duplicate id"
+    AFTER_END = "after end"
+
+
+# Which duplex a duplex packet names: True for one we opened (the id is ours),
+# False for one the peer opened (the id is the peer's, see "Ids" in protocol).
+DUPLEX_PACKET_LOCAL: dict[PacketType, bool] = {
+    PacketType.DUPLEX_INITIAL: False,
+    PacketType.DUPLEX_REQUEST: False,
+    PacketType.DUPLEX_REQUEST_END: False,
+    PacketType.DUPLEX_RESPONSE: True,
+    PacketType.DUPLEX_RESPONSE_END: True,
+}
+
+# What a duplex packet from the peer does, by (packet type, the receiving half it finds).
+ON_DUPLEX_PACKET: dict[tuple[PacketType, Half], HalfAction] = {
+    (PacketType.DUPLEX_INITIAL, Half.NONE): HalfAction.OPEN,
+    (PacketType.DUPLEX_INITIAL, Half.OPEN): HalfAction.DUPLICATE_ID,
+    (PacketType.DUPLEX_INITIAL, Half.ENDED): HalfAction.DUPLICATE_ID,
+    (PacketType.DUPLEX_REQUEST, Half.NONE): HalfAction.UNKNOWN_ID,
+    (PacketType.DUPLEX_REQUEST, Half.OPEN): HalfAction.DATA,
+    (PacketType.DUPLEX_REQUEST, Half.ENDED): HalfAction.AFTER_END,
+    (PacketType.DUPLEX_REQUEST_END, Half.NONE): HalfAction.UNKNOWN_ID,
+    (PacketType.DUPLEX_REQUEST_END, Half.OPEN): HalfAction.END,
+    (PacketType.DUPLEX_REQUEST_END, Half.ENDED): HalfAction.AFTER_END,
+    (PacketType.DUPLEX_RESPONSE, Half.NONE): HalfAction.STALE,
+    (PacketType.DUPLEX_RESPONSE, Half.OPEN): HalfAction.DATA,
+    (PacketType.DUPLEX_RESPONSE, Half.ENDED): HalfAction.AFTER_END,
+    (PacketType.DUPLEX_RESPONSE_END, Half.NONE): HalfAction.STALE,
+    (PacketType.DUPLEX_RESPONSE_END, Half.OPEN): HalfAction.END,
+    (PacketType.DUPLEX_RESPONSE_END, Half.ENDED): HalfAction.AFTER_END,
 }
 
 

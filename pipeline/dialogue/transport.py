@@ -41,6 +41,7 @@ import logging
 from typing import Any
 
 from pipeline.dialogue.connection import Connection
+from pipeline.dialogue.limits import ConnectionLimits
 from pipeline.dialogue.protocol import Role
 from pipeline.dialogue.server import least_valuable
 from pipeline.errors import (
@@ -95,17 +96,17 @@ class TcpTransport:
         self.connect_timeout = connect_timeout
         self.close_timeout = close_timeout
         self.max_connections = max(1, max_connections or settings.node.tcp_max_connections)
-        self._options: dict[str, Any] = {
-            "max_frame": settings.max_payload + ROUTE_OVERHEAD,
-            "window": window,
-            "close_timeout": close_timeout,
-            "frame_timeout": frame_timeout or settings.node.tcp_frame_s or None,
-            "idle_timeout": idle_timeout or settings.node.tcp_idle_s or None,
-        }
-        self._accept_options: dict[str, Any] = {
-            **self._options,
-            "first_frame_timeout": first_frame_timeout or settings.node.tcp_first_frame_s or None,
-        }
+        #: The bounds of the connections we open, and of those we accept.
+        self._limits = ConnectionLimits(
+            max_frame=settings.max_payload + ROUTE_OVERHEAD,
+            window=window,
+            close_timeout=close_timeout,
+            frame_timeout=frame_timeout or settings.node.tcp_frame_s or None,
+            idle_timeout=idle_timeout or settings.node.tcp_idle_s or None,
+        )
+        self._accept_limits = self._limits.replace(
+            first_frame_timeout=first_frame_timeout or settings.node.tcp_first_frame_s or None,
+        )
         #: Our listen address once started (None when not listening).
         self.address: str | None = None
         self._node: Node | None = None
@@ -213,7 +214,7 @@ class TcpTransport:
             Role.CLIENT,
             on_message=self._on_message_from(target),
             name=f"tcp-to-{target}",
-            **self._options,
+            limits=self._limits,
         )
         conn.start()
         return conn
@@ -254,7 +255,7 @@ class TcpTransport:
             Role.SERVER,
             on_message=self._on_message_from(peer),
             name=f"tcp-from-{peer}",
-            **self._accept_options,
+            limits=self._accept_limits,
         )
         self._incoming[conn] = peer
         self._by_peer[peer] = conn

@@ -23,6 +23,8 @@ PURE = [
     "pipeline.dialogue.deadlines",
     "pipeline.dialogue.control",
     "pipeline.dialogue.readclock",
+    "pipeline.dialogue.ledger",
+    "pipeline.dialogue.limits",
     "pipeline.streams.protocol",
 ]
 IO = ("asyncio", "redis", "aiohttp")
