@@ -158,29 +158,49 @@ def test_nested_paths() -> None:
         assert _where(flat)[0] == dotted
 
 
+#: A valid non-default value where the type's sample (``_sample``) is not one: the text
+#: to set, and the value read back when it differs.
+VALID: dict[str, str | tuple[str, Any]] = {
+    "redis.url": "rediss://:pw@example:6380/3",
+    "lake.uri": "s3://bucket/lake",
+    "lake.archive_cron": "0 * * * *",
+    "lake.archive_writer": "spark",
+    "lake.s3_endpoint": "https://s3.example:9000",
+    "lake.s3_conditional_put": "unsafe-rename",
+    "spark.remote": "sc://spark:15003",
+    "spark.driver_memory": "2g",
+    "bus.retry_base_s": ("1.5", 1.5),
+    "bus.max_exp_s": ("600", 600),
+    "log_level": "ERROR",
+}
+#: Settings that are valid only with another one set: that one, as a flat name and value.
+COMPANIONS = {
+    "lake_s3_access_key": {"lake_s3_secret_key": "s"},
+    "lake_s3_secret_key": {"lake_s3_access_key": "k"},
+}
+
+
 @pytest.mark.parametrize("flat", flat_names())
 def test_every_env_var_is_read(flat: str) -> None:
     dotted, hint = _where(flat)
     env_value, expected = _sample(hint)
-    if dotted == "redis.url":
-        env_value = expected = "rediss://:pw@example:6380/3"
-    elif dotted == "lake.uri":
-        env_value = expected = "s3://bucket/lake"
-    elif dotted == "lake.s3_endpoint":
-        env_value = expected = "https://s3.example:9000"
-    elif dotted == "lake.s3_conditional_put":
-        env_value = expected = "unsafe-rename"
-    elif dotted == "log_level":
-        env_value = expected = "ERROR"
+    if dotted in VALID:
+        valid = VALID[dotted]
+        env_value, expected = valid if isinstance(valid, tuple) else (valid, valid)
     elif dotted == "bus.listen" or dotted.endswith("listen"):
         env_value = expected = "0.0.0.0:1234"
     elif expected == "":
         env_value = expected = "something-else"
-    got = Settings.load(env={"SLUICE_" + flat.upper(): env_value}, config_path=NO_FILE)
+    others = COMPANIONS.get(flat, {})
+    env = {"SLUICE_" + name.upper(): value for name, value in {**others, flat: env_value}.items()}
+    got = Settings.load(env=env, config_path=NO_FILE)
     assert _get(got, dotted) == expected
     # and the same name works as a keyword override and in replace()
-    assert _get(Settings.load(env={}, config_path=NO_FILE, **{flat: env_value}), dotted) == expected
-    assert _get(Settings().replace(**{flat: env_value}), dotted) == expected
+    assert (
+        _get(Settings.load(env={}, config_path=NO_FILE, **others, **{flat: env_value}), dotted)
+        == expected
+    )
+    assert _get(Settings().replace(**others, **{flat: env_value}), dotted) == expected
 
 
 def test_toml_flat_and_nested_tables(tmp_path: Path) -> None:
