@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import signal
 import sys
@@ -210,13 +211,7 @@ SUBCOMMANDS = """subcommands (each with its own --help):
 
 async def _serve(settings: Settings, signer: Signer | None) -> int:
     config = BusConfig.from_settings(settings)
-    client: aioredis.Redis | None = None
-    directory: Directory
-    if settings.bus.directory:
-        directory = FileDirectory.load(settings.bus.directory)
-    else:
-        client = redisconn.connect(settings.redis.url, redisconn.Role.CLI)
-        directory = RedisDirectory(client)
+    directory, client = _directory(settings)
     durability = Durability(settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms)
     bus = BusProcess(
         config,
@@ -229,7 +224,6 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    code = 0
     try:
         if not await _until_redis(bus.redis, stop):
             return 0  # stopped while waiting: nothing was started
@@ -237,59 +231,77 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
         await asyncio.to_thread(redischeck.check, settings.redis.url)
         await bus.start()
         print(f"sluice bus: twin {config.twin} listening on {config.host}:{bus.port}", flush=True)
-
-        async def samples() -> list[health.Sample]:
-            forwarder = bus.forwarder
-            return [
-                *await health.bus_samples(bus.redis),
-                *health.forwarder_samples(
-                    forwarder.outcomes, forwarder.retried, forwarder.unreachable()
-                ),
-                health.Sample(
-                    name="sluice_bus_not_replicated_total",
-                    value=float(bus.queues.not_replicated),
-                    kind="counter",
-                    help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
-                ),
-                health.Sample(
-                    name="sluice_bus_redis_errors_total",
-                    value=bus.redis_errors,
-                    kind="counter",
-                    help="Redis steps of the bus's loops that failed (away or refusing writes)",
-                ),
-            ]
-
-        async def peers() -> None:
-            down = bus.forwarder.unreachable()
-            if down:
-                raise ConnectionError(
-                    ", ".join(f"twin {t} unreachable for {s:.0f}s" for t, s in sorted(down.items()))
-                )
-
         async with health.serving(
             settings.bus.health_listen,
             "sluice_bus",
             checks={
                 "redis": health.redis_writable(bus.redis, f"bus:{config.twin}"),
-                "peers": peers,
+                "peers": functools.partial(_peers_answer, bus),
             },
-            samples=samples,
+            samples=functools.partial(_samples, bus),
         ):
-            stopping = asyncio.create_task(stop.wait())
-            failing = asyncio.create_task(bus.wait())
-            done, _ = await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (stopping, failing):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if failing in done and not failing.cancelled() and failing.exception() is not None:
-            print(f"sluice bus: failed: {failing.exception()!r}", file=sys.stderr)
-            code = 1
+            failure = await _until_stopped_or_failed(bus, stop)
+        if failure is not None:
+            print(f"sluice bus: failed: {failure!r}", file=sys.stderr)
+            return 1
+        return 0
     finally:
         await bus.stop()
         if client is not None:
             await client.aclose()
-    return code
+
+
+def _directory(settings: Settings) -> tuple[Directory, aioredis.Redis | None]:
+    """The twin directory: the file when one is set, else the Redis hash (with its
+    client, for the caller to close)."""
+    if settings.bus.directory:
+        return FileDirectory.load(settings.bus.directory), None
+    client = redisconn.connect(settings.redis.url, redisconn.Role.CLI)
+    return RedisDirectory(client), client
+
+
+async def _samples(bus: BusProcess) -> list[health.Sample]:
+    """The bus's /metrics samples beyond the health server's own."""
+    forwarder = bus.forwarder
+    return [
+        *await health.bus_samples(bus.redis),
+        *health.forwarder_samples(forwarder.outcomes, forwarder.retried, forwarder.unreachable()),
+        health.Sample(
+            name="sluice_bus_not_replicated_total",
+            value=float(bus.queues.not_replicated),
+            kind="counter",
+            help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
+        ),
+        health.Sample(
+            name="sluice_bus_redis_errors_total",
+            value=bus.redis_errors,
+            kind="counter",
+            help="Redis steps of the bus's loops that failed (away or refusing writes)",
+        ),
+    ]
+
+
+async def _peers_answer(bus: BusProcess) -> None:
+    """The /healthz check ``peers``: fails while a peer answers no POST."""
+    down = bus.forwarder.unreachable()
+    if down:
+        raise ConnectionError(
+            ", ".join(f"twin {t} unreachable for {s:.0f}s" for t, s in sorted(down.items()))
+        )
+
+
+async def _until_stopped_or_failed(bus: BusProcess, stop: asyncio.Event) -> BaseException | None:
+    """Wait for a stop signal or for the bus to fail; the bus's failure, if that came first."""
+    stopping = asyncio.create_task(stop.wait())
+    failing = asyncio.create_task(bus.wait())
+    done, _ = await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stopping, failing):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if failing in done and not failing.cancelled():
+        return failing.exception()
+    return None
 
 
 async def _until_redis(client: aioredis.Redis, stop: asyncio.Event) -> bool:

@@ -1,7 +1,9 @@
-"""The reliable-message-bus envelope (seed 002): field names, types, JSON codec, validation.
+"""The reliable-message-bus envelope (seed 002): its fields and its JSON codec.
 
 Pure code: bytes in, :class:`Envelope` or :class:`~pipeline.errors.EnvelopeError`
-out. No asyncio, no Redis.
+out. No asyncio, no Redis. What makes an envelope valid (its limits, the field
+checks, bounded JSON) is :mod:`pipeline.bus.envelope_rules`; the names of it a
+caller needs are exported here too (see ``__all__``).
 
 The JSON object has exactly the seed's fields::
 
@@ -17,6 +19,9 @@ Every decode is bounded before it allocates: size (``max_size``), nesting
 (:data:`MAX_NAME`), fan-out (:data:`MAX_DESTINATIONS`) and integers
 (``0 <= n <= MAX_INT``). Whatever the bytes, the decoders here return a value
 or raise :class:`EnvelopeError`; nothing else escapes (no ``RecursionError``).
+:func:`decode` takes one of two paths, the usual envelope's (:func:`_fast`,
+msgspec) or the general one (:func:`loads`, then :func:`from_dict`); both judge
+alike, and ``tests/unit/bus/test_envelope_fast.py`` compares them.
 
 Replies are decoded with ``reply=True``, which is lenient the way the seed
 lets a handler be: "swap ``dst`` and ``src``" done literally gives
@@ -30,37 +35,61 @@ import base64
 import binascii
 import json
 import re
-import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import msgspec
 
+from pipeline.bus.envelope_rules import (
+    CMD_BAD,
+    MAX_DEPTH,
+    MAX_DESTINATIONS,
+    MAX_INT,
+    MAX_NAME,
+    RESERVED_PREFIX,
+    RESERVED_RET_PREFIX,
+    VERSION,
+    check_cmd,
+    check_data,
+    fail,
+    is_int,
+    is_twin,
+    loads,
+    ret_problem,
+    twin_list,
+    valid_cmd,
+)
 from pipeline.errors import EnvelopeError
 
-VERSION = 1
-#: Commands under ``system.`` would collide with the bus's own queues (``msgbus.system.*``).
-RESERVED_PREFIX = "system."
-#: A request's ``ret`` may not name a bus queue: the answer would become a new request
-#: (``msgbus.system.local``) or land in a handler's queue (``msgbus.$cmd``).
-RESERVED_RET_PREFIX = "msgbus."
-MAX_NAME = 256
-#: Most destinations one request may fan out to.
-MAX_DESTINATIONS = 64
-#: Deepest JSON nesting accepted; an envelope needs 2 (the object and ``dst``).
-MAX_DEPTH = 16
-#: Largest integer in any field (int64, what every client language can hold).
-MAX_INT = 2**63 - 1
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_DESTINATIONS",
+    "MAX_INT",
+    "MAX_NAME",
+    "MAX_SKEW_S",
+    "RESERVED_PREFIX",
+    "RESERVED_RET_PREFIX",
+    "VERSION",
+    "Envelope",
+    "deadline",
+    "decode",
+    "encode_data",
+    "from_dict",
+    "is_twin",
+    "load_trusted",
+    "loads",
+    "salvage",
+    "sent_at",
+    "valid_cmd",
+]
+
 #: Seconds a client's ``now`` may run ahead of the bus's clock; beyond it counts from receipt.
 MAX_SKEW_S = 300
 #: A ``now`` this large is in milliseconds (in seconds it would be the year 5138).
 _MS_THRESHOLD = 10**11
 
-_CMD_BAD = re.compile(r"[\s\x00-\x1f\x7f]")
 _RET_SALVAGE = re.compile(rb'"ret"\s*:\s*"([^"\\\x00-\x1f]+)"')
 _CMD_SALVAGE = re.compile(rb'"cmd"\s*:\s*"([^"\\\x00-\x1f]{1,256})"')
-#: JSON strings (skipped) and brackets (counted) for the nesting scan.
-_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -168,8 +197,6 @@ class Envelope:
 _FIELD_NAMES = tuple(f.name for f in fields(Envelope))
 #: Compact JSON (one encoder: ``json.dumps`` with separators builds one per call).
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
-#: json.loads's own decoder settings, without its whitespace scans (see loads()).
-_DECODER = json.JSONDecoder()
 #: A string's JSON text, exactly as ``_ENCODER`` writes it inside an object (its fast
 #: path for a lone ``str``: no dict walk).
 _string = _ENCODER.encode
@@ -187,67 +214,6 @@ def encode_data(payload: bytes | str) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def _is_int(value: Any) -> bool:
-    """A JSON integer in ``0..MAX_INT`` (booleans are not integers here)."""
-    if type(value) is int:  # the usual case, and the cheap test
-        return 0 <= value <= MAX_INT
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
-
-
-def is_twin(value: Any) -> bool:
-    """True for a valid twin id."""
-    return _is_int(value)
-
-
-def _fail(text: str) -> EnvelopeError:
-    return EnvelopeError(text, public=f"invalid envelope: {text}")
-
-
-def _twin_list(value: Any, name: str, *, lenient: bool) -> list[int]:
-    if type(value) is list and len(value) == 1:  # the usual case
-        (only,) = value
-        if type(only) is int and 0 <= only <= MAX_INT:
-            return [only]
-    if lenient and _is_int(value):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise _fail(f"{name} must be a non-empty list of twin ids")
-    if len(value) > MAX_DESTINATIONS:
-        raise _fail(f"{name} has more than {MAX_DESTINATIONS} destinations")
-    for v in value:
-        if not _is_int(v):
-            raise _fail(f"{name} must be a non-empty list of twin ids")
-    return list(value)
-
-
-def _check_cmd(cmd: Any) -> str:
-    if not isinstance(cmd, str) or not cmd:
-        raise _fail("cmd must be a non-empty string")
-    if len(cmd) > MAX_NAME or _CMD_BAD.search(cmd):
-        raise _fail("cmd must be at most 256 printable characters without spaces")
-    if cmd.startswith(RESERVED_PREFIX):
-        raise _fail("cmd 'system.*' is reserved for the bus")
-    return cmd
-
-
-def valid_cmd(cmd: Any) -> bool:
-    """True when ``cmd`` would pass validation."""
-    try:
-        _check_cmd(cmd)
-    except EnvelopeError:
-        return False
-    return True
-
-
-def _check_data(dat: str) -> None:
-    if not dat:
-        return
-    try:
-        base64.b64decode(dat, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise _fail("dat must be valid base64") from exc
-
-
 def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelope:
     """Validate a decoded JSON value; raise :class:`EnvelopeError` with the text for ``err``.
 
@@ -256,22 +222,22 @@ def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelop
     ``msgbus.system.reply`` on the copy a handler gets.
     """
     if not isinstance(doc, dict):
-        raise _fail("not a JSON object")
-    if doc.get("ver") != VERSION or not _is_int(doc.get("ver")):
-        raise _fail(f"ver must be {VERSION}")
-    cmd = _check_cmd(doc.get("cmd"))
-    dst = _twin_list(doc.get("dst"), "dst", lenient=reply)
+        raise fail("not a JSON object")
+    if doc.get("ver") != VERSION or not is_int(doc.get("ver")):
+        raise fail(f"ver must be {VERSION}")
+    cmd = check_cmd(doc.get("cmd"))
+    dst = twin_list(doc.get("dst"), "dst", lenient=reply)
     if reply and len(dst) != 1:
-        raise _fail("a reply must have exactly one dst")
+        raise fail("a reply must have exactly one dst")
     src_raw = doc.get("src", 0)
     if reply and isinstance(src_raw, list) and len(src_raw) == 1:
         src_raw = src_raw[0]
-    if not _is_int(src_raw):
-        raise _fail("src must be a twin id")
+    if not is_int(src_raw):
+        raise fail("src must be a twin id")
     ret = doc.get("ret", "")
-    problem = _ret_problem(ret, reply=reply, client=client)
+    problem = ret_problem(ret, reply=reply, client=client)
     if problem:
-        raise _fail(problem)
+        raise fail(problem)
     get = doc.get
     exp, try_, now = get("exp", 0), get("try", 0), get("now", 0)
     if not (  # the usual case in one test; the loop says which field is wrong
@@ -283,16 +249,16 @@ def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelop
         and 0 <= now <= MAX_INT
     ):
         for name, value in (("exp", exp), ("try", try_), ("now", now)):
-            if not _is_int(value):
-                raise _fail(f"{name} must be an integer >= 0 and < 2^63")
+            if not is_int(value):
+                raise fail(f"{name} must be an integer >= 0 and < 2^63")
     uid, shm, err, dat = get("uid", ""), get("shm", ""), get("err", ""), get("dat", "")
     if not (type(uid) is str and type(shm) is str and type(err) is str and type(dat) is str):
         for name, value in (("uid", uid), ("shm", shm), ("err", err), ("dat", dat)):
             if not isinstance(value, str):
-                raise _fail(f"{name} must be a string")
+                raise fail(f"{name} must be a string")
     if len(uid) > MAX_NAME:
-        raise _fail("uid must be at most 256 characters")
-    _check_data(dat)
+        raise fail("uid must be at most 256 characters")
+    check_data(dat)
     return Envelope(
         ver=VERSION,
         uid=uid,
@@ -307,45 +273,6 @@ def from_dict(doc: Any, *, reply: bool = False, client: bool = False) -> Envelop
         now=now,
         err=err,
     )
-
-
-def _check_nesting(raw: bytes) -> None:
-    depth = 0
-    for match in _NESTING.finditer(raw):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise _fail(f"JSON nested deeper than {MAX_DEPTH}")
-        elif token in (b"]", b"}"):
-            depth -= 1
-
-
-def loads(raw: bytes | str, *, max_size: int) -> Any:
-    """``json.loads`` bounded in size and nesting; :class:`EnvelopeError` on any defect.
-
-    The nesting scan runs only when the text holds more brackets than
-    :data:`MAX_DEPTH` (an envelope holds two), so it costs nothing on the usual path.
-    """
-    if len(raw) > max_size:
-        raise _fail(f"envelope larger than {max_size} bytes")
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
-        _check_nesting(data)
-    try:
-        # The usual case, twice as fast as json.loads: UTF-8 text that is one JSON
-        # value from its first byte to its last. Anything else (leading or trailing
-        # whitespace, UTF-16, an error) takes json.loads, which decides as before.
-        text = data.decode()
-        value, end = _DECODER.raw_decode(text)
-        if end == len(text):
-            return value
-    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
-        pass
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _fail("not valid JSON") from exc
 
 
 class _Wire(msgspec.Struct):
@@ -392,8 +319,8 @@ def _fast(data: bytes, *, reply: bool, client: bool) -> Envelope | None:
         and len(w.uid) <= MAX_NAME
         and 0 < len(cmd) <= MAX_NAME
         and not cmd.startswith(RESERVED_PREFIX)
-        and not _CMD_BAD.search(cmd)
-        and not _ret_problem(ret, reply=reply, client=client)
+        and not CMD_BAD.search(cmd)
+        and not ret_problem(ret, reply=reply, client=client)
     ):
         return None
     if dat:
@@ -465,15 +392,6 @@ def load_trusted(raw: bytes | str) -> Envelope:
         raise EnvelopeError(f"corrupt stored envelope: {exc!r}") from exc
 
 
-def _ret_problem(ret: object, *, reply: bool = False, client: bool = True) -> str:
-    """Why ``ret`` cannot be answered on ("" when it can): one rule for decoding and salvage."""
-    if not isinstance(ret, str) or len(ret) > MAX_NAME or (not reply and not ret):
-        return "ret must be a non-empty string of at most 256 characters"
-    if client and ret.startswith(RESERVED_RET_PREFIX):
-        return "ret 'msgbus.*' is reserved for the bus"
-    return ""
-
-
 def salvage(raw: bytes, *, max_size: int = 1 << 20) -> tuple[str, str]:
     """``(ret, cmd)`` read from an envelope that failed validation, ``""`` where unreadable.
 
@@ -498,7 +416,7 @@ def salvage(raw: bytes, *, max_size: int = 1 << 20) -> tuple[str, str]:
             for pattern in (_RET_SALVAGE, _CMD_SALVAGE)
         ]
         ret, cmd = (m.group(1).decode("utf-8", "replace") if m else "" for m in found)
-    if _ret_problem(ret):
+    if ret_problem(ret):
         # Never answer on a ret the request was refused for: a reserved name would loop
         # (msgbus.system.local) or feed a handler, an over-long one is no queue of the caller.
         ret = ""
@@ -527,33 +445,3 @@ def deadline(env: Envelope, *, received: float, default_exp: int, max_exp: int) 
     """
     exp = min(env.exp or default_exp, max_exp)
     return sent_at(env.now, received=received) + exp
-
-
-_RET_SLOT = b'"ret":""'
-
-
-def answer_parts(reply: Envelope) -> tuple[bytes, bytes]:
-    """``reply`` encoded with ``ret`` cut out: ``(head, tail)`` around the JSON string of ``ret``.
-
-    ``head + json.dumps(ret).encode() + tail`` is ``reply.copy(ret=ret).encode()``
-    (up to string escaping), for a ``ret`` only Redis knows (see ``BusStore.deliver_reply``).
-    ``"ret":""`` occurs once in the encoding: a quote inside a JSON string is escaped.
-    """
-    head, slot, tail = reply.encode(ret="").partition(_RET_SLOT)
-    if not slot:
-        raise ValueError("encoded envelope has no empty ret field")
-    return head + b'"ret":', tail
-
-
-def refusal(request: Envelope, text: str, *, me: int) -> Envelope:
-    """The reply this bus sends in place of a handler that cannot get ``request``."""
-    return request.copy(src=me, dst=[request.src], dat="", now=int(time.time()), err=text)
-
-
-def error_reply(env: Envelope, text: str, *, about: int, me: int) -> Envelope:
-    """The answer a caller gets when the bus itself fails a request.
-
-    Like every answer on ``ret`` it carries ``src`` = the destination it is
-    about and ``dst`` = ``[me]``, so a client can match answers to destinations.
-    """
-    return env.copy(src=about, dst=[me], err=text or "error", now=int(time.time()), dat="")

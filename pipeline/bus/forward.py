@@ -8,27 +8,28 @@ and ``https://`` peers alike.
 
 Coalescing: items wait in one lane per (peer, endpoint). While a POST to a
 batching peer is in flight, what arrives waits and goes out together in the
-next POST, as one batch body (up to :data:`MAX_BATCH` envelopes and the peer's
-body limit), with ONE signature over the whole body and this bus's time (see
-:mod:`pipeline.bus.signing`); a second POST (up to ``lane_posts`` in flight)
-leaves only with a full batch, so a busy lane sends few large POSTs (each POST
-costs both buses the same CPU however many envelopes it carries) and a lane
-with more than one full batch waiting still sends several at once. A failed item is retried with
-doubling, capped backoff from a delay heap, until its ``try`` budget or its
-deadline runs out. A bounded number of items is in memory at once:
-:meth:`Forwarder.submit` waits for room.
+next POST, as one batch body (up to :data:`~pipeline.bus.post.MAX_BATCH`
+envelopes and the peer's body limit), with ONE signature over the whole body
+and this bus's time (see :mod:`pipeline.bus.signing`); a second POST (up to
+``lane_posts`` in flight) leaves only with a full batch, so a busy lane sends
+few large POSTs (each POST costs both buses the same CPU however many
+envelopes it carries) and a lane with more than one full batch waiting still
+sends several at once. A failed item is retried with doubling, capped backoff
+from a delay heap, until its ``try`` budget or its deadline runs out. A
+bounded number of items is in memory at once: :meth:`Forwarder.submit` waits
+for room.
 
 Batch body negotiation (the seed's single-envelope POST stays the default)
 --------------------------------------------------------------------------
 * A bus that takes batches says so on every response of both endpoints:
-  ``X-Sluice-Batch: 1`` (:data:`BATCH_HEADER`).
+  ``X-Sluice-Batch: 1`` (:data:`~pipeline.bus.post.BATCH_HEADER`).
 * A sender POSTs single envelopes (the seed's ``application/json`` body) to a
   peer until a response from it carried that header; then, whenever two or
   more envelopes are waiting for that peer, it POSTs them as one
-  ``Content-Type: application/x-sluice-batch`` (:data:`BATCH_TYPE`) body: the
-  envelopes' compact JSON, one per line, joined by ``\n`` (an envelope whose
-  encoding holds a raw newline goes alone). ``X-Sluice-Twin`` is required on
-  a batch.
+  ``Content-Type: application/x-sluice-batch``
+  (:data:`~pipeline.bus.post.BATCH_TYPE`) body: the envelopes' compact JSON,
+  one per line, joined by ``\n`` (an envelope whose encoding holds a raw
+  newline goes alone). ``X-Sluice-Twin`` is required on a batch.
 * The receiver checks the one signature, then judges each envelope as if it
   had come alone, and answers ``200`` with ``{"results": [[status, "error"],
   ...]}`` in body order (the statuses of the single-envelope table in
@@ -38,6 +39,10 @@ Batch body negotiation (the seed's single-envelope POST stays the default)
   does not know the type, or a smaller body limit) is sent single envelopes
   again for :data:`SINGLE_FOR_S` seconds; the batch's items are resent singly
   without spending a try.
+
+The items and their outcomes are :mod:`pipeline.bus.outbound`; one POST's
+steps (the body, its signature, the exchange, the answer judged) are
+:mod:`pipeline.bus.post`; this module decides when and what to send.
 """
 
 from __future__ import annotations
@@ -45,116 +50,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import io
-import json
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from enum import Enum, StrEnum
 
 import aiohttp
 
+from pipeline.bus import post
 from pipeline.bus.directory import Directory
-from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
+from pipeline.bus.outbound import (
+    UNKNOWN_TEXT,
+    UNREACHABLE_TEXT,
+    Done,
+    Final,
+    Judged,
+    Kind,
+    Outbound,
+    Outcome,
+)
+from pipeline.bus.post import MAX_BATCH
+from pipeline.bus.signing import Signer
 from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
 
-REMOTE_PATH = "/zbus-remote"
-REPLY_PATH = "/zbus-reply"
-#: Response header of a bus that takes batch bodies.
-BATCH_HEADER = "X-Sluice-Batch"
-#: Content type of a batch body: envelopes, one per line.
-BATCH_TYPE = "application/x-sluice-batch"
-#: Most envelopes in one batch body (a receiver refuses more with 413).
-MAX_BATCH = 512
 #: Seconds a peer that refused a batch is sent single envelopes before trying again.
 SINGLE_FOR_S = 300.0
-#: Most bytes of a peer's response read (a batch's results fit with room to spare).
-MAX_RESPONSE = 1 << 20
-#: Bodies larger than this go to aiohttp as a file object (see Forwarder._send).
-_LARGE_BODY = 1 << 20
-#: Statuses of a refused batch that mean "send single envelopes".
-_NO_BATCH = frozenset({400, 404, 405, 413, 415})
-
-
-class Kind(StrEnum):
-    REQUEST = "remote"
-    REPLY = "reply"
-
-
-class Outcome(Enum):
-    DELIVERED = "delivered"
-    REFUSED = "refused"  # the peer said no: final
-    UNREACHABLE = "unreachable"  # never reached the peer (it cannot have acted on it)
-    UNKNOWN = "unknown"  # an attempt may have reached the peer: it may have acted on it
-
-
-#: What a caller's ``err`` starts with when a request could not be delivered in time.
-#: "remote unreachable": no attempt reached the peer; retrying cannot run it twice.
-#: "delivery unknown": an attempt may have reached it (sent, then the connection broke or
-#: the answer timed out); retry only a request that is safe to run twice.
-UNREACHABLE_TEXT = "remote unreachable"
-UNKNOWN_TEXT = "delivery unknown"
 #: Seconds between log lines of one failure class (a dead peer fails every request).
 LOG_EVERY_S = 10.0
 #: A peer whose last failed POST is older than this no longer counts as unreachable.
 STALE_S = 60.0
-
-
-@dataclass(order=True, slots=True)
-class Outbound:
-    """One envelope to POST. ``id`` is its outbox field."""
-
-    due: float
-    id: str = field(compare=False)
-    kind: Kind = field(compare=False)
-    to: int = field(compare=False)
-    body: bytes = field(compare=False)
-    deadline: float = field(compare=False)
-    tries: int = field(compare=False)
-    uid: str = field(compare=False)
-    resent: bool = field(default=False, compare=False)
-    attempt: int = field(default=0, compare=False)
-    last_error: str = field(default="", compare=False)
-    #: An attempt may have reached the peer (or the item was pending at a restart).
-    maybe_delivered: bool = field(default=False, compare=False)
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "kind": self.kind.value,
-                "to": self.to,
-                "body": self.body.decode(),
-                "deadline": self.deadline,
-                "tries": self.tries,
-                "uid": self.uid,
-            }
-        ).encode()
-
-    @classmethod
-    def from_json(cls, outbox_id: str, raw: bytes) -> Outbound:
-        doc = json.loads(raw)
-        return cls(
-            due=0.0,
-            id=outbox_id,
-            kind=Kind(doc["kind"]),
-            to=int(doc["to"]),
-            body=str(doc["body"]).encode(),
-            deadline=float(doc["deadline"]),
-            tries=int(doc["tries"]),
-            uid=str(doc["uid"]),
-            resent=True,
-            maybe_delivered=True,
-        )
-
-
-#: One item's final outcome (and error text when not delivered).
-Final = tuple[Outbound, Outcome, str]
-#: Called once per POST with the final outcomes of its items (those not retried).
-Done = Callable[[list[Final]], Awaitable[None]]
 
 
 class _Lane:
@@ -361,7 +286,7 @@ class Forwarder:
             if finals:
                 await self._record(finals)
 
-    def _settle(self, item: Outbound, outcome: Outcome, text: str) -> tuple[Outcome, str] | None:
+    def _settle(self, item: Outbound, outcome: Outcome, text: str) -> Judged | None:
         """The final outcome of ``item``, or None when it was scheduled for a retry.
 
         A request that did not reach its peer is retried with capped backoff
@@ -387,7 +312,7 @@ class Forwarder:
             return Outcome.UNKNOWN, f"{UNKNOWN_TEXT}: {text}"
         return Outcome.UNREACHABLE, f"{UNREACHABLE_TEXT}: {text}"
 
-    def _note_peer(self, to: int, outcomes: list[tuple[Outcome, str]]) -> None:
+    def _note_peer(self, to: int, outcomes: list[Judged]) -> None:
         """Track whether ``to`` answers (per-peer reachability for /metrics and /healthz)."""
         if all(o in (Outcome.UNREACHABLE, Outcome.UNKNOWN) for o, _ in outcomes):
             self._last_failure[to] = time.time()
@@ -401,7 +326,7 @@ class Forwarder:
             log.warning("bus: twin %s reachable again after %.1fs", to, down)
             self._gate.forget(lambda key: isinstance(key, tuple) and key[-1] == to)
 
-    def _count(self, item: Outbound, final: tuple[Outcome, str]) -> None:
+    def _count(self, item: Outbound, final: Judged) -> None:
         outcome, text = final
         key = (item.kind.value, outcome.value)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
@@ -434,131 +359,44 @@ class Forwarder:
 
     # --- one POST ------------------------------------------------------------
 
-    async def _send(
-        self, to: int, kind: Kind, items: list[Outbound]
-    ) -> list[tuple[Outcome, str]] | None:
-        """Outcomes of ``items`` (in order) after one POST; None: resend them singly."""
-        now = time.time()
-        results: list[tuple[Outcome, str] | None] = [
-            (Outcome.REFUSED, "request expired") if now >= item.deadline else None for item in items
-        ]
-        live = [item for item, result in zip(items, results, strict=True) if result is None]
+    async def _send(self, to: int, kind: Kind, items: list[Outbound]) -> list[Judged] | None:
+        """Outcomes of ``items`` (in order) after one POST; None: resend them singly.
+
+        The steps: set aside what expired, resolve the destination, frame and sign
+        the body, POST it, classify the answer. Only :class:`post.Unanswered` (no
+        answer: nothing or maybe something reached the peer) is caught here.
+        """
+        early = post.expired(items, time.time())
+        live = [item for item, result in zip(items, early, strict=True) if result is None]
         if not live:
-            return [result for result in results if result is not None]
+            return [result for result in early if result is not None]
         try:
-            peer = await self._directory.lookup(to)
-        except Exception as exc:  # noqa: BLE001 - any directory failure: nothing was sent
-            failed = (Outcome.UNREACHABLE, f"directory lookup failed: {type(exc).__name__}")
-            return [result or failed for result in results]
-        if peer is None:
-            return [(Outcome.REFUSED, "destination not found")] * len(items)
-        path = REMOTE_PATH if kind is Kind.REQUEST else REPLY_PATH
-        batch = len(live) > 1
-        if batch:
-            body = b"\n".join(item.body for item in live)
-            content_type = BATCH_TYPE
-        else:
-            body, content_type = live[0].body, "application/json"
-        headers = {TWIN_HEADER: str(self.twin), "Content-Type": content_type}
-        if self._signer is not None:
-            sent_ms = int(time.time() * 1000)
-            headers[TIME_HEADER] = str(sent_ms)
-            headers[SIGNATURE_HEADER] = self._signer.sign_post(
-                src=self.twin, dst=to, path=path, sent_ms=sent_ms, body=body
+            peer = await post.resolve(self._directory, to)
+            if peer is None:
+                return [(Outcome.REFUSED, "destination not found")] * len(items)
+            path = post.path_of(kind)
+            body, headers = post.prepare(
+                live, src=self.twin, dst=to, path=path, signer=self._signer
             )
-        assert self._session is not None
-        # aiohttp warns (ResourceWarning) about a bytes body over 1 MiB; a file object
-        # is its way to send one, written in chunks.
-        data = body if len(body) <= _LARGE_BODY else io.BytesIO(body)
-        try:
-            async with self._session.post(peer.url + path, data=data, headers=headers) as resp:
-                status = resp.status
-                advertised = resp.headers.get(BATCH_HEADER) == "1"
-                raw = await _read_bounded(resp.content, MAX_RESPONSE)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            failed = (Outcome.UNREACHABLE, f"cannot connect: {type(exc).__name__}")
-            return [result or failed for result in results]
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            # Connected, then no (whole) answer: the peer may have taken the POST.
-            failed = (Outcome.UNKNOWN, f"no answer: {type(exc).__name__}")
-            return [result or failed for result in results]
+            assert self._session is not None
+            answer = await post.exchange(self._session, peer.url + path, body, headers)
+        except post.Unanswered as exc:
+            return post.merge(early, [exc.outcome] * len(live))
+        return self._classify(to, early, live, answer)
+
+    def _classify(
+        self, to: int, early: list[Judged | None], live: list[Outbound], answer: post.Answer
+    ) -> list[Judged] | None:
+        """Every item's outcome after ``to`` answered; None when it refused a batch."""
         self.posts += 1
-        if advertised:
+        if answer.batching:
             self._batching.add(to)
-        if batch and status in _NO_BATCH:
-            log.warning("bus: twin %s refused a batch (HTTP %s): single envelopes", to, status)
+        if len(live) > 1 and answer.status in post.NO_BATCH:
+            log.warning(
+                "bus: twin %s refused a batch (HTTP %s): single envelopes", to, answer.status
+            )
             self._single_until[to] = time.time() + SINGLE_FOR_S
             return None
-        if batch and status == 200:
-            judged = _batch_results(raw, len(live))
-            if judged is None:
-                bad = (Outcome.UNKNOWN, "remote answered a batch without its results")
-                judged_out = [bad] * len(live)
-            else:
-                judged_out = [
-                    _judge(item, code, text)
-                    for item, (code, text) in zip(live, judged, strict=True)
-                ]
-        else:
-            text = raw[:200].decode("utf-8", "replace")
-            judged_out = [_judge(item, status, text) for item in live]
+        judged = post.judge_answer(live, answer)
         self.sent += len(live)
-        answers = iter(judged_out)
-        return [result or next(answers) for result in results]
-
-
-def _judge(item: Outbound, status: int, text: str) -> tuple[Outcome, str]:
-    if status == 200:
-        return Outcome.DELIVERED, ""
-    if status == 409 and (item.resent or item.attempt > 0):
-        return Outcome.DELIVERED, ""  # an earlier attempt got through
-    if status == 503:  # a bus that could not take it (redis down, busy): not acted on
-        return Outcome.UNREACHABLE, f"remote unavailable: HTTP {status}"
-    if status >= 500:  # a proxy's 502/504, a crash: the peer may have acted on it
-        return Outcome.UNKNOWN, f"remote failed: HTTP {status}"
-    if status == 410:
-        return Outcome.REFUSED, "request expired"
-    return Outcome.REFUSED, f"remote refused: {_error_text(text) or status}"
-
-
-def _batch_results(raw: bytes, count: int) -> list[tuple[int, str]] | None:
-    """``[(status, error), ...]`` of a batch response, or None when it is not one for ``count``."""
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    results = doc.get("results") if isinstance(doc, dict) else None
-    if not isinstance(results, list) or len(results) != count:
-        return None
-    out: list[tuple[int, str]] = []
-    for entry in results:
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 2
-            or type(entry[0]) is not int
-            or not isinstance(entry[1], str)
-        ):
-            return None
-        out.append((entry[0], entry[1][:200]))
-    return out
-
-
-async def _read_bounded(stream: aiohttp.StreamReader, limit: int) -> bytes:
-    """Up to ``limit`` bytes of a response body; raises ValueError past that."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await stream.readany():
-        size += len(chunk)
-        if size > limit:
-            raise ValueError("response body too large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _error_text(body: str) -> str:
-    """The ``error`` of a peer's JSON refusal, else its (truncated) body."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body
-    return str(doc.get("error", body)) if isinstance(doc, dict) else body
+        return post.merge(early, judged)

@@ -24,7 +24,7 @@ body: see :mod:`pipeline.bus.signing`), and answer:
 A batch gets 200 with ``{"results": [[status, "error"], ...]}``, one entry
 per envelope in body order with the statuses above; a status other than 200
 for a batch is about the whole POST (413 also for more than
-:data:`~pipeline.bus.forward.MAX_BATCH` envelopes, 400 without
+:data:`~pipeline.bus.post.MAX_BATCH` envelopes, 400 without
 ``X-Sluice-Twin``), and every envelope of a batch must have that ``src``.
 
 Replay protection: a signed request is refused unless its signed time is
@@ -58,10 +58,10 @@ import redis.exceptions
 from aiohttp import web
 
 from pipeline import keys
-from pipeline.bus import envelope
+from pipeline.bus import answers, envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
 from pipeline.bus.directory import Directory
-from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PATH, REPLY_PATH
+from pipeline.bus.post import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PATH, REPLY_PATH
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, SignatureError
@@ -178,7 +178,33 @@ async def _queue_requests(
     straight to ``msgbus.$cmd`` with ``ret`` set to ``msgbus.system.reply``: what the
     seed's ``msgbus.system.remote`` loop would do, one Redis hop sooner.
     """
-    now = time.time()
+    early, pending = _unexpired(ing, envs, time.time())
+    # Remembered until the clock window refuses a copy (1 s margin for rounding);
+    # legacy unsigned peers get this bus's clock as their signed time.
+    forget_at = sent + ing.replay_window_s + 1
+    try:
+        results = await ing.store.accept_requests(pending, forget_at)
+    except (redis.exceptions.RedisError, OSError) as exc:
+        _redis_failed(exc)
+        results = [3] * len(pending)
+    queued = (env for env, verdict in zip(envs, early, strict=True) if verdict is None)
+    outcomes = iter(zip(results, queued, strict=True))
+    out: list[Verdict] = []
+    refusals: list[bytes] = []
+    for verdict in early:
+        if verdict is None:
+            result, env = next(outcomes)
+            verdict = _accepted(ing, result, env, refusals)
+        out.append(verdict)
+    await _queue_refusals(ing, refusals)
+    return out
+
+
+def _unexpired(
+    ing: Ingress, envs: list[envelope.Envelope], now: float
+) -> tuple[list[Verdict | None], list[tuple[str, str, bytes]]]:
+    """410 for each expired request (None for the others), and the others as
+    ``(seen id, handler queue, body)`` for :meth:`BusStore.accept_requests`."""
     verdicts: list[Verdict | None] = []
     pending: list[tuple[str, str, bytes]] = []
     for env in envs:
@@ -191,46 +217,37 @@ async def _queue_requests(
         verdicts.append(None)
         body = env.encode(ret=keys.BUS_REPLY)
         pending.append((f"{env.src}:{env.uid}", keys.bus_command(env.cmd), body))
-    # Remembered until the clock window refuses a copy (1 s margin for rounding);
-    # legacy unsigned peers get this bus's clock as their signed time.
-    forget_at = sent + ing.replay_window_s + 1
+    return verdicts, pending
+
+
+def _accepted(ing: Ingress, result: int, env: envelope.Envelope, refusals: list[bytes]) -> Verdict:
+    """The verdict on one request from its :meth:`BusStore.accept_requests` result
+    (3: Redis failed); a request set aside adds its caller's refusal to ``refusals``."""
+    if result in (1, 2):
+        if result == 2:
+            # The handler's queue is not a list (the request is in the dead-letter
+            # list): its caller hears it now, through the reply queue, not at expiry.
+            log.error("bus: msgbus.%s is not a list; request %s refused", env.cmd, env.uid)
+            text = f"command queue of {env.cmd} unavailable"
+            refusals.append(answers.refusal(env, text, me=ing.twin).encode())
+        return _ACCEPT
+    if result == 0:
+        log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
+        return 409, "replayed request"
+    if result < 0:
+        log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
+        return 503, "busy"
+    return 503, "redis unavailable"
+
+
+async def _queue_refusals(ing: Ingress, refusals: list[bytes]) -> None:
+    """Push the refusals to the reply queue; on a Redis failure their callers hear at expiry."""
+    if not refusals:
+        return
     try:
-        results = await ing.store.accept_requests(pending, forget_at)
-    except (redis.exceptions.RedisError, OSError) as exc:
-        _redis_failed(exc)
-        results = [3] * len(pending)
-    outcomes = iter(
-        zip(results, (env for env, v in zip(envs, verdicts, strict=True) if v is None), strict=True)
-    )
-    out: list[Verdict] = []
-    refusals: list[bytes] = []
-    for verdict in verdicts:
-        if verdict is not None:
-            out.append(verdict)
-            continue
-        result, env = next(outcomes)
-        if result in (1, 2):
-            out.append(_ACCEPT)
-            if result == 2:
-                # The handler's queue is not a list (the request is in the dead-letter
-                # list): its caller hears it now, through the reply queue, not at expiry.
-                log.error("bus: msgbus.%s is not a list; request %s refused", env.cmd, env.uid)
-                text = f"command queue of {env.cmd} unavailable"
-                refusals.append(envelope.refusal(env, text, me=ing.twin).encode())
-        elif result == 0:
-            log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
-            out.append((409, "replayed request"))
-        elif result < 0:
-            log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
-            out.append((503, "busy"))
-        else:
-            out.append((503, "redis unavailable"))
-    if refusals:
-        try:
-            await ing.store.redis.rpush(keys.BUS_REPLY, *refusals)
-        except (redis.exceptions.RedisError, OSError):
-            log.exception("bus: refusals not queued; their callers hear at expiry")
-    return out
+        await ing.store.redis.rpush(keys.BUS_REPLY, *refusals)
+    except (redis.exceptions.RedisError, OSError):
+        log.exception("bus: refusals not queued; their callers hear at expiry")
 
 
 def _redis_failed(exc: BaseException) -> None:
@@ -248,7 +265,7 @@ async def _deliver_replies(
     """Answer the callers of authenticated replies (all of one POST in one Lua step)."""
     try:
         results = await ing.store.deliver_replies(
-            [(env.uid, env.src, *envelope.answer_parts(env)) for env in envs]
+            [(env.uid, env.src, *answers.answer_parts(env)) for env in envs]
         )
     except (redis.exceptions.RedisError, OSError) as exc:
         _redis_failed(exc)

@@ -46,16 +46,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import redis.asyncio as aioredis
 from aiohttp import web
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from pipeline import keys
-from pipeline.bus import envelope
+from pipeline.bus import answers, envelope
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, bus_redis_url, reraise_if_cancelling
 from pipeline.bus.directory import Directory
-from pipeline.bus.forward import Final, Forwarder, Kind, Outbound, Outcome
+from pipeline.bus.forward import Forwarder
 from pipeline.bus.http import Ingress, build_server
+from pipeline.bus.outbound import Done, Final, Kind, Outbound, Outcome
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
@@ -90,41 +92,11 @@ class BusProcess:
         #: Redis steps of the bus's loops that failed (Redis away or refusing writes) and
         #: were retried: ``sluice_bus_redis_errors_total``.
         self.redis_errors = 0
-        self.redis = redisconn.connect(
-            bus_redis_url(redis_url),
-            redisconn.Role.BUS,
-            block_s=_WAIT_S,
-            max_connections=config.redis_connections,
-        )
-        # No silent resend of a command whose connection dropped: claims and batch
-        # transactions are not idempotent (a claim run twice would strand a batch in
-        # flight); the loops recover from the inflight list instead.
-        self.redis.set_retry(Retry(NoBackoff(), 0))
+        self.redis = _connect(redis_url, config)
         self.store = BusStore(self.redis, max_seen=config.max_seen, max_item=config.max_size)
         self.directory = directory
-        self.forwarder = Forwarder(
-            twin=config.twin,
-            directory=directory,
-            signer=signer,
-            done=self._forwarded,
-            workers=config.http_workers,
-            max_pending=config.max_pending,
-            max_batch_bytes=config.max_size,
-            retry_base_s=config.retry_base_s,
-            retry_max_s=config.retry_max_s,
-        )
-        self._ingress = Ingress(
-            twin=config.twin,
-            directory=directory,
-            store=self.store,
-            legacy_peers=config.legacy_peers,
-            default_exp=config.default_exp_s,
-            max_exp=config.max_exp_s,
-            max_size=config.max_size,
-            replay_window_s=config.replay_window_s,
-            idle_s=config.http_idle_s,
-            max_connections=config.http_max_connections,
-        )
+        self.forwarder = _forwarder(config, directory, signer, done=self._forwarded)
+        self._ingress = _ingress(config, directory, self.store)
         #: Redis errors of the loops: one line per loop and interval, one when it recovers.
         self._gate = LogGate(log)
         self.queues = QueueHandlers(
@@ -299,7 +271,7 @@ class BusProcess:
         """Answer the caller of a request that could not be delivered."""
         try:
             request = envelope.load_trusted(item.body)
-            fail = envelope.error_reply(request, text, about=item.to, me=self.twin)
+            fail = answers.error_reply(request, text, about=item.to, me=self.twin)
             await self.store.finish(item.uid, request.ret, fail.encode())
         except EnvelopeError:
             log.error("bus: corrupt pending request %s; the scrubber sets it aside", item.id)
@@ -375,7 +347,7 @@ class BusProcess:
                     except EnvelopeError:
                         self.queues.corrupt_in(pipe, uid, original)
                         continue
-                    fail = envelope.error_reply(
+                    fail = answers.error_reply(
                         request, "request expired", about=request.dst[0], me=self.twin
                     )
                     await self.store.finish_in(pipe, uid, request.ret, fail.encode())
@@ -383,3 +355,51 @@ class BusProcess:
                 await pipe.execute()
         await self.store.forget_seen(now)
         return answered
+
+
+def _connect(redis_url: str, config: BusConfig) -> aioredis.Redis:
+    """The bus's Redis client: its own pool, blocking reads up to :data:`_WAIT_S`."""
+    client = redisconn.connect(
+        bus_redis_url(redis_url),
+        redisconn.Role.BUS,
+        block_s=_WAIT_S,
+        max_connections=config.redis_connections,
+    )
+    # No silent resend of a command whose connection dropped: claims and batch
+    # transactions are not idempotent (a claim run twice would strand a batch in
+    # flight); the loops recover from the inflight list instead.
+    client.set_retry(Retry(NoBackoff(), 0))
+    return client
+
+
+def _forwarder(
+    config: BusConfig, directory: Directory, signer: Signer | None, *, done: Done
+) -> Forwarder:
+    """The sender of POSTs to peers, with the config's limits and retry pace."""
+    return Forwarder(
+        twin=config.twin,
+        directory=directory,
+        signer=signer,
+        done=done,
+        workers=config.http_workers,
+        max_pending=config.max_pending,
+        max_batch_bytes=config.max_size,
+        retry_base_s=config.retry_base_s,
+        retry_max_s=config.retry_max_s,
+    )
+
+
+def _ingress(config: BusConfig, directory: Directory, store: BusStore) -> Ingress:
+    """What the HTTP endpoints need to judge an incoming envelope, from the config."""
+    return Ingress(
+        twin=config.twin,
+        directory=directory,
+        store=store,
+        legacy_peers=config.legacy_peers,
+        default_exp=config.default_exp_s,
+        max_exp=config.max_exp_s,
+        max_size=config.max_size,
+        replay_window_s=config.replay_window_s,
+        idle_s=config.http_idle_s,
+        max_connections=config.http_max_connections,
+    )

@@ -21,22 +21,56 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.bus import envelope
+from pipeline.bus import answers, envelope
 from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import Directory
 from pipeline.bus.envelope import Envelope
-from pipeline.bus.forward import Forwarder, Kind, Outbound
+from pipeline.bus.forward import Forwarder
+from pipeline.bus.outbound import Kind, Outbound
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError
 from pipeline.loggate import LogGate
 from pipeline.redisio.durability import Durability
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _LocalBatch:
+    """What one batch of ``msgbus.system.local`` turns into, step by step."""
+
+    #: (ret, answer) pushed in the batch's transaction: refusals and invalid requests.
+    answered: list[tuple[str, bytes]] = field(default_factory=list)
+    #: (reason, request) set aside: no ``ret`` to answer on.
+    unanswerable: list[tuple[str, bytes]] = field(default_factory=list)
+    #: (request, deadline, destination) that go on, one per destination.
+    routed: list[tuple[Envelope, float, int]] = field(default_factory=list)
+    #: Requests for other twins, POSTed once the transaction holds their backlog.
+    outbound: list[Outbound] = field(default_factory=list)
+    #: (uid, request, deadline): the durable copy a restart resends.
+    backlog: list[tuple[str, bytes, float]] = field(default_factory=list)
+    #: Requests for this twin, for its remote queue.
+    to_self: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _ReplyBatch:
+    """What one batch of ``msgbus.system.reply`` turns into, step by step."""
+
+    #: Replies for this twin's callers, matched with their backlog entries.
+    mine: list[Envelope] = field(default_factory=list)
+    #: Replies for other twins, to the outbox and POSTed.
+    outbound: list[Outbound] = field(default_factory=list)
+    #: (uid, error) of garbage a handler sent for this twin's callers.
+    invalid: list[tuple[str, str]] = field(default_factory=list)
+    #: (reason, reply) set aside: no uid or destination to answer.
+    unanswerable: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class QueueHandlers:
@@ -67,79 +101,93 @@ class QueueHandlers:
         """Handle one claimed batch; returns the next batch (up to ``claim_next``),
         claimed in the transaction that records this one's outcome."""
         now = time.time()
-        answers: list[tuple[str, bytes]] = []  # (ret, answer) pushed right away
-        unanswerable: list[tuple[str, bytes]] = []  # (reason, request) set aside
-        routed: list[tuple[Envelope, float, int]] = []  # (request, deadline, destination)
+        plan = _LocalBatch()
         for raw in batch:
-            try:
-                env = envelope.decode(raw, client=True, max_size=self.config.max_size)
-            except EnvelopeError as exc:
-                ret, cmd = envelope.salvage(raw, max_size=self.config.max_size)
-                if not ret:
-                    log.warning("bus: unanswerable request (no ret) set aside: %s", exc)
-                    unanswerable.append((f"{exc.public_message} (no usable ret)", raw))
-                    continue
-                log.info("bus: invalid request answered on %s: %s", ret, exc)
-                bad = Envelope(cmd=cmd, ret=ret, dst=[self.twin], now=int(now))
-                answers.append((ret, bad.copy(err=exc.public_message).encode()))
-                continue
-            expires = envelope.deadline(
-                env,
-                received=now,
-                default_exp=self.config.default_exp_s,
-                max_exp=self.config.max_exp_s,
-            )
-            for dst in env.dst:
-                if expires <= now:
-                    problem = "request expired"
-                elif dst != self.twin and await self.directory.lookup(dst) is None:
-                    problem = "destination not found"
-                else:
-                    routed.append((env, expires, dst))
-                    continue
-                about = env.copy(dst=[dst], src=self.twin)
-                fail = envelope.error_reply(about, problem, about=dst, me=self.twin)
-                answers.append((env.ret, fail.encode()))
-        outbound: list[Outbound] = []
-        backlog: list[tuple[str, bytes, float]] = []  # (uid, request, deadline)
-        to_self: list[bytes] = []
-        for env, expires, dst in routed:
-            uid = f"{dst}.{await self._counters.next(dst)}"
-            tries = min(env.try_, self.config.max_try)
-            request = env.encode(uid=uid, src=self.twin, dst=[dst], try_=tries)
-            backlog.append((uid, request, expires))
-            if dst == self.twin:
-                to_self.append(env.encode(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY))
-            else:
-                # The backlog entry is its durable copy (resent after a restart).
-                outbound.append(
-                    Outbound(
-                        due=0.0,
-                        id=f"req:{uid}",
-                        kind=Kind.REQUEST,
-                        to=dst,
-                        body=request,
-                        deadline=expires,
-                        tries=tries,
-                        uid=uid,
-                    )
-                )
+            env = self._read_request(raw, now, plan)
+            if env is not None:
+                await self._route(env, now, plan)
+        for env, expires, dst in plan.routed:
+            await self._stamp(env, expires, dst, plan)
         async with self.redis.pipeline(transaction=True) as pipe:
-            if answers:
-                await self.store.push_in(pipe, "answer not delivered", answers)
-            for reason, raw in unanswerable:
-                self.store.bury_in(pipe, keys.BUS_LOCAL, reason, raw)
-            if backlog:
-                self.store.record_in(pipe, backlog)
-            if to_self:
-                pipe.rpush(keys.BUS_REMOTE, *to_self)
+            await self._record_local_in(pipe, plan)
             self.store.release(pipe, keys.BUS_LOCAL, len(batch), claim_next)
             results = await pipe.execute()
-        if self.durability.on and (backlog or answers):
-            await self._wait_replicated(len(backlog))
-        for item in outbound:
+        if self.durability.on and (plan.backlog or plan.answered):
+            await self._wait_replicated(len(plan.backlog))
+        for item in plan.outbound:
             await self.forwarder.submit(item)
         return _claimed(results, claim_next)
+
+    def _read_request(self, raw: bytes, now: float, plan: _LocalBatch) -> Envelope | None:
+        """The request a client wrote, or None when it is invalid: then it is answered
+        on its ``ret`` when that much can be read, else set aside."""
+        try:
+            return envelope.decode(raw, client=True, max_size=self.config.max_size)
+        except EnvelopeError as exc:
+            ret, cmd = envelope.salvage(raw, max_size=self.config.max_size)
+            if not ret:
+                log.warning("bus: unanswerable request (no ret) set aside: %s", exc)
+                plan.unanswerable.append((f"{exc.public_message} (no usable ret)", raw))
+                return None
+            log.info("bus: invalid request answered on %s: %s", ret, exc)
+            bad = Envelope(cmd=cmd, ret=ret, dst=[self.twin], now=int(now))
+            plan.answered.append((ret, bad.copy(err=exc.public_message).encode()))
+            return None
+
+    async def _route(self, env: Envelope, now: float, plan: _LocalBatch) -> None:
+        """Fan ``env`` out per destination: routed, or answered at once with why not."""
+        expires = envelope.deadline(
+            env,
+            received=now,
+            default_exp=self.config.default_exp_s,
+            max_exp=self.config.max_exp_s,
+        )
+        for dst in env.dst:
+            if expires <= now:
+                problem = "request expired"
+            elif dst != self.twin and await self.directory.lookup(dst) is None:
+                problem = "destination not found"
+            else:
+                plan.routed.append((env, expires, dst))
+                continue
+            about = env.copy(dst=[dst], src=self.twin)
+            fail = answers.error_reply(about, problem, about=dst, me=self.twin)
+            plan.answered.append((env.ret, fail.encode()))
+
+    async def _stamp(self, env: Envelope, expires: float, dst: int, plan: _LocalBatch) -> None:
+        """Give one routed copy its uid and its backlog entry; queue it for this twin's
+        remote queue or for HTTP."""
+        uid = f"{dst}.{await self._counters.next(dst)}"
+        tries = min(env.try_, self.config.max_try)
+        request = env.encode(uid=uid, src=self.twin, dst=[dst], try_=tries)
+        plan.backlog.append((uid, request, expires))
+        if dst == self.twin:
+            plan.to_self.append(env.encode(uid=uid, src=self.twin, dst=[dst], ret=keys.BUS_REPLY))
+            return
+        # The backlog entry is its durable copy (resent after a restart).
+        plan.outbound.append(
+            Outbound(
+                due=0.0,
+                id=f"req:{uid}",
+                kind=Kind.REQUEST,
+                to=dst,
+                body=request,
+                deadline=expires,
+                tries=tries,
+                uid=uid,
+            )
+        )
+
+    async def _record_local_in(self, pipe: Any, plan: _LocalBatch) -> None:
+        """Queue the batch's answers, set-asides, backlog and own requests into ``pipe``."""
+        if plan.answered:
+            await self.store.push_in(pipe, "answer not delivered", plan.answered)
+        for reason, raw in plan.unanswerable:
+            self.store.bury_in(pipe, keys.BUS_LOCAL, reason, raw)
+        if plan.backlog:
+            self.store.record_in(pipe, plan.backlog)
+        if plan.to_self:
+            pipe.rpush(keys.BUS_REMOTE, *plan.to_self)
 
     async def _wait_replicated(self, requests: int) -> None:
         """``WAIT`` for the replicas (``SLUICE_REDIS_MIN_REPLICAS``) before requests leave:
@@ -194,7 +242,7 @@ class QueueHandlers:
                 continue  # already in the dead-letter list
             log.error("bus: %s is not a list; request %s refused", queue, request.uid)
             text = f"command queue of {request.cmd} unavailable"
-            replies.append(envelope.refusal(request, text, me=self.twin).encode())
+            replies.append(answers.refusal(request, text, me=self.twin).encode())
         if replies:
             await self.redis.rpush(keys.BUS_REPLY, *replies)
 
@@ -208,84 +256,103 @@ class QueueHandlers:
 
     async def reply(self, batch: list[bytes], claim_next: int = 0) -> list[bytes]:
         """As :meth:`local`, for ``msgbus.system.reply``."""
-        mine: list[Envelope] = []
-        outbound: list[Outbound] = []
-        invalid: list[tuple[str, str]] = []  # (uid, error) of unparseable replies
-        unanswerable: list[tuple[str, bytes]] = []  # (reason, reply) set aside
         now = time.time()
+        plan = _ReplyBatch()
         for raw in batch:
-            try:
-                env = envelope.decode(raw, reply=True, max_size=self.config.max_size)
-            except EnvelopeError as exc:
-                # A handler sent garbage: its caller still gets an answer, with err.
-                uid, to, cmd = self._salvage_reply(raw)
-                log.warning("bus: invalid reply %r for twin %s: %s", uid, to, exc)
-                if not uid or to is None:
-                    unanswerable.append((f"invalid reply without uid or dst: {exc}", raw))
-                    continue
-                if to == self.twin:
-                    invalid.append((uid, exc.public_message))
-                    continue
-                env = Envelope(
-                    uid=uid,
-                    cmd=cmd,
-                    src=self.twin,
-                    dst=[to],
-                    ret=keys.BUS_REPLY,
-                    now=int(now),
-                    err=f"invalid reply: {exc.public_message}",
-                )
+            env = self._read_reply(raw, now, plan)
+            if env is None:
+                continue
             if env.dst[0] == self.twin:
-                mine.append(env)
+                plan.mine.append(env)
             else:
-                exp = min(env.exp or self.config.default_exp_s, self.config.max_exp_s)
-                outbound.append(
-                    Outbound(
-                        due=0.0,
-                        id=f"reply:{env.dst[0]}:{env.uid}",
-                        kind=Kind.REPLY,
-                        to=env.dst[0],
-                        body=env.encode(),
-                        deadline=now + exp,
-                        tries=self.config.max_try,
-                        uid=env.uid,
-                    )
-                )
-        uids = [env.uid for env in mine] + [uid for uid, _ in invalid]
+                plan.outbound.append(self._outbound_reply(env, now))
+        uids = [env.uid for env in plan.mine] + [uid for uid, _ in plan.invalid]
         originals = await self.store.backlog(uids)
         async with self.redis.pipeline(transaction=True) as pipe:
-            for env, original in zip(mine, originals, strict=False):
-                if original is None:
-                    log.warning("bus: reply %s matches no pending request (late?)", env.uid)
-                    continue
-                try:
-                    request = envelope.load_trusted(original)
-                except EnvelopeError:
-                    self.corrupt_in(pipe, env.uid, original)
-                    continue
-                answer = env.encode(ret=request.ret)
-                await self.store.finish_in(pipe, env.uid, request.ret, answer)
-            for (uid, text), original in zip(invalid, originals[len(mine) :], strict=True):
-                if original is None:
-                    continue
-                try:
-                    request = envelope.load_trusted(original)
-                except EnvelopeError:
-                    self.corrupt_in(pipe, uid, original)
-                    continue
-                fail = envelope.error_reply(
-                    request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
-                )
-                await self.store.finish_in(pipe, uid, request.ret, fail.encode())
-            for reason, raw in unanswerable:
+            await self._answer_in(pipe, plan.mine, originals)
+            await self._fail_in(pipe, plan.invalid, originals[len(plan.mine) :])
+            for reason, raw in plan.unanswerable:
                 self.store.bury_in(pipe, keys.BUS_REPLY, reason, raw)
-            if outbound:
-                self.store.outbox_in(pipe, [(item.id, item.to_json()) for item in outbound])
+            if plan.outbound:
+                self.store.outbox_in(pipe, [(item.id, item.to_json()) for item in plan.outbound])
             self.store.release(pipe, keys.BUS_REPLY, len(batch), claim_next)
             results = await pipe.execute()
-        for item in outbound:
+        for item in plan.outbound:
             await self.forwarder.submit(item)
         return _claimed(results, claim_next)
+
+    def _read_reply(self, raw: bytes, now: float, plan: _ReplyBatch) -> Envelope | None:
+        """The reply a handler wrote; when it is garbage, the error reply its caller
+        gets instead (None when that caller is this twin's, or unknown)."""
+        try:
+            return envelope.decode(raw, reply=True, max_size=self.config.max_size)
+        except EnvelopeError as exc:
+            # A handler sent garbage: its caller still gets an answer, with err.
+            uid, to, cmd = self._salvage_reply(raw)
+            log.warning("bus: invalid reply %r for twin %s: %s", uid, to, exc)
+            if not uid or to is None:
+                plan.unanswerable.append((f"invalid reply without uid or dst: {exc}", raw))
+                return None
+            if to == self.twin:
+                plan.invalid.append((uid, exc.public_message))
+                return None
+            return Envelope(
+                uid=uid,
+                cmd=cmd,
+                src=self.twin,
+                dst=[to],
+                ret=keys.BUS_REPLY,
+                now=int(now),
+                err=f"invalid reply: {exc.public_message}",
+            )
+
+    def _outbound_reply(self, env: Envelope, now: float) -> Outbound:
+        """A reply for another twin, as the outbox item POSTed to its ``/zbus-reply``."""
+        exp = min(env.exp or self.config.default_exp_s, self.config.max_exp_s)
+        return Outbound(
+            due=0.0,
+            id=f"reply:{env.dst[0]}:{env.uid}",
+            kind=Kind.REPLY,
+            to=env.dst[0],
+            body=env.encode(),
+            deadline=now + exp,
+            tries=self.config.max_try,
+            uid=env.uid,
+        )
+
+    async def _answer_in(
+        self, pipe: Any, mine: list[Envelope], originals: list[bytes | None]
+    ) -> None:
+        """Queue into ``pipe`` the answers to this twin's callers, each on its request's ``ret``."""
+        for env, original in zip(mine, originals, strict=False):
+            if original is None:
+                log.warning("bus: reply %s matches no pending request (late?)", env.uid)
+                continue
+            try:
+                request = envelope.load_trusted(original)
+            except EnvelopeError:
+                self.corrupt_in(pipe, env.uid, original)
+                continue
+            answer = env.encode(ret=request.ret)
+            await self.store.finish_in(pipe, env.uid, request.ret, answer)
+
+    async def _fail_in(
+        self, pipe: Any, invalid: list[tuple[str, str]], originals: list[bytes | None]
+    ) -> None:
+        """Queue into ``pipe`` the error answers for this twin's callers whose handler
+        replied with garbage."""
+        for (uid, text), original in zip(invalid, originals, strict=True):
+            if original is None:
+                continue
+            try:
+                request = envelope.load_trusted(original)
+            except EnvelopeError:
+                self.corrupt_in(pipe, uid, original)
+                continue
+            fail = answers.error_reply(
+                request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
+            )
+            await self.store.finish_in(pipe, uid, request.ret, fail.encode())
 
     def corrupt_in(self, pipe: Any, uid: str, original: bytes) -> None:
         """Set aside a backlog entry that does not decode (written by something else)."""

@@ -49,7 +49,7 @@ import aiohttp  # noqa: E402
 from common import Report, percentile  # noqa: E402
 
 from pipeline import keys  # noqa: E402
-from pipeline.bus.forward import BATCH_TYPE  # noqa: E402
+from pipeline.bus.post import BATCH_TYPE  # noqa: E402
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer  # noqa: E402
 from pipeline.local.redisserver import LocalRedis  # noqa: E402
 from pipeline.redisio import conn as redisconn  # noqa: E402

@@ -20,7 +20,9 @@ from aiohttp import web
 
 from pipeline import keys
 from pipeline.bus.directory import FileDirectory, Peer
-from pipeline.bus.forward import BATCH_HEADER, BATCH_TYPE, Forwarder, Kind, Outbound, Outcome
+from pipeline.bus.forward import Forwarder
+from pipeline.bus.outbound import Kind, Outbound, Outcome
+from pipeline.bus.post import BATCH_HEADER, BATCH_TYPE
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
 from pipeline.runtime.ports import free_port
 

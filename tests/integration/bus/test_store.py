@@ -10,8 +10,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from pipeline import keys
+from pipeline.bus.answers import answer_parts
 from pipeline.bus.coalesce import Coalescer
-from pipeline.bus.envelope import Envelope, answer_parts
+from pipeline.bus.envelope import Envelope
 from pipeline.bus.store import BusStore
 
 pytestmark = pytest.mark.timeout(30)

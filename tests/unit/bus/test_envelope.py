@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.bus import envelope
-from pipeline.bus.envelope import Envelope, decode, error_reply, salvage
+from pipeline.bus.answers import error_reply
+from pipeline.bus.envelope import Envelope, decode, salvage
 from pipeline.errors import EnvelopeError
 
 SEED_FIELDS = ["ver", "uid", "cmd", "exp", "try", "dat", "src", "dst", "ret", "shm", "now", "err"]
@@ -135,7 +136,7 @@ def test_round_trip(cmd, dst, data, exp, tries):
 
 
 def test_answer_parts_put_any_ret_back_in_place():
-    from pipeline.bus.envelope import answer_parts
+    from pipeline.bus.answers import answer_parts
 
     reply = Envelope(uid="1002.7", cmd="a.b", src=1002, dst=[1001], ret="msgbus.system.reply")
     head, tail = answer_parts(reply)

@@ -3,7 +3,9 @@ from __future__ import annotations
 import contextlib
 
 from pipeline.bus.directory import FileDirectory
-from pipeline.bus.forward import MAX_BATCH, Forwarder, Kind, Outbound, _batch_results, _Lane
+from pipeline.bus.forward import Forwarder, _Lane
+from pipeline.bus.outbound import Kind, Outbound
+from pipeline.bus.post import MAX_BATCH, _batch_results
 
 
 async def _done(*_: object) -> None:
