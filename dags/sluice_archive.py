@@ -108,6 +108,50 @@ from sluice_lake_operator import (
 _settings = load_settings()
 
 
+# The tasks that run Python here; the DAG below wires them to the lake job operators.
+
+
+@task
+def streams() -> list[str]:
+    """The streams to archive (``SLUICE_STREAMS``: names and glob patterns), resolved
+    in Redis when the run starts (:mod:`pipeline.lake.intake.streamset`)."""
+    from pipeline.lake.intake.streamset import resolve_now
+
+    return list(resolve_now(load_settings()).streams)
+
+
+@task
+def chain_streams(names: list[str]) -> list[str]:
+    """The run's streams that carry blocks (``SLUICE_CHAIN_STREAMS``: names, patterns)."""
+    from pipeline.lake.intake.streamset import is_chain
+
+    lake = load_settings().lake
+    return [name for name in names if is_chain(lake, name)]
+
+
+# No chain stream configured: the mapped canonical task is skipped, not failed.
+@task(trigger_rule="none_failed", outlets=[LAKE_BLOCKS])
+def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str, Any]:
+    """Emit the lake Asset (schedules ``sluice_audit``) with a summary of the run."""
+    context = get_current_context()
+    start_ms, end_ms = interval_ms(
+        context.get("data_interval_start"), context.get("data_interval_end")
+    )
+    summary: dict[str, Any] = {
+        "start_ms": start_ms,
+        "end_ms": end_ms,
+        "streams": [r.get("stream") for r in archived],
+        "archived": list(archived),
+        "trimmed": list((trimmed or {}).get("streams", {}).values()),
+    }
+    context["outlet_events"][LAKE_BLOCKS].extra = {
+        "start_ms": start_ms,
+        "end_ms": end_ms,
+        "streams": summary["streams"],
+    }
+    return summary
+
+
 @dag(
     dag_id="sluice_archive",
     schedule=CronDataIntervalTimetable(_settings.lake.archive_cron, timezone="UTC"),
@@ -120,22 +164,6 @@ _settings = load_settings()
     doc_md=__doc__,
 )
 def sluice_archive() -> None:
-    @task
-    def streams() -> list[str]:
-        """The streams to archive (``SLUICE_STREAMS``: names and glob patterns), resolved
-        in Redis when the run starts (:mod:`pipeline.lake.intake.streamset`)."""
-        from pipeline.lake.intake.streamset import resolve_now
-
-        return list(resolve_now(load_settings()).streams)
-
-    @task
-    def chain_streams(names: list[str]) -> list[str]:
-        """The run's streams that carry blocks (``SLUICE_CHAIN_STREAMS``: names, patterns)."""
-        from pipeline.lake.intake.streamset import is_chain
-
-        lake = load_settings().lake
-        return [name for name in names if is_chain(lake, name)]
-
     # Each stream's result: read from the shared job's XCom, no job of its own unless the
     # stream failed there (or on a retry). Not bounded: 100 of them would otherwise run
     # one after another, each costing a task's start-up to read one XCom.
@@ -145,29 +173,6 @@ def sluice_archive() -> None:
         job="canonical",
         max_active_tis_per_dag=_settings.lake.archive_parallelism,
     )
-
-    # No chain stream configured: the mapped canonical task is skipped, not failed.
-    @task(trigger_rule="none_failed", outlets=[LAKE_BLOCKS])
-    def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str, Any]:
-        """Emit the lake Asset (schedules ``sluice_audit``) with a summary of the run."""
-        context = get_current_context()
-        start_ms, end_ms = interval_ms(
-            context.get("data_interval_start"), context.get("data_interval_end")
-        )
-        summary: dict[str, Any] = {
-            "start_ms": start_ms,
-            "end_ms": end_ms,
-            "streams": [r.get("stream") for r in archived],
-            "archived": list(archived),
-            "trimmed": list((trimmed or {}).get("streams", {}).values()),
-        }
-        context["outlet_events"][LAKE_BLOCKS].extra = {
-            "start_ms": start_ms,
-            "end_ms": end_ms,
-            "streams": summary["streams"],
-        }
-        return summary
-
     names = streams()
     # One job for every stream (a retry of it skips what it archived already), then
     # each stream's result; a stream that failed in the job is archived by its task.

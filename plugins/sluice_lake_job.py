@@ -106,48 +106,78 @@ def run_lake_job(
     if timeout_s <= 0:
         raise ValueError("timeout_s must be positive")
     cmd = [python or sys.executable, "-c", _BOOT, str(os.getpid()), module, job, *args]
-    child_env = {**os.environ, **(env or {})}
     log.info("lake job: python -m %s %s", module, " ".join([job, *args]))
+    proc = _spawn(cmd, {**os.environ, **(env or {})})
+    output = _Output(proc)
+    returncode = _wait(job, proc, output, timeout_s)
+    if not output.join(timeout=5.0):
+        # Something the job started still holds its pipes: stop the whole group.
+        _killpg(proc.pid)
+        output.join()
+    return _result(job, returncode, output, report_codes)
+
+
+def _spawn(cmd: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start the job in its own process group and count it among the running jobs."""
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=child_env,
+        env=env,
         start_new_session=True,
     )
-    assert proc.stdout is not None and proc.stderr is not None
     with _RUNNING_LOCK:
         _RUNNING.add(proc)
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    out = bytearray()
-    readers = [
-        threading.Thread(target=_pump_stderr, args=(proc.stderr, tail), daemon=True),
-        threading.Thread(target=_pump_stdout, args=(proc.stdout, out), daemon=True),
-    ]
-    for reader in readers:
-        reader.start()
+    return proc
+
+
+class _Output:
+    """The job's pipes, read by two threads: stderr logged line by line (its tail kept), stdout kept."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.out = bytearray()
+        self._readers = [
+            threading.Thread(target=_pump_stderr, args=(proc.stderr, self.tail), daemon=True),
+            threading.Thread(target=_pump_stdout, args=(proc.stdout, self.out), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @property
+    def stderr_tail(self) -> str:
+        return "\n".join(self.tail)
+
+    def join(self, timeout: float = KILL_GRACE_S) -> bool:
+        """Join both readers within ``timeout`` seconds in all; True when both finished."""
+        return _join(self._readers, timeout)
+
+
+def _wait(job: str, proc: subprocess.Popen[bytes], output: _Output, timeout_s: float) -> int:
+    """The job's exit code; on timeout, or when this task is stopped mid-job, the job is stopped."""
     try:
         try:
-            returncode = proc.wait(timeout=timeout_s)
+            return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _stop(proc)
-            _join(readers)
+            output.join()
             raise LakeJobError(
                 f"lake job {job!r} exceeded its {timeout_s:g}s limit and was killed",
                 returncode=proc.returncode,
-                stderr_tail="\n".join(tail),
+                stderr_tail=output.stderr_tail,
             ) from None
     finally:
         if proc.poll() is None:  # task terminated (SIGTERM -> exception) mid-job
             _stop(proc)
         with _RUNNING_LOCK:
             _RUNNING.discard(proc)
-    if not _join(readers, timeout=5.0):
-        # Something the job started still holds its pipes: stop the whole group.
-        _killpg(proc.pid)
-        _join(readers)
-    stderr_tail = "\n".join(tail)
+
+
+def _result(job: str, returncode: int, output: _Output, report_codes: frozenset[int]) -> Any:
+    """The job's JSON result, or the :class:`LakeJobError` its exit code and output say."""
+    out, stderr_tail = output.out, output.stderr_tail
     if returncode in report_codes and out.strip():
         try:
             return parse_result(job, out.decode("utf-8", "replace"), stderr_tail=stderr_tail)
@@ -161,7 +191,7 @@ def run_lake_job(
         )
     if returncode != 0:
         raise LakeJobError(
-            f"lake job {job!r} failed with exit code {returncode}: {_error_line(tail)}",
+            f"lake job {job!r} failed with exit code {returncode}: {_error_line(output.tail)}",
             returncode=returncode,
             stderr_tail=stderr_tail,
         )

@@ -42,7 +42,7 @@ from pipeline.bus.client import BusClient
 from pipeline.bus.envelope import Envelope
 from pipeline.bus.server import BusServer
 from pipeline.chain.serve.status import peek_header
-from pipeline.demo.components import RPC_CMD, STREAM, TWINS, Plan
+from pipeline.demo.plan import RPC_CMD, STREAM, TWINS, Plan
 from pipeline.demo.procs import MARKER
 from pipeline.errors import BusError
 from pipeline.redisio import conn as redisconn

@@ -27,13 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.progress import Progress
 
 from pipeline.demo import components as comp
 from pipeline.demo import prereq
 from pipeline.demo.activity import Activity
 from pipeline.demo.check import LIVE_S
+from pipeline.demo.plan import STREAM, Plan
 from pipeline.demo.procs import MARKER
 from pipeline.demo.startup import progress_bar, running, start_all, warmer
 from pipeline.demo.supervisor import Component, Supervisor
@@ -113,7 +115,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
         default="",
         help="run streams, the chain, the nodes, the lake jobs and Airflow on this Redis "
         "(redis://, redis+sentinel://, redis+cluster://; best empty: the demo writes stream "
-        f"{comp.STREAM!r}); the bus twins stay on the demo's own Redis",
+        f"{STREAM!r}); the bus twins stay on the demo's own Redis",
     )
     p.add_argument(
         "--spark",
@@ -178,7 +180,7 @@ def parse(argv: list[str]) -> Options:
     )
 
 
-def plan_for(opts: Options, root: Path, demo_id: str = "") -> comp.Plan:
+def plan_for(opts: Options, root: Path, demo_id: str = "") -> Plan:
     timing: dict[str, float | int | str] = {
         "demo_id": demo_id,
         "lake": opts.lake,
@@ -187,7 +189,7 @@ def plan_for(opts: Options, root: Path, demo_id: str = "") -> comp.Plan:
     }
     if opts.check:  # faster blocks and a shorter hot window: the check waits for a trim
         timing |= {"rate": 4.0, "reorg_every": 8, "hot_retention_s": 15}
-    return comp.Plan.make(
+    return Plan.make(
         root,
         opts.var_dir / "demo",
         serve_port=opts.serve_port,
@@ -206,7 +208,7 @@ def user_ports(opts: Options) -> list[tuple[int, str]]:
     return wanted
 
 
-def prepare(plan: comp.Plan) -> None:
+def prepare(plan: Plan) -> None:
     """A clean demo directory; Airflow's home survives (its migrated database saves a minute)."""
     plan.dir.mkdir(parents=True, exist_ok=True)
     for entry in plan.dir.iterdir():
@@ -218,7 +220,7 @@ def prepare(plan: comp.Plan) -> None:
             entry.unlink(missing_ok=True)
 
 
-def components_for(plan: comp.Plan, only: tuple[str, ...]) -> list[Component]:
+def components_for(plan: Plan, only: tuple[str, ...]) -> list[Component]:
     made: list[Component] = []
     if plan.lake == "s3":
         made.append(comp.store_component(plan))
@@ -256,7 +258,7 @@ def main(argv: list[str]) -> int:
     return asyncio.run(_main(opts, plan))
 
 
-async def _main(opts: Options, plan: comp.Plan) -> int:
+async def _main(opts: Options, plan: Plan) -> int:
     console = Console(stderr=False)
     events: deque[str] = deque(maxlen=EVENTS)
     demo_id = plan.demo_id
@@ -301,9 +303,41 @@ async def _main(opts: Options, plan: comp.Plan) -> int:
     return code
 
 
+@dataclass(slots=True)
+class _Screen:
+    """What the live view paints: the components, the traffic, the events, the subscriber."""
+
+    plan: Plan
+    supervisor: Supervisor
+    activity: Activity
+    events: deque[str]
+    progress: Progress
+    subscriber: Component
+    #: Updates the subscriber from block 0 has logged, and how far its log was read.
+    sub_lines: int = 0
+    sub_offset: int = 0
+
+    def frame(self, footer: str, with_progress: bool) -> RenderableType:
+        return render(
+            self.plan,
+            self.supervisor,
+            self.activity.counts,
+            self.events,
+            progress=self.progress if with_progress else None,
+            subscriber_lines=self.sub_lines,
+            footer=footer,
+        )
+
+    def count_subscriber_lines(self) -> None:
+        if self.subscriber.name in self.supervisor.children:
+            path = self.supervisor.log_path("subscriber")
+            self.sub_offset, more = _count_added(path, self.sub_offset)
+            self.sub_lines += more
+
+
 async def _live(
     opts: Options,
-    plan: comp.Plan,
+    plan: Plan,
     supervisor: Supervisor,
     console: Console,
     stop: asyncio.Event,
@@ -311,73 +345,84 @@ async def _live(
     events: deque[str],
     event: Callable[[str], None],
 ) -> int:
-    activity = Activity(plan, supervisor.is_up)
-    progress = progress_bar()
-    subscriber = comp.subscriber_component(plan)
-    sub_lines = 0
-    sub_offset = 0
-
-    def frame(footer: str, with_progress: bool) -> object:
-        return render(
-            plan,
-            supervisor,
-            activity.counts,
-            events,
-            progress=progress if with_progress else None,
-            subscriber_lines=sub_lines,
-            footer=footer,
-        )
-
+    screen = _Screen(
+        plan=plan,
+        supervisor=supervisor,
+        activity=Activity(plan, supervisor.is_up),
+        events=events,
+        progress=progress_bar(),
+        subscriber=comp.subscriber_component(plan),
+    )
     with Live(
-        frame("starting...", True),  # type: ignore[arg-type]
+        screen.frame("starting...", True),
         console=console,
         refresh_per_second=4,
         transient=False,
         redirect_stdout=False,
     ) as live:
-
-        async def paint() -> None:
-            while True:
-                live.update(frame("starting... (Ctrl-C stops everything)", True))  # type: ignore[arg-type]
-                await asyncio.sleep(FRAME_S)
-
         # the traffic and the watch start with the components: the view fills in
         # as they come up, and one that dies while others start is restarted
-        async with running(activity, supervisor):
-            painter = asyncio.create_task(paint())
-            try:
-                up_s = await start_all(supervisor, progress, stop, event, warmer(plan, event))
-            finally:
-                painter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await painter
+        async with running(screen.activity, supervisor):
+            up_s = await _start_painting(live, screen, stop, event)
             if stop.is_set():
                 return 130
             rss = supervisor.rss_bytes()
             event(f"all up in {up_s:.1f}s; the demo's processes use {rss / 2**20:.0f} MiB RSS")
             if opts.up_then_stop:
                 return 0
-            while not stop.is_set():
-                if (
-                    activity.counts.trimmed
-                    and subscriber.name not in supervisor.children
-                    and "serve" in opts.only
-                ):
-                    supervisor.add(subscriber)
-                    await supervisor.start(subscriber.name)
-                    event("Redis was trimmed below block 0: a subscriber from block 0 joined")
-                if subscriber.name in supervisor.children:
-                    sub_offset, more = _count_added(supervisor.log_path("subscriber"), sub_offset)
-                    sub_lines += more
-                footer = (
-                    f"up {time.monotonic() - started:.0f}s, "
-                    f"RSS {supervisor.rss_bytes() / 2**20:.0f} MiB - Ctrl-C stops every component"
-                )
-                live.update(frame(footer, False))  # type: ignore[arg-type]
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(FRAME_S * 2):
-                        await stop.wait()
+            await _watch(live, screen, opts, stop, started, event)
     return 0
+
+
+async def _start_painting(
+    live: Live, screen: _Screen, stop: asyncio.Event, event: Callable[[str], None]
+) -> float:
+    """Start every component while the view repaints its progress; seconds until all were up."""
+
+    async def paint() -> None:
+        while True:
+            live.update(screen.frame("starting... (Ctrl-C stops everything)", True))
+            await asyncio.sleep(FRAME_S)
+
+    painter = asyncio.create_task(paint())
+    try:
+        return await start_all(
+            screen.supervisor, screen.progress, stop, event, warmer(screen.plan, event)
+        )
+    finally:
+        painter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await painter
+
+
+async def _watch(
+    live: Live,
+    screen: _Screen,
+    opts: Options,
+    stop: asyncio.Event,
+    started: float,
+    event: Callable[[str], None],
+) -> None:
+    """Repaint until ``stop``; once Redis was trimmed below block 0, a subscriber from 0 joins."""
+    supervisor, subscriber = screen.supervisor, screen.subscriber
+    while not stop.is_set():
+        if (
+            screen.activity.counts.trimmed
+            and subscriber.name not in supervisor.children
+            and "serve" in opts.only
+        ):
+            supervisor.add(subscriber)
+            await supervisor.start(subscriber.name)
+            event("Redis was trimmed below block 0: a subscriber from block 0 joined")
+        screen.count_subscriber_lines()
+        footer = (
+            f"up {time.monotonic() - started:.0f}s, "
+            f"RSS {supervisor.rss_bytes() / 2**20:.0f} MiB - Ctrl-C stops every component"
+        )
+        live.update(screen.frame(footer, False))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FRAME_S * 2):
+                await stop.wait()
 
 
 def _count_added(path: Path, offset: int) -> tuple[int, int]:

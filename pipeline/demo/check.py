@@ -36,8 +36,8 @@ from rich.table import Table
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.chain.client.consumer import subscribe
-from pipeline.demo import components as comp
 from pipeline.demo.activity import Activity, Counts
+from pipeline.demo.plan import STREAM, Plan
 from pipeline.demo.supervisor import Supervisor
 from pipeline.demo.verify import Follower, Known, canonical_chain
 from pipeline.errors import BrokenChain, DemoTimeout
@@ -69,7 +69,7 @@ async def _until(what: str, cond: Callable[[], bool], deadline: float, stop: asy
 
 
 async def run_check(
-    plan: comp.Plan,
+    plan: Plan,
     supervisor: Supervisor,
     console: Console,
     stop: asyncio.Event,
@@ -93,41 +93,11 @@ async def run_check(
                 return 130
             figures["time to all up"] = f"{up_s:.1f}s"
             event(f"all up in {up_s:.1f}s; RSS {supervisor.rss_bytes() / 2**20:.0f} MiB")
-            await _until("the first bus call and node round trips", lambda: (
-                counts.rpc_ok > 0 and min(counts.round_trips.get(n, 0) for n in ("node-a", "node-b")) > 0
-            ), deadline, stop)  # fmt: skip
-            event("bus call and node round trips ok; waiting for an archive run to trim block 0")
-            rss_peak = supervisor.rss_bytes()
-            await _until(
-                "sluice_archive to archive and trim block 0",
-                lambda: counts.trimmed and counts.runs_ok > 0,
-                deadline,
-                stop,
-            )
-            rss_peak = max(rss_peak, supervisor.rss_bytes())
-            by = sorted(supervisor.rss_by_component().items(), key=lambda kv: -kv[1])
-            figures["RSS by component"] = ", ".join(f"{n} {b / 2**20:.0f}" for n, b in by) + " MiB"
-            event(
-                f"Redis trimmed below block {counts.redis_first_num} after {counts.runs_ok} "
-                "archive run(s); a subscriber joins from block 0 while blocks and reorgs go on"
-            )
+            rss_peak = await _until_trimmed(supervisor, counts, deadline, stop, event, figures)
             rows += await _subscribe_and_compare(
                 plan, supervisor, counts, deadline, stop, event, follow_s
             )
-            rpc_failed = counts.rpc_failed
-            rows.append(
-                Row("bus RPC twin 1 -> twin 2", counts.rpc_ok > 0 and rpc_failed == 0,
-                    f"{counts.rpc_ok} calls ok, {rpc_failed} failed "
-                    f"{counts.rpc_error if rpc_failed else ''}".strip())
-            )  # fmt: skip
-            trips = counts.round_trips
-            rows.append(
-                Row("node round trips", min(trips.values(), default=0) > 0,
-                    f"a -> b over streams {trips.get('node-a', 0)}, "
-                    f"b -> a over Dialogue/TCP {trips.get('node-b', 0)}")
-            )  # fmt: skip
-            restarts = {n: c.restarts for n, c in supervisor.children.items() if c.restarts}
-            rows.append(Row("no component died", not restarts, f"restarts: {restarts or 'none'}"))
+            rows += _traffic_rows(supervisor, counts)
             figures["RSS of the demo"] = f"{rss_peak / 2**20:.0f} MiB"
             figures["archive runs ok"] = str(counts.runs_ok)
     except DemoTimeout as exc:
@@ -137,8 +107,58 @@ async def run_check(
     return 0 if rows and all(r.ok for r in rows) else 1
 
 
+async def _until_trimmed(
+    supervisor: Supervisor,
+    counts: Counts,
+    deadline: float,
+    stop: asyncio.Event,
+    event: Callable[[str], None],
+    figures: dict[str, str],
+) -> int:
+    """Wait for the traffic, then for an archive run that trimmed block 0; the peak RSS seen."""
+    await _until("the first bus call and node round trips", lambda: (
+        counts.rpc_ok > 0 and min(counts.round_trips.get(n, 0) for n in ("node-a", "node-b")) > 0
+    ), deadline, stop)  # fmt: skip
+    event("bus call and node round trips ok; waiting for an archive run to trim block 0")
+    rss_peak = supervisor.rss_bytes()
+    await _until(
+        "sluice_archive to archive and trim block 0",
+        lambda: counts.trimmed and counts.runs_ok > 0,
+        deadline,
+        stop,
+    )
+    rss_peak = max(rss_peak, supervisor.rss_bytes())
+    by = sorted(supervisor.rss_by_component().items(), key=lambda kv: -kv[1])
+    figures["RSS by component"] = ", ".join(f"{n} {b / 2**20:.0f}" for n, b in by) + " MiB"
+    event(
+        f"Redis trimmed below block {counts.redis_first_num} after {counts.runs_ok} "
+        "archive run(s); a subscriber joins from block 0 while blocks and reorgs go on"
+    )
+    return rss_peak
+
+
+def _traffic_rows(supervisor: Supervisor, counts: Counts) -> list[Row]:
+    """The bus calls, the node round trips, and whether a component had to be restarted."""
+    rpc_failed = counts.rpc_failed
+    trips = counts.round_trips
+    restarts = {n: c.restarts for n, c in supervisor.children.items() if c.restarts}
+    return [
+        Row("bus RPC twin 1 -> twin 2", counts.rpc_ok > 0 and rpc_failed == 0,
+            f"{counts.rpc_ok} calls ok, {rpc_failed} failed "
+            f"{counts.rpc_error if rpc_failed else ''}".strip()),
+        Row("node round trips", min(trips.values(), default=0) > 0,
+            f"a -> b over streams {trips.get('node-a', 0)}, "
+            f"b -> a over Dialogue/TCP {trips.get('node-b', 0)}"),
+        Row("no component died", not restarts, f"restarts: {restarts or 'none'}"),
+    ]  # fmt: skip
+
+
+#: The row the subscriber from block 0 is judged by.
+SUBSCRIBER_ROW = "subscriber from 0: every canonical block once, in order"
+
+
 async def _subscribe_and_compare(
-    plan: comp.Plan,
+    plan: Plan,
     supervisor: Supervisor,
     counts: Counts,
     deadline: float,
@@ -151,42 +171,17 @@ async def _subscribe_and_compare(
     reader = asyncio.create_task(_read(plan.ws_url, follower), name="subscriber")
     error = ""
     try:
-        joined = int((counts.stream().get("head") or {}).get("num", 0))
-        await _until(
-            f"the subscriber to catch up with block {joined}",
-            lambda: reader.done() or (follower.head is not None and follower.head[0] >= joined),
-            min(deadline, time.monotonic() + CATCH_UP_S),
-            stop,
-        )
-        added, removed = follower.added, follower.removed
-        event(f"the subscriber caught up with block {joined}; following live for {follow_s:g}s")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(follow_s):
-                await stop.wait()
-        live_reorgs = follower.removed - removed
-        event(
-            f"followed live: {follower.added - added} blocks added, {live_reorgs} removed "
-            f"(head #{_fmt(follower.head)})"
-        )
+        live_reorgs = await _follow_live(follower, reader, counts, deadline, stop, event, follow_s)
         event("stopping the producer")
         await supervisor.stop("produce")
         await asyncio.sleep(1.0)  # the server's tail reads the last entries
         rows, expected, redis_head = await _expected(plan, counts)
         if not expected:
             return rows
-        head = expected[-1]
-        want = (head.num, head.hash)
-        event(f"expected chain: blocks 0..{head.num}; waiting for the subscriber to reach it")
-        await _until(
-            f"the subscriber to reach block {head.num}",
-            lambda: reader.done() or follower.head == want,
-            min(deadline, time.monotonic() + CATCH_UP_S),
-            stop,
-        )
-        await asyncio.sleep(QUIET_S)  # anything more would be a duplicate
+        want = await _reach(follower, reader, expected[-1], deadline, stop, event)
     except DemoTimeout as exc:
         error = str(exc)
-        return [Row("subscriber from 0: every canonical block once, in order", False, error)]
+        return [Row(SUBSCRIBER_ROW, False, error)]
     finally:
         reader.cancel()
         (outcome,) = await asyncio.gather(reader, return_exceptions=True)
@@ -196,7 +191,7 @@ async def _subscribe_and_compare(
     if error:
         diffs.insert(0, error)
     rows.append(
-        Row("subscriber from 0: every canonical block once, in order", not diffs,
+        Row(SUBSCRIBER_ROW, not diffs,
             f"{follower.added} added, {follower.removed} removed "
             f"({live_reorgs} while following live), {len(follower.chain)} kept"
             + (f"; {'; '.join(diffs[:3])}" if diffs else ""))
@@ -210,8 +205,59 @@ async def _subscribe_and_compare(
     return rows
 
 
+async def _follow_live(
+    follower: Follower,
+    reader: asyncio.Task[None],
+    counts: Counts,
+    deadline: float,
+    stop: asyncio.Event,
+    event: Callable[[str], None],
+    follow_s: float,
+) -> int:
+    """Wait for the subscriber to catch up with the head, then follow ``follow_s``; reorgs seen."""
+    joined = int((counts.stream().get("head") or {}).get("num", 0))
+    await _until(
+        f"the subscriber to catch up with block {joined}",
+        lambda: reader.done() or (follower.head is not None and follower.head[0] >= joined),
+        min(deadline, time.monotonic() + CATCH_UP_S),
+        stop,
+    )
+    added, removed = follower.added, follower.removed
+    event(f"the subscriber caught up with block {joined}; following live for {follow_s:g}s")
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(follow_s):
+            await stop.wait()
+    live_reorgs = follower.removed - removed
+    event(
+        f"followed live: {follower.added - added} blocks added, {live_reorgs} removed "
+        f"(head #{_fmt(follower.head)})"
+    )
+    return live_reorgs
+
+
+async def _reach(
+    follower: Follower,
+    reader: asyncio.Task[None],
+    head: Known,
+    deadline: float,
+    stop: asyncio.Event,
+    event: Callable[[str], None],
+) -> tuple[int, bytes]:
+    """Wait for the subscriber to reach the expected head, then a quiet spell; that head."""
+    want = (head.num, head.hash)
+    event(f"expected chain: blocks 0..{head.num}; waiting for the subscriber to reach it")
+    await _until(
+        f"the subscriber to reach block {head.num}",
+        lambda: reader.done() or follower.head == want,
+        min(deadline, time.monotonic() + CATCH_UP_S),
+        stop,
+    )
+    await asyncio.sleep(QUIET_S)  # anything more would be a duplicate
+    return want
+
+
 async def _expected(
-    plan: comp.Plan, counts: Counts
+    plan: Plan, counts: Counts
 ) -> tuple[list[Row], list[Known], tuple[int, bytes] | None]:
     """Rows about the lake and Redis, the expected canonical chain, and Redis's head."""
     redis_blocks, redis_head = await _redis_blocks(plan)
@@ -255,11 +301,11 @@ async def _read(url: str, follower: Follower) -> None:
         await updates.aclose()  # type: ignore[attr-defined]
 
 
-async def _redis_blocks(plan: comp.Plan) -> tuple[list[Known], tuple[int, bytes] | None]:
+async def _redis_blocks(plan: Plan) -> tuple[list[Known], tuple[int, bytes] | None]:
     client = redisconn.connect(plan.redis_url(), redisconn.Role.CLI)
     try:
         entries = cast(
-            list[tuple[bytes, dict[bytes, bytes]]], await client.xrange(keys.stream(comp.STREAM))
+            list[tuple[bytes, dict[bytes, bytes]]], await client.xrange(keys.stream(STREAM))
         )
     finally:
         await client.aclose()
@@ -276,18 +322,18 @@ def _lake_canonical(lake: LakeSettings) -> list[Any]:
 
     reader = LakeReader(lake)
     rows: list[Any] = []
-    for batch in reader.iter_canonical(comp.STREAM, 0, None):
+    for batch in reader.iter_canonical(STREAM, 0, None):
         rows += batch
     return rows
 
 
-async def _server_head(plan: comp.Plan) -> tuple[int, bytes] | None:
+async def _server_head(plan: Plan) -> tuple[int, bytes] | None:
     url = f"http://127.0.0.1:{plan.serve_port}/status.json"
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
         doc = await resp.json()
     for stream in doc.get("streams", ()):
-        if stream.get("name") == comp.STREAM and stream.get("head"):
+        if stream.get("name") == STREAM and stream.get("head"):
             head = stream["head"]
             return int(head["num"]), bytes.fromhex(str(head["hash"])[2:])
     return None

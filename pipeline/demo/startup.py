@@ -17,8 +17,8 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pipeline.demo import components as comp
 from pipeline.demo.activity import Activity
+from pipeline.demo.plan import Plan
 from pipeline.demo.procs import MARKER
 from pipeline.demo.supervisor import Supervisor
 from pipeline.errors import DemoError
@@ -81,7 +81,7 @@ async def start_all(
     return time.monotonic() - t0
 
 
-def warmer(plan: comp.Plan, event: Callable[[str], None]) -> Callable[[], Awaitable[float]]:
+def warmer(plan: Plan, event: Callable[[str], None]) -> Callable[[], Awaitable[float]]:
     """Run :mod:`pipeline.demo.warm` against the demo's Connect server; seconds it took.
 
     A failure is reported, not fatal: the first archive run is then only slower.

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.demo.activity import Counts
-from pipeline.demo.components import Plan
+from pipeline.demo.plan import Plan
 from pipeline.demo.supervisor import State, Supervisor
 
 _STYLE = {
@@ -52,72 +52,90 @@ def links(plan: Plan) -> RenderableType:
 
 
 def flow(plan: Plan, counts: Counts, subscriber_lines: int) -> RenderableType:
+    """One line per stage: produced, archived, hot in Redis, subscribed, Airflow, bus, nodes."""
     stream = counts.stream()
-    head = stream.get("head") or {}
     cov = stream.get("coverage") or {}
-    hot = stream.get("redis") or {}
-    now_ms = int(time.time() * 1000)
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
-    table.add_row(
-        "blocks produced",
+    table.add_row("blocks produced", _produced(stream))
+    table.add_row("archived (lake)", _archived(cov))
+    table.add_row("hot window (Redis)", _hot_window(plan, counts, stream, cov))
+    table.add_row("subscribers", _subscribers(stream, subscriber_lines))
+    table.add_row("Airflow sluice_archive", _airflow(counts))
+    table.add_row("bus RPC twin 1 -> 2", _bus(counts))
+    table.add_row("node round trips", _round_trips(counts))
+    if counts.status_error:
+        table.add_row("", f"[dim]{counts.status_error}[/dim]")
+    return table
+
+
+def _produced(stream: dict[str, Any]) -> str:
+    head = stream.get("head") or {}
+    return (
         f"head #{head.get('num', '-')}, {stream.get('blocks_seen', 0)} seen by the server, "
-        f"{stream.get('reorg_count', 0)} reorgs",
+        f"{stream.get('reorg_count', 0)} reorgs"
     )
+
+
+def _archived(cov: dict[str, Any]) -> str:
+    if not cov.get("intervals"):
+        return "nothing yet: sluice_archive runs every minute"
     runs = cov.get("runs") or []
-    archived = (
+    return (
         f"{cov.get('blocks', 0)} blocks in {cov.get('intervals', 0)} interval"
         f"{'s' if cov.get('intervals') != 1 else ''}, "
         f"{_clock(cov.get('archived_from_ms'))} .. {_clock(cov.get('archived_to_ms'))}"
         f" ({len(runs)} run{'s' if len(runs) != 1 else ''}, {cov.get('gap_count', 0)} gaps)"
-        if cov.get("intervals")
-        else "nothing yet: sluice_archive runs every minute"
     )
-    table.add_row("archived (lake)", archived)
+
+
+def _hot_window(plan: Plan, counts: Counts, stream: dict[str, Any], cov: dict[str, Any]) -> str:
+    hot = stream.get("redis") or {}
+    now_ms = int(time.time() * 1000)
     trimmed = (
         f"trimmed below block #{counts.redis_first_num}"
         if counts.trimmed
         else f"not trimmed yet (hot retention {plan.hot_retention_s}s)"
     )
-    table.add_row(
-        "hot window (Redis)",
-        f"{hot.get('length', 0)} entries from {_ago(cov.get('trim_point_ms'), now_ms)}; {trimmed}",
+    return (
+        f"{hot.get('length', 0)} entries from {_ago(cov.get('trim_point_ms'), now_ms)}; {trimmed}"
     )
-    table.add_row(
-        "subscribers",
-        f"{stream.get('subscribers') or 0} on the server"
-        + (
-            f"; the from-0 subscriber got {subscriber_lines} updates"
-            if subscriber_lines
-            else "; a from-0 subscriber starts once Redis is trimmed"
-        ),
+
+
+def _subscribers(stream: dict[str, Any], subscriber_lines: int) -> str:
+    return f"{stream.get('subscribers') or 0} on the server" + (
+        f"; the from-0 subscriber got {subscriber_lines} updates"
+        if subscriber_lines
+        else "; a from-0 subscriber starts once Redis is trimmed"
     )
+
+
+def _airflow(counts: Counts) -> str:
     last = counts.runs[0] if counts.runs else None
-    table.add_row(
-        "Airflow sluice_archive",
+    return (
         f"{counts.runs_ok} run{'s' if counts.runs_ok != 1 else ''} succeeded"
         + (f"; latest {last['state']} for {str(last['start'])[11:16]}-{str(last['end'])[11:16]}"
            if last else "")
         + (f"; {counts.seed}" if counts.seed else "")
         + (" (it was paused: the demo unpaused it)" if counts.unpaused else "")
-        + (f"  [dim]{counts.airflow_error}[/dim]" if counts.airflow_error else ""),
+        + (f"  [dim]{counts.airflow_error}[/dim]" if counts.airflow_error else "")
     )  # fmt: skip
+
+
+def _bus(counts: Counts) -> str:
     latency = f", last {counts.rpc_last_ms:.0f} ms" if counts.rpc_last_ms is not None else ""
-    table.add_row(
-        "bus RPC twin 1 -> 2",
-        f"{counts.rpc_ok} ok, {counts.rpc_failed} failed{latency}"
-        + (f"  [dim]{counts.rpc_error}[/dim]" if counts.rpc_failed else ""),
+    return f"{counts.rpc_ok} ok, {counts.rpc_failed} failed{latency}" + (
+        f"  [dim]{counts.rpc_error}[/dim]" if counts.rpc_failed else ""
     )
+
+
+def _round_trips(counts: Counts) -> str:
     trips = counts.round_trips
-    table.add_row(
-        "node round trips",
+    return (
         f"a -> b over streams: {trips.get('node-a', 0)}, "
-        f"b -> a over Dialogue/TCP: {trips.get('node-b', 0)}",
+        f"b -> a over Dialogue/TCP: {trips.get('node-b', 0)}"
     )
-    if counts.status_error:
-        table.add_row("", f"[dim]{counts.status_error}[/dim]")
-    return table
 
 
 def components(supervisor: Supervisor) -> RenderableType:

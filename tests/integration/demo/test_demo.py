@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import keys
-from pipeline.demo.components import STREAM
+from pipeline.demo.plan import STREAM
 from pipeline.demo.prereq import git_ignored
 from pipeline.demo.procs import MARKER, marked_pids
 from pipeline.demo.supervisor import sweep

@@ -10,10 +10,11 @@ import pytest
 from pipeline.demo import app
 from pipeline.demo import components as comp
 from pipeline.demo.check import LIVE_S
+from pipeline.demo.plan import LAKE_BUCKET, Plan
 
 
-def plan(tmp_path: Path, lake: str) -> comp.Plan:
-    return comp.Plan.make(
+def plan(tmp_path: Path, lake: str) -> Plan:
+    return Plan.make(
         tmp_path, tmp_path / "demo", serve_port=1, airflow_port=2, spark_port=3, lake=lake
     )
 
@@ -36,7 +37,7 @@ def test_an_s3_lake_points_every_component_at_the_demos_server(tmp_path: Path) -
     lake = p.lake_settings()  # what the check reads the lake with
     assert lake.remote and lake.s3_endpoint == env["SLUICE_LAKE_S3_ENDPOINT"]
     store = comp.store_component(p)
-    assert (p.store_dir / comp.LAKE_BUCKET).is_dir()  # the bucket, made before it starts
+    assert (p.store_dir / LAKE_BUCKET).is_dir()  # the bucket, made before it starts
     assert f"127.0.0.1:{p.store_port}" in store.argv and "ROOT_ACCESS_KEY" in store.env
 
 
