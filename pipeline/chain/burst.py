@@ -76,7 +76,7 @@ class SharedFrames(tuple[bytes, ...]):
     subscriber with that prefix (:mod:`pipeline.chain.serve.frames`), with ``wire``: their
     websocket frames back to back (:func:`frame_texts`), built once for all of them, which
     a connection with nothing queued writes as they are
-    (:meth:`pipeline.chain.serve.wsconn.Connection._write_direct`); None over :data:`WIRE_BYTES`."""
+    (:meth:`pipeline.chain.serve.wswrite.Sending._write_direct`); None over :data:`WIRE_BYTES`."""
 
     wire: bytes | None
 

@@ -21,9 +21,10 @@ results (the named ancestor becomes the head) and waits for nothing else:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -79,26 +80,13 @@ async def subscribe(
             num, block_hash = head if head is not None else (from_num, from_hash or ZERO_HASH)
             got_any = False
             try:
-                async with session.ws_connect(
-                    url, headers=headers, heartbeat=30, max_msg_size=16 << 20
-                ) as ws:
-                    early: list[str] = []
-                    sub_id = await _subscribe(ws, num, block_hash, prefixes, dialect, early)
-                    gate.ended(url, "subscription to %s resumed", url)
-                    chain.expect_rewind()
-                    assembler = BlockAssembler()
-                    updates = _cardinal_updates if dialect == CARDINAL else _updates
-                    for text in early:
-                        for update in updates(text, sub_id, assembler, chain):
-                            got_any = True
-                            yield update
-                    async for msg in ws:
-                        if msg.type != aiohttp.WSMsgType.TEXT:
-                            break
-                        for update in updates(msg.data, sub_id, assembler, chain):
-                            got_any = True
-                            yield update
-                    log.info("subscription closed by the server: code %s", ws.close_code)
+                connection = _connection(
+                    session, url, headers, (num, block_hash), prefixes, dialect, chain, gate
+                )
+                async with contextlib.aclosing(connection) as updates:
+                    async for update in updates:
+                        got_any = True
+                        yield update
             except ChainGap as exc:
                 # The producer skipped blocks (the library's producer does while a
                 # subscriber catches up): resume from the head at once, no backoff.
@@ -114,6 +102,36 @@ async def subscribe(
             if failures > max_retries:
                 raise SubscriptionLost(f"no block after {max_retries} reconnections to {url}")
             await asyncio.sleep(min(retry_delay_s * (2 ** min(failures, 6)), 5.0))
+
+
+async def _connection(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    start: tuple[int, bytes],
+    prefixes: Sequence[str],
+    dialect: str,
+    chain: OrderedChain,
+    gate: LogGate,
+) -> AsyncGenerator[ChainUpdate]:
+    """The updates of one websocket connection, subscribed at ``start`` (num, hash), until
+    the server closes it: first those of notifications sent before the subscribe reply."""
+    async with session.ws_connect(url, headers=headers, heartbeat=30, max_msg_size=16 << 20) as ws:
+        early: list[str] = []
+        sub_id = await _subscribe(ws, *start, prefixes, dialect, early)
+        gate.ended(url, "subscription to %s resumed", url)
+        chain.expect_rewind()
+        assembler = BlockAssembler()
+        updates = _cardinal_updates if dialect == CARDINAL else _updates
+        for text in early:
+            for update in updates(text, sub_id, assembler, chain):
+                yield update
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            for update in updates(msg.data, sub_id, assembler, chain):
+                yield update
+        log.info("subscription closed by the server: code %s", ws.close_code)
 
 
 def _short(exc: BaseException) -> str:

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 FIRST_PAGE = 32
 #: Rows encoded in one go in the event loop (about 2 ms): other connections wait no longer.
 ENCODE_ROWS = 512
+#: What a subscriber is told when history has a hole (details go to the log).
+HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
 
 
 async def refresh_history(history: History) -> None:
@@ -156,6 +158,7 @@ def _encode_rows(
 __all__ = [
     "ENCODE_ROWS",
     "FIRST_PAGE",
+    "HISTORY_GAP",
     "close_pages",
     "drop_read",
     "next_page",

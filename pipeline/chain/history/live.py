@@ -3,23 +3,23 @@
 The hub (:class:`~pipeline.chain.produce.producer.WebsocketHub`) calls
 :meth:`LiveListener.offer` for every block produced; the listener buffers
 them (bounded) while resumption replays Redis, then feeds the subscriber's
-:class:`~pipeline.chain.planning.Sender` and sink directly. A sink that
+:class:`~pipeline.chain.forkchoice.Sender` and sink directly. A sink that
 cannot keep up fails the listener's ``failed`` future with
 :class:`~pipeline.errors.SlowConsumer`.
 
 Live groups. Fork choice is per subscriber (each has its own
-:class:`~pipeline.chain.planning.Sender`), but live subscribers are nearly
+:class:`~pipeline.chain.forkchoice.Sender`), but live subscribers are nearly
 always in the same state: the same head, its hash and weight. Taking each
 block through each one's Sender touched hundreds of cache-cold dicts per
 block (a third of the live fan-out's samples, ``make bench B=resume``).
 :class:`LiveGroups` keeps the live listeners with the same encoding
 (:func:`~pipeline.chain.produce.producer.share_key`) and the same
-:meth:`~pipeline.chain.planning.Sender.live_state` in one :class:`LiveGroup`,
+:meth:`~pipeline.chain.forkchoice.Sender.live_state` in one :class:`LiveGroup`,
 and decides for all of them at once whether a block takes the Sender's fast
 path (a heavier child of the head, whose hash none of them holds). If it
 does, every member gets it, and the block joins the group's *run*: the
 members' Senders are brought up to date later, the run at a time
-(:meth:`~pipeline.chain.planning.Sender.advance`, at most :data:`RUN_LIMIT`
+(:meth:`~pipeline.chain.forkchoice.Sender.advance`, at most :data:`RUN_LIMIT`
 blocks behind). Any other block settles the group and each member decides
 alone, exactly as without groups, then joins the group of its new state.
 So every subscriber gets exactly what its own Sender would send it
@@ -32,7 +32,8 @@ import asyncio
 from collections.abc import Hashable
 
 from pipeline.blockcodec import KeyTest
-from pipeline.chain.planning import BlockSink, Emit, Run, Sender
+from pipeline.chain.forkchoice import Run, Sender
+from pipeline.chain.planning import BlockSink, Emit
 from pipeline.chain.produce.producer import UNSHARED, LiveBlock, share_key
 from pipeline.errors import SlowConsumer
 from pipeline.redisio.conn import parse_entry_id

@@ -26,7 +26,8 @@ from pipeline.chain.history.lakepages import (
     short_first,
 )
 from pipeline.chain.history.tail import SharedTail
-from pipeline.chain.planning import History, Plan, Reason, TailIndex, TailReads, rewind_start
+from pipeline.chain.planning import History, Plan, Reason, TailReads, rewind_start
+from pipeline.chain.tailindex import TailIndex
 from pipeline.errors import BadParams, ResumptionError
 
 

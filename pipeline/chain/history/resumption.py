@@ -31,12 +31,16 @@ Theory of operation. ``blocks_from(num, hash, keep, sink)`` (the seed's
    resolve uses the tail index without refreshing it first (a subscribe at
    the head reads Redis not at all).
 
-Where each concern lives: the pure parts (:class:`Sender`, :class:`TailIndex`,
-:class:`Plan` and its :class:`Reason`, the ports :class:`History`,
-:class:`TailReads` and :class:`BlockSink`) in :mod:`pipeline.chain.planning`;
-the Redis tail (:class:`SharedTail` and the :class:`RedisTail` adapter) in
-:mod:`pipeline.chain.history.tail`; lake pages in :mod:`pipeline.chain.history.lakepages`;
-the live listener in :mod:`pipeline.chain.history.live` (the hub is
+Where each concern lives: the pure parts (:class:`Plan` and its :class:`Reason`,
+the ports :class:`History`, :class:`TailReads` and :class:`BlockSink`) in
+:mod:`pipeline.chain.planning`, :class:`Sender` in :mod:`pipeline.chain.forkchoice`,
+:class:`TailIndex` in :mod:`pipeline.chain.tailindex`; the Redis tail
+(:class:`SharedTail` and the :class:`RedisTail` adapter) in
+:mod:`pipeline.chain.history.tail`; the phases in
+:mod:`pipeline.chain.history.fromlake` (2), :mod:`pipeline.chain.history.fromtail` (3)
+and :mod:`pipeline.chain.history.replay` (4, before live); lake pages in
+:mod:`pipeline.chain.history.lakepages`; the live listener in
+:mod:`pipeline.chain.history.live` (the hub is
 :class:`~pipeline.chain.produce.producer.WebsocketHub`). This module wires them.
 
 Every emitted block goes through one :class:`Sender`, which drops a block
@@ -48,56 +52,32 @@ above the common ancestor.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
-import pyarrow as pa
 import redis.asyncio as aioredis
 
 from pipeline import keys
-from pipeline.blockcodec import (
-    ENTRY_FIELD,
-    KeyTest,
-    decode_raw,
-    effective_weight,
-    raw_weight,
-)
-from pipeline.chain.cardinal import encode_results
+from pipeline.blockcodec import KeyTest
+from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history.entries import Refusals
-from pipeline.chain.history.lakepages import (
-    ENCODE_ROWS,
-    close_pages,
-    drop_read,
-    next_page,
-    page_emits,
-    refresh_history,
-)
-from pipeline.chain.history.live import LIVE_ATTEMPTS, LiveGroups, LiveListener, live_emit
+from pipeline.chain.history.fromlake import LakeCatchup
+from pipeline.chain.history.fromtail import TailCatchup
+from pipeline.chain.history.lakepages import HISTORY_GAP, refresh_history
+from pipeline.chain.history.live import LIVE_ATTEMPTS, LiveGroups, LiveListener
+from pipeline.chain.history.replay import Replay
 from pipeline.chain.history.resolve import Locator
-from pipeline.chain.history.shared import SharedResults, shape_of
-from pipeline.chain.history.tail import PAGE, RedisTail, SharedTail
-from pipeline.chain.history.turns import Turn, Turns
-from pipeline.chain.planning import (
-    BlockSink,
-    Emit,
-    History,
-    Plan,
-    Sender,
-    TailIndex,
-    TailReads,
-    decode_servable,
-)
-from pipeline.chain.produce.producer import LiveBlock, WebsocketHub
-from pipeline.errors import BadBatch, ResumptionError, SlowConsumer
-from pipeline.redisio.conn import checkpoint, parse_entry_id
+from pipeline.chain.history.shared import SharedResults
+from pipeline.chain.history.tail import RedisTail, SharedTail
+from pipeline.chain.history.turns import Turns
+from pipeline.chain.planning import BlockSink, History, Plan, TailReads
+from pipeline.chain.produce.producer import WebsocketHub
+from pipeline.chain.tailindex import TailIndex
+from pipeline.errors import ResumptionError, SlowConsumer
+from pipeline.redisio.conn import checkpoint
 
 log = logging.getLogger(__name__)
-
-#: What a subscriber is told when history has a hole (details go to the log).
-HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
 
 
 class Resumption(Protocol):
@@ -128,9 +108,6 @@ class TieredResumption:
         self.turns = turns if turns is not None else Turns()
         #: Lake blocks encoded once for concurrent catch-ups (pipeline/chain/history/shared.py).
         self.shared = shared if shared is not None else SharedResults()
-        #: Catch-ups reading the lake now: the shared results are used while two or more do.
-        self._reading = 0
-        self._stream = stream
         self._key = keys.stream(stream)
         self._hub = hub
         #: live subscribers in one fork-choice state take each block at once (one per hub)
@@ -138,7 +115,6 @@ class TieredResumption:
             hub.groups = LiveGroups()
         self._groups: LiveGroups = hub.groups
         self._history_factory = history_factory
-        self._threshold = reorg_threshold
         self._max_tail = max_tail
         self._batch_rows = batch_rows
         self._refused = refused if refused is not None else Refusals()
@@ -151,6 +127,15 @@ class TieredResumption:
             history_factory=history_factory,
             reorg_threshold=reorg_threshold,
             batch_rows=batch_rows,
+        )
+        self._from_lake = LakeCatchup(self._locator, self.turns, self.shared)
+        self._from_tail = TailCatchup(stream, self._entries, self.turns)
+        self._replay = Replay(
+            stream=stream,
+            entries=self._entries,
+            turns=self.turns,
+            refused=self._refused,
+            reorg_threshold=reorg_threshold,
         )
 
     # --- resolve (pipeline.chain.history.resolve) ----------------------------------------
@@ -199,13 +184,13 @@ class TieredResumption:
             "resume %s from %d: tail [%s, %d] up to %r", plan.reason, pos, lo, tail.hi, tail.last_id
         )
         if plan.history is not None and (lo is None or pos < lo):
-            pos = await self._from_history(
+            pos = await self._from_lake.send(
                 plan.history, pos, lo, keep, sink, sender, prefetched=plan.prefetched
             )
             if lo is not None and pos < lo:
                 # The lake looked shorter than Redis says it must be: read on at the latest version.
                 await refresh_history(plan.history)
-                pos = await self._from_history(plan.history, pos, lo, keep, sink, sender)
+                pos = await self._from_lake.send(plan.history, pos, lo, keep, sink, sender)
             log.debug("history sent up to %d", pos - 1)
         if lo is not None:
             if pos < lo and sender.sent:
@@ -213,242 +198,9 @@ class TieredResumption:
                     f"history gap: the lake ends at {pos - 1}, redis starts at {lo}",
                     public=HISTORY_GAP,
                 )
-            await self._from_tail(plan, max(pos, lo), keep, sink, sender)
+            await self._from_tail.send(plan, max(pos, lo), keep, sink, sender)
         tail.chain.clear()  # the plan's snapshot is spent: live subscriptions hold none of it
         await self._replay_and_live(plan.history, tail.last_id, keep, sink, sender)
-
-    async def _from_history(
-        self,
-        history: History,
-        pos: int,
-        stop: int | None,
-        keep: KeyTest | None,
-        sink: BlockSink,
-        sender: Sender,
-        *,
-        prefetched: tuple[Iterator[pa.Table], list[Emit]] | None = None,
-    ) -> int:
-        if prefetched is not None:
-            pages, first = prefetched
-        else:
-            pages = self._locator.history_pages(history, pos, stop)
-            first = None
-        # The Arrow read (parquet, in C++) runs in a thread; the page is encoded here, in
-        # slices of ENCODE_ROWS. Encoding in the thread as well made the decoding thread and
-        # the writer (one send per frame) trade the GIL at every frame:
-        # catchup_blocks_per_s of make bench B=resume, about 13% lower over six interleaved runs.
-        # The next page is read while this one is encoded (one page ahead, no more): a
-        # file's read then overlaps the encoding instead of stalling the catch-up.
-        table: pa.Table | None = None
-        read = functools.partial(
-            asyncio.get_running_loop().run_in_executor, None, next, pages, None
-        )
-        ahead: asyncio.Future[pa.Table | None] | None = None
-        shape = shape_of(keep)
-        self._reading += 1
-        try:
-            ahead = read()
-            while True:
-                if first is not None:
-                    emits = first
-                    first = None
-                else:
-                    if table is None or table.num_rows == 0:
-                        assert ahead is not None  # None only once the pages ran out
-                        table = await ahead
-                        if table is None:
-                            ahead = None
-                            return pos
-                        ahead = read()
-                    async with Turn(self.turns):
-                        shared = self.shared if self._reading > 1 else None
-                        emits = page_emits(table.slice(0, ENCODE_ROWS), keep, shared, shape)
-                    table = table.slice(ENCODE_ROWS)
-                if not emits:
-                    continue  # every block of the slice was skipped (see page_emits)
-                expected = pos if sender.sent else emits[0].num
-                if emits[0].num != expected or emits[-1].num - expected + 1 != len(emits):
-                    emits = [
-                        e for e in emits if sender.accept(e.num, e.hash, e.weight, e) is not None
-                    ]
-                    if emits and (
-                        emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)
-                    ):
-                        raise ResumptionError(
-                            f"history gap in the lake after block {expected - 1}",
-                            public=HISTORY_GAP,
-                        )
-                elif emits[0].num > sender.head:
-                    sender.extend(emits)
-                else:
-                    for emit in emits:
-                        sender.accept(emit.num, emit.hash, emit.weight, emit)
-                if emits:
-                    await sink.put(emits)
-                    pos = emits[-1].num + 1
-        finally:
-            self._reading -= 1
-            if self._reading < 2:
-                self.shared.clear()  # nobody to share with: an idle server keeps none of it
-            if ahead is not None:
-                drop_read(ahead)
-            close_pages(pages)
-
-    async def _from_tail(
-        self, plan: Plan, pos: int, keep: KeyTest | None, sink: BlockSink, sender: Sender
-    ) -> None:
-        tail = plan.tail
-        for chunk_start in range(pos, tail.hi + 1, PAGE):
-            nums = [
-                n
-                for n in range(chunk_start, min(chunk_start + PAGE, tail.hi + 1))
-                if n in tail.chain
-            ]
-            if not nums:
-                continue
-            # The page is read and parsed (about 10 ms for 1,000 entries) in a turn too:
-            # 16 catch-ups parsing their pages in one loop iteration delayed live blocks
-            # by seconds. The read is a bounded Redis call, never a wait for the subscriber.
-            async with Turn(self.turns):
-                wanted = {tail.chain[n][2]: n for n in nums}
-                ids = sorted(wanted, key=parse_entry_id)
-                entries = await self._entries.between(ids[0], ids[-1])
-                payloads = {eid: f[ENTRY_FIELD] for eid, f in entries if eid in wanted}
-            for n in nums:  # trimmed meanwhile: read from the lake (not while holding a turn)
-                h, _parent, eid = tail.chain[n]
-                if eid not in payloads:
-                    payloads[eid] = await self._payload_from_history(plan.history, n, h)
-            i = 0
-            while i < len(
-                nums
-            ):  # decoded and encoded a turn at a time (pipeline/chain/history/turns.py)
-                emits = []
-                async with Turn(self.turns) as turn:
-                    while i < len(nums) and not turn.over():
-                        n = nums[i]
-                        i += 1
-                        h, parent, eid = tail.chain[n]
-                        raw = decode_raw(payloads[eid])
-                        emit = Emit(n, h, parent, [], 0, effective_weight(n, raw_weight(raw)))
-                        depth = sender.accept(n, h, emit.weight, emit)
-                        if depth is None:
-                            continue
-                        emit.results, emit.reorg = encode_results(raw, n, h, parent, keep), depth
-                        emits.append(emit)
-                if emits:
-                    await sink.put(emits)
-
-    async def _payload_from_history(self, history: History | None, num: int, h: str) -> bytes:
-        if history is not None:
-            await refresh_history(history)
-            row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
-            if row is not None:
-                return bytes(row.payload)
-        raise ResumptionError(
-            f"block {num} was trimmed from redis and is not in the lake", public=HISTORY_GAP
-        )
-
-    async def _replay(
-        self,
-        history: History | None,
-        last_id: bytes,
-        keep: KeyTest | None,
-        sink: BlockSink,
-        sender: Sender,
-    ) -> bytes:
-        """Entries after ``last_id`` in production order, until a short page; returns the last id.
-
-        Entries trimmed from Redis since ``last_id`` was read show up as a jump
-        in block numbers: that range is read from the lake first.
-        """
-        while True:
-            turn = Turn(
-                self.turns
-            )  # read and decoded a turn at a time (pipeline/chain/history/turns.py)
-            emits: list[Emit] = []
-            try:
-                await turn.acquire()
-                entries = await self._entries.after(last_id, PAGE)
-                for entry_id, fields in entries:
-                    if turn.held and turn.over():
-                        turn.release()
-                        if emits:
-                            await sink.put(emits)
-                            emits = []
-                    await turn.acquire()
-                    last_id = entry_id
-                    try:
-                        block = decode_servable(fields[ENTRY_FIELD])
-                    except (BadBatch, KeyError) as exc:
-                        self._refused(entry_id, exc)
-                        continue
-                    if (
-                        sender.sent
-                        and block.num > sender.head
-                        and not sender.knows(block.num - 1, block.parent.hex())
-                    ):
-                        turn.release()
-                        if emits:
-                            await sink.put(emits)
-                            emits = []
-                        linked = await self._fill(
-                            history, block.num, block.parent.hex(), keep, sink, sender
-                        )
-                        await turn.acquire()
-                        if not linked:  # on a branch the lake says lost: never sent
-                            sender.lose(block.hash.hex())
-                            continue
-                    item = LiveBlock.from_block(block, entry_id)
-                    emits.extend(sender.take(live_emit(item, keep)))
-            finally:
-                turn.release()
-            if emits:
-                await sink.put(emits)
-            if len(entries) < PAGE:
-                return last_id
-
-    async def _fill(
-        self,
-        history: History | None,
-        stop: int,
-        parent: str,
-        keep: KeyTest | None,
-        sink: BlockSink,
-        sender: Sender,
-    ) -> bool:
-        """Entries trimmed from Redis since they were scanned: read ``[.., stop)`` from the lake.
-
-        The lake's canonical blocks from ``reorg_threshold`` below the point
-        where Redis resumed are compared with what was sent: equal ones are
-        skipped, others sent (as a reorg when they replace a sent block). The
-        result must link to ``parent``, the parent of the next Redis entry,
-        unless the lake holds ``parent`` as a block that is not canonical: then
-        the entry is on a branch that lost (its lighter blocks were trimmed with
-        the others), and False says so. Anything else is a history gap.
-        """
-        if history is not None:
-            await refresh_history(history)
-            start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
-            pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
-            while (page := await asyncio.to_thread(next_page, pages, keep)) is not None:
-                emits = []
-                for emit in page:
-                    depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
-                    if depth is not None:
-                        emit.reorg = depth
-                        emits.append(emit)
-                if emits:
-                    await sink.put(emits)
-        if sender.head == stop - 1 and sender.hash_at(stop - 1) == parent:
-            return True
-        if history is not None:
-            row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(parent))
-            if row is not None and row.num == stop - 1 and not row.canonical:
-                return False
-        raise ResumptionError(
-            f"history gap: redis resumed at block {stop} but the lake does not link to it",
-            public=HISTORY_GAP,
-        )
 
     async def _replay_and_live(
         self,
@@ -464,13 +216,13 @@ class TieredResumption:
         # of make bench B=resume).
         covered = self._hub.covers(last_id)
         if not covered:
-            last_id = await self._replay(history, last_id, keep, sink, sender)
+            last_id = await self._replay.run(history, last_id, keep, sink, sender)
         listener = LiveListener(sender, keep, sink, groups=self._groups)
         self._hub.add(listener)
         try:
             for attempt in range(LIVE_ATTEMPTS):
                 if not (covered and attempt == 0):
-                    last_id = await self._replay(history, last_id, keep, sink, sender)
+                    last_id = await self._replay.run(history, last_id, keep, sink, sender)
                 if listener.go_live(last_id):
                     break
                 listener.reset()  # the live buffer overflowed while replaying: replay again

@@ -1,6 +1,6 @@
 """The Redis tail of a chain stream: the shared index, and entry reads behind :class:`TailReads`.
 
-:class:`SharedTail` keeps one :class:`~pipeline.chain.planning.TailIndex` per
+:class:`SharedTail` keeps one :class:`~pipeline.chain.tailindex.TailIndex` per
 server, brought up to date incrementally; :class:`RedisTail` is the adapter
 resumption reads entries through. Every await on Redis is followed by
 :func:`~pipeline.redisio.conn.checkpoint` (redis-py may swallow a cancellation).
@@ -20,7 +20,8 @@ from redis.exceptions import NoScriptError
 
 from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.tailread import FilteredReads
-from pipeline.chain.planning import Entries, TailIndex, index_entry
+from pipeline.chain.planning import Entries
+from pipeline.chain.tailindex import TailIndex, index_entry
 from pipeline.redisio.conn import checkpoint, parse_entry_id
 
 log = logging.getLogger(__name__)

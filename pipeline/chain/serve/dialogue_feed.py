@@ -20,11 +20,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from pipeline.blockcodec import KeyTest
 from pipeline.chain import jsonrpc
 from pipeline.chain.cardinal import SEED, encoding_for
 from pipeline.chain.history.resumption import TieredResumption
 from pipeline.chain.outbox import Outbox
-from pipeline.chain.serve.subscription import Subscription, parse_subscribe
+from pipeline.chain.planning import Plan
+from pipeline.chain.serve.subscription import SubscribeParams, Subscription, parse_subscribe
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
 from pipeline.dialogue.server import DialogueServer
@@ -49,7 +51,27 @@ async def serve_duplex(
     stall_s: float | None = None,
 ) -> None:
     """Serve one subscription on an incoming duplex until the peer leaves or falls behind."""
-    initial = duplex.initial or b"null"
+    parsed = _parse(duplex.initial or b"null")
+    if isinstance(parsed, bytes):
+        await duplex.end(error=parsed)
+        return
+    keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
+    plan = await _plan(resumption, parsed, keep)
+    if isinstance(plan, bytes):
+        await duplex.end(error=plan)
+        return
+    outbox = Outbox(send_buffer, stall_s=stall_s)
+    sub = Subscription("0x1", parsed, outbox, envelope=False)
+    await _feed(resumption, duplex, outbox, plan, keep, sub)
+
+
+def _invalid(text: str) -> bytes:
+    """The JSON-RPC "invalid params" error object a refused duplex ends with."""
+    return jsonrpc.error(None, jsonrpc.INVALID_PARAMS, text).encode()
+
+
+def _parse(initial: bytes) -> SubscribeParams | bytes:
+    """The subscription the duplex's initial data asks for, or the error to end it with."""
     try:
         if len(initial) > jsonrpc.MAX_CHARS:
             raise BadParams(f"params longer than {jsonrpc.MAX_CHARS} bytes")
@@ -58,38 +80,41 @@ async def serve_duplex(
         params = jsonrpc.loads_bounded(initial)
     except ValueError as exc:  # not JSON, or nested too deep (the decoder's text stays here)
         deep = str(exc).startswith("nested deeper")
-        text = f"invalid params: {exc}" if deep else "invalid params: not JSON"
-        await duplex.end(error=jsonrpc.error(None, jsonrpc.INVALID_PARAMS, text).encode())
-        return
+        return _invalid(f"invalid params: {exc}" if deep else "invalid params: not JSON")
     except BadParams as exc:
-        error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
-        await duplex.end(error=error.encode())
-        return
+        return _invalid(exc.public_message)
     try:
-        parsed = parse_subscribe(params)
+        return parse_subscribe(params)
     except BadParams as exc:
-        error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
-        await duplex.end(error=error.encode())
-        return
-    keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
+        return _invalid(exc.public_message)
+
+
+async def _plan(
+    resumption: TieredResumption, parsed: SubscribeParams, keep: KeyTest | None
+) -> Plan | bytes:
+    """Where the subscription starts, or the error to end the duplex with (public text only)."""
     try:
-        plan = await resumption.resolve(parsed.num, parsed.hash, keep)
+        return await resumption.resolve(parsed.num, parsed.hash, keep)
     except BadParams as exc:
-        error = jsonrpc.error(None, jsonrpc.INVALID_PARAMS, exc.public_message)
-        await duplex.end(error=error.encode())
-        return
+        return _invalid(exc.public_message)
     except ResumptionError as exc:  # only the public text crosses the wire
         log.info("dialogue subscription refused: %r", exc)
-        error = jsonrpc.error(None, jsonrpc.SERVER_ERROR, exc.public_message)
-        await duplex.end(error=error.encode())
-        return
+        return jsonrpc.error(None, jsonrpc.SERVER_ERROR, exc.public_message).encode()
     except (aioredis.RedisError, OSError) as exc:
         log.warning("dialogue subscription: redis error %r", exc)
         error = jsonrpc.error(None, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
-        await duplex.end(error=error.encode())
-        return
-    outbox = Outbox(send_buffer, stall_s=stall_s)
-    sub = Subscription("0x1", parsed, outbox, envelope=False)
+        return error.encode()
+
+
+async def _feed(
+    resumption: TieredResumption,
+    duplex: Duplex,
+    outbox: Outbox,
+    plan: Plan,
+    keep: KeyTest | None,
+    sub: Subscription,
+) -> None:
+    """Stream the plan into the duplex until the peer leaves, falls behind or resumption fails."""
 
     async def write() -> None:
         while True:

@@ -31,9 +31,10 @@ from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.tailread import FilteredReads
 from pipeline.chain.metrics import Metrics
-from pipeline.chain.planning import Entries, decode_servable
+from pipeline.chain.planning import Entries
 from pipeline.chain.produce.producer import LiveBlock, WebsocketHub
 from pipeline.chain.serve.tailwake import TailWake
+from pipeline.chain.tailindex import decode_servable
 from pipeline.errors import BadBatch, RedisUnavailable
 from pipeline.loggate import LogGate
 

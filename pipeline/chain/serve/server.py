@@ -42,9 +42,10 @@ servers side by side) or in process by a
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from aiohttp import WSCloseCode, web
@@ -74,9 +75,13 @@ from pipeline.chain.serve.appkeys import (
 from pipeline.chain.serve.auth import authorized, refusal
 from pipeline.chain.serve.relay import RedisTailer
 from pipeline.chain.serve.wsconn import CLOSE_TIMEOUT_S, MAX_FRAME, Connection, dialect_of
+from pipeline.lifecycle import cancel_and_wait, run_every
 from pipeline.redisio.conn import Role, connect
 from pipeline.runtime import health, memory
 from pipeline.settings import Settings
+
+if TYPE_CHECKING:  # annotations only: the feed's module is imported when a port is set
+    from pipeline.dialogue.server import DialogueServer
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +227,133 @@ def _releaser(
     )
 
 
-def create_app(
+def _resumption(
+    app: web.Application,
     settings: Settings,
+    client: aioredis.Redis,
+    factory: Callable[[], History | None],
+    refused: Refusals,
+) -> TieredResumption:
+    """The server's one resumption, reading Redis through the requests' pool."""
+    return TieredResumption(
+        redis=client,
+        stream=settings.serve.stream,
+        hub=app[HUB],
+        history_factory=factory,
+        reorg_threshold=settings.lake.reorg_threshold,
+        batch_rows=512,
+        max_tail=settings.serve.tail_index_max,
+        refused=refused,
+        shared=SharedResults(metrics=app[METRICS]),
+    )
+
+
+async def _start_feed(app: web.Application, settings: Settings) -> DialogueServer | None:
+    """The Dialogue feed, listening, when ``serve_dialogue_port`` is set; else None."""
+    if not settings.serve.dialogue_port:
+        return None
+    from pipeline.chain.serve.dialogue_feed import dialogue_server
+
+    feed = dialogue_server(
+        app[RESUMPTION],
+        settings.serve.host,
+        settings.serve.dialogue_port,
+        send_buffer=settings.serve.send_buffer,
+        stall_s=settings.serve.stall_s,
+    )
+    await feed.start()
+    return feed
+
+
+def _start_releaser(
+    app: web.Application, settings: Settings, feed: DialogueServer | None
+) -> asyncio.Task[None]:
+    """The memory releaser's task; it collects cycles only while no client is connected."""
+    releaser = _releaser(
+        app[METRICS],
+        app.get(HISTORY),
+        settings.serve.cache_idle_s,
+        lambda: not app[CONNECTIONS] and (feed is None or not feed.connections),
+        settings.serve.release_every_s,
+    )
+    return asyncio.create_task(releaser.run(), name="memory-releaser")
+
+
+def _start_tailer(
+    app: web.Application, settings: Settings, tail_client: aioredis.Redis, refused: Refusals
+) -> asyncio.Task[None]:
+    """The live tailer's task (relay mode); if it ends before shutdown, /healthz says so."""
+    tailer = RedisTailer(
+        tail_client,
+        settings.serve.stream,
+        app[HUB],
+        app[METRICS],
+        refused=refused,
+    )
+    app[TAILER] = tailer
+    task = asyncio.create_task(tailer.run(), name="redis-tailer")
+    task.add_done_callback(lambda t: _tailer_ended(app, tailer, t))
+    return task
+
+
+async def _stop_tailer(task: asyncio.Task[None] | None) -> None:
+    """End the live tailer; its own failure is logged here, not raised (as it always was)."""
+    try:
+        await cancel_and_wait(task)
+    except Exception:  # the tailer's own failure, reported at shutdown
+        log.exception("live tailer failed")
+
+
+async def _redis_ctx(
+    app: web.Application,
     *,
-    relay: bool = True,
-    hub: WebsocketHub | None = None,
-    history_factory: Callable[[], History | None] | None = None,
-) -> web.Application:
-    """The server app. ``relay``: tail Redis for live data; else publish to ``app[HUB]`` yourself."""
+    settings: Settings,
+    relay: bool,
+    factory: Callable[[], History | None],
+) -> AsyncIterator[None]:
+    """The server's Redis clients, resumption, Dialogue feed and background tasks, while it runs.
+
+    At cleanup every step runs even when an earlier one fails (a warm-up or
+    releaser task that had failed re-raises its error): the tailer is ended,
+    the feed closed and both clients closed; the failures are raised together
+    after the last step (:func:`pipeline.lifecycle.run_every`).
+    """
+    # Two pools: requests (any number of connections, bounded, waiting for a
+    # free connection under a burst) and the live tailer's own, so that
+    # connection churn can never starve live data or make /healthz lie.
+    client = connect(settings.redis.url, Role.SERVE)
+    tail_client = connect(settings.redis.url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
+    app[REDIS] = client
+    refused = Refusals(app[METRICS])  # one count and one log line per entry, whoever reads it
+    app[RESUMPTION] = _resumption(app, settings, client, factory, refused)
+    feed = await _start_feed(app, settings)
+    warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
+    releaser = _start_releaser(app, settings, feed)
+    tailer = _start_tailer(app, settings, tail_client, refused) if relay else None
+    try:
+        yield
+    finally:
+        await run_every(
+            [
+                lambda: cancel_and_wait(warm),
+                lambda: cancel_and_wait(releaser),
+                lambda: _stop_tailer(tailer),
+                *([] if feed is None else [feed.close]),
+                client.aclose,
+                tail_client.aclose,
+            ]
+        )
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    conns: set[Connection] = app[CONNECTIONS]
+    await asyncio.gather(
+        *(c.close(WSCloseCode.GOING_AWAY, "server shutting down") for c in list(conns))
+    )
+
+
+def _new_app(settings: Settings, hub: WebsocketHub | None) -> web.Application:
+    """The app with its state (settings, hub, metrics, connection guard), no route yet."""
     app = web.Application()
     app[SETTINGS] = settings
     app[HUB] = hub if hub is not None else WebsocketHub()
@@ -242,11 +366,31 @@ def create_app(
     app.middlewares.append(app[GUARD].middleware)
     app[CONNECTIONS] = set()
     app[CALLS] = set()
+    return app
+
+
+def _add_routes(app: web.Application, settings: Settings) -> None:
+    app.router.add_get("/ws", ws_handler)
+    app.router.add_get("/cardinal", ws_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    from pipeline.chain.serve import status  # the status page: GET / and /status.json
+
+    status.setup(app, settings, app[CONNECTIONS])
+
+
+def create_app(
+    settings: Settings,
+    *,
+    relay: bool = True,
+    hub: WebsocketHub | None = None,
+    history_factory: Callable[[], History | None] | None = None,
+) -> web.Application:
+    """The server app. ``relay``: tail Redis for live data; else publish to ``app[HUB]`` yourself."""
+    app = _new_app(settings, hub)
     if history_factory is None:
         lake = settings.lake
         cache_bytes = settings.serve.history_cache_mb << 20
-        if cache_bytes < 0:
-            raise ValueError("serve_history_cache_mb must be non-negative")
 
         def open_reader() -> History:
             from pipeline.lake.storage.reader import LakeReader
@@ -256,95 +400,9 @@ def create_app(
         # One reader (and its file cache) for every subscription of this server.
         history_factory = app[HISTORY] = SharedHistory(open_reader)
 
-    factory = history_factory
-
-    async def redis_ctx(app: web.Application) -> AsyncIterator[None]:
-        # Two pools: requests (any number of connections, bounded, waiting for a
-        # free connection under a burst) and the live tailer's own, so that
-        # connection churn can never starve live data or make /healthz lie.
-        client = connect(settings.redis.url, Role.SERVE)
-        tail_client = connect(settings.redis.url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
-        app[REDIS] = client
-        refused = Refusals(app[METRICS])  # one count and one log line per entry, whoever reads it
-        app[RESUMPTION] = TieredResumption(
-            redis=client,
-            stream=settings.serve.stream,
-            hub=app[HUB],
-            history_factory=factory,
-            reorg_threshold=settings.lake.reorg_threshold,
-            batch_rows=512,
-            max_tail=settings.serve.tail_index_max,
-            refused=refused,
-            shared=SharedResults(metrics=app[METRICS]),
-        )
-        feed = None
-        if settings.serve.dialogue_port:
-            from pipeline.chain.serve.dialogue_feed import dialogue_server
-
-            feed = dialogue_server(
-                app[RESUMPTION],
-                settings.serve.host,
-                settings.serve.dialogue_port,
-                send_buffer=settings.serve.send_buffer,
-                stall_s=settings.serve.stall_s,
-            )
-            await feed.start()
-        warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
-        releaser = asyncio.create_task(
-            _releaser(
-                app[METRICS],
-                app.get(HISTORY),
-                settings.serve.cache_idle_s,
-                lambda: not app[CONNECTIONS] and (feed is None or not feed.connections),
-                settings.serve.release_every_s,
-            ).run(),
-            name="memory-releaser",
-        )
-        task: asyncio.Task[None] | None = None
-        if relay:
-            tailer = RedisTailer(
-                tail_client,
-                settings.serve.stream,
-                app[HUB],
-                app[METRICS],
-                refused=refused,
-            )
-            app[TAILER] = tailer
-            task = asyncio.create_task(tailer.run(), name="redis-tailer")
-            task.add_done_callback(lambda t: _tailer_ended(app, tailer, t))
-        try:
-            yield
-        finally:
-            for background in (warm, releaser):
-                background.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await background
-            if task is not None:
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-                except Exception:  # the tailer's own failure, reported at shutdown
-                    log.exception("live tailer failed")
-            if feed is not None:
-                await feed.close()
-            await client.aclose()
-            await tail_client.aclose()
-
-    async def on_shutdown(app: web.Application) -> None:
-        conns: set[Connection] = app[CONNECTIONS]
-        await asyncio.gather(
-            *(c.close(WSCloseCode.GOING_AWAY, "server shutting down") for c in list(conns))
-        )
-
-    app.cleanup_ctx.append(redis_ctx)
-    app.on_shutdown.append(on_shutdown)
-    app.router.add_get("/ws", ws_handler)
-    app.router.add_get("/cardinal", ws_handler)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_handler)
-    from pipeline.chain.serve import status  # the status page: GET / and /status.json
-
-    status.setup(app, settings, app[CONNECTIONS])
+    app.cleanup_ctx.append(
+        functools.partial(_redis_ctx, settings=settings, relay=relay, factory=history_factory)
+    )
+    app.on_shutdown.append(_on_shutdown)
+    _add_routes(app, settings)
     return app

@@ -1,8 +1,9 @@
 """One websocket connection of ``sluice serve``: JSON-RPC requests in, notifications out.
 
 A :class:`Connection` reads requests (each in its own bounded task), answers
-them through one bounded :class:`~pipeline.chain.serve.subscription.Outbox` drained
-by one writer task, and runs the subscriptions it opened. The app around it
+them through one bounded :class:`~pipeline.chain.outbox.Outbox` drained
+by one writer task (its sending half, :mod:`pipeline.chain.serve.wswrite`), and
+runs the subscriptions it opened. The app around it
 (routes, auth, lifecycle, the live tailer) is :mod:`pipeline.chain.serve.server`;
 the wire dialects are :mod:`pipeline.chain.cardinal`.
 """
@@ -13,8 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -22,7 +22,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipeline.blockcodec import MAX_BLOCK_NUM, parse_quantity
 from pipeline.chain import jsonrpc
-from pipeline.chain.burst import burst_end, frame_texts
 from pipeline.chain.cardinal import (
     CARDINAL,
     DIALECTS,
@@ -31,10 +30,10 @@ from pipeline.chain.cardinal import (
     encoding_for,
     whole_block_result,
 )
-from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Reason
 from pipeline.chain.serve.appkeys import CALLS, HUB, METRICS, RESUMPTION, SETTINGS
 from pipeline.chain.serve.subscription import Subscription, parse_subscribe
+from pipeline.chain.serve.wswrite import Sending
 from pipeline.errors import BadBatch, BadParams, NotFound, SlowConsumer, SluiceError
 
 log = logging.getLogger(__name__)
@@ -50,30 +49,6 @@ MAX_IN_FLIGHT_SERVER = 1024
 CLOSE_TIMEOUT_S = 2.0
 #: Refused requests logged per connection (later ones are only counted).
 _REFUSALS_LOGGED = 16
-_WRITE_BATCH = 512
-#: The longest websocket frame header a server writes (no mask): 2 + 8 bytes.
-_FRAME_HEADER = 10
-_TCP = (socket.AF_INET, socket.AF_INET6)
-#: Linux's TCP_CORK (None elsewhere: bursts are then written uncorked).
-_CORK: int | None = getattr(socket, "TCP_CORK", None)
-
-
-@contextlib.contextmanager
-def _corked(sock: Any) -> Iterator[None]:
-    """Hold a burst of frames in the kernel until it ends (``TCP_CORK``), where there is one."""
-    if sock is None or _CORK is None:
-        yield
-        return
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
 
 
 def dialect_of(request: web.Request) -> str | None:
@@ -83,39 +58,25 @@ def dialect_of(request: web.Request) -> str | None:
     return name if name in DIALECTS else None
 
 
-class Connection:
-    """One websocket peer: reads requests, owns its subscriptions and its writer."""
+class Connection(Sending):
+    """One websocket peer: reads requests, owns its subscriptions and its writer (:class:`Sending`)."""
 
     def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
         app = request.app
-        self.ws = ws
-        self.request = request
         self.settings = app[SETTINGS]
-        self.metrics = app[METRICS]
-        self.resumption = app[RESUMPTION]
-        self.dialect = dialect_of(request) or SEED
-        self.outbox = Outbox(
-            self.settings.serve.send_buffer,
+        super().__init__(
+            ws,
+            request.transport,
+            app[METRICS],
+            send_buffer=self.settings.serve.send_buffer,
             batch=app[HUB].batch,
-            inline=self._send_inline,
-            direct=self._write_direct,
             stall_s=self.settings.serve.stall_s,
         )
-        #: A sender (the writer task or the fan-out's inline send) holds texts it popped.
-        self._writing = False
-        transport = request.transport
-        #: The connection's transport (None: already gone), for the inline send's checks,
-        #: and the longest frame it sends inline: below the high-water mark, never paused.
-        self._transport = transport
-        self._inline_max = (
-            transport.get_write_buffer_limits()[1] - _FRAME_HEADER if transport is not None else 0
-        )
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
-        self._sock = sock if sock is not None and sock.family in _TCP else None
+        self.request = request
+        self.resumption = app[RESUMPTION]
+        self.dialect = dialect_of(request) or SEED
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
-        self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._pending_start: tuple[Subscription, Any] | None = None
         #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task.
         self._calls: set[asyncio.Task[None]] = set()
@@ -148,10 +109,6 @@ class Connection:
             code, reason = self._failure.result() if self._failure.done() else (WSCloseCode.OK, "")
             await self.close(code, reason)
 
-    def fail(self, code: int, reason: str) -> None:
-        if not self._failure.done():
-            self._failure.set_result((code, reason))
-
     async def close(self, code: int, reason: str) -> None:
         log.debug("closing %s %s closed=%s", code, reason, self.ws.closed)
         if self.ws.closed:
@@ -164,152 +121,6 @@ class Connection:
             transport = self.request.transport
             if transport is not None:
                 transport.abort()
-
-    async def _write(self) -> None:
-        """The one writer of the connection: every text in outbox order, aiohttp's public API only.
-
-        Live fan-out only appends shared frames to the outbox
-        (:mod:`pipeline.chain.serve.frames`); this task wakes once per batch and
-        sends what it finds. ``send_frame`` writes each frame and waits while
-        the transport is paused (aiohttp's flow control), so a subscriber that
-        does not read lets its outbox fill up and is closed with 1008 by the
-        fan-out, which never waits for it. A burst of frames is written corked
-        (``TCP_CORK``) so the kernel sends it in full segments: the frames of
-        catch-up cost one small copy each, not one packet each
-        (``catchup_blocks_per_s`` of ``make bench B=resume``).
-        """
-        ws, outbox, metrics = self.ws, self.outbox, self.metrics
-        send, text_op = ws.send_frame, WSMsgType.TEXT
-        sock = self._sock
-        try:
-            while True:
-                await outbox.wait()
-                if self._writing:  # the fan-out's inline send holds texts: it wakes us after
-                    await outbox.wait(fresh=True)
-                    continue
-                texts = outbox.pop_many(_WRITE_BATCH)
-                if not texts:
-                    continue
-                if ws.closed:
-                    raise ConnectionResetError("websocket closed")
-                self._writing = True
-                try:
-                    if len(texts) == 1:  # one live text: no cork to set up
-                        await send(texts[0], text_op)
-                    else:
-                        with _corked(sock):
-                            await self._send_many(texts)
-                finally:
-                    self._writing = False
-                metrics.inc("sluice_serve_messages_sent_total", len(texts))
-        except ConnectionError:
-            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-        except Exception:
-            # Anything else ends this connection as the fan-out's own sends do (1011, logged
-            # once, counted); before, the writer task died with it and the connection was
-            # closed as if all were well (1000), with nothing logged or counted.
-            if not self._failure.done():
-                log.exception("send failed")
-                metrics.inc("sluice_serve_internal_errors_total")
-                self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
-
-    async def _send_many(self, texts: list[bytes]) -> None:
-        """Send ``texts`` in order: runs of them as one burst (:mod:`pipeline.chain.burst`)
-        while the transport's buffer is empty, the rest through aiohttp's ``send_frame``.
-
-        A burst is written only when nothing is buffered, and is at most
-        ``BURST_BYTES``: what it leaves in the buffer then goes out before the
-        next frame, which aiohttp's flow control makes wait while the transport
-        is paused (it checks after each ``writer_limit`` bytes it wrote itself).
-        """
-        ws, transport = self.ws, self._transport
-        send, text_op = ws.send_frame, WSMsgType.TEXT
-        i, count = 0, len(texts)
-        while i < count:
-            if transport is not None and not transport.get_write_buffer_size():
-                end = burst_end(texts, i)
-                if end - i > 1:
-                    if ws.closed or transport.is_closing():
-                        raise ConnectionResetError("websocket closed")
-                    transport.write(frame_texts(texts[i:end]))
-                    i = end
-                    continue
-            await send(texts[i], text_op)
-            i += 1
-
-    def _write_direct(self, wire: bytes, count: int) -> bool:
-        """Write ``count`` live frames, ``wire`` (built once for every subscriber that shares
-        them, :class:`~pipeline.chain.burst.SharedFrames`), now if nothing else can go first.
-
-        Called by the outbox for an offer made while nothing is queued: writes only
-        while neither sender holds texts, the transport's buffer is empty and ``wire``
-        is smaller than its high-water mark, so the transport is not paused after it
-        (what aiohttp's flow control waits for) and nothing sent before is still
-        waiting to go; False (nothing written: queue them) otherwise. One
-        ``transport.write`` and no coroutine per subscriber and block: the frames are
-        the bytes aiohttp's ``send_frame`` writes for each text (the server's
-        websockets are uncompressed), and a websocket that is closing gets nothing.
-        """
-        transport = self._transport
-        if (
-            self._writing
-            or transport is None
-            or len(wire) > self._inline_max
-            or transport.get_write_buffer_size()
-            or transport.is_closing()
-            or self.ws.closed
-        ):
-            return False
-        try:
-            transport.write(wire)
-        except Exception:
-            # Runs in the hub's publisher: as in _send_inline, whatever one connection
-            # raises ends that connection, logged once, never the live feed of the others.
-            if not self._failure.done():
-                log.exception("live send failed")
-                self.metrics.inc("sluice_serve_internal_errors_total")
-                self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
-            return True  # (nothing to queue: the connection is closing)
-        self.metrics.inc("sluice_serve_messages_sent_total", count)
-        return True
-
-    async def _send_inline(self) -> None:
-        """The live fan-out's send (:class:`~pipeline.chain.outbox.FanoutBatch`): no task switch.
-
-        Runs in the hub's task, so it must never wait: it sends only while the
-        writer task holds nothing, the transport's write buffer is empty and
-        the frame is smaller than its high-water mark. Then the protocol is not
-        paused (asyncio pauses it only above the high-water mark) and aiohttp's
-        ``send_frame``, which waits only for a paused protocol, completes at
-        once. Anything else is left queued for the writer task, in order
-        (``fanout_cpu_us_per_message`` of ``make bench B=resume``: a task
-        wake-up per subscriber and block was about a fifth of the fan-out's CPU).
-        """
-        transport = self._transport
-        if self._writing or transport is None or transport.get_write_buffer_size():
-            return
-        room, outbox, ws, sent = self._inline_max, self.outbox, self.ws, 0
-        send, text_op = ws.send_frame, WSMsgType.TEXT
-        self._writing = True
-        try:
-            while (text := outbox.peek()) is not None and len(text) < room and not ws.closed:
-                outbox.pop()
-                await send(text, text_op)
-                sent += 1
-                if transport.get_write_buffer_size():
-                    break
-        except ConnectionError:
-            self.fail(WSCloseCode.GOING_AWAY, "connection lost")
-        except Exception:
-            # Runs in the hub's publisher: whatever one connection raises ends that
-            # connection, logged, never the live feed of the others.
-            log.exception("live send failed")
-            self.metrics.inc("sluice_serve_internal_errors_total")
-            self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
-        finally:
-            self._writing = False
-        if sent:
-            self.metrics.inc("sluice_serve_messages_sent_total", sent)
 
     async def _read(self) -> None:
         """Read frames without ever waiting for a request to finish.

@@ -28,9 +28,9 @@ from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, effective_weight
 from pipeline.chain.client.consumer import subscribe
 from pipeline.chain.client.ordered import Added, Removed
-from pipeline.chain.planning import TailIndex
 from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 from pipeline.chain.serve.server import create_app
+from pipeline.chain.tailindex import TailIndex
 from pipeline.lake.storage.reader import LakeReader
 from pipeline.runtime.ports import free_port
 from tests.integration.chain.conftest import STREAM, GoProcess, write_lake

@@ -60,7 +60,7 @@ def test_produce_serve_subscribe(settings, redis_client: redis.Redis) -> None:
 
 def test_produce_goes_on_from_the_streams_head(settings, redis_client: redis.Redis) -> None:
     from pipeline.blockcodec import ENTRY_FIELD, decode_block
-    from pipeline.chain.planning import TailIndex
+    from pipeline.chain.tailindex import TailIndex
 
     env = {
         **os.environ,

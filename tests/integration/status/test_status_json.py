@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestServer
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, encode_block
 from pipeline.chain.serve.server import create_app
-from pipeline.chain.serve.status import BOARD, LAKE_TTL_S
+from pipeline.chain.serve.status import BOARD
+from pipeline.chain.serve.statusboard import LAKE_TTL_S
 from pipeline.settings import Settings
 
 from .test_status_page import write_archive_log

@@ -27,7 +27,7 @@ from pipeline.blockcodec import (
 )
 from pipeline.chain.history.entries import Refusals
 from pipeline.chain.metrics import Metrics
-from pipeline.chain.planning import TailIndex, index_entry
+from pipeline.chain.tailindex import TailIndex, index_entry
 from pipeline.errors import BadBatch
 
 H = b"\x01" * 32

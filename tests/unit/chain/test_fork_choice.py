@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from pipeline.blockcodec import Block
 from pipeline.chain.client.ordered import Added, OrderedChain
-from pipeline.chain.planning import Emit, Sender, TailIndex
+from pipeline.chain.forkchoice import Sender
+from pipeline.chain.planning import Emit
+from pipeline.chain.tailindex import TailIndex
 from pipeline.lake.canonical import Node, plan_walk
 
 GENESIS_PARENT = bytes(32)

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.blockcodec import Block
+from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history import live
 from pipeline.chain.history.live import LiveGroups, LiveListener
-from pipeline.chain.planning import Emit, Sender
+from pipeline.chain.planning import Emit
 from pipeline.chain.produce.producer import LiveBlock, WebsocketHub
 from pipeline.chain.serve.patterns import compile_patterns
 

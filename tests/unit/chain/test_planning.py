@@ -6,17 +6,9 @@ import msgpack
 import pytest
 
 from pipeline.blockcodec import ENTRY_FIELD, MAX_BLOCK_NUM, Block, encode_block
-from pipeline.chain.planning import (
-    Emit,
-    Plan,
-    Reason,
-    Sender,
-    TailIndex,
-    decode_servable,
-    index_entry,
-    indexable,
-    rewind_start,
-)
+from pipeline.chain.forkchoice import Sender
+from pipeline.chain.planning import Emit, Plan, Reason, rewind_start
+from pipeline.chain.tailindex import TailIndex, decode_servable, index_entry, indexable
 from pipeline.errors import BadBatch
 
 

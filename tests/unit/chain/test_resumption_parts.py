@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
+from pipeline.chain.forkchoice import Sender
 from pipeline.chain.outbox import Outbox
-from pipeline.chain.planning import Emit, Sender, TailIndex
+from pipeline.chain.planning import Emit
 from pipeline.chain.serve.subscription import Subscription, parse_subscribe
+from pipeline.chain.tailindex import TailIndex
 from pipeline.errors import BadParams, SlowConsumer
 
 H = "0x" + "ab" * 32

@@ -1,0 +1,149 @@
+"""Replay: the Redis entries after an id, in production order, with what was trimmed read from the lake.
+
+Phase 4 of resumption before live (:mod:`pipeline.chain.history.resumption`):
+every entry after the plan's last id goes through the subscriber's
+:class:`~pipeline.chain.forkchoice.Sender` (fork choice, production order),
+read and decoded a turn at a time (:mod:`pipeline.chain.history.turns`).
+Entries trimmed from Redis meanwhile show up as a jump in block numbers:
+that range is read from the lake first (:meth:`Replay._fill`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.blockcodec import ENTRY_FIELD, KeyTest
+from pipeline.chain.forkchoice import Sender
+from pipeline.chain.history.entries import Refusals
+from pipeline.chain.history.lakepages import HISTORY_GAP, next_page, refresh_history
+from pipeline.chain.history.live import live_emit
+from pipeline.chain.history.tail import PAGE
+from pipeline.chain.history.turns import Turn, Turns
+from pipeline.chain.planning import BlockSink, Emit, History, TailReads
+from pipeline.chain.produce.producer import LiveBlock
+from pipeline.chain.tailindex import decode_servable
+from pipeline.errors import BadBatch, ResumptionError
+
+
+class Replay:
+    """Replays a stream's entries to one subscriber at a time; one per server."""
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        entries: TailReads,
+        turns: Turns,
+        refused: Refusals,
+        reorg_threshold: int,
+    ) -> None:
+        self._stream = stream
+        self._entries = entries
+        self._turns = turns
+        self._refused = refused
+        self._threshold = reorg_threshold
+
+    async def run(
+        self,
+        history: History | None,
+        last_id: bytes,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
+    ) -> bytes:
+        """Entries after ``last_id`` in production order, until a short page; returns the last id.
+
+        Entries trimmed from Redis since ``last_id`` was read show up as a jump
+        in block numbers: that range is read from the lake first.
+        """
+        while True:
+            turn = Turn(
+                self._turns
+            )  # read and decoded a turn at a time (pipeline/chain/history/turns.py)
+            emits: list[Emit] = []
+            try:
+                await turn.acquire()
+                entries = await self._entries.after(last_id, PAGE)
+                for entry_id, fields in entries:
+                    if turn.held and turn.over():
+                        turn.release()
+                        if emits:
+                            await sink.put(emits)
+                            emits = []
+                    await turn.acquire()
+                    last_id = entry_id
+                    try:
+                        block = decode_servable(fields[ENTRY_FIELD])
+                    except (BadBatch, KeyError) as exc:
+                        self._refused(entry_id, exc)
+                        continue
+                    if (
+                        sender.sent
+                        and block.num > sender.head
+                        and not sender.knows(block.num - 1, block.parent.hex())
+                    ):
+                        turn.release()
+                        if emits:
+                            await sink.put(emits)
+                            emits = []
+                        linked = await self._fill(
+                            history, block.num, block.parent.hex(), keep, sink, sender
+                        )
+                        await turn.acquire()
+                        if not linked:  # on a branch the lake says lost: never sent
+                            sender.lose(block.hash.hex())
+                            continue
+                    item = LiveBlock.from_block(block, entry_id)
+                    emits.extend(sender.take(live_emit(item, keep)))
+            finally:
+                turn.release()
+            if emits:
+                await sink.put(emits)
+            if len(entries) < PAGE:
+                return last_id
+
+    async def _fill(
+        self,
+        history: History | None,
+        stop: int,
+        parent: str,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
+    ) -> bool:
+        """Entries trimmed from Redis since they were scanned: read ``[.., stop)`` from the lake.
+
+        The lake's canonical blocks from ``reorg_threshold`` below the point
+        where Redis resumed are compared with what was sent: equal ones are
+        skipped, others sent (as a reorg when they replace a sent block). The
+        result must link to ``parent``, the parent of the next Redis entry,
+        unless the lake holds ``parent`` as a block that is not canonical: then
+        the entry is on a branch that lost (its lighter blocks were trimmed with
+        the others), and False says so. Anything else is a history gap.
+        """
+        if history is not None:
+            await refresh_history(history)
+            start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
+            pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
+            while (page := await asyncio.to_thread(next_page, pages, keep)) is not None:
+                emits = []
+                for emit in page:
+                    depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
+                    if depth is not None:
+                        emit.reorg = depth
+                        emits.append(emit)
+                if emits:
+                    await sink.put(emits)
+        if sender.head == stop - 1 and sender.hash_at(stop - 1) == parent:
+            return True
+        if history is not None:
+            row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(parent))
+            if row is not None and row.num == stop - 1 and not row.canonical:
+                return False
+        raise ResumptionError(
+            f"history gap: redis resumed at block {stop} but the lake does not link to it",
+            public=HISTORY_GAP,
+        )
+
+
+__all__ = ["Replay"]
