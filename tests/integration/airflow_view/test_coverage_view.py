@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -183,14 +182,14 @@ def test_page_is_served_and_polls_the_json(api_server: ApiServer, system: dict[s
 
 def test_snapshots_and_lake_reads_are_shared(api_server: ApiServer, system: dict[str, Any]) -> None:
     before = _coverage(api_server)["stats"]
-    started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         replies = list(pool.map(lambda _: _coverage(api_server), range(32)))
-    elapsed = time.monotonic() - started
     after = max((r["stats"] for r in replies), key=lambda s: s["builds"])
-    # At most one snapshot per SNAPSHOT_TTL_S (2 s) and one lake read per LAKE_TTL_S (5 s).
-    assert after["builds"] - before["builds"] <= elapsed / 2.0 + 2
-    assert after["lake_reads"] - before["lake_reads"] <= elapsed / 5.0 + 2
+    # Inside Airflow's API server the viewers share snapshots and lake reads: fewer
+    # of either than viewers. That it is one per TTL exactly is a condition on a clock
+    # moved by hand, in tests/unit/board/test_board.py (no elapsed time asserted here).
+    assert after["builds"] - before["builds"] < len(replies)
+    assert after["lake_reads"] - before["lake_reads"] < len(replies)
 
 
 def test_auth_is_required(api_server: ApiServer, system: dict[str, Any]) -> None:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
 import redis
 
 from pipeline import keys
-from pipeline.board.board import CoverageBoard, Host
+from pipeline.board import source
+from pipeline.board.board import LAKE_TTL_S, SNAPSHOT_TTL_S, CoverageBoard, Host
 from pipeline.board.runs import RunInfo
 from pipeline.errors import ConfigError
+from pipeline.runtime import snapshot
 from pipeline.settings import Settings
 from tests.unit.board.conftest import MINUTE, write_archive_log
 
@@ -125,3 +130,49 @@ async def test_a_failing_source_is_reported_and_the_rest_served(lake_uri: str) -
     assert data["lake"]["error"] is None  # no archive_log yet: an empty lake, not an error
     assert [s["name"] for s in data["streams"]] == ["chain:a"]
     assert data["streams"][0]["redis"] is None and data["dag_runs"] == []
+
+
+class _Clock:
+    """``time`` as the board's snapshot and sources see it: ``monotonic()`` moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+
+async def test_viewers_share_one_snapshot_and_one_lake_read_per_ttl(
+    lake_uri: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_archive_log(
+        lake_uri,
+        [{"stream": "chain:a", "start_ms": 0, "end_ms": MINUTE, "entries": 2, "run_id": RUN}],
+    )
+    clock = _Clock()
+    monkeypatch.setattr(snapshot, "time", clock)
+    monkeypatch.setattr(source, "time", clock)
+    board = CoverageBoard(_host(redis_url), lambda: _settings(lake_uri))
+    try:
+        await _body(board)  # the first look starts a read of every source
+        async with asyncio.timeout(30):  # the lake's first read may outlast the first look
+            while board.lake_reads == 0:
+                await asyncio.sleep(0.05)
+        builds, reads = board.builds, board.lake_reads
+        # 32 viewers at once, three times, while the clock stands still: nothing is rebuilt
+        for _ in range(3):
+            await asyncio.gather(*(_body(board) for _ in range(32)))
+        assert (board.builds, board.lake_reads) == (builds, reads)
+        # one snapshot TTL later: exactly one more build for all of them, the lake not read
+        clock.now += SNAPSHOT_TTL_S
+        await asyncio.gather(*(_body(board) for _ in range(32)))
+        assert (board.builds, board.lake_reads) == (builds + 1, reads)
+        # one lake TTL later: the lake is read once more, whoever asks
+        clock.now += LAKE_TTL_S
+        await asyncio.gather(*(_body(board) for _ in range(32)))
+        assert board.lake_reads - reads <= 1
+    finally:
+        await board.close()
