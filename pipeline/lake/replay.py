@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.errors import BadBatch, LakeError, RedisUnavailable
@@ -72,23 +74,8 @@ def replay(
     try:
         present = _published_hashes(client, key, to_num - from_num + 1 + SCAN_LIMIT)
         for batch in reader.iter_canonical_arrow(stream, from_num, to_num + 1):
-            pipe = client.pipeline(transaction=False)
-            queued = 0
-            for hash_, payload in zip(
-                batch.column("hash").to_pylist(), batch.column("payload").to_pylist(), strict=True
-            ):
-                if hash_ in present:
-                    skipped += 1
-                    continue
-                pipe.xadd(key, {ENTRY_FIELD: payload})
-                queued += 1
-                if queued == _PIPELINE:
-                    last_id = _flush(pipe) or last_id
-                    published += queued
-                    queued = 0
-            if queued:
-                last_id = _flush(pipe) or last_id
-                published += queued
+            added, known, last = _publish(client, key, batch, present)
+            published, skipped, last_id = published + added, skipped + known, last or last_id
             if progress is not None:
                 progress(batch.num_rows)
     except UNAVAILABLE as exc:
@@ -106,6 +93,32 @@ def replay(
         missing=missing,
         last_id=last_id,
     )
+
+
+def _publish(
+    client: Any, key: str, batch: pa.Table, present: set[str]
+) -> tuple[int, int, str | None]:
+    """``XADD`` the blocks of ``batch`` whose hash is not in ``present``, :data:`_PIPELINE`
+    at a time; (published, skipped, the last id added or None)."""
+    published = skipped = queued = 0
+    last_id: str | None = None
+    pipe = client.pipeline(transaction=False)
+    for hash_, payload in zip(
+        batch.column("hash").to_pylist(), batch.column("payload").to_pylist(), strict=True
+    ):
+        if hash_ in present:
+            skipped += 1
+            continue
+        pipe.xadd(key, {ENTRY_FIELD: payload})
+        queued += 1
+        if queued == _PIPELINE:
+            last_id = _flush(pipe) or last_id
+            published += queued
+            queued = 0
+    if queued:
+        last_id = _flush(pipe) or last_id
+        published += queued
+    return published, skipped, last_id
 
 
 def _flush(pipe: Any) -> str | None:

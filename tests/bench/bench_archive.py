@@ -125,8 +125,8 @@ def _raw_pages(url: str) -> tuple[float, list[Any]]:
 
 def _decode(pages: list[Any]) -> float:
     """Seconds the archive's decode (block heads, Arrow pages) takes for ``pages`` in one process."""
+    from pipeline.lake.intake.arrowpage import raw_to_batch
     from pipeline.lake.intake.blockhead import HeadReader
-    from pipeline.lake.spark.source import raw_to_batch
 
     heads = HeadReader()
     began = time.perf_counter()

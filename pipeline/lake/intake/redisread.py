@@ -11,6 +11,8 @@ from typing import Any
 from pipeline.errors import RedisUnavailable
 
 MAX_SEQ = (1 << 64) - 1
+#: Entries per ``XRANGE`` call of a paged read (the data source's ``pageSize`` default).
+DEFAULT_PAGE = 5000
 
 StreamId = tuple[int, int]
 

@@ -15,12 +15,12 @@ Options (all strings, as Spark passes them):
 The reader looks up the first and last entry actually present in the range
 and splits that span into ``partitions`` millisecond ranges, each read on an
 executor with paged ``XRANGE`` and returned as ``pyarrow.RecordBatch`` pages
-(several times faster than rows). With ``chain=true`` the head of each
-entry's ``block`` field is decoded (:mod:`pipeline.lake.intake.blockhead`): a valid
-block fills ``block_num``, ``block_hash``, ``block_parent`` (lower-case hex),
-``payload`` (the field's bytes) and ``weight`` (32 bytes big-endian, null when
-the block has none); an invalid one sets ``valid_block = false`` and
-``block_error``, and is still returned with its raw fields, so nothing is lost.
+(several times faster than rows), in the schema of
+:data:`pipeline.lake.intake.arrowpage.ARROW_SCHEMA` (:data:`SCHEMA_DDL` is the
+same for Spark). With ``chain=true`` the head of each entry's ``block`` field
+is decoded (:func:`~pipeline.lake.intake.arrowpage.raw_to_batch` says what a
+valid and an invalid block give); an invalid block is still returned with its
+raw fields, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from pipeline.errors import ArchiveError, BadBatch
-from pipeline.lake.intake.blockhead import HeadReader, page_heads
+from pipeline.errors import ArchiveError
+from pipeline.lake.intake.arrowpage import raw_to_batch
+from pipeline.lake.intake.blockhead import HeadReader
 from pipeline.lake.intake.redisread import (
+    DEFAULT_PAGE,
     StreamId,
     bounds,
     connect,
@@ -49,7 +49,6 @@ from pipeline.lake.intake.redisread import (
 
 NAME = "redis-streams"
 DEFAULT_PARTITIONS = 4
-DEFAULT_PAGE = 5000
 MAX_PARTITIONS = 1024
 MAX_PAGE = 100_000
 
@@ -58,219 +57,6 @@ SCHEMA_DDL = (
     "valid_block BOOLEAN, block_num BIGINT, block_hash STRING, block_parent STRING, "
     "block_error STRING, payload BINARY, weight BINARY"
 )
-
-ARROW_SCHEMA = pa.schema(
-    [
-        ("entry_id", pa.string()),
-        ("entry_ms", pa.int64()),
-        ("entry_seq", pa.int64()),
-        ("fields", pa.map_(pa.string(), pa.binary())),
-        ("valid_block", pa.bool_()),
-        ("block_num", pa.int64()),
-        ("block_hash", pa.string()),
-        ("block_parent", pa.string()),
-        ("block_error", pa.string()),
-        ("payload", pa.binary()),
-        ("weight", pa.binary()),
-    ]
-)
-
-# --- entries -> arrow ----------------------------------------------------------
-
-
-def entries_to_batch(
-    entries: Sequence[tuple[bytes, dict[bytes, bytes]]],
-    chain: bool,
-    *,
-    split: bool = False,
-    heads: HeadReader | None = None,
-) -> pa.RecordBatch:
-    """:func:`raw_to_batch` of entries as redis-py's ``xrange`` returns them (id, dict)."""
-    page = [
-        [entry_id, [x for pair in fields.items() for x in pair]] for entry_id, fields in entries
-    ]
-    return raw_to_batch(page, chain, split=split, heads=heads)
-
-
-def raw_to_batch(
-    page: Sequence[Sequence[Any]],
-    chain: bool,
-    *,
-    split: bool = False,
-    heads: HeadReader | None = None,
-) -> pa.RecordBatch:
-    """One page of raw ``XRANGE`` replies (:func:`~pipeline.lake.intake.redisread.read_raw_pages`:
-    ``[id, [field, value, ...]]`` each) as a record batch of :data:`ARROW_SCHEMA`.
-
-    Fields read as redis-py's dict would (a repeated field name keeps its first
-    place and its last value). A valid block's ``block`` field is also returned
-    as ``payload`` (with its ``weight`` as 32 bytes); with ``split``, an entry
-    whose one field is that block gets empty ``fields`` (the archive stores the
-    payload once, in ``blocks``; an entry with other fields too keeps them all,
-    in their order). Only the block's head is decoded
-    (:mod:`pipeline.lake.intake.blockhead`); ids are split and hashes hex-encoded in Arrow.
-    """
-
-    n = len(page)
-    ids = pa.array([e[0] for e in page], pa.binary()).cast(pa.string())
-    parts = pc.split_pattern(ids, "-", max_splits=1)
-    ms = pc.cast(pc.list_element(parts, 0), pa.int64())
-    seq = pc.cast(pc.list_element(parts, 1), pa.int64())
-    offsets = [0]
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    if not chain:
-        for _, flat in page:
-            _add_fields(flat, keys, values)
-            offsets.append(len(keys))
-        nulls = pa.nulls(n)
-        columns = [nulls.cast(t) for t in _BLOCK_TYPES]
-        return _batch(ids, ms, seq, offsets, keys, values, columns)
-    return _chain_batch(page, ids, ms, seq, split, heads or HeadReader())
-
-
-def _chain_batch(
-    page: Sequence[Sequence[Any]],
-    ids: pa.Array,
-    ms: pa.Array,
-    seq: pa.Array,
-    split: bool,
-    heads: HeadReader,
-) -> pa.RecordBatch:
-    """:func:`raw_to_batch` of a chain stream: heads read a page at a time
-    (:func:`~pipeline.lake.intake.blockhead.page_heads`), one by one only where that cannot."""
-    from pipeline.blockcodec import ENTRY_FIELD, HASH_LEN, WEIGHT_BYTES
-
-    n = len(page)
-    flats = [e[1] for e in page]
-    datas: list[bytes | None] = [
-        f[1] if len(f) == 2 and f[0] == ENTRY_FIELD else None for f in flats
-    ]
-    one = np.ones(n, dtype=np.bool_)
-    # Rare: several fields (a repeated name counts once, as in a dict).
-    for i in [i for i, flat in enumerate(flats) if len(flat) != 2]:
-        pairs = dict(zip(flats[i][::2], flats[i][1::2], strict=True))
-        datas[i], one[i] = pairs.get(ENTRY_FIELD), len(pairs) == 1
-    payloads = pa.array(datas, pa.binary())
-    found = page_heads(payloads)
-    valid, nums, has_weight = found.ok.copy(), found.num.copy(), found.has_weight.copy()
-    hashes, parents, weights = found.hash.copy(), found.parent.copy(), found.weight.copy()
-    errors: list[str | None] = [None] * n
-    for i in np.flatnonzero(~found.ok).tolist():
-        data = datas[i]
-        if data is None:
-            errors[i] = "entry has no 'block' field"
-            continue
-        try:
-            num, block_hash, parent, weight = heads.head(data)
-        except BadBatch as exc:
-            errors[i] = str(exc)[:500]
-            continue
-        valid[i], nums[i] = True, num
-        hashes[i] = np.frombuffer(block_hash, dtype=np.uint8)
-        parents[i] = np.frombuffer(parent, dtype=np.uint8)
-        if weight is not None:
-            has_weight[i] = True
-            weights[i] = np.frombuffer(weight, dtype=np.uint8)
-    keep = ~(valid & one) if split else np.ones(n, dtype=np.bool_)
-    counts = np.zeros(n, dtype=np.int32)
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    for i in np.flatnonzero(keep).tolist():
-        before = len(keys)
-        _add_fields(flats[i], keys, values)
-        counts[i] = len(keys) - before
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    invalid = ~valid
-    columns = [
-        pa.array(valid, pa.bool_()),
-        pa.array(nums, pa.int64(), mask=invalid),
-        _hex_rows(hashes, invalid, HASH_LEN),
-        _hex_rows(parents, invalid, HASH_LEN),
-        pa.array(errors, pa.string()),
-        pc.if_else(pa.array(valid), payloads, pa.scalar(None, pa.binary())),
-        _binary_rows(weights, ~has_weight, WEIGHT_BYTES),
-    ]
-    return _batch(ids, ms, seq, offsets, keys, values, columns)
-
-
-def _binary_rows(rows: np.ndarray[Any, Any], null: np.ndarray[Any, Any], width: int) -> pa.Array:
-    """Each row of an (n, width) uint8 array as one binary value (null where ``null``)."""
-    n = len(rows)
-    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
-    values = pa.BinaryArray.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(rows.tobytes())]
-    )
-    return pc.if_else(pa.array(~null), values, pa.scalar(None, pa.binary()))
-
-
-def _hex_rows(rows: np.ndarray[Any, Any], null: np.ndarray[Any, Any], width: int) -> pa.Array:
-    """Lower-case hex of each row of an (n, width) uint8 array (null where ``null``)."""
-    n = len(rows)
-    offsets = np.arange(0, (n + 1) * 2 * width, 2 * width, dtype=np.int32)
-    values = pa.StringArray.from_buffers(
-        n, pa.py_buffer(offsets), pa.py_buffer(_HEX[rows].tobytes())
-    )
-    return pc.if_else(pa.array(~null), values, pa.scalar(None, pa.string()))
-
-
-def _add_fields(flat: Sequence[bytes], keys: list[bytes], values: list[bytes]) -> None:
-    if len(flat) == 2:
-        keys.append(flat[0])
-        values.append(flat[1])
-        return
-    pairs = dict(zip(flat[::2], flat[1::2], strict=True))
-    keys.extend(pairs)
-    values.extend(pairs.values())
-
-
-#: byte -> its two lower-case hex digits, as one little-endian uint16
-_HEX = np.frombuffer(b"".join(f"{b:02x}".encode() for b in range(256)), dtype="<u2")
-
-
-def hex_array(data: pa.Array) -> pa.Array:
-    """Lower-case hex of each value of a binary array (nulls stay null), vectorized."""
-    data = data.cast(pa.binary())
-    if len(data) == 0:
-        return pa.array([], pa.string())
-    if data.offset:
-        data = pa.concat_arrays([data])  # a slice: rebase its buffers
-    validity, offsets_buf, values_buf = data.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=len(data) + 1)
-    raw = np.frombuffer(values_buf, dtype=np.uint8, count=int(offsets[-1]))
-    digits = _HEX[raw].tobytes()
-    return pa.StringArray.from_buffers(
-        len(data), pa.py_buffer(offsets * 2), pa.py_buffer(digits), validity, data.null_count
-    )
-
-
-_BLOCK_TYPES = [f.type for f in ARROW_SCHEMA][4:]
-
-
-def _batch(
-    ids: pa.Array,
-    ms: pa.Array,
-    seq: pa.Array,
-    offsets: list[int] | np.ndarray[Any, Any],
-    keys: list[bytes],
-    values: list[bytes],
-    columns: list[pa.Array],
-) -> pa.RecordBatch:
-    # Field names as text: invalid UTF-8 bytes become backslash escapes (as
-    # ``bytes.decode("utf-8", "backslashreplace")``); the common names are ASCII.
-    names = pa.array(keys, pa.binary())
-    try:
-        text = names.cast(pa.string())
-    except pa.ArrowInvalid:
-        text = pa.array([k.decode("utf-8", "backslashreplace") for k in keys], pa.string())
-    fields_array = pa.MapArray.from_arrays(
-        pa.array(offsets, pa.int32()), text, pa.array(values, pa.binary())
-    )
-    return pa.RecordBatch.from_arrays([ids, ms, seq, fields_array, *columns], schema=ARROW_SCHEMA)
-
-
-# --- the data source ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

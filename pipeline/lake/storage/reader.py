@@ -23,13 +23,9 @@ with :class:`~pipeline.errors.LakeError`.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +33,8 @@ import pyarrow.dataset as ds
 
 from pipeline.errors import LakeError, LakePathError
 from pipeline.lake.storage import store, tables
+from pipeline.lake.storage.filecache import FileCache
+from pipeline.lake.storage.fileranges import num_ranges, range_of
 from pipeline.settings import LakeSettings
 
 #: Columns of the arrow fast path, in this order.
@@ -80,7 +78,7 @@ class LakeReader:
         #: (table version, stream -> its dataset and files), see :meth:`_stream_files`
         self._files: tuple[int, dict[str, tuple[ds.Dataset, _Files]]] | None = None
         self._ranges: tuple[int, dict[str, tuple[int, int | None]]] | None = None
-        self._cache = _FileCache(cache_bytes)
+        self._cache = FileCache(cache_bytes)
         self._files_read = 0
         self._datasets = 0
         self.refresh()
@@ -285,7 +283,7 @@ class LakeReader:
             return None
         ranges = self._num_ranges(version)
         files = sorted(
-            ((*_range_of(ranges, f.path), f) for f in dataset.get_fragments()),
+            ((*range_of(ranges, f.path), f) for f in dataset.get_fragments()),
             key=lambda item: item[0],
         )
         if len(cached[1]) >= _STREAMS_KEPT:
@@ -294,32 +292,11 @@ class LakeReader:
         return dataset, files
 
     def _num_ranges(self, version: int) -> dict[str, tuple[int, int | None]]:
-        """(min, max) of ``num`` by data file (:func:`_file_key`), from the Delta log's statistics.
-
-        An add action's path is a URI, so a partition directory that is already
-        escaped on disk (``stream=chain%3Aa`` for ``chain:a``) is escaped once
-        more in the log (``chain%253Aa``), while the dataset gives the path on
-        disk: both are compared unescaped.
-        """
+        """(min, max) of ``num`` by data file of this version (:func:`~pipeline.lake.storage.fileranges.num_ranges`)."""
         cached = self._ranges
         if cached is not None and cached[0] == version:
             return cached[1]
-        actions = pa.table(self._table.get_add_actions(flatten=True))
-        ranges: dict[str, tuple[int, int | None]] = {}
-        if "min.num" in actions.column_names:
-            highs = (
-                actions.column("max.num").to_pylist()
-                if "max.num" in actions.column_names
-                else [None] * actions.num_rows
-            )
-            for p, lo, hi in zip(
-                actions.column("path").to_pylist(),
-                actions.column("min.num").to_pylist(),
-                highs,
-                strict=True,
-            ):
-                if lo is not None:
-                    ranges[_file_key(p)] = (int(lo), None if hi is None else int(hi))
+        ranges = num_ranges(self._table)
         self._ranges = (version, ranges)
         return ranges
 
@@ -328,15 +305,6 @@ class LakeReader:
 _Files = list[tuple[int, int | None, Any]]
 #: Streams whose file lists one reader keeps per table version.
 _STREAMS_KEPT = 64
-
-
-def _range_of(ranges: dict[str, tuple[int, int | None]], path: str) -> tuple[int, int | None]:
-    """The ``num`` range of the file at ``path`` (a fragment's), (-1, None) when unknown."""
-    key = _file_key(path)
-    # A dataset on a store may name the file from the bucket: the log's path is the tail.
-    while key not in ranges and "/" in key:
-        key = key.split("/", 1)[1]
-    return ranges.get(key, (-1, None))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,73 +319,6 @@ class ReaderStatistics:
     cache_files: int
     cache_bytes: int
     cache_limit: int
-
-
-def _file_key(path: str) -> str:
-    """A data file's path with every level of percent-escaping undone (see ``_num_ranges``)."""
-    while True:
-        plain = unquote(path)
-        if plain == path:
-            return path.lstrip("/")
-        path = plain
-
-
-class _FileCache:
-    """LRU of sorted per-file tables, bounded by their total arrow size (thread-safe).
-
-    Each entry remembers when it was last used (``time.monotonic``), so that
-    :meth:`drop_idle` can give an idle server's memory back."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self._items: OrderedDict[tuple[str, str], tuple[pa.Table, float]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return self.limit > 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: tuple[str, str]) -> pa.Table | None:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is None:
-                return None
-            self._items[key] = (hit[0], time.monotonic())
-            self._items.move_to_end(key)
-            return hit[0]
-
-    def put(self, key: tuple[str, str], table: pa.Table) -> None:
-        size = table.nbytes
-        if size > self.limit:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.size -= old[0].nbytes
-            while self._items and self.size + size > self.limit:
-                _, (dropped, _) = self._items.popitem(last=False)
-                self.size -= dropped.nbytes
-            self._items[key] = (table, time.monotonic())
-            self.size += size
-
-    def drop_idle(self, idle_s: float) -> int:
-        """Drop the entries not used for ``idle_s`` seconds; how many were dropped."""
-        limit = time.monotonic() - idle_s
-        dropped = 0
-        with self._lock:
-            # least recently used first: stop at the first one used since
-            while self._items:
-                key, (table, used) = next(iter(self._items.items()))
-                if used > limit:
-                    break
-                del self._items[key]
-                self.size -= table.nbytes
-                dropped += 1
-        return dropped
 
 
 def _canonical_only(table: pa.Table) -> pa.Table:

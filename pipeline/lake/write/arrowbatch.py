@@ -32,9 +32,8 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.lake.write.arrowtask import RESULT_ARROW, RESULT_DDL, write_ranges
 from pipeline.lake.write.arrowwrite import (
-    RESULT_ARROW,
-    RESULT_DDL,
     DataFile,
     WriteOptions,
     Written,
@@ -42,7 +41,6 @@ from pipeline.lake.write.arrowwrite import (
     commit_many,
     nothing_written,
     plan_task,
-    write_ranges,
 )
 
 T = TypeVar("T")
@@ -225,7 +223,7 @@ def _commit(
 
 def write_many(tasks: tuple[Any, ...], flat: tuple[tuple[int, int], ...], batches: Any) -> Any:
     """``mapInArrow`` body of a batched job: input row ``i`` is range ``flat[i][1]`` of
-    task ``flat[i][0]``; each output row is :func:`~pipeline.lake.write.arrowwrite.write_ranges`'
+    task ``flat[i][0]``; each output row is :func:`~pipeline.lake.write.arrowtask.write_ranges`'
     row with its task's index."""
     for batch in batches:
         for i in batch.column(0).to_pylist():

@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake.spark import source
+from pipeline.lake.intake.arrowpage import ARROW_SCHEMA
 
 #: The field name of a chain entry's block (restored in ``fields`` of a ``dup`` entry).
 BLOCK_FIELD = "block"
 
-_FIELDS = source.ARROW_SCHEMA.field("fields").type
+_FIELDS = ARROW_SCHEMA.field("fields").type
 
 
 def plan(read: pa.Table, owners: pa.Table) -> tuple[pa.Array, pa.Array]:
@@ -154,7 +154,7 @@ def restore_blocks(read: Any, dup: pa.Array) -> pa.Array:
     """``fields`` of a chain read (a table or a record batch with ``fields``, ``valid_block``
     and ``payload``) where each split-off entry marked ``dup`` has its block back
     (``{"block": payload}``); its ``payload_in_blocks`` is then false
-    (:func:`pipeline.lake.write.arrowwrite.entry_rows`)."""
+    (:func:`pipeline.lake.write.filerows.entry_rows`)."""
     fields = _array(read.column("fields"), _FIELDS)
     lengths = map_lengths(fields)
     valid = _array(read.column("valid_block"), pa.bool_())

@@ -6,7 +6,7 @@ with explicit ids), unless ``SLUICE_ARCHIVE_WRITER=spark``. It writes exactly th
 :mod:`pipeline.lake.write.sparkwrite` writes:
 
 1. Read the interval on the driver (paged raw ``XRANGE``, block heads decoded
-   as the ``redis-streams`` source does: :func:`~pipeline.lake.spark.source.raw_to_batch`).
+   as the ``redis-streams`` source does: :func:`~pipeline.lake.intake.arrowpage.raw_to_batch`).
    The whole interval is held as Arrow on the driver (payloads once).
 2. Plan from the read and the ``(hash, entry_id)`` rows of ``blocks`` in the
    read's num range (:func:`pipeline.lake.write.blockplan.plan`): in entry order, a valid entry is *new*
@@ -32,12 +32,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake.intake.redisread import MAX_SEQ, raw_connect, read_raw_pages
-from pipeline.lake.spark import source
+from pipeline.lake.intake import arrowpage
+from pipeline.lake.intake.blockhead import HeadReader
+from pipeline.lake.intake.redisread import DEFAULT_PAGE, MAX_SEQ, raw_connect, read_raw_pages
 from pipeline.lake.storage import tables
 from pipeline.lake.storage.intervalstats import Stats, interval_scan, interval_stats
 from pipeline.lake.write import arrowwrite
 from pipeline.lake.write.blockplan import plan, restore_blocks
+from pipeline.lake.write.filerows import BLOCKS_FILE, ENTRIES_FILE, block_rows, entry_rows
 from pipeline.lake.write.writejob import WriteJob
 from pipeline.settings import LakeSettings
 
@@ -54,13 +56,13 @@ def write(job: WriteJob) -> Stats:
     if job.chain:
         new, dup = plan(read, _owners(lake, stream, read))
         lap("merge_plan")
-        blocks = [arrowwrite.block_rows(b, archived_at) for b in read.filter(new).to_batches()]
-        _commit(lake, tables.BLOCKS, stream, pa.Table.from_batches(blocks, arrowwrite.BLOCKS_FILE))
+        blocks = [block_rows(b, archived_at) for b in read.filter(new).to_batches()]
+        _commit(lake, tables.BLOCKS, stream, pa.Table.from_batches(blocks, BLOCKS_FILE))
         lap("merge_blocks")
         at = read.schema.get_field_index("fields")
         read = read.set_column(at, "fields", restore_blocks(read, dup))
-    rows = [arrowwrite.entry_rows(b, archived_at) for b in read.to_batches()]
-    entries = pa.Table.from_batches(rows, arrowwrite.ENTRIES_FILE)
+    rows = [entry_rows(b, archived_at) for b in read.to_batches()]
+    entries = pa.Table.from_batches(rows, ENTRIES_FILE)
     have = interval_scan(
         lake, tables.STREAM_ENTRIES, stream, "entry_ms", job.start_ms, job.end_ms - 1, ["entry_id"]
     )
@@ -73,19 +75,17 @@ def write(job: WriteJob) -> Stats:
 
 
 def read_interval(job: WriteJob) -> pa.Table:
-    """The interval's entries in id order (:data:`source.ARROW_SCHEMA`, payloads split off)."""
-    from pipeline.lake.intake.blockhead import HeadReader
-
+    """The interval's entries in id order (:data:`arrowpage.ARROW_SCHEMA`, payloads split off)."""
     heads = HeadReader()
     batches: list[pa.RecordBatch] = []
     client = raw_connect(job.settings.redis.url)
     try:
         first, last = (job.start_ms, 0), (job.end_ms - 1, MAX_SEQ)
-        for page in read_raw_pages(client, job.key, first, last, source.DEFAULT_PAGE):
-            batches.append(source.raw_to_batch(page, job.chain, split=job.chain, heads=heads))
+        for page in read_raw_pages(client, job.key, first, last, DEFAULT_PAGE):
+            batches.append(arrowpage.raw_to_batch(page, job.chain, split=job.chain, heads=heads))
     finally:
         client.close()
-    return pa.Table.from_batches(batches, schema=source.ARROW_SCHEMA)
+    return pa.Table.from_batches(batches, schema=arrowpage.ARROW_SCHEMA)
 
 
 def _owners(lake: LakeSettings, stream: str, read: pa.Table) -> pa.Table:

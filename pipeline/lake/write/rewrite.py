@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.lake.storage import store, tables
-from pipeline.lake.write.arrowwrite import PARTITION_COLUMN, _File, partition_dir
+from pipeline.lake.write.parquetfile import PARTITION_COLUMN, PartFile, partition_dir
 from pipeline.settings import LakeSettings
 
 #: Rows of one file to a changed copy, or None when none of its rows changes.
@@ -64,7 +64,7 @@ def rewrite_partition_range(
         changed = change(rows.cast(file_schema))
         if changed is None:
             continue
-        out = _File(f"{root}/{partition_dir(stream)}", index, file_schema, stats, fs)
+        out = PartFile(f"{root}/{partition_dir(stream)}", index, file_schema, stats, fs)
         for batch in changed.cast(file_schema).to_batches():
             out.add(batch)
         out.close()

@@ -221,7 +221,7 @@ def test_a_repeat_further_back_than_the_task_window_is_settled_by_the_driver(
     """One task, a hash repeated 10,000 entries after its first (beyond the task's window,
     blockplan.WINDOW): the task writes it as a first, the driver's fix settles it; the rows
     are the Spark writer's."""
-    from pipeline.lake.spark.source import DEFAULT_PAGE
+    from pipeline.lake.intake.redisread import DEFAULT_PAGE
     from pipeline.lake.write.blockplan import WINDOW
 
     n = 2 * DEFAULT_PAGE

@@ -18,7 +18,8 @@ import pytest
 from pipeline import keys
 from pipeline.blockcodec import decode_block
 from pipeline.errors import LakePathError
-from pipeline.lake.archive import ArchiveResult, _write_log, archive_interval
+from pipeline.lake.archive import ArchiveResult, archive_interval
+from pipeline.lake.archivelog import write_log as _write_log
 from pipeline.lake.audit import audit
 from pipeline.lake.canonical import mark_canonical
 from pipeline.lake.maintain import maintain

@@ -11,14 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.lake.archive import _arrow_writer
-from pipeline.lake.write.arrowwrite import (
-    ENTRIES_FILE,
-    ROW_GROUP_ROWS,
-    _File,
-    _hash_keys,
-    partition_dir,
-)
+from pipeline.lake.archivewrite import _arrow_writer
+from pipeline.lake.write.arrowtask import _hash_keys
+from pipeline.lake.write.filerows import ENTRIES_FILE
+from pipeline.lake.write.parquetfile import ROW_GROUP_ROWS, partition_dir
+from pipeline.lake.write.parquetfile import PartFile as _File
 from pipeline.settings import LakeSettings
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake.spark import source
-from pipeline.lake.write.arrowwrite import entry_rows
+from pipeline.lake.intake import arrowpage as source
 from pipeline.lake.write.blockplan import FirstSeen, plan, restore_blocks
+from pipeline.lake.write.filerows import entry_rows
 
 
 def _read(rows: list[tuple[str, bool, str | None, dict[str, bytes]]]) -> pa.Table:

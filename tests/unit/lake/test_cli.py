@@ -27,7 +27,7 @@ def test_a_retention_below_the_longest_job_is_refused() -> None:
     import argparse
 
     from pipeline.errors import ConfigError
-    from pipeline.lake.cli import check_args
+    from pipeline.lake.jobargs import check_args
     from pipeline.settings import Settings
 
     settings = Settings.load(env={}, lake_job_timeout_s=7200)

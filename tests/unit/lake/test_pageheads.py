@@ -8,8 +8,9 @@ import msgpack
 import pyarrow as pa
 
 from pipeline.blockcodec import Block, encode_block
-from pipeline.lake.intake.blockhead import HeadReader, page_heads
-from pipeline.lake.spark.source import entries_to_batch, raw_to_batch
+from pipeline.lake.intake.arrowpage import entries_to_batch, raw_to_batch
+from pipeline.lake.intake.blockhead import HeadReader
+from pipeline.lake.intake.pageheads import page_heads
 from tests.unit.lake.test_blockhead import HEADER_FAULTS, VALID
 
 H, P = b"\x01" * 32, b"\x02" * 32

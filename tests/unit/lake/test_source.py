@@ -4,7 +4,8 @@ import pytest
 
 from pipeline.blockcodec import Block, encode_block
 from pipeline.errors import ArchiveError
-from pipeline.lake.spark.source import ARROW_SCHEMA, Options, entries_to_batch
+from pipeline.lake.intake.arrowpage import ARROW_SCHEMA, entries_to_batch
+from pipeline.lake.spark.source import Options
 
 
 def test_entries_to_batch_decodes_blocks_and_keeps_bad_ones() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.lake.write.sparkwrite import count_repeats
+from pipeline.lake.write.sparkread import count_repeats
 
 
 def _count(*chunks: list[int]) -> int:
@@ -28,7 +28,7 @@ def test_an_empty_partition_has_no_repeats() -> None:
 
 def test_partitions_grow_with_the_interval_s_estimated_entries() -> None:
     from pipeline.lake.spark.source import MAX_PARTITIONS
-    from pipeline.lake.write.sparkwrite import MAX_TASK_ENTRIES, partitions_for
+    from pipeline.lake.write.sparkread import MAX_TASK_ENTRIES, partitions_for
 
     # 1M entries over ids 0..999 ms: the whole span, half of it, none of it.
     n = 4 * MAX_TASK_ENTRIES

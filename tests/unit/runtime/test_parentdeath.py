@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_child_runs_the_command_in_its_own_pid_and_dies_with_its_starter() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     starter = subprocess.Popen(
         [sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True, cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
