@@ -11,7 +11,7 @@ from pipeline.blockcodec import Block, encode_block
 from pipeline.lake.intake.arrowpage import entries_to_batch, raw_to_batch
 from pipeline.lake.intake.blockhead import HeadReader
 from pipeline.lake.intake.pageheads import page_heads
-from tests.unit.lake.test_blockhead import HEADER_FAULTS, VALID
+from tests.unit.lake.intake.test_blockhead import HEADER_FAULTS, VALID
 
 H, P = b"\x01" * 32, b"\x02" * 32
 TAIL = b"\xa7deletes\x90\xa7batches\x80\xaasubbatches\x90"
