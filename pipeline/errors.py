@@ -136,6 +136,21 @@ class RequestExpired(BusError):
     public_message = "request expired"
 
 
+class PostUnanswered(BusError):
+    """A POST to another bus got no answer.
+
+    ``reached`` is False when it never connected (or the directory failed: the
+    peer cannot have acted on it), True when it connected and then no whole
+    answer came (the peer may have taken it).
+    """
+
+    public_message = "no answer from the remote bus"
+
+    def __init__(self, message: str, *, reached: bool) -> None:
+        super().__init__(message)
+        self.reached = reached
+
+
 class RemoteError(BusError):
     """The remote side answered with ``err`` set."""
 

@@ -70,6 +70,7 @@ from pipeline.bus.outbound import (
 )
 from pipeline.bus.post import MAX_BATCH
 from pipeline.bus.signing import Signer
+from pipeline.errors import PostUnanswered
 from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
@@ -363,7 +364,7 @@ class Forwarder:
         """Outcomes of ``items`` (in order) after one POST; None: resend them singly.
 
         The steps: set aside what expired, resolve the destination, frame and sign
-        the body, POST it, classify the answer. Only :class:`post.Unanswered` (no
+        the body, POST it, classify the answer. Only :class:`~pipeline.errors.PostUnanswered` (no
         answer: nothing or maybe something reached the peer) is caught here.
         """
         early = post.expired(items, time.time())
@@ -380,8 +381,8 @@ class Forwarder:
             )
             assert self._session is not None
             answer = await post.exchange(self._session, peer.url + path, body, headers)
-        except post.Unanswered as exc:
-            return post.merge(early, [exc.outcome] * len(live))
+        except PostUnanswered as exc:
+            return post.merge(early, [post.unanswered(exc)] * len(live))
         return self._classify(to, early, live, answer)
 
     def _classify(

@@ -5,7 +5,7 @@ The steps :meth:`pipeline.bus.forward.Forwarder._send` takes, each on its own:
 :func:`prepare` (the body, one envelope or a batch, and its signed headers),
 :func:`exchange` (the HTTP round trip, its answer read within a bound) and
 :func:`judge_answer` (each item's :class:`~pipeline.bus.outbound.Outcome`). A POST
-that got no answer raises :class:`Unanswered`, which says what became of its items.
+that got no answer raises :class:`~pipeline.errors.PostUnanswered`, which says what became of its items.
 The batch body and its negotiation are described in :mod:`pipeline.bus.forward`.
 """
 
@@ -21,6 +21,7 @@ import aiohttp
 from pipeline.bus.directory import Directory, Peer
 from pipeline.bus.outbound import Judged, Kind, Outbound, Outcome
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
+from pipeline.errors import PostUnanswered
 
 REMOTE_PATH = "/zbus-remote"
 REPLY_PATH = "/zbus-reply"
@@ -47,12 +48,9 @@ class Answer:
     body: bytes
 
 
-class Unanswered(Exception):
-    """A POST that got no answer; ``outcome`` is what became of each of its items."""
-
-    def __init__(self, outcome: Outcome, text: str) -> None:
-        super().__init__(text)
-        self.outcome: Judged = (outcome, text)
+def unanswered(exc: PostUnanswered) -> Judged:
+    """The outcome of every item of a POST that got no answer."""
+    return (Outcome.UNKNOWN if exc.reached else Outcome.UNREACHABLE, str(exc))
 
 
 def path_of(kind: Kind) -> str:
@@ -74,13 +72,13 @@ def merge(early: list[Judged | None], answers: list[Judged]) -> list[Judged]:
 
 
 async def resolve(directory: Directory, to: int) -> Peer | None:
-    """Where twin ``to`` listens (None: not in the directory); :class:`Unanswered` when
+    """Where twin ``to`` listens (None: not in the directory); :class:`~pipeline.errors.PostUnanswered` when
     the directory itself fails (nothing was sent)."""
     try:
         return await directory.lookup(to)
     except Exception as exc:  # noqa: BLE001 - any directory failure: nothing was sent
         text = f"directory lookup failed: {type(exc).__name__}"
-        raise Unanswered(Outcome.UNREACHABLE, text) from exc
+        raise PostUnanswered(text, reached=False) from exc
 
 
 def prepare(
@@ -105,7 +103,7 @@ def prepare(
 async def exchange(
     session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
 ) -> Answer:
-    """POST ``body`` to ``url`` and read the answer; :class:`Unanswered` when none came.
+    """POST ``body`` to ``url`` and read the answer; :class:`~pipeline.errors.PostUnanswered` when none came.
 
     A POST that never connected is ``UNREACHABLE`` (the peer cannot have acted on
     it); one that connected and then got no whole answer is ``UNKNOWN``.
@@ -119,10 +117,10 @@ async def exchange(
             batching = resp.headers.get(BATCH_HEADER) == "1"
             raw = await _read_bounded(resp.content, MAX_RESPONSE)
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-        raise Unanswered(Outcome.UNREACHABLE, f"cannot connect: {type(exc).__name__}") from exc
+        raise PostUnanswered(f"cannot connect: {type(exc).__name__}", reached=False) from exc
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
         # Connected, then no (whole) answer: the peer may have taken the POST.
-        raise Unanswered(Outcome.UNKNOWN, f"no answer: {type(exc).__name__}") from exc
+        raise PostUnanswered(f"no answer: {type(exc).__name__}", reached=True) from exc
     return Answer(status, batching, raw)
 
 
