@@ -19,6 +19,7 @@ from pipeline.chain.serve.status import BOARD
 from pipeline.chain.serve.statusboard import SNAPSHOT_TTL_S
 from pipeline.runtime import snapshot
 from pipeline.settings import Settings
+from tests.support.clock import HandClock
 
 from .test_status_page import write_archive_log
 
@@ -47,19 +48,6 @@ async def _get(session: aiohttp.ClientSession, url: str) -> dict:  # type: ignor
         return await reply.json()  # type: ignore[no-any-return]
 
 
-class _Clock:
-    """``time`` as the status board and its snapshot see it: ``monotonic()`` moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return time.time()
-
-
 async def test_many_viewers_share_snapshots_and_lake_reads(
     redis_url: str, lake_uri: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -79,7 +67,7 @@ async def test_many_viewers_share_snapshots_and_lake_reads(
             board = app[BOARD]
             # The clock the board and its snapshot read stands still from here: the
             # sharing is a condition on that clock, not a bound on how long this took.
-            clock = _Clock()
+            clock = HandClock()
             monkeypatch.setattr(snapshot, "time", clock)
             monkeypatch.setattr(statusboard, "time", clock)
             builds, reads = board.builds, board.lake_reads

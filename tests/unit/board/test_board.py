@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +17,7 @@ from pipeline.board.runs import RunInfo
 from pipeline.errors import ConfigError
 from pipeline.runtime import snapshot
 from pipeline.settings import Settings
+from tests.support.clock import HandClock
 from tests.unit.board.conftest import MINUTE, write_archive_log
 
 RUN = "manual__1"
@@ -132,19 +132,6 @@ async def test_a_failing_source_is_reported_and_the_rest_served(lake_uri: str) -
     assert data["streams"][0]["redis"] is None and data["dag_runs"] == []
 
 
-class _Clock:
-    """``time`` as the board's snapshot and sources see it: ``monotonic()`` moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return time.time()
-
-
 async def test_viewers_share_one_snapshot_and_one_lake_read_per_ttl(
     lake_uri: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,7 +139,7 @@ async def test_viewers_share_one_snapshot_and_one_lake_read_per_ttl(
         lake_uri,
         [{"stream": "chain:a", "start_ms": 0, "end_ms": MINUTE, "entries": 2, "run_id": RUN}],
     )
-    clock = _Clock()
+    clock = HandClock()
     monkeypatch.setattr(snapshot, "time", clock)
     monkeypatch.setattr(source, "time", clock)
     board = CoverageBoard(_host(redis_url), lambda: _settings(lake_uri))
