@@ -13,6 +13,7 @@ COMPOSE := $(VENV)/.sluice-compose
 VERSITYGW := $(VENV)/.sluice-versitygw
 POSTGRES := $(VENV)/.sluice-postgres
 NATS   := $(VENV)/.sluice-nats
+TOXIPROXY := $(VENV)/.sluice-toxiproxy
 B      ?=
 PYTEST_ARGS ?=
 
@@ -56,12 +57,18 @@ $(VERSITYGW):
 	@bash scripts/ensure-versitygw.sh
 	@mkdir -p $(VENV) && touch $@
 
+# toxiproxy-server, the network-fault proxy of the nemesis tests (built once from the Go
+# module proxy into ~/.cache/sluice-toxiproxy/<version>, well under a minute the first time).
+$(TOXIPROXY):
+	@bash scripts/ensure-toxiproxy.sh
+	@mkdir -p $(VENV) && touch $@
+
 # Debian's PostgreSQL: Airflow's metadata database in the real-scheduler tests (and the demo).
 $(POSTGRES):
 	@bash scripts/ensure-postgres.sh
 	@mkdir -p $(VENV) && touch $@
 
-install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE) $(VERSITYGW) $(POSTGRES)
+install: $(STAMP) $(JARS) $(REDIS) $(CHROMIUM) $(COMPOSE) $(VERSITYGW) $(POSTGRES) $(TOXIPROXY)
 
 demo: install
 	$(VENV)/bin/sluice demo
