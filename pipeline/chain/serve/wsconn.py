@@ -3,7 +3,15 @@
 A :class:`Connection` reads requests (each in its own bounded task), answers
 them through one bounded :class:`~pipeline.chain.outbox.Outbox` drained
 by one writer task (its sending half, :mod:`pipeline.chain.serve.wswrite`), and
-runs the subscriptions it opened. The app around it
+runs the subscriptions it opened. A batch array is answered with one array
+(see :mod:`pipeline.chain.jsonrpc`); each of its calls is admitted and run as
+the same request alone would be (its own task, counted against
+``MAX_IN_FLIGHT`` and ``MAX_IN_FLIGHT_SERVER``, refused in its place when there
+is no room) and keeps its place in flight until the batch's reply is queued,
+as the replies of that many lone requests would wait in the send buffer. The
+calls of a batch run concurrently (JSON-RPC 2.0 allows any order), so a batch's
+elements must not depend on each other; a subscription opened in a batch starts
+after the batch's reply, so its notifications always follow it. The app around it
 (routes, auth, lifecycle, the live tailer) is :mod:`pipeline.chain.serve.server`;
 the wire dialects are :mod:`pipeline.chain.cardinal`.
 """
@@ -12,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -50,6 +59,11 @@ CLOSE_TIMEOUT_S = 2.0
 #: Refused requests logged per connection (later ones are only counted).
 _REFUSALS_LOGGED = 16
 
+Handler = Callable[["Connection", Any], Any]
+#: What one call comes to: its reply text, and the id of the subscription it opened (if any),
+#: to start once that reply is queued.
+Answer = tuple[str, str | None]
+
 
 def dialect_of(request: web.Request) -> str | None:
     """The wire dialect the URL asks for (``/cardinal``, ``?dialect=``), None if unknown."""
@@ -77,9 +91,13 @@ class Connection(Sending):
         self.dialect = dialect_of(request) or SEED
         self.subs: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._next_sub = 0
-        self._pending_start: tuple[Subscription, Any] | None = None
-        #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task.
-        self._calls: set[asyncio.Task[None]] = set()
+        #: Subscriptions resolved and answered, not started yet (until their batch's reply).
+        self._unstarted: dict[str, tuple[Subscription, Any]] = {}
+        #: Requests being worked on (at most MAX_IN_FLIGHT), each its own task; a batch's
+        #: stay here until the batch's reply is queued.
+        self._calls: set[asyncio.Task[Any]] = set()
+        #: Batches waiting for their calls (each holds at least one of ``_calls``).
+        self._batches: set[asyncio.Task[None]] = set()
         self._subscribing = 0
         self._refusals_logged = 0
 
@@ -96,12 +114,13 @@ class Connection(Sending):
                 task.cancel()
             reader.cancel()
             writer.cancel()
-            for call in self._calls:
+            for call in (*self._calls, *self._batches):
                 call.cancel()
             await asyncio.gather(
                 reader,
                 writer,
                 *self._calls,
+                *self._batches,
                 *(t for _, t in self.subs.values()),
                 return_exceptions=True,
             )
@@ -145,8 +164,15 @@ class Connection(Sending):
             self._slow()
 
     def _error(self, req_id: jsonrpc.RequestId, code: int, message: str) -> None:
+        self._reply(self._error_text(req_id, code, message))
+
+    def _error_text(self, req_id: jsonrpc.RequestId, code: int, message: str) -> str:
         self.metrics.inc_label("sluice_serve_rpc_errors_total", "code", str(code))
-        self._reply(jsonrpc.error(req_id, code, message))
+        return jsonrpc.error(req_id, code, message)
+
+    def _refused(self, err: jsonrpc.RpcError) -> str:
+        self._log_refusal("refused a request: %s", err.message)
+        return self._error_text(err.id, err.code, err.message)
 
     def _log_refusal(self, fmt: str, *args: object) -> None:
         """Log a refused request, at most ``_REFUSALS_LOGGED`` per connection (a flood is counted
@@ -165,40 +191,108 @@ class Connection(Sending):
         )
 
     def _dispatch(self, text: str) -> None:
-        """Parse one frame (bounded: see ``jsonrpc.parse_request``) and start its call."""
-        req = jsonrpc.parse_request(text)
-        if isinstance(req, jsonrpc.RpcError):
-            self._log_refusal("refused a request: %s", req.message)
-            self._error(req.id, req.code, req.message)
+        """Parse one frame (bounded: see ``jsonrpc.parse_message``) and start its call or calls."""
+        msg = jsonrpc.parse_message(text)
+        if isinstance(msg, jsonrpc.Batch):
+            self._dispatch_batch(msg)
+        elif isinstance(msg, jsonrpc.RpcError):
+            self._reply(self._refused(msg))
+        elif not msg.is_notification:  # a notification gets no reply (none of our methods is one)
+            admitted = self._admit(msg)
+            if isinstance(admitted, str):
+                self._reply(admitted)
+            else:
+                task = self._run(msg, self._handle(msg, admitted))
+                task.add_done_callback(self._untrack)
+
+    def _dispatch_batch(self, batch: jsonrpc.Batch) -> None:
+        """Start every call of a batch; its reply, one array, is queued when all of them are done."""
+        answers: list[str | asyncio.Task[Answer]] = []
+        for item in batch.items:
+            if isinstance(item, jsonrpc.RpcError):
+                answers.append(self._refused(item))
+            elif not item.is_notification:
+                admitted = self._admit(item)
+                answers.append(
+                    admitted
+                    if isinstance(admitted, str)
+                    else self._run(item, self._call(item, admitted))
+                )
+        calls = [a for a in answers if not isinstance(a, str)]
+        if not calls:
+            self._reply_batch([a for a in answers if isinstance(a, str)], [])
             return
-        if req.is_notification:
-            return  # JSON-RPC: no reply to a notification, and none of our methods is one
+        waiter = asyncio.create_task(self._gather_batch(answers), name="rpc-batch")
+        self._batches.add(waiter)
+        waiter.add_done_callback(functools.partial(self._batch_done, calls))
+
+    def _admit(self, req: jsonrpc.Request) -> Handler | str:
+        """The handler of a request that may run now, or the text of its refusal."""
         handler = _METHODS.get(req.method)
         if handler is None:
-            self._error(req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}")
-            return
-        everyone = self.request.app[CALLS]
-        if len(self._calls) >= MAX_IN_FLIGHT or len(everyone) >= MAX_IN_FLIGHT_SERVER:
+            return self._error_text(
+                req.id, jsonrpc.METHOD_NOT_FOUND, f"method not found: {req.method[:64]}"
+            )
+        if (
+            len(self._calls) >= MAX_IN_FLIGHT
+            or len(self.request.app[CALLS]) >= MAX_IN_FLIGHT_SERVER
+        ):
             self.metrics.inc("sluice_serve_requests_refused_total")
             busy = len(self._calls) < MAX_IN_FLIGHT
-            self._error(
+            return self._error_text(
                 req.id,
                 jsonrpc.SERVER_ERROR,
                 "server busy: retry later"
                 if busy
                 else f"too many requests in flight (at most {MAX_IN_FLIGHT}): wait for replies",
             )
-            return
-        task = asyncio.create_task(self._handle(req, handler), name=f"rpc-{req.method[:32]}")
-        self._calls.add(task)
-        everyone.add(task)
-        task.add_done_callback(self._calls.discard)
-        task.add_done_callback(everyone.discard)
+        return handler
 
-    async def _handle(
-        self, req: jsonrpc.Request, handler: Callable[[Connection, Any], Any]
-    ) -> None:
-        """Run one call; its errors become replies here, the one boundary to the wire.
+    def _run(self, req: jsonrpc.Request, work: Any) -> asyncio.Task[Any]:
+        """Start one admitted call, counted in flight (for this connection and the server)."""
+        task: asyncio.Task[Any] = asyncio.create_task(work, name=f"rpc-{req.method[:32]}")
+        self._calls.add(task)
+        self.request.app[CALLS].add(task)
+        return task
+
+    def _untrack(self, task: asyncio.Task[Any]) -> None:
+        self._calls.discard(task)
+        self.request.app[CALLS].discard(task)
+
+    def _batch_done(self, calls: list[asyncio.Task[Answer]], waiter: asyncio.Task[None]) -> None:
+        self._batches.discard(waiter)
+        for call in calls:
+            self._untrack(call)
+
+    async def _gather_batch(self, answers: list[str | asyncio.Task[Answer]]) -> None:
+        texts: list[str] = []
+        starts: list[str] = []
+        for answer in answers:
+            if isinstance(answer, str):
+                texts.append(answer)
+                continue
+            text, sub_id = await answer
+            texts.append(text)
+            if sub_id is not None:
+                starts.append(sub_id)
+        self._reply_batch(texts, starts)
+
+    def _reply_batch(self, texts: list[str], starts: list[str]) -> None:
+        reply = jsonrpc.batch_reply(texts)
+        if reply is not None:  # None: every element was a notification
+            self._reply(reply)
+        for sub_id in starts:
+            self._start(sub_id)
+
+    async def _handle(self, req: jsonrpc.Request, handler: Handler) -> None:
+        """Run one lone call: reply, then start the subscription it opened."""
+        text, sub_id = await self._call(req, handler)
+        self._reply(text)
+        if sub_id is not None:
+            self._start(sub_id)
+
+    async def _call(self, req: jsonrpc.Request, handler: Handler) -> Answer:
+        """Run one call; its errors become reply texts here, the one boundary to the wire.
 
         Only ``public_message`` texts (and the texts of :class:`BadParams`,
         which describe the peer's own input) are sent; details go to the log.
@@ -207,29 +301,29 @@ class Connection(Sending):
             value = await handler(self, req.params)
         except BadParams as exc:
             self._log_refusal("request %s: invalid params: %s", req.method[:64], exc)
-            self._error(req.id, jsonrpc.INVALID_PARAMS, exc.public_message)
+            code, message = jsonrpc.INVALID_PARAMS, exc.public_message
         except NotFound as exc:
-            self._error(req.id, exc.code, exc.public_message)
+            code, message = exc.code, exc.public_message
         except SluiceError as exc:
             log.info("request %s refused: %r", req.method, exc)
-            self._error(req.id, jsonrpc.SERVER_ERROR, exc.public_message)
+            code, message = jsonrpc.SERVER_ERROR, exc.public_message
         except (aioredis.RedisError, OSError) as exc:
             log.warning("request %s failed: %r", req.method, exc)
-            self._error(req.id, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
+            code, message = jsonrpc.SERVER_ERROR, "redis unavailable, retry later"
         except Exception:
             # Whatever a message can cause ends here, logged: the connection and
             # its subscriptions go on.
             log.exception("request %s failed", req.method)
             self.metrics.inc("sluice_serve_internal_errors_total")
-            self._error(req.id, jsonrpc.INTERNAL_ERROR, "internal error")
+            code, message = jsonrpc.INTERNAL_ERROR, "internal error"
         else:
-            self._reply(jsonrpc.result(req.id, value))
-            if req.method == "cardinal_subscribe":
-                self._start(str(value))
+            sub_id = str(value) if req.method == "cardinal_subscribe" else None
+            return jsonrpc.result(req.id, value), sub_id
+        return self._error_text(req.id, code, message), None
 
     async def subscribe(self, params: Any) -> str:
         parsed = parse_subscribe(params)
-        if len(self.subs) + self._subscribing >= MAX_SUBSCRIPTIONS:
+        if len(self.subs) + len(self._unstarted) + self._subscribing >= MAX_SUBSCRIPTIONS:
             raise BadParams(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
         if parsed.num > MAX_BLOCK_NUM:
             raise BadParams(f"block number: at most {hex(MAX_BLOCK_NUM)}")
@@ -254,13 +348,14 @@ class Connection(Sending):
             announce=moved,
             deep_reorg=self.settings.lake.reorg_threshold,
         )
-        self._pending_start = (sub, plan)
+        self._unstarted[sub_id] = (sub, plan)
         return sub_id
 
     def _start(self, sub_id: str) -> None:
-        assert self._pending_start is not None
-        sub, plan = self._pending_start
-        self._pending_start = None
+        entry = self._unstarted.pop(sub_id, None)
+        if entry is None:
+            return  # unsubscribed before its batch's reply
+        sub, plan = entry
         task = asyncio.create_task(self._run_sub(sub, plan), name=f"sub-{sub_id}")
         self.subs[sub_id] = (sub, task)
         self.metrics.inc("sluice_serve_subscriptions_open")
@@ -288,6 +383,8 @@ class Connection(Sending):
             raise BadParams('params must be ["0xID"]')
         entry = self.subs.pop(params[0], None)
         if entry is None:
+            if self._unstarted.pop(params[0], None) is not None:
+                return True  # opened in a batch still running: never started
             if self.dialect == CARDINAL:
                 raise NotFound("subscription not found")  # as cardinal-rpc answers
             return False

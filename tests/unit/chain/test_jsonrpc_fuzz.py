@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 
 from pipeline.chain import jsonrpc
 from pipeline.chain.jsonrpc import (
+    INVALID_REQUEST,
+    MAX_BATCH,
     MAX_CHARS,
     MAX_DEPTH,
+    Batch,
     Request,
     RpcError,
     loads_bounded,
     nesting_within,
+    parse_message,
     parse_notification,
     parse_request,
 )
@@ -38,12 +42,54 @@ json_values = st.recursive(
 @given(st.text(max_size=300))
 def test_any_text_gives_a_request_or_an_error(text: str) -> None:
     assert isinstance(parse_request(text), Request | RpcError)
+    _check_message(parse_message(text))
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_any_bytes_give_a_request_or_an_error(data: bytes) -> None:
     assert isinstance(parse_request(data), Request | RpcError)
+    _check_message(parse_message(data))
+    _check_message(parse_message(b"[" + data + b"]"))
+
+
+def _check_message(out: object) -> None:
+    """What parse_message may return: a request, an error, or a bounded batch of those."""
+    if isinstance(out, Batch):
+        assert 1 <= len(out.items) <= MAX_BATCH
+        assert all(isinstance(item, Request | RpcError) for item in out.items)
+    else:
+        assert isinstance(out, Request | RpcError)
+        if isinstance(out, RpcError):
+            json.loads(out.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, max_size=8) | st.text(alphabet='[]{},1" :', max_size=80))
+def test_any_array_or_bracket_soup_never_raises(value: object) -> None:
+    text = value if isinstance(value, str) else json.dumps(value)
+    _check_message(parse_message(text))
+    _check_message(parse_message("[" + text))
+
+
+requests = st.dictionaries(
+    st.sampled_from(["jsonrpc", "id", "method", "params", "extra"]),
+    json_values | st.sampled_from(["2.0", "m", "cardinal_subscribe"]),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(requests | json_values, min_size=1, max_size=8))
+def test_each_batch_element_is_parsed_exactly_like_a_lone_request(elements: list[object]) -> None:
+    out = parse_message(json.dumps(elements))
+    assert isinstance(out, Batch) and len(out.items) == len(elements)
+    for element, item in zip(elements, out.items, strict=True):
+        if isinstance(element, list):  # alone it would be a batch; in one, no request
+            assert item == RpcError(code=INVALID_REQUEST, message="a request is a JSON object")
+            continue
+        alone = parse_request(json.dumps(element))
+        assert item == alone, (element, item, alone)
 
 
 @settings(max_examples=400, deadline=None)
@@ -88,6 +134,7 @@ def test_nesting_bombs_are_refused_without_recursion(opener: str, depth: int) ->
     sys.setrecursionlimit(200)  # json.loads would need ``depth`` frames: it must never be reached
     try:
         out = parse_request(bomb, max_chars=len(bomb))
+        as_message = parse_message(bomb, max_chars=len(bomb))
         with pytest.raises(ValueError):
             loads_bounded(bomb)
         assert parse_notification(bomb) is None
@@ -95,6 +142,26 @@ def test_nesting_bombs_are_refused_without_recursion(opener: str, depth: int) ->
         sys.setrecursionlimit(limit)
     assert isinstance(out, RpcError) and out.code == jsonrpc.PARSE_ERROR
     assert "nested deeper" in out.message
+    if opener in ("[", "[1,") and depth == MAX_DEPTH + 1:  # a batch: its array is one more
+        assert isinstance(as_message, Batch) and as_message.items[0].code == INVALID_REQUEST
+    else:
+        assert isinstance(as_message, RpcError) and as_message.code == jsonrpc.PARSE_ERROR
+        assert "nested deeper" in as_message.message
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH, 1_000, 100_000])
+def test_nesting_bombs_inside_batch_elements_are_refused_without_recursion(depth: int) -> None:
+    good = '{"jsonrpc":"2.0","id":1,"method":"m"}'
+    bomb = "[" + good + ',{"jsonrpc":"2.0","id":2,"method":"m","params":' + "[" * depth
+    bomb += "]" * depth + "}]"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)
+    try:
+        out = parse_message(bomb, max_chars=len(bomb))
+    finally:
+        sys.setrecursionlimit(limit)
+    assert isinstance(out, RpcError) and out.code == jsonrpc.PARSE_ERROR
+    assert "in a batch element" in out.message
 
 
 @pytest.mark.parametrize(
@@ -109,6 +176,8 @@ def test_nesting_bombs_are_refused_without_recursion(opener: str, depth: int) ->
 )
 def test_malformed_bombs_are_parse_errors(bomb: str) -> None:
     out = parse_request(bomb, max_chars=len(bomb))
+    assert isinstance(out, RpcError) and out.code == jsonrpc.PARSE_ERROR
+    out = parse_message(bomb, max_chars=len(bomb))
     assert isinstance(out, RpcError) and out.code == jsonrpc.PARSE_ERROR
 
 
