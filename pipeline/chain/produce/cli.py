@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, encode_block
-from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.produce.generator import SyntheticChain, linked_chain
 from pipeline.cliargs import non_negative, plain
 from pipeline.errors import BadBatch, NotReplicated, ProducerGaveUp
 from pipeline.loggate import LogGate
@@ -48,8 +48,11 @@ end
 return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
 """
 
-#: Entries read back to go on from a stream's head (enough for reorgs below it).
+#: Entries first read back to go on from a stream's head; more while the chain they link is
+#: shorter than ``--reorg-depth`` + 1 blocks (replaced branches sit among them), up to
+#: :data:`RESUME_ENTRIES_MAX`. Reorgs reach no deeper than the linked blocks.
 RESUME_ENTRIES = 256
+RESUME_ENTRIES_MAX = 16_384
 #: Retried until ``--retry-for`` runs out: Redis away, moving or refusing writes (see
 #: :func:`~pipeline.redisio.conn.unavailable`), or a write too few replicas took.
 _RETRIED: tuple[type[BaseException], ...] = (*UNAVAILABLE, NotReplicated, RedisError)
@@ -76,10 +79,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", type=int, default=64, help="key space size (default: %(default)s)")
     p.add_argument("--prefix", action="append", help="sub-batch prefix (repeat; default s/)")
     p.add_argument(
-        "--reorg-every", type=int, default=0, help="a reorg every N steps (default 0: never)"
+        "--reorg-every",
+        type=non_negative(int),
+        default=0,
+        help="a reorg every N steps (default 0: never)",
     )
     p.add_argument(
-        "--reorg-depth", type=int, default=2, help="maximum reorg depth (default: %(default)s)"
+        "--reorg-depth",
+        type=_at_least_one,
+        default=2,
+        help="maximum reorg depth: blocks replaced below the head (default: %(default)s)",
     )
     p.add_argument(
         "--from-genesis",
@@ -94,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     return p
+
+
+def _at_least_one(text: str) -> int:
+    value = non_negative(int)(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
 
 
 class _Writer:
@@ -164,8 +180,9 @@ class _Writer:
             self._gate.ended("redis", "redis is back")
             return result, down_since is not None
 
-    async def recent(self, count: int) -> list[Block]:
-        """The stream's last ``count`` valid blocks, oldest first (entries that do not decode skipped)."""
+    async def recent(self, count: int) -> tuple[list[Block], bool]:
+        """The stream's last ``count`` valid blocks, oldest first (entries that do not decode
+        skipped); and whether that was the whole stream."""
         entries, _ = await self._retrying(
             lambda: self.client.xrevrange(self.key, count=count), "reading the stream's head"
         )
@@ -175,7 +192,18 @@ class _Writer:
                 blocks.append(decode_block(cast(bytes, (fields or {})[ENTRY_FIELD])))
             except (BadBatch, KeyError, TypeError):
                 continue
-        return blocks
+        return blocks, len(entries or []) < count
+
+    async def resume_from(self, reorg_depth: int) -> list[Block]:
+        """The stream's last entries, enough to link ``reorg_depth`` + 1 blocks below its head
+        (fewer if the stream or its links end first, or at :data:`RESUME_ENTRIES_MAX`)."""
+        count, linked = RESUME_ENTRIES, -1
+        while True:
+            recent, whole = await self.recent(count)
+            was, linked = linked, len(linked_chain(recent))
+            if whole or linked > reorg_depth or linked == was or count >= RESUME_ENTRIES_MAX:
+                return recent  # (linked == was: more entries brought no deeper ancestor)
+            count = min(count * 4, RESUME_ENTRIES_MAX)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -200,12 +228,18 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     start = time.monotonic()
     try:
         if not args.from_genesis:
-            resumed = chain.continue_from(await writer.recent(RESUME_ENTRIES))
+            resumed = chain.continue_from(await writer.resume_from(args.reorg_depth))
             if resumed is not None:
                 log.warning(
                     "%s holds a chain: going on from its head, block %d (0x%s)",
                     stream, resumed.num, resumed.hash.hex()[:16],
                 )  # fmt: skip
+                if args.reorg_every and chain.reorg_room < args.reorg_depth:
+                    log.warning(
+                        "reorgs reach at most %d below the head until the chain grows: "
+                        "its last entries link blocks %d..%d only",
+                        chain.reorg_room, chain.canonical[0].num, resumed.num,
+                    )  # fmt: skip
         while not args.count or sent < args.count:
             for block in chain.step():
                 if await writer.append(block) and args.rate > 0:

@@ -12,6 +12,11 @@ replacement branch is always heavier than the chain it replaces (its last
 block's difficulty is raised when needed), so the heaviest chain is the
 generator's canonical chain, also for :meth:`SyntheticChain.reorg` branches
 shorter than what they replace.
+
+Heights come from block numbers, never from list positions: after
+:meth:`SyntheticChain.continue_from` the chain held is a suffix (its first
+block may be far above 0), and a reorg forks at the head's height minus its
+depth, never below the first block held.
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ GENESIS_PARENT = bytes(32)
 
 
 class SyntheticChain:
-    """Generates blocks; ``canonical[n]`` is the current canonical block at height ``n``."""
+    """Generates blocks; ``canonical`` is the current canonical chain, oldest first.
+
+    Its heights are consecutive: ``canonical[i].num == canonical[0].num + i``.
+    From block 0 unless :meth:`continue_from` loaded a suffix of a chain, so
+    ``canonical[n]`` is height ``n`` only for a chain generated from block 0.
+    """
 
     def __init__(
         self,
@@ -63,27 +73,25 @@ class SyntheticChain:
     def head(self) -> Block | None:
         return self.canonical[-1] if self.canonical else None
 
+    @property
+    def reorg_room(self) -> int:
+        """The deepest reorg possible now: the head's height above the first block held."""
+        return self.canonical[-1].num - self.canonical[0].num if self.canonical else 0
+
     def continue_from(self, recent: Sequence[Block]) -> Block | None:
         """Go on from the heaviest of ``recent`` blocks (a stream's last entries), not from 0.
 
-        The chain below the head is rebuilt from ``recent`` by parent links (as
-        deep as they reach, so reorgs have blocks to replace). Returns the head,
-        or None when ``recent`` is empty (the chain starts at block 0). New
-        hashes never repeat an earlier run's: the head's hash joins the salt.
+        The chain below the head is rebuilt from ``recent`` by parent links (see
+        :func:`linked_chain`): reorgs reach down to its first block, never
+        below. Returns the head, or None when ``recent`` is empty (the chain
+        starts at block 0). New hashes never repeat an earlier run's: the
+        head's hash joins the salt.
         """
-        if not recent:
+        chain = linked_chain(recent)
+        if not chain:
             return None
-        head = recent[0]
-        for block in recent[1:]:  # heaviest wins, ties to the latest written (last in the list)
-            if effective_weight(block.num, block.weight) >= effective_weight(head.num, head.weight):
-                head = block
-        by_hash = {b.hash: b for b in recent}
-        chain = [head]
-        while (parent := by_hash.get(chain[-1].parent)) is not None and parent.num == chain[
-            -1
-        ].num - 1:
-            chain.append(parent)
-        self.canonical = chain[::-1]
+        self.canonical = chain
+        head = chain[-1]
         self._salt = hashlib.blake2b(self._salt + head.hash, digest_size=8).digest()
         return head
 
@@ -136,10 +144,10 @@ class SyntheticChain:
             head is not None
             and self.reorg_every
             and self._since_reorg >= self.reorg_every
-            and len(self.canonical) > 1
+            and self.reorg_room > 0
         ):
             self._since_reorg = 0
-            depth = self._rng.randint(1, min(self.reorg_depth, len(self.canonical) - 1))
+            depth = self._rng.randint(1, min(self.reorg_depth, self.reorg_room))
             return self.reorg(depth)
         num = 0 if head is None else head.num + 1
         block = self._make(
@@ -154,20 +162,33 @@ class SyntheticChain:
     def reorg(self, depth: int, length: int | None = None) -> list[Block]:
         """Replace the top ``depth`` blocks by a heavier branch of ``length`` (default depth + 1).
 
+        The replaced heights are ``head.num - depth + 1 .. head.num``; the
+        branch's first block is the child of the block at ``head.num - depth``,
+        which must be held (``depth <= reorg_room``, else ValueError).
         ``length`` may be shorter than ``depth`` (at least 1): a shorter but
         heavier chain. Returns the branch, which is now canonical.
         """
         length = depth + 1 if length is None else length
-        if not 1 <= depth < len(self.canonical) or length < 1:
-            raise ValueError(f"cannot replace {depth} of {len(self.canonical)} blocks by {length}")
-        old_head = _weight(self.canonical[-1])
-        fork = len(self.canonical) - depth  # first replaced height
-        del self.canonical[fork:]
+        if depth < 1 or length < 1:
+            raise ValueError(f"a reorg needs depth >= 1 and length >= 1, got {depth} and {length}")
+        if not self.canonical:
+            raise ValueError("cannot reorg an empty chain")
+        old_head, low = self.canonical[-1], self.canonical[0].num
+        if depth > self.reorg_room:
+            raise ValueError(
+                f"cannot reorg {depth} below head {old_head.num}: "
+                f"its fork parent would be below {low}, the first block held"
+            )
+        fork_parent = self.canonical[-1 - depth]
+        if fork_parent.num != old_head.num - depth:
+            raise ValueError(f"canonical heights are not consecutive below {old_head.num}")
+        del self.canonical[len(self.canonical) - depth :]
         out = []
-        for i, num in enumerate(range(fork, fork + length)):
+        for i, num in enumerate(range(fork_parent.num + 1, fork_parent.num + 1 + length)):
             parent = self.canonical[-1]
             last = i == length - 1
-            block = self._make(num, parent.hash, _weight(parent), floor=old_head if last else 0)
+            floor = _weight(old_head) if last else 0
+            block = self._make(num, parent.hash, _weight(parent), floor=floor)
             self.canonical.append(block)
             out.append(block)
         self.reorgs += 1
@@ -184,6 +205,26 @@ class SyntheticChain:
 
 def _weight(block: Block) -> int:
     return effective_weight(block.num, block.weight)
+
+
+def linked_chain(recent: Sequence[Block]) -> list[Block]:
+    """The heaviest of ``recent`` and its ancestors among them, oldest first (empty if none).
+
+    Ties go to the latest (last in ``recent``). The walk down stops at the
+    first ancestor missing from ``recent`` or not one height below its child:
+    only the linked part is kept, so heights are consecutive.
+    """
+    if not recent:
+        return []
+    head = recent[0]
+    for block in recent[1:]:
+        if _weight(block) >= _weight(head):
+            head = block
+    by_hash = {b.hash: b for b in recent}
+    chain = [head]
+    while (parent := by_hash.get(chain[-1].parent)) is not None and parent.num == chain[-1].num - 1:
+        chain.append(parent)
+    return chain[::-1]
 
 
 class _XAdd(Protocol):

@@ -1,12 +1,18 @@
-"""Producers: the Redis stream producer, the hub, the mux (in-process mode) and its failure report."""
+"""Producers: the Redis stream producer, the hub, the mux (in-process mode) and its failure report;
+``sluice produce`` going on from a stream's head."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import redis
 import redis.asyncio as aioredis
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block
-from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.produce.generator import GENESIS_PARENT, SyntheticChain
 from pipeline.chain.produce.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.serve.server import HUB
 from pipeline.errors import ChainError, MuxError
@@ -60,3 +66,57 @@ async def test_in_process_mode_through_the_mux(settings, serve, connect, redis_u
     await mux.close()
     assert got == gen.canonical[:15]
     assert hub.published == 15
+
+
+def test_produce_continuing_a_long_stream_reorgs_at_the_right_heights(
+    settings, redis_client: redis.Redis
+) -> None:
+    """``sluice produce`` twice on one stream: 300 blocks, then reorgs going on from the head
+    (more entries than it reads back before). Every entry is one above its parent, an earlier
+    entry; no reorg goes deeper than ``--reorg-depth`` below the head it replaces."""
+    stream, depth = "chain:resume-reorgs", 5
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_SERVE_STREAM": stream,
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    produce = [sys.executable, "-m", "pipeline.cli", "produce", "--rate", "0"]
+    for args in (
+        ["--count", "300", "--reorg-every", "0"],
+        ["--count", "60", "--reorg-every", "3", "--reorg-depth", str(depth), "--seed", "1"],
+    ):
+        done = subprocess.run(
+            [*produce, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+    assert "going on from its head, block 299" in done.stderr, done.stderr
+    reorgs = int(done.stdout.split("(")[1].split(" reorgs")[0])
+    assert reorgs >= 5, done.stdout
+
+    seen: dict[bytes, Block] = {}
+    prev: Block | None = None  # the last entry: the head the producer had when it wrote the next
+    replaced = []
+    for _, fields in redis_client.xrange(keys.stream(stream)):
+        block = decode_block(fields[ENTRY_FIELD])
+        if prev is None:
+            assert (block.num, block.parent) == (0, GENESIS_PARENT)
+        else:
+            parent = seen.get(block.parent)
+            assert parent is not None, f"block {block.num}: its parent is no earlier entry"
+            assert block.num == parent.num + 1, (
+                f"block {block.num} written as the child of {parent.num}"
+            )
+            if parent is not prev:  # a reorg: replaces prev.num - parent.num blocks below prev
+                replaced.append(prev.num - parent.num)
+        seen[block.hash] = prev = block
+    assert len(replaced) == reorgs and min(replaced) >= 1 and max(replaced) <= depth, replaced
+    assert prev is not None and max(seen.values(), key=lambda b: b.weight or 0) is prev
+
+    # deeper than the 256 entries first read back: it reads on, to the stream's start here
+    deep = subprocess.run(
+        [*produce, "--count", "1", "--reorg-every", "1", "--reorg-depth", "1000"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert f"at most {prev.num} below the head" in deep.stderr, deep.stderr
+    assert f"link blocks 0..{prev.num} only" in deep.stderr, deep.stderr
