@@ -235,6 +235,23 @@ class ResumptionError(ChainError):
     public_message = "cannot resume"
 
 
+class BranchUnlinked(ChainError):
+    """A heavier block whose branch a subscriber's fork choice cannot link to what it sent.
+
+    The branch forks below what the subscriber's :class:`~pipeline.chain.forkchoice.Sender`
+    remembers (a reorg deeper than it holds, or below where the subscription started), or
+    comes after a gap. Never reaches a client: resumption plans again from the
+    subscriber's head, which finds the fork point in Redis or the lake.
+    """
+
+    public_message = "reorg"
+
+    def __init__(self, num: int, hash: str) -> None:
+        super().__init__(f"block {num} ({hash[:16]}) does not link to what was sent")
+        self.num = num
+        self.hash = hash
+
+
 class NotFound(ChainError):
     """A block or subscription a request names does not exist; ``code`` is its JSON-RPC code.
 
@@ -321,6 +338,16 @@ class ProducerGaveUp(RedisUnavailable):
 
 class ArchiveError(LakeError):
     """An archive interval could not be archived."""
+
+
+class StreamKindError(ConfigError, LakeError):
+    """A stream's entries contradict what ``SLUICE_CHAIN_STREAMS`` says it is.
+
+    Raised before anything is written or trimmed: blocks in a stream the setting
+    does not name, or no block in one it does (:mod:`pipeline.blockcodec.streamkind`).
+    """
+
+    public_message = "stream kind mismatch"
 
 
 class SparkUnavailable(LakeError):

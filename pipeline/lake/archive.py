@@ -2,9 +2,12 @@
 
 Theory of operation, for ``archive_interval(stream, A, B)``:
 
-1. Check on the driver that Redis answers, that the stream key exists and
-   that the interval is closed (``B`` <= Redis' clock: no auto-id entry can
-   still land in it).
+1. Check on the driver that Redis answers, that the stream key exists, that
+   the interval is closed (``B`` <= Redis' clock: no auto-id entry can
+   still land in it), and that the stream's first and last entries do not
+   contradict ``SLUICE_CHAIN_STREAMS`` (blocks in a stream it does not name,
+   none in one it does: :class:`~pipeline.errors.StreamKindError`, nothing
+   written).
 2. Read ids ``[A-0, B-0)`` once through the ``redis-streams`` data source,
    which decodes only each chain block's head (num, hash, parent, weight) and
    hands a valid block's payload over in its own column. For a chain stream
@@ -16,7 +19,10 @@ Theory of operation, for ``archive_interval(stream, A, B)``:
    ids, at most 100 invalid ids); the marks stay in Spark and are joined into
    both writes (:mod:`pipeline.lake.write.sparkwrite`).
 4. Write the new blocks to ``blocks`` (payload and weight as read,
-   ``canonical = false``; :mod:`pipeline.lake.canonical` marks them): a
+   ``canonical = false``; :mod:`pipeline.lake.canonical` marks them), but
+   not one whose height is not its known parent's plus one, nor any block
+   above such a one: those stay raw entries (:mod:`pipeline.lake.write.heights`;
+   counted in ``bad_height`` and ``set_aside``, logged once). A
    ``replaceWhere`` on ``(stream, num range)`` when that range is empty, else
    an insert-only MERGE on ``(stream, num, hash)``.
 5. Write the entries to ``stream_entries``: a plain ``replaceWhere`` of the
@@ -74,6 +80,7 @@ from pipeline.lake.archivewrite import write_interval
 from pipeline.lake.intake import streamset
 from pipeline.lake.intake.redisread import connect
 from pipeline.lake.storage.intervalstats import Stats, interval_stats
+from pipeline.lake.write.heights import Heights
 from pipeline.lake.write.jobs import ensure_tables, run_spark
 from pipeline.lake.write.writejob import WriteJob
 from pipeline.settings import Settings
@@ -103,6 +110,12 @@ class ArchiveResult:
     read: int = 0
     #: True when the run found the interval archived and read nothing
     skipped: bool = False
+    #: new blocks whose height is not their known parent's plus one (kept out of ``blocks``)
+    bad_height: int = 0
+    #: the first of them: ``[hash, num, parent's height]``
+    bad_height_blocks: tuple[tuple[str, int, int], ...] = ()
+    #: those and the blocks above them, all archived as raw entries only
+    set_aside: int = 0
     #: seconds per stage, in order. Arrow writer: check, read, decode, write (each the mean
     #: seconds of one Spark task, overlapping in parallel tasks), slowest_task (its wall
     #: seconds), files (the Spark job's wall seconds), plan, commit_blocks, commit_entries,
@@ -163,7 +176,29 @@ def archive_interval(
     write_log(lake, result, run_id, job.archived_at, shared)
     clock.lap("log")
     seconds = round(time.perf_counter() - clock.began, 3)
-    return replace(result, seconds=seconds, read=read, skipped=skipped, stages=clock.stages)
+    heights = job.heights
+    _log_heights(stream, start_ms, end_ms, heights)
+    return replace(
+        result, seconds=seconds, read=read, skipped=skipped, stages=clock.stages,
+        bad_height=heights.bad, bad_height_blocks=tuple(heights.named), set_aside=heights.aside,
+    )  # fmt: skip
+
+
+def _log_heights(stream: str, start_ms: int, end_ms: int, heights: Heights) -> None:
+    """One line for the blocks the run kept out of ``blocks`` (none: nothing)."""
+    where = f"stream {stream} [{start_ms}, {end_ms})"
+    if heights.named:
+        digest, num, parent = heights.named[0]
+        log.warning(
+            "%s: %d block(s) set aside (raw entries, not blocks): height not the parent's plus "
+            "one (first: %s at %d, its parent at %d); %d with the blocks above them",
+            where, heights.bad, digest, num, parent, heights.aside,
+        )  # fmt: skip
+    elif heights.aside:
+        log.warning(
+            "%s: %d block(s) set aside (raw entries, not blocks): above a block an earlier run "
+            "set aside", where, heights.aside,
+        )  # fmt: skip
 
 
 class _StageClock:
@@ -244,6 +279,7 @@ def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_m
             if kind == b"stream"
             else []
         )
+        looks = streamset.sample(client, key) if kind == b"stream" else []
     except UNAVAILABLE as exc:
         raise RedisUnavailable(
             f"redis at {settings.redis.host}:{settings.redis.port} is unavailable: {exc}"
@@ -254,6 +290,7 @@ def _check_redis(settings: Settings, stream: str, key: str, start_ms: int, end_m
         raise ArchiveError(f"stream {stream!r} does not exist (no Redis key {key})")
     if kind != b"stream":
         raise ArchiveError(f"Redis key {key} of {stream!r} is a {kind.decode()}, not a stream")
+    streamset.check_kind(settings.lake, stream, looks)
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     if end_ms > now_ms:
         raise ArchiveError(

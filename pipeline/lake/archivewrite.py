@@ -143,13 +143,13 @@ def _fix(job: WriteJob, written: Written) -> Written:
     """``written``, with the files holding a hash the tasks could not settle alone
     rewritten (:mod:`pipeline.lake.write.arrowfix`)."""
     lake, stream = job.settings.lake, job.stream
-    fix = arrowfix.plan_fix(lake, stream, written)
+    fix = arrowfix.plan_fix(lake, stream, written, job.heights)
     job.lap("plan")
     if fix is None:
         return written
     log.info(
-        "stream %s [%d, %d): %d blocks of the interval are in the lake already or repeat a "
-        "hash across its ranges; rewriting %d of its files",
+        "stream %s [%d, %d): %d blocks of the interval are in the lake already, repeat a "
+        "hash across its ranges or are set aside; rewriting %d of its files",
         stream, job.start_ms, job.end_ms, len(fix.drop),
         len(fix.blocks_files) + len(fix.entries_files),
     )  # fmt: skip

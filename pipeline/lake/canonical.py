@@ -14,6 +14,21 @@ where no block is canonical: blocks archived under the marked chain later
 walk goes on down through canonical blocks to the lowest of those, so they
 are marked too. Reorged blocks stay in the table with ``canonical = false``.
 
+Heights that lie: a block whose height is not its parent's plus one (the
+parent in the walk's window, or looked up by hash when the window misses
+it where an honest height would put it:
+:func:`~pipeline.lake.storage.chainwalk.parent_heights`) is set aside with
+every block above it: none of them heads the chain, the walk never crosses
+such a link, and one an older run marked is unmarked. The result counts them
+(``bad_height``, the first hashes in ``bad_height_hashes``, ``set_aside`` with
+their descendants) and the job logs them once. A cycle of parent links
+always holds such a link, so it is set aside too.
+
+Only a chain stream is marked: a stream ``SLUICE_CHAIN_STREAMS`` does not
+name, or a named one whose first and last entries in Redis are not blocks,
+is refused before anything is written
+(:func:`~pipeline.lake.intake.streamset.check_now`).
+
 :func:`~pipeline.lake.storage.chainwalk.pending` is the same read and walk without
 writing (no Spark): trim uses it to keep in Redis every block the canonical
 job still has to mark.
@@ -31,13 +46,22 @@ measures this one. A second run finds the head canonical and changes nothing.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.blockcodec.streamkind import not_chain
+from pipeline.errors import StreamKindError
+from pipeline.lake.intake.streamset import check_now
 from pipeline.lake.storage import tables
 from pipeline.lake.storage.chainwalk import Node, Plan, pending, plan_walk
 from pipeline.lake.write.jobs import delta_retry, ensure_tables
 from pipeline.settings import LakeSettings, Settings
+
+log = logging.getLogger(__name__)
+
+#: Hashes of set-aside blocks a result and its log line name (the count is exact).
+NAMED = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,24 +71,47 @@ class CanonicalResult:
     head_hash: bytes | None
     marked: int
     unmarked: int
+    #: blocks of the walk's window whose height is not their parent's plus one
+    bad_height: int = 0
+    #: the first :data:`NAMED` of them (hex), lowest first
+    bad_height_hashes: tuple[str, ...] = ()
+    #: those and the blocks above them: never canonical
+    set_aside: int = 0
 
 
 def mark_canonical(spark: Any, settings: Settings, stream: str) -> CanonicalResult:
-    """Mark the canonical chain of ``stream`` from its head down; idempotent."""
+    """Mark the canonical chain of ``stream`` from its head down; idempotent.
+
+    Raises :class:`StreamKindError` for a stream that is not a chain stream
+    (``SLUICE_CHAIN_STREAMS``, checked against its entries in Redis) before any write.
+    """
     lake = settings.lake
+    refusal = not_chain(lake.chain_streams, stream, "canonical marking is for chain streams only")
+    if refusal is not None:
+        raise StreamKindError(refusal)
+    check_now(settings, stream)
     ensure_tables(lake)
     plan = pending(lake, stream)
     head = plan.head
-    if head is None:
-        return CanonicalResult(stream=stream, head_num=None, head_hash=None, marked=0, unmarked=0)
+    named = tuple(n.hash for n in plan.bad[:NAMED])
+    if plan.bad:
+        first = plan.bad[0]
+        log.warning(
+            "stream %s: %d block(s) set aside, never canonical: height not the parent's plus "
+            "one (first: %s at %d); %d with the blocks above them",
+            stream, len(plan.bad), first.hash, first.num, plan.aside,
+        )  # fmt: skip
     if plan.mark or plan.unmark:
         delta_retry(f"canonical marking of {stream!r}", lambda: _apply_delta(lake, stream, plan))
     return CanonicalResult(
         stream=stream,
-        head_num=head.num,
-        head_hash=bytes.fromhex(head.hash),
+        head_num=None if head is None else head.num,
+        head_hash=None if head is None else bytes.fromhex(head.hash),
         marked=len(plan.mark),
         unmarked=len(plan.unmark),
+        bad_height=len(plan.bad),
+        bad_height_hashes=named,
+        set_aside=plan.aside,
     )
 
 

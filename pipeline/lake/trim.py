@@ -10,6 +10,11 @@ stream it also stops below the oldest block the canonical job has yet to mark
 (:func:`pipeline.lake.storage.chainwalk.pending`): another run may have archived
 blocks it has not marked yet, and the server serves the lake's canonical rows
 only, so cutting them from Redis first would leave a gap.
+
+Before trimming, the stream's first and last entries are checked against
+``SLUICE_CHAIN_STREAMS`` (:func:`pipeline.lake.intake.streamset.check_kind`):
+blocks in a stream it does not name (trim would not keep its unmarked
+blocks), or none in one it does, refuse the trim with nothing trimmed.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pipeline import keys
 from pipeline.errors import LakePathError, RedisUnavailable
 from pipeline.intervals import covered_until
 from pipeline.lake.intake.redisread import connect, parse_id
-from pipeline.lake.intake.streamset import is_chain
+from pipeline.lake.intake.streamset import check_kind, is_chain, sample
 from pipeline.lake.storage import store, tables
 from pipeline.lake.storage.chainwalk import pending
 from pipeline.settings import LakeSettings, Settings
@@ -111,6 +116,7 @@ def safe_trim(
         oldest = client.xrange(key, "-", "+", count=1)
         if not oldest:
             return TrimResult(stream=stream, min_id="", trimmed=0, covered_to_ms=None)
+        check_kind(settings.lake, stream, sample(client, key))
         covered = covered_until(intervals, parse_id(oldest[0][0])[0])
         if now_ms is None:
             seconds, micros = client.time()

@@ -229,6 +229,7 @@ async def soak(
             "SLUICE_REDIS_URL": redis_url,
             "SLUICE_LAKE_URI": lake_uri,
             "SLUICE_SERVE_STREAM": STREAM,
+            "SLUICE_CHAIN_STREAMS": STREAM,
             # pings every 6 s, a pong due within 3 s: short enough to run many
             # times, long enough for a starved 2-core test machine
             "SLUICE_SERVE_HEARTBEAT_S": "6",

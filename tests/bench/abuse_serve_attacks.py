@@ -230,6 +230,7 @@ async def soak(
             "SLUICE_REDIS_URL": redis_url,
             "SLUICE_LAKE_URI": lake_uri or f"{tmp}/lake",
             "SLUICE_SERVE_STREAM": STREAM,
+            "SLUICE_CHAIN_STREAMS": STREAM,
             # longer than a stuck catch-up takes to fill its buffers and stall (STALL_S):
             # with 6 s, a loaded server's catch-ups had not filled them when the heartbeat's
             # unanswered ping closed the never-reading connections, and no 1008 came

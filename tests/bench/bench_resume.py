@@ -607,6 +607,7 @@ async def main() -> None:
                 "SLUICE_REDIS_URL": redis_server.url,
                 "SLUICE_LAKE_URI": lake_uri,
                 "SLUICE_SERVE_STREAM": STREAM,
+                "SLUICE_CHAIN_STREAMS": STREAM,
                 "SLUICE_SERVE_SEND_BUFFER": "8192",
                 "SLUICE_LOG_LEVEL": "WARNING",
             }

@@ -4,6 +4,12 @@ Relay mode (default) tails the Redis chain stream for live data, so any number
 of servers can run side by side. ``--in-process`` instead runs a synthetic
 chain producer inside the server, sending each block to Redis and to the
 live hub through a :class:`~pipeline.chain.produce.producer.MuxProducer`.
+
+The stream must be a chain stream: one ``SLUICE_CHAIN_STREAMS`` names (its
+history comes from the lake, which keeps the blocks of those only), whose
+first and last entries in Redis do not both lack a ``block`` field. Anything
+else is refused at start in one line (:func:`check_stream`); with Redis away
+at start the entries are not looked at (that is no reason to stay down).
 """
 
 from __future__ import annotations
@@ -14,17 +20,20 @@ import contextlib
 import gc
 import logging
 import signal
+from typing import Any
 
 from aiohttp import web
 
+from pipeline import keys
+from pipeline.blockcodec.streamkind import Look, look, mismatch, not_chain
 from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.chain.produce.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.serve.appkeys import GUARD
 from pipeline.chain.serve.server import create_app
 from pipeline.cliargs import non_negative, plain
-from pipeline.errors import MuxError
+from pipeline.errors import MuxError, StreamKindError
 from pipeline.redisio import check as redischeck
-from pipeline.redisio.conn import Role, connect
+from pipeline.redisio.conn import UNAVAILABLE, Role, connect, connect_sync
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,6 +81,42 @@ async def _produce(settings: Settings, hub: WebsocketHub, rate: float, stop: asy
                 await asyncio.wait_for(stop.wait(), 1.0 / rate)
     finally:
         await client.aclose()
+
+
+#: Why a stream ``SLUICE_CHAIN_STREAMS`` does not name cannot be served.
+NOT_CHAIN = (
+    "serve reads its history from the lake, which keeps the blocks of chain streams only: "
+    "add it to SLUICE_CHAIN_STREAMS"
+)
+
+
+def check_stream(settings: Settings) -> None:
+    """:class:`StreamKindError` unless ``settings.serve.stream`` is a declared chain stream
+    whose first and last entries in Redis are not all plain (no Redis: not looked at)."""
+    stream, chain_streams = settings.serve.stream, settings.lake.chain_streams
+    refusal = not_chain(chain_streams, stream, NOT_CHAIN)
+    if refusal is None:
+        refusal = mismatch(chain_streams, stream, _ends(settings))
+    if refusal is not None:
+        raise StreamKindError(refusal)
+
+
+def _ends(settings: Settings) -> list[Look]:
+    """How the first and last entries of the served stream look (none: empty, or no Redis)."""
+    key = keys.stream(settings.serve.stream)
+    client = connect_sync(settings.redis.url, Role.CLI)
+    try:
+        if client.type(key) != b"stream":
+            return []
+        first = client.xrange(key, "-", "+", count=1) or []
+        last = client.xrevrange(key, "+", "-", count=1) or []
+    except UNAVAILABLE as exc:
+        log.info("%s: its entries not looked at (redis unavailable: %s)", key, exc)
+        return []
+    finally:
+        client.close()
+    ends: dict[Any, Any] = {entry_id: fields for entry_id, fields in [*first, *last]}
+    return [look(fields or {}) for fields in ends.values()]
 
 
 #: The cyclic GC's thresholds once start-up is frozen (CPython's default: 700, 10, 10).
@@ -145,5 +190,6 @@ def main(argv: list[str]) -> int:
     }
     settings = Settings.load(parts=("redis", "serve", "lake"), **overrides)
     redischeck.check(settings.redis.url, command="serve")
+    check_stream(settings)
     asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
     return 0

@@ -10,7 +10,10 @@ stream created later is archived and trimmed from the next run on, without a
 redeploy.
 
 ``lake.chain_streams`` holds names and patterns too: a resolved stream is a
-chain stream when one of them matches it (:func:`is_chain`).
+chain stream when one of them matches it (:func:`is_chain`). The setting is
+the rule; :func:`check_kind` only catches a slip in it, from the stream's
+first and last entries in Redis (:mod:`pipeline.blockcodec.streamkind` says
+why), and the archive, canonical and trim jobs call it before any write.
 """
 
 from __future__ import annotations
@@ -20,30 +23,58 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from pipeline import keys
-from pipeline.errors import ConfigError, RedisUnavailable
+from pipeline.blockcodec.streamkind import GLOB, Look, is_pattern, look, matches, mismatch
+from pipeline.errors import ConfigError, RedisUnavailable, StreamKindError
 from pipeline.settings import LakeSettings, Settings
 
-#: Characters that make a ``SLUICE_STREAMS`` item a pattern (Redis glob syntax).
-GLOB = frozenset("*?[")
 #: Keys asked for per ``SCAN`` call (a hint to Redis, not a bound).
 SCAN_COUNT = 1000
 #: Most streams one pattern may resolve to: a run maps one task per stream.
 MAX_MATCHES = 10_000
 
 
-def is_pattern(item: str) -> bool:
-    """True when a ``SLUICE_STREAMS`` / ``SLUICE_CHAIN_STREAMS`` item is a glob pattern."""
-    return any(ch in GLOB for ch in item)
-
-
-def matches(items: tuple[str, ...], stream: str) -> bool:
-    """True when ``stream`` is one of ``items`` or matches one of their patterns."""
-    return any(item == stream or (is_pattern(item) and fnmatchcase(stream, item)) for item in items)
-
-
 def is_chain(lake: LakeSettings, stream: str) -> bool:
     """True when ``stream`` carries one block per entry (``lake.chain_streams``)."""
     return matches(lake.chain_streams, stream)
+
+
+def sample(client: Any, key: str) -> list[Look]:
+    """How the first and the last entry of the stream at ``key`` look (one look for one
+    entry, none for none): ``XRANGE - + COUNT 1`` and ``XREVRANGE + - COUNT 1`` on a
+    redis-py client whose replies are parsed (:func:`~pipeline.lake.intake.redisread.connect`).
+    Redis errors reach the caller."""
+    first = client.xrange(key, "-", "+", count=1)
+    if not first:
+        return []
+    last = client.xrevrange(key, "+", "-", count=1) or first
+    entries = [first[0]] if last[0][0] == first[0][0] else [first[0], last[0]]
+    return [look(fields) for _, fields in entries]
+
+
+def check_kind(lake: LakeSettings, stream: str, looks: list[Look]) -> None:
+    """Raise :class:`StreamKindError` when ``looks`` (:func:`sample`) contradict
+    ``lake.chain_streams``; nothing to check without an entry."""
+    text = mismatch(lake.chain_streams, stream, looks)
+    if text is not None:
+        raise StreamKindError(text)
+
+
+def check_now(settings: Settings, stream: str) -> None:
+    """:func:`check_kind` of the stream's entries in ``settings.redis.url`` (a job that
+    reads Redis for nothing else: the canonical job). :class:`RedisUnavailable` when
+    Redis does not answer; a key that is not a stream is left to the job."""
+    from pipeline.lake.intake.redisread import connect
+    from pipeline.redisio.conn import UNAVAILABLE
+
+    key = keys.stream(stream)
+    client = connect(settings.redis.url)
+    try:
+        looks = sample(client, key) if client.type(key) == b"stream" else []
+    except UNAVAILABLE as exc:
+        raise RedisUnavailable(f"redis unavailable while checking {stream!r}: {exc}") from exc
+    finally:
+        client.close()
+    check_kind(settings.lake, stream, looks)
 
 
 def is_configured(lake: LakeSettings, stream: str) -> bool:
@@ -113,11 +144,15 @@ def _scan(client: Any, pattern: str) -> list[str]:
 
 
 __all__ = [
+    "GLOB",
     "Resolved",
+    "check_kind",
+    "check_now",
     "is_chain",
     "is_configured",
     "is_pattern",
     "matches",
     "resolve",
     "resolve_now",
+    "sample",
 ]

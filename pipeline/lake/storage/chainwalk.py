@@ -9,7 +9,7 @@ marked) share one walk. The rules are in :mod:`pipeline.lake.canonical`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,26 +44,93 @@ class Plan:
     unmark: tuple[Node, ...]
     #: the walk ran off the bottom of the window: read lower heights and plan again
     needs_lower: bool
+    #: blocks whose height is not their parent's plus one (the parent in the window or
+    #: looked up): out of the fork choice, never canonical
+    bad: tuple[Node, ...] = ()
+    #: blocks out of the fork choice: ``bad`` and every block of the window above one
+    aside: int = 0
+    #: parents to look up (:func:`parent_heights`) before the plan holds: the walk met a
+    #: block whose parent should be in the window and is not (a gap, or a height that lies)
+    unresolved: tuple[str, ...] = ()
 
 
-def plan_walk(nodes: Iterable[Node], floor: int) -> Plan:
-    """Plan canonical changes from the rows of heights ``>= floor`` (pure)."""
+def plan_walk(
+    nodes: Iterable[Node], floor: int, known: Mapping[str, int | None] | None = None
+) -> Plan:
+    """Plan canonical changes from the rows of heights ``>= floor`` (pure).
+
+    ``known``: heights of parents outside the window, looked up by hash (None: not
+    in the lake). A block whose parent's height (in the window or ``known``) is not
+    its own minus one is set aside with every block above it: no head among them,
+    and the walk never crosses such a link (:func:`set_aside`).
+    """
+    rows = list(nodes)
     by_hash: dict[str, Node] = {}
     canonical_at: dict[int, list[Node]] = {}
-    head: Node | None = None
-    for node in nodes:
+    for node in rows:
         by_hash[node.hash] = node
         if node.canonical:
             canonical_at.setdefault(node.num, []).append(node)
-        if head is None or _heavier(node, head):
+    bad, aside = set_aside(by_hash, known or {})
+    head: Node | None = None
+    for node in rows:
+        if node.hash not in aside and (head is None or _heavier(node, head)):
             head = node
-    if head is None:
-        return Plan(head=None, mark=(), unmark=(), needs_lower=False)
+    # Set-aside blocks marked by an older run leave the chain.
+    out = [n for n in by_hash.values() if n.hash in aside and n.canonical]
+    if head is None:  # blocks, but none to head the chain here: look lower
+        return Plan(head=None, mark=(), unmark=tuple(out), needs_lower=bool(rows) and floor > 0,
+                    bad=bad, aside=len(aside))  # fmt: skip
+    walk = _walk(head, by_hash, canonical_at, aside, floor, known or {})
+    unmark = [*walk.unmark, *(n for n in out if n not in walk.unmark)]
+    unresolved = _missing(by_hash, floor, known or {}) if walk.unresolved else ()
+    return Plan(head=head, mark=walk.mark, unmark=tuple(unmark), needs_lower=walk.needs_lower,
+                bad=bad, aside=len(aside), unresolved=unresolved)  # fmt: skip
+
+
+def set_aside(by_hash: Mapping[str, Node], known: Mapping[str, int | None]) -> tuple[
+    tuple[Node, ...], set[str]
+]:  # fmt: skip
+    """``(bad, aside)``: the blocks whose height is not their parent's plus one, and the
+    hashes of those and of every block that descends from one (in the window)."""
+    bad: list[Node] = []
+    aside: set[str] = set()
+    # Lowest first: an honest link goes from num - 1 to num, so a parent is settled first.
+    for node in sorted(by_hash.values(), key=lambda n: n.num):
+        parent = by_hash.get(node.parent)
+        height = parent.num if parent is not None else known.get(node.parent)
+        if height is not None and height != node.num - 1:
+            bad.append(node)
+            aside.add(node.hash)
+        elif parent is not None and parent.hash in aside:
+            aside.add(node.hash)
+    return tuple(bad), aside
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    mark: tuple[Node, ...]
+    unmark: tuple[Node, ...]
+    needs_lower: bool
+    unresolved: bool = False
+
+
+def _walk(
+    head: Node,
+    by_hash: Mapping[str, Node],
+    canonical_at: Mapping[int, list[Node]],
+    aside: set[str],
+    floor: int,
+    known: Mapping[str, int | None],
+) -> _Walk:
+    """Walk parent links down from ``head``, marking and unmarking (the module's rules)."""
     mark: list[Node] = []
     # A head below canonical heights (a shorter, heavier chain): those leave the chain.
     unmark: list[Node] = [n for num, ns in canonical_at.items() if num > head.num for n in ns]
     # Heights under the head where nothing is canonical yet: filled in below the marked chain.
-    unmarked = [node.num for node in by_hash.values() if node.num not in canonical_at]
+    unmarked = [
+        n.num for n in by_hash.values() if n.num not in canonical_at and n.hash not in aside
+    ]
     lowest_unmarked = min((num for num in unmarked if num < head.num), default=None)
     seen: set[str] = set()
     current = head
@@ -76,10 +143,32 @@ def plan_walk(nodes: Iterable[Node], floor: int) -> Plan:
         unmark.extend(n for n in canonical_at.get(current.num, ()) if n.hash != current.hash)
         parent = by_hash.get(current.parent)
         if parent is None:
+            if _should_be_here(current, floor) and current.parent not in known:
+                return _Walk(tuple(mark), tuple(unmark), False, unresolved=True)
             below_window = current.num > 0 and current.num <= floor and floor > 0
-            return Plan(head=head, mark=tuple(mark), unmark=tuple(unmark), needs_lower=below_window)
+            return _Walk(tuple(mark), tuple(unmark), below_window)
         current = parent
-    return Plan(head=head, mark=tuple(mark), unmark=tuple(unmark), needs_lower=False)
+    return _Walk(tuple(mark), tuple(unmark), False)
+
+
+def _should_be_here(node: Node, floor: int) -> bool:
+    """True when an honest parent of ``node`` would be in a window starting at ``floor > 0``."""
+    return floor > 0 and node.num - 1 >= floor
+
+
+def _missing(
+    by_hash: Mapping[str, Node], floor: int, known: Mapping[str, int | None]
+) -> tuple[str, ...]:
+    """Parents an honest window would hold that it does not and that are not looked up."""
+    return tuple(
+        sorted(
+            {
+                n.parent
+                for n in by_hash.values()
+                if n.parent not in by_hash and n.parent not in known and _should_be_here(n, floor)
+            }
+        )
+    )
 
 
 def _heavier(node: Node, head: Node) -> bool:
@@ -101,14 +190,47 @@ def pending(lake: LakeSettings, stream: str) -> Plan:
     if top is None:
         return Plan(head=None, mark=(), unmark=(), needs_lower=False)
     window = WINDOW
+    known: dict[str, int | None] = {}
     while True:
         floor = max(0, top - window)
         if lowest_unmarked is not None:
             floor = min(floor, lowest_unmarked)
-        plan = plan_walk(_nodes(lake, stream, floor), floor)
+        nodes = _nodes(lake, stream, floor)
+        plan = plan_walk(nodes, floor, known)
+        if plan.unresolved:  # once per window: every parent the window misses, in one read
+            known.update(parent_heights(lake, stream, plan.unresolved))
+            plan = plan_walk(nodes, floor, known)
         if not plan.needs_lower or floor == 0:
             return plan
         window *= 4
+
+
+def parent_heights(lake: LakeSettings, stream: str, hashes: Iterable[str]) -> dict[str, int | None]:
+    """The height of each block of ``hashes`` in ``blocks`` (None: not there).
+
+    Reads the ``hash`` and ``num`` columns of every file of the stream (a hash
+    says nothing about where its row is): what a walk or an archive pays only
+    when a parent is missing where an honest height would put it.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted = sorted(set(hashes))
+    found: dict[str, int | None] = dict.fromkeys(wanted)
+    if not wanted or not store.is_table(lake, tables.BLOCKS):
+        return found
+    # Filtered here, not by the dataset: in a table without ``dataSkippingStatsColumns``
+    # delta-rs gives each file a guarantee on ``hash`` (no statistics) that drops it.
+    table = _dataset(lake, stream, 0).to_table(
+        columns=["hash", "num"], filter=pc.field("stream") == stream
+    )
+    table = table.filter(pc.is_in(table.column("hash"), value_set=pa.array(wanted, pa.string())))
+    for digest, num in zip(
+        table.column("hash").to_pylist(), table.column("num").to_pylist(), strict=True
+    ):
+        seen = found[digest]
+        found[digest] = num if seen is None else min(seen, num)
+    return found
 
 
 def _dataset(lake: LakeSettings, stream: str, floor: int) -> Any:

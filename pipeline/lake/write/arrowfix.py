@@ -11,7 +11,10 @@ between its two commits). The driver settles those here, from what the tasks
 report, without a second read of Redis:
 
 1. :func:`plan_fix`: nothing to do when the written hashes are pairwise
-   distinct and none is in ``blocks`` (the common case: two cheap checks).
+   distinct and none is in ``blocks`` (the common case: two cheap checks)
+   and no kept row's height lies (:mod:`pipeline.lake.write.heights`, from
+   the key columns of the written ``blocks`` files: a set-aside row is
+   dropped and its block restored, as a *dup*'s).
    Else the interval is planned exactly (:func:`~pipeline.lake.write.blockplan.plan`)
    from the key columns of the written files (no payloads) and the ``(hash,
    entry_id)`` rows of ``blocks`` in their num range: a written ``blocks`` row
@@ -31,6 +34,7 @@ so what ``blocks`` holds at the plan still holds at the commit.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +44,7 @@ from pipeline.lake.storage.intervalstats import interval_scan
 from pipeline.lake.write import arrowwrite
 from pipeline.lake.write.arrowwrite import DataFile, Written
 from pipeline.lake.write.blockplan import plan, restore_blocks
+from pipeline.lake.write.heights import Heights, set_aside
 from pipeline.settings import LakeSettings
 
 #: The blocks of the entries whose ``fields`` get them back.
@@ -61,36 +66,45 @@ class Fix:
     dropped: frozenset[int] = frozenset()
 
 
-def plan_fix(lake: LakeSettings, stream: str, written: Written) -> Fix | None:
-    """What of ``written`` must change before its commit (None: commit it as it is)."""
+def plan_fix(
+    lake: LakeSettings, stream: str, written: Written, heights: Heights | None = None
+) -> Fix | None:
+    """What of ``written`` must change before its commit (None: commit it as it is).
+
+    The rows it keeps are then checked for heights that lie
+    (:func:`~pipeline.lake.write.heights.set_aside`, told to ``heights``): a
+    set-aside row is dropped and its block restored like a ``dup``'s.
+    """
     if not written.blocks or not written.blocks_files:
         return None
     assert written.num_lo is not None and written.num_hi is not None
     there = interval_scan(
         lake, tables.BLOCKS, stream, "num", written.num_lo, written.num_hi, ["hash", "entry_id"]
     )
-    if written.distinct and not there.num_rows:
-        return None
-    ours = _read(lake, tables.BLOCKS, written.blocks_files, ["hash", "entry_id"])
+    ours = _read(lake, tables.BLOCKS, written.blocks_files, ["entry_id", "num", "hash", "parent"])
     every = pa.concat_tables(ours)
+    entries: list[pa.Table] | None = None
+    drop_mask = restore_mask = None
     known = pc.is_in(every.column("hash"), value_set=there.column("hash"))
-    if written.distinct and not pc.any(known).as_py():
+    if not written.distinct or pc.any(known).as_py():
+        entries = _read(lake, tables.STREAM_ENTRIES, written.entries_files, _ENTRY_KEYS)
+        drop_mask, restore_mask = _repeats(pa.concat_tables(entries), there, every)
+    dropped = _EMPTY if drop_mask is None else _ids(entries, drop_mask)
+    keep = every.filter(pc.invert(pc.is_in(every.column("entry_id"), value_set=dropped)))
+    aside = set_aside(lake, stream, keep)
+    if heights is not None:
+        heights.add(aside)
+    if not len(dropped) and not len(aside.entry_ids):
         return None
-    columns = ["entry_id", "valid_block", "block_hash", "payload_in_blocks"]
-    entries = _read(lake, tables.STREAM_ENTRIES, written.entries_files, columns)
-    read = pa.concat_tables(entries)  # entry order: tasks in range order, each in id order
-    new, dup = plan(read, there)
-    kept = pc.is_in(read.column("entry_id"), value_set=every.column("entry_id"))
-    drop_mask = pc.and_(kept, pc.invert(new))
-    if not pc.any(drop_mask).as_py():
-        return None
+    if entries is None:
+        entries = _read(lake, tables.STREAM_ENTRIES, written.entries_files, _ENTRY_KEYS)
+    read = pa.concat_tables(entries)
+    out = pc.is_in(read.column("entry_id"), value_set=aside.entry_ids)
     split = pc.fill_null(read.column("payload_in_blocks"), False)
-    restore_mask = pc.and_(pc.and_(drop_mask, dup), split)
-    ids = read.column("entry_id")
-    drop, restore = (
-        ids.filter(drop_mask).combine_chunks(),
-        ids.filter(restore_mask).combine_chunks(),
-    )
+    drop_mask = out if drop_mask is None else pc.or_(drop_mask, out)
+    back = pc.and_(out, split)
+    restore_mask = back if restore_mask is None else pc.or_(restore_mask, back)
+    drop, restore = _ids(entries, drop_mask), _ids(entries, restore_mask)
 
     def touched(parts: list[pa.Table], id_set: pa.Array, every: bool = False) -> frozenset[int]:
         test = pc.all if every else pc.any
@@ -100,8 +114,31 @@ def plan_fix(lake: LakeSettings, stream: str, written: Written) -> Fix | None:
             if test(pc.is_in(part.column("entry_id"), value_set=id_set)).as_py()
         )
 
-    dropped = touched(ours, drop, every=True) - touched(ours, restore)
-    return Fix(drop, restore, touched(ours, drop), touched(entries, restore), dropped)
+    gone = touched(ours, drop, every=True) - touched(ours, restore)
+    return Fix(drop, restore, touched(ours, drop), touched(entries, restore), gone)
+
+
+#: The key columns of the written ``stream_entries`` files a fix reads.
+_ENTRY_KEYS = ["entry_id", "valid_block", "block_hash", "payload_in_blocks"]
+_EMPTY = pa.array([], pa.string())
+
+
+def _repeats(read: pa.Table, there: pa.Table, every: pa.Table) -> tuple[Any, Any]:
+    """``(drop, restore)`` masks over the entries ``read`` (entry order) for repeats: a
+    written ``blocks`` row (of ``every``) whose entry is not *new* is dropped, and a
+    split-off *dup* gets its block back (:func:`~pipeline.lake.write.blockplan.plan`)."""
+    new, dup = plan(read, there)
+    kept = pc.is_in(read.column("entry_id"), value_set=every.column("entry_id"))
+    drop_mask = pc.and_(kept, pc.invert(new))
+    split = pc.fill_null(read.column("payload_in_blocks"), False)
+    return drop_mask, pc.and_(pc.and_(drop_mask, dup), split)
+
+
+def _ids(entries: list[pa.Table] | None, mask: Any) -> pa.Array:
+    """Entry ids of the rows of ``entries`` (concatenated) that ``mask`` selects."""
+    assert entries is not None
+    ids = pa.concat_tables(entries).column("entry_id")
+    return ids.filter(mask).combine_chunks()
 
 
 def apply_fix(lake: LakeSettings, stream: str, written: Written, fix: Fix) -> Written:

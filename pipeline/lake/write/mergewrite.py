@@ -12,7 +12,9 @@ with explicit ids), unless ``SLUICE_ARCHIVE_WRITER=spark``. It writes exactly th
    read's num range (:func:`pipeline.lake.write.blockplan.plan`): in entry order, a valid entry is *new*
    when ``blocks`` does not hold its hash and it is the hash's first entry;
    else it is ``present`` (``blocks`` holds its row from this very entry) or
-   ``dup`` (its fields keep the block, ``payload_in_blocks = false``).
+   ``dup`` (its fields keep the block, ``payload_in_blocks = false``). A new
+   block whose height is not its parent's plus one (and every block above it)
+   is set aside like a ``dup`` (:mod:`pipeline.lake.write.heights`).
 3. Write the new ``blocks`` rows, then the ``stream_entries`` rows whose
    ``entry_id`` the interval does not hold yet, as Parquet files with the
    tables' declared types and Delta statistics
@@ -40,6 +42,7 @@ from pipeline.lake.storage.intervalstats import Stats, interval_scan, interval_s
 from pipeline.lake.write import arrowwrite
 from pipeline.lake.write.blockplan import plan, restore_blocks
 from pipeline.lake.write.filerows import BLOCKS_FILE, ENTRIES_FILE, block_rows, entry_rows
+from pipeline.lake.write.heights import set_aside
 from pipeline.lake.write.writejob import WriteJob
 from pipeline.settings import LakeSettings
 
@@ -54,7 +57,7 @@ def write(job: WriteJob) -> Stats:
     lap("merge_read")
     archived_at = pa.scalar(job.archived_at, pa.timestamp("us", tz="UTC"))
     if job.chain:
-        new, dup = plan(read, _owners(lake, stream, read))
+        new, dup = _set_aside(job, read, *plan(read, _owners(lake, stream, read)))
         lap("merge_plan")
         blocks = [block_rows(b, archived_at) for b in read.filter(new).to_batches()]
         _commit(lake, tables.BLOCKS, stream, pa.Table.from_batches(blocks, BLOCKS_FILE))
@@ -86,6 +89,21 @@ def read_interval(job: WriteJob) -> pa.Table:
     finally:
         client.close()
     return pa.Table.from_batches(batches, schema=arrowpage.ARROW_SCHEMA)
+
+
+def _set_aside(job: WriteJob, read: pa.Table, new: pa.Array, dup: pa.Array) -> tuple[
+    pa.Array, pa.Array
+]:  # fmt: skip
+    """``(new, dup)`` with the new blocks :func:`~pipeline.lake.write.heights.set_aside`
+    keeps out of ``blocks`` moved from ``new`` to ``dup`` (told to ``job.heights``)."""
+    columns = ["entry_id", "block_num", "block_hash", "block_parent"]
+    rows = read.filter(new).select(columns).rename_columns(["entry_id", "num", "hash", "parent"])
+    aside = set_aside(job.settings.lake, job.stream, rows)
+    job.heights.add(aside)
+    if not len(aside.entry_ids):
+        return new, dup
+    out = pc.is_in(read.column("entry_id"), value_set=aside.entry_ids).combine_chunks()
+    return pc.and_(new, pc.invert(out)), pc.or_(dup, out)
 
 
 def _owners(lake: LakeSettings, stream: str, read: pa.Table) -> pa.Table:

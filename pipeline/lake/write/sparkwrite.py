@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from pipeline.lake.storage import tables
 from pipeline.lake.storage.intervalstats import Stats, any_rows, interval_stats
+from pipeline.lake.write.heights import set_aside
 from pipeline.lake.write.jobs import table_sql
 from pipeline.lake.write.sparkread import keep, read_interval, release, scan
 from pipeline.lake.write.writejob import WriteJob
@@ -24,6 +28,11 @@ from pipeline.settings import LakeSettings
 _DUP = "dup"
 #: ``mark`` of an entry whose ``blocks`` row is already in the table (from this entry)
 _PRESENT = "present"
+#: ``mark`` of an entry whose block is set aside (keeps its payload, like a ``dup``)
+_ASIDE = "aside"
+#: New blocks without their parent one height down in the read that the driver takes at
+#: once; more are judged from every new block's keys.
+MAX_LOOSE = 10_000
 _BLOCK_KEY = "block"
 #: Marks of at most this many entries are broadcast to the writes' joins (a broadcast
 #: relation is built whole on the driver); more are joined by a shuffle instead.
@@ -58,7 +67,7 @@ def write(spark: Any, job: WriteJob, empty: bool) -> Stats:
     try:
         read, repeats = scan(raw)
         lap("scan")
-        plan = _plan_blocks(spark, lake, stream, raw, read, repeats)
+        plan = _plan_blocks(spark, job, raw, read, repeats)
         marks = plan.marks
         lap("plan")
         if plan.write:
@@ -101,7 +110,7 @@ def _write_entries(
     split = F.col("valid_block") & (F.size("fields") == 0)
     if plan is not None and plan.marks is not None:
         raw = raw.join(plan.joinable(), "entry_id", "left")
-        in_blocks = split & F.coalesce(F.col("mark") != F.lit(_DUP), F.lit(True))
+        in_blocks = split & F.coalesce(F.col("mark") == F.lit(_PRESENT), F.lit(True))
         fields = F.when(
             split & ~in_blocks, F.create_map(F.lit(_BLOCK_KEY), F.col("payload"))
         ).otherwise(F.col("fields"))
@@ -189,33 +198,79 @@ class _BlocksPlan:
         return F.broadcast(self.marks) if self.marked <= MAX_BROADCAST_MARKS else self.marks
 
 
-def _plan_blocks(
-    spark: Any, lake: LakeSettings, stream: str, raw: Any, read: Stats, repeats: int
-) -> _BlocksPlan:
-    """Which valid entries become ``blocks`` rows: the first entry of each hash not in ``blocks``.
+def _plan_blocks(spark: Any, job: WriteJob, raw: Any, read: Stats, repeats: int) -> _BlocksPlan:
+    """Which valid entries become ``blocks`` rows: the first entry of each hash not in
+    ``blocks``, unless its height lies.
 
-    The common interval (every hash new and seen once) needs no marks. Else
-    each other valid entry is marked ``present`` (``blocks`` holds its row
-    from this very entry: a rerun) or ``dup`` (``blocks`` holds the hash from
-    another entry, whose payload may differ: this entry keeps its own). The
-    marks are computed and cached in Spark; the driver only counts them.
+    The common interval (every hash new and seen once, no height that lies)
+    needs no marks. Else each other valid entry is marked ``present``
+    (``blocks`` holds its row from this very entry: a rerun), ``dup``
+    (``blocks`` holds the hash from another entry, whose payload may differ:
+    this entry keeps its own) or ``aside`` (:func:`_aside`). The marks are
+    computed and cached in Spark; the driver only counts them.
     """
     if not read.blocks:
         return _BlocksPlan(0, True, 0, 0)
+    lake, stream = job.settings.lake, job.stream
     lo, hi = int(read.lo or 0), int(read.hi or 0)
     present = any_rows(lake, tables.BLOCKS, stream, "num", lo, hi)
-    if not present and not repeats:
-        return _BlocksPlan(read.blocks, True, lo, hi)
-    marks = keep(spark, _marks(spark, lake, stream, raw, lo, hi, present))
+    marks = None
+    if present or repeats:
+        marks = keep(spark, _marks(spark, lake, stream, raw, lo, hi, present))
+    earlier = None
     try:
-        marked = int(marks.count())
+        aside = _aside(spark, job, raw, marks)
+        if aside is not None:
+            earlier, marks = (
+                marks,
+                keep(spark, aside if marks is None else marks.unionByName(aside)),
+            )
+        marked = 0 if marks is None else int(marks.count())
     except BaseException:
-        release(marks)
+        for frame in (marks, earlier):
+            if frame is not None:
+                release(frame)
         raise
+    if earlier is not None:
+        release(earlier)  # the union's cache holds its rows now
     if not marked:
-        release(marks)
+        if marks is not None:
+            release(marks)
         return _BlocksPlan(read.blocks, not present, lo, hi)
     return _BlocksPlan(read.blocks - marked, not present, lo, hi, marks, marked)
+
+
+def _aside(spark: Any, job: WriteJob, raw: Any, marks: Any) -> Any:
+    """``(entry_id, mark)`` of the new blocks set aside (told to ``job.heights``), or None."""
+    from pyspark.sql import functions as F
+
+    lake, stream = job.settings.lake, job.stream
+    new = raw.where(F.col("valid_block"))
+    if marks is not None:
+        new = new.join(marks, "entry_id", "left_anti")
+    new = new.select(
+        "entry_id", F.col("block_num").alias("num"), F.col("block_hash").alias("hash"),
+        F.col("block_parent").alias("parent"),
+    )  # fmt: skip
+    # One Spark job: the new blocks whose parent is not one height down among them, each
+    # with its parent's height in the read (null: not in it).
+    ups = new.select(F.col("hash").alias("up"), F.col("num").alias("up_num"))
+    joined = new.join(ups, F.col("parent") == F.col("up"), "left")
+    honest = F.col("up_num").isNotNull() & (F.col("up_num") == F.col("num") - 1)
+    loose = joined.where(~honest).limit(MAX_LOOSE + 1).toArrow()
+    if loose.num_rows > MAX_LOOSE:
+        aside = set_aside(lake, stream, new.toArrow())
+    else:
+        known = loose.filter(pc.is_valid(loose.column("up_num")))
+        context = pa.table({"hash": known.column("up"), "num": known.column("up_num")})
+        aside = set_aside(lake, stream, loose, context)
+        if len(aside.entry_ids):  # the blocks above them are judged from every new block
+            aside = set_aside(lake, stream, new.toArrow())
+    job.heights.add(aside)
+    if not len(aside.entry_ids):
+        return None
+    ids = [(entry_id, _ASIDE) for entry_id in aside.entry_ids.to_pylist()]
+    return spark.createDataFrame(ids, "entry_id STRING, mark STRING")
 
 
 def _marks(

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pipeline.lake.write.heights import Heights
 from pipeline.settings import Settings
 
 
@@ -28,3 +29,5 @@ class WriteJob:
     lap: Callable[..., None]
     #: a shared job's :class:`pipeline.lake.write.arrowbatch.SharedWrites` (None: write alone)
     shared: Any = None
+    #: the blocks the writers set aside (:mod:`pipeline.lake.write.heights`), summed
+    heights: Heights = field(default_factory=Heights)

@@ -146,6 +146,7 @@ async def test_go_consumers_catch_up_and_follow_with_no_hole(
         "SLUICE_REDIS_URL": settings.redis.url,
         "SLUICE_LAKE_URI": settings.lake.uri,
         "SLUICE_SERVE_STREAM": STREAM,
+        "SLUICE_CHAIN_STREAMS": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
     }
     rng = random.Random(72)

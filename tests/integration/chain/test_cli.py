@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
 import redis
 
 from pipeline import keys
+from pipeline.errors import StreamKindError
 from pipeline.runtime.ports import free_port
 
 from .conftest import STREAM
@@ -22,6 +24,7 @@ def test_produce_serve_subscribe(settings, redis_client: redis.Redis) -> None:
         "SLUICE_REDIS_URL": settings.redis.url,
         "SLUICE_LAKE_URI": settings.lake.uri,
         "SLUICE_SERVE_STREAM": STREAM,
+        "SLUICE_CHAIN_STREAMS": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
     }
     produced = subprocess.run(
@@ -94,3 +97,51 @@ def test_produce_goes_on_from_the_streams_head(settings, redis_client: redis.Red
             check=True,
         ).stdout
     )
+
+
+def _serve_refusal(settings, *args: str, **env: str) -> str:
+    """Run ``sluice serve`` expecting a refusal at start; its one line."""
+    full = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_LAKE_URI": settings.lake.uri,
+        "SLUICE_CONFIG": os.devnull,
+        "SLUICE_LOG_LEVEL": "WARNING",
+        **env,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(free_port()), *args],
+        env=full, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_serve_refuses_a_stream_the_setting_does_not_name(settings, redis_client) -> None:
+    from tests.integration.lake.helpers import chain, publish
+
+    publish(redis_client, "chain:s1", chain(0, 5))
+    line = _serve_refusal(settings, "--stream", "chain:s1", SLUICE_CHAIN_STREAMS="chain:demo")
+    assert line.startswith("sluice serve: stream 'chain:s1' is not a chain stream"), line
+    assert "SLUICE_CHAIN_STREAMS (chain:demo)" in line and "lake" in line
+
+
+def test_serve_refuses_a_declared_stream_whose_entries_are_not_blocks(
+    settings, redis_client
+) -> None:
+    for n in range(3):
+        redis_client.xadd(keys.stream("events:1"), {b"n": str(n).encode()})
+    line = _serve_refusal(settings, SLUICE_SERVE_STREAM="events:1", SLUICE_CHAIN_STREAMS="events*")
+    assert line.startswith("sluice serve: stream 'events:1' is a chain stream"), line
+    assert "SLUICE_CHAIN_STREAMS (events*)" in line and "not blocks" in line
+
+
+def test_serve_starts_on_a_declared_stream_with_redis_down(settings) -> None:
+    from pipeline.chain.serve.cli import check_stream
+
+    down = settings.replace(redis_url=f"redis://127.0.0.1:{free_port()}/0", chain_streams=(STREAM,))
+    check_stream(down)  # the entries cannot be looked at: not a reason to stay down
+    with pytest.raises(StreamKindError, match="not a chain stream"):
+        check_stream(down.replace(chain_streams=("chain:demo",)))

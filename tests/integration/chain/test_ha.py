@@ -69,6 +69,7 @@ def test_produce_serve_subscribe_through_a_failover(
         "SLUICE_REDIS_URL": url,
         "SLUICE_LAKE_URI": str(tmp_path / "lake"),
         "SLUICE_SERVE_STREAM": STREAM,
+        "SLUICE_CHAIN_STREAMS": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
     }
     env.pop("PYTHONASYNCIODEBUG", None)

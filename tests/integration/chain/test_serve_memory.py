@@ -98,6 +98,7 @@ async def _serve(settings: Any, port: int, **env: str) -> asyncio.subprocess.Pro
         "SLUICE_REDIS_URL": settings.redis.url,
         "SLUICE_LAKE_URI": settings.lake.uri,
         "SLUICE_SERVE_STREAM": STREAM,
+        "SLUICE_CHAIN_STREAMS": STREAM,
         "SLUICE_LOG_LEVEL": "WARNING",
         "SLUICE_SERVE_RELEASE_EVERY_S": str(RELEASE_EVERY_S),
     }

@@ -87,10 +87,55 @@ def test_window_bottom_asks_for_more_and_gap_stops() -> None:
     assert [n.num for n in plan.mark] == [7, 6, 5] and not plan.needs_lower
 
 
-def test_parent_cycle_terminates() -> None:
+def test_a_parent_cycle_holds_a_height_that_lies_and_is_set_aside() -> None:
     a = Node(num=1, hash="a", parent="b", canonical=False)
-    b = Node(num=0, hash="b", parent="a", canonical=False)
-    assert len(plan_walk([a, b], 0).mark) == 2
+    b = Node(num=0, hash="b", parent="a", canonical=True)  # b's parent a is at 1, not -1
+    plan = plan_walk([a, b], 0)
+    assert [n.hash for n in plan.bad] == ["b"] and plan.aside == 2
+    assert plan.head is None and plan.mark == () and [n.hash for n in plan.unmark] == ["b"]
+    assert not plan.needs_lower
+
+
+def test_a_height_that_lies_in_the_middle_is_never_canonical() -> None:
+    main = _chain(0, 9, "m", "g", False)
+    liar = _chain(50, 54, "x", "m4", False, order=100)  # x50 says 50, its parent m4 is at 4
+    fork = _chain(5, 8, "f", "m4", False, order=200)  # a correct branch, lighter than main
+    plan = plan_walk(main + liar + fork, 0)
+    assert plan.head is not None and plan.head.hash == "m8"
+    assert [n.hash for n in plan.mark] == [f"m{n}" for n in range(8, -1, -1)]
+    assert [n.hash for n in plan.bad] == ["x50"] and plan.aside == 4
+    # with main ending at 6, the correct branch is the heaviest and is marked
+    short = [n for n in main if n.num <= 6]
+    plan = plan_walk(short + liar + fork, 0)
+    assert [n.hash for n in plan.mark] == ["f7", "f6", "f5", "m4", "m3", "m2", "m1", "m0"]
+
+
+def test_a_height_that_lies_downwards_or_marked_before_is_unmarked() -> None:
+    main = _chain(0, 6, "m", "g", True)
+    low = Node(num=2, hash="y2", parent="m4", canonical=False, weight=10**6)  # 4 is not 1
+    marked = Node(num=6, hash="z6", parent="m1", canonical=True)  # marked by an older run
+    plan = plan_walk([*main, low, marked], 0)
+    assert plan.head is not None and plan.head.hash == "m5"
+    assert sorted(n.hash for n in plan.bad) == ["y2", "z6"] and plan.mark == ()
+    assert [n.hash for n in plan.unmark] == ["z6"]
+
+
+def test_a_parent_missing_where_an_honest_height_would_put_it_is_looked_up() -> None:
+    window = _chain(100, 105, "m", "m99", False) + _chain(102, 104, "x", "deep", False, order=9)
+    heavy = Node(num=104, hash="x104", parent="x103", canonical=False, weight=10**9)
+    plan = plan_walk([*window, heavy], 100)
+    assert plan.unresolved == ("deep",)  # x102's parent would be at 101, in the window
+    lied = plan_walk([*window, heavy], 100, {"deep": 7})
+    assert lied.unresolved == () and [n.hash for n in lied.bad] == ["x102"]
+    assert lied.head is not None and lied.head.hash == "m104" and lied.needs_lower
+    gap = plan_walk([*window, heavy], 100, {"deep": None})  # not in the lake: a gap
+    assert gap.head == heavy and [n.hash for n in gap.mark] == ["x104", "x103", "x102"]
+
+
+def test_a_window_whose_every_block_is_set_aside_looks_lower() -> None:
+    liar = Node(num=10**9, hash="x", parent="m5", canonical=False)
+    plan = plan_walk([liar], 10**9 - 4096, {"m5": 5})
+    assert plan.head is None and plan.needs_lower and plan.aside == 1
 
 
 def test_blocks_filled_in_below_the_marked_chain_are_marked() -> None:
