@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pipeline.chain.planning import Emit
+from pipeline.errors import BranchUnlinked
 
 
 class Sender:
@@ -26,9 +27,25 @@ class Sender:
     :data:`RETAIN` heights), and a heavier block on another branch is sent
     with the held blocks that link it to the sent chain, the first of them
     marked as a reorg above the common ancestor (a shorter, heavier chain too).
+
+    A heavier block that does not link to the sent chain through what is held
+    (its branch forks below what the Sender remembers, or it comes after a gap)
+    raises :class:`~pipeline.errors.BranchUnlinked`: the caller plans again from
+    :attr:`head`, with the fork point found in Redis or the lake. The same block
+    offered again after that (nothing links it anywhere) replaces from its height.
     """
 
-    __slots__ = ("_blocks", "_hashes", "_lost", "_window", "floor", "head", "head_weight", "sent")
+    __slots__ = (
+        "_blocks",
+        "_hashes",
+        "_lost",
+        "_retried",
+        "_window",
+        "floor",
+        "head",
+        "head_weight",
+        "sent",
+    )
 
     #: Heights below the head whose blocks are kept to rebuild a branch (at most
     #: 2 * RETAIN blocks per subscriber: deeper branches fall back to production order).
@@ -45,6 +62,8 @@ class Sender:
         self._blocks: dict[str, Emit] = {}
         #: the hashes of blocks on branches the lake says lost (:meth:`lose`), oldest first
         self._lost: dict[str, None] = {}
+        #: the last block that raised BranchUnlinked: offered again, it is not raised twice
+        self._retried: str | None = None
 
     def accept(
         self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
@@ -183,16 +202,18 @@ class Sender:
             return []
         if not linked:
             if num <= self.head + 1 and emit.weight <= self.head_weight:
-                return []  # an unlinked block, not heavier: nothing to follow
-            # A gap above the head, or a heavier block whose parent was never seen
-            # here: replace from its height, as a canonical source would.
-            depth = self.accept(num, hash, emit.weight, emit)
-            return [] if depth is None else [_with_reorg(emit, depth)]
+                # Not heavier, on a branch forking below what is remembered: held, so the
+                # branch's later blocks link to it and its heavier tip finds it (a deeper
+                # fork than that raises BranchUnlinked there).
+                self._keep(emit)
+                return []
+            # A gap above the head, or a heavier block whose parent was never seen here.
+            return self._unlinked(emit)
         branch = [emit]
         while self._hashes.get(branch[-1].num - 1) != branch[-1].parent:
             held = self._blocks.get(branch[-1].parent)
             if held is None or held.num != branch[-1].num - 1:
-                break
+                return self._unlinked(emit)  # the held blocks do not reach the sent chain
             branch.append(held)
         branch.reverse()
         ancestor = branch[0].num - 1
@@ -206,6 +227,23 @@ class Sender:
             self._note(block.num, block.hash, block.weight, block)
             out.append(_with_reorg(block, depth if i == 0 else 0))
         return out
+
+    def first_unlinked(self, hash: str) -> bool:
+        """Whether ``hash`` is met unlinked for the first time (then noted: a second time
+        it is taken as it comes, see :meth:`_unlinked`)."""
+        if hash == self._retried:
+            return False
+        self._retried = hash
+        return True
+
+    def _unlinked(self, emit: Emit) -> list[Emit]:
+        """A heavier block with no known link to the sent chain: raise once, so the caller
+        plans again from the head; offered again (nothing links it anywhere, a foreign
+        producer's orphan), it replaces from its height, as a canonical source would."""
+        if self.first_unlinked(emit.hash):
+            raise BranchUnlinked(emit.num, emit.hash)
+        depth = self.accept(emit.num, emit.hash, emit.weight, emit)
+        return [] if depth is None else [_with_reorg(emit, depth)]
 
     def hold(self, emit: Emit) -> None:
         """Keep a block of a side branch without sending it: a heavier child may bring it."""

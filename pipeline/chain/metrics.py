@@ -43,6 +43,14 @@ class Metrics:
             "counter",
             "connections closed (408) for not sending a complete request head in time",
         ),
+        "sluice_serve_bad_heights_total": (
+            "counter",
+            "chain blocks set aside: height not their parent's plus one, or descending from one",
+        ),
+        "sluice_serve_reorg_resyncs_total": (
+            "counter",
+            "subscriptions planned again from their head after a reorg deeper than fork choice held",
+        ),
         "sluice_serve_entries_refused_total": (
             "counter",
             "chain-stream entries refused (too large, too many items, too deep, wrong shape)",

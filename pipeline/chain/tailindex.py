@@ -82,12 +82,14 @@ def index_entry(
     entry_id: bytes,
     fields: dict[bytes, bytes],
     refused: Callable[[bytes, Exception], None] | None = None,
+    admit: Callable[[bytes, int, str, str], bool] | None = None,
 ) -> tuple[int, str] | None:
     """Add one Redis entry's metadata to ``tail``: its (num, hash), or None when invalid.
 
     The whole entry is checked (size, then shape: :func:`check_raw`), so the
     catch-up encoders never meet a block the live path would refuse. An
-    invalid entry only moves ``last_id``, and is handed to ``refused`` (else logged).
+    invalid entry only moves ``last_id``, and is handed to ``refused`` (else logged);
+    ``admit`` refuses a block whose height lies (:meth:`~pipeline.chain.history.entries.Refusals.admit`).
     """
     try:
         raw = decode_raw(fields[ENTRY_FIELD])
@@ -96,6 +98,9 @@ def index_entry(
         if not indexable(num, raw["hash"], raw["parent"]):
             raise BadBatch("block number or hashes out of range")
         parent = raw["parent"].hex()
+        if admit is not None and not admit(entry_id, num, hash, parent):
+            tail.last_id = entry_id
+            return None  # set aside (counted and logged by ``admit``)
         below = tail.chain.get(num - 1)
         if below is not None and below[0] == parent:
             parent = below[0]  # one string for the parent and its hash: about 110 bytes an entry

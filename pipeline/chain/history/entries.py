@@ -8,6 +8,9 @@ bounds every map and list by its msgpack header (:data:`~pipeline.blockcodec.MAX
 depth), then its shape. A refused entry is skipped; the blocks around it are
 served as usual. The same entry is met by several readers (the tailer, the
 index, each replaying subscriber): :class:`Refusals` counts and logs it once.
+Each of them also asks :meth:`Refusals.admit` whether a decoded block's height
+is its parent's plus one (:class:`~pipeline.chain.heights.Heights`, one per
+server): a block that lies about its height is refused the same way by all.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import contextlib
 import logging
 from collections import OrderedDict
 
+from pipeline.chain.heights import Heights
 from pipeline.chain.metrics import Metrics
+from pipeline.errors import BadBatch
 from pipeline.redisio.conn import parse_entry_id
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,19 @@ class Refusals:
         #: the ids of ``_seen`` as (ms, seq), sorted
         self._sorted: list[tuple[tuple[int, int], bytes]] = []
         self.count = 0
+        #: the heights of recent blocks, shared by every reader of the stream
+        self.heights = Heights()
+
+    def admit(self, entry_id: bytes, num: int, hash: str, parent: str) -> bool:
+        """Whether a decoded block may be served: refused (counted, logged once) when its
+        height is not its parent's plus one, or when it descends from such a block."""
+        why = self.heights.check(num, hash, parent)
+        if why is None:
+            return True
+        if entry_id not in self._seen and self._metrics is not None:
+            self._metrics.inc("sluice_serve_bad_heights_total")
+        self(entry_id, BadBatch(why))
+        return False
 
     def within(self, after: bytes, upto: bytes | None = None) -> list[bytes]:
         """Refused ids in ``(after, upto]`` (``upto`` None: no upper bound), oldest first."""

@@ -5,7 +5,9 @@ The hub (:class:`~pipeline.chain.produce.producer.WebsocketHub`) calls
 them (bounded) while resumption replays Redis, then feeds the subscriber's
 :class:`~pipeline.chain.forkchoice.Sender` and sink directly. A sink that
 cannot keep up fails the listener's ``failed`` future with
-:class:`~pipeline.errors.SlowConsumer`.
+:class:`~pipeline.errors.SlowConsumer`; a block whose branch the Sender cannot
+link (:class:`~pipeline.errors.BranchUnlinked`, a reorg deeper than it holds)
+fails it with that, and resumption plans again from the subscriber's head.
 
 Live groups. Fork choice is per subscriber (each has its own
 :class:`~pipeline.chain.forkchoice.Sender`), but live subscribers are nearly
@@ -35,7 +37,7 @@ from pipeline.blockcodec import KeyTest
 from pipeline.chain.forkchoice import Run, Sender
 from pipeline.chain.planning import BlockSink, Emit
 from pipeline.chain.produce.producer import UNSHARED, LiveBlock, share_key
-from pipeline.errors import SlowConsumer
+from pipeline.errors import BranchUnlinked, SlowConsumer
 from pipeline.redisio.conn import parse_entry_id
 
 #: Replays tried before a subscriber that cannot catch up with the live head is dropped.
@@ -137,14 +139,24 @@ class LiveListener:
         """Fork choice for ``item`` through this subscriber's own Sender, and delivery."""
         key = self._key
         emit = item.by_key.get(key) if key is not UNSHARED else None
-        emits = self._sender.take(emit if emit is not None else item.emit(self._keep, key))
+        try:
+            emits = self._sender.take(emit if emit is not None else item.emit(self._keep, key))
+        except BranchUnlinked as exc:
+            self._fail(exc)
+            return
         if emits:
             self._put(emits)
 
     def _deliver(self, items: list[LiveBlock]) -> None:
         emits = []
-        for item in items:
-            emits.extend(self._sender.take(item.emit(self._keep, self._key)))
+        try:
+            for item in items:
+                emits.extend(self._sender.take(item.emit(self._keep, self._key)))
+        except BranchUnlinked as exc:
+            if emits:
+                self._put(emits)
+            self._fail(exc)
+            return
         if emits:
             self._put(emits)
 
@@ -154,7 +166,7 @@ class LiveListener:
         except SlowConsumer as exc:
             self._fail(exc)
 
-    def _fail(self, exc: SlowConsumer) -> None:
+    def _fail(self, exc: SlowConsumer | BranchUnlinked) -> None:
         self.close()
         if not self.failed.done():  # (cancelled with its subscription: nothing to report)
             self.failed.set_exception(exc)

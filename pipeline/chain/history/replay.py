@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.blockcodec import ENTRY_FIELD, KeyTest
+from pipeline.blockcodec import ENTRY_FIELD, Block, KeyTest
 from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.lakepages import HISTORY_GAP, next_page, refresh_history
@@ -22,7 +22,7 @@ from pipeline.chain.history.turns import Turn, Turns
 from pipeline.chain.planning import BlockSink, Emit, History, TailReads
 from pipeline.chain.produce.producer import LiveBlock
 from pipeline.chain.tailindex import decode_servable
-from pipeline.errors import BadBatch, ResumptionError
+from pipeline.errors import BadBatch, BranchUnlinked, ResumptionError
 
 
 class Replay:
@@ -72,10 +72,8 @@ class Replay:
                             emits = []
                     await turn.acquire()
                     last_id = entry_id
-                    try:
-                        block = decode_servable(fields[ENTRY_FIELD])
-                    except (BadBatch, KeyError) as exc:
-                        self._refused(entry_id, exc)
+                    block = self._decode(entry_id, fields)
+                    if block is None:
                         continue
                     if (
                         sender.sent
@@ -86,9 +84,7 @@ class Replay:
                         if emits:
                             await sink.put(emits)
                             emits = []
-                        linked = await self._fill(
-                            history, block.num, block.parent.hex(), keep, sink, sender
-                        )
+                        linked = await self._fill(history, block, keep, sink, sender)
                         await turn.acquire()
                         if not linked:  # on a branch the lake says lost: never sent
                             sender.lose(block.hash.hex())
@@ -102,11 +98,21 @@ class Replay:
             if len(entries) < PAGE:
                 return last_id
 
+    def _decode(self, entry_id: bytes, fields: dict[bytes, bytes]) -> Block | None:
+        """The entry's block, or None when refused (malformed, or a height that lies)."""
+        try:
+            block = decode_servable(fields[ENTRY_FIELD])
+        except (BadBatch, KeyError) as exc:
+            self._refused(entry_id, exc)
+            return None
+        if not self._refused.admit(entry_id, block.num, block.hash.hex(), block.parent.hex()):
+            return None
+        return block
+
     async def _fill(
         self,
         history: History | None,
-        stop: int,
-        parent: str,
+        block: Block,
         keep: KeyTest | None,
         sink: BlockSink,
         sender: Sender,
@@ -119,8 +125,12 @@ class Replay:
         result must link to ``parent``, the parent of the next Redis entry,
         unless the lake holds ``parent`` as a block that is not canonical: then
         the entry is on a branch that lost (its lighter blocks were trimmed with
-        the others), and False says so. Anything else is a history gap.
+        the others), and False says so. Otherwise the block may be on a branch
+        forking below what the subscriber's Sender remembers: the first time,
+        :class:`~pipeline.errors.BranchUnlinked` makes resumption plan again from
+        the subscriber's head; the same block again is a history gap.
         """
+        stop, parent = block.num, block.parent.hex()
         if history is not None:
             await refresh_history(history)
             start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
@@ -140,6 +150,8 @@ class Replay:
             row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(parent))
             if row is not None and row.num == stop - 1 and not row.canonical:
                 return False
+        if sender.first_unlinked(block.hash.hex()):
+            raise BranchUnlinked(stop, block.hash.hex())
         raise ResumptionError(
             f"history gap: redis resumed at block {stop} but the lake does not link to it",
             public=HISTORY_GAP,

@@ -30,6 +30,9 @@ from pipeline.chain.planning import History, Plan, Reason, TailReads, rewind_sta
 from pipeline.chain.tailindex import TailIndex
 from pipeline.errors import BadParams, ResumptionError
 
+#: Lake lookups a fork-point walk makes below the Redis tail before it gives up (then rewind).
+LAKE_WALK = 1024
+
 
 class Locator:
     """Resolve and block reads over one chain stream (shared by every call of a server)."""
@@ -180,14 +183,21 @@ class Locator:
         num, parent, canonical = found
         if canonical:
             return num, Reason.HASH
-        for _ in range(max(1, self._threshold)):
+        # Down the replaced branch to the chain, however deep: through the tail's index
+        # in memory, then the lake (at most LAKE_WALK of its lookups).
+        lake_steps = 0
+        while num > 0:
+            in_tail = parent in tail.seen
+            if not in_tail:
+                lake_steps += 1
+                if lake_steps > LAKE_WALK:
+                    return None
             found = await self._lookup(tail, history, parent)
-            if found is None:
+            if found is None or found[0] != num - 1:
                 return None
-            anc_num, anc_parent, anc_canonical = found
-            if anc_canonical:
-                return anc_num + 1, Reason.FORK
-            parent = anc_parent
+            num, parent, canonical = found
+            if canonical:
+                return num + 1, Reason.FORK
         return None
 
     async def get_block(self, num: int, keep: KeyTest | None = None) -> list[str] | None:

@@ -74,7 +74,7 @@ from pipeline.chain.history.turns import Turns
 from pipeline.chain.planning import BlockSink, History, Plan, TailReads
 from pipeline.chain.produce.producer import WebsocketHub
 from pipeline.chain.tailindex import TailIndex
-from pipeline.errors import ResumptionError, SlowConsumer
+from pipeline.errors import BranchUnlinked, ResumptionError, SlowConsumer
 from pipeline.redisio.conn import checkpoint
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,8 @@ class TieredResumption:
         turns: Turns | None = None,
         shared: SharedResults | None = None,
     ) -> None:
+        #: subscriptions planned again after a reorg their fork choice could not link
+        self.resyncs = 0
         #: Event-loop time shared by catch-ups (pipeline/chain/history/turns.py).
         self.turns = turns if turns is not None else Turns()
         #: Lake blocks encoded once for concurrent catch-ups (pipeline/chain/history/shared.py).
@@ -176,7 +178,29 @@ class TieredResumption:
         await self.stream(plan, keep, sink)
 
     async def stream(self, plan: Plan, keep: KeyTest | None, sink: BlockSink) -> None:
+        """Deliver the plan's blocks, then live ones, until cancelled or failed.
+
+        A heavier block whose branch the subscriber's Sender cannot link
+        (:class:`~pipeline.errors.BranchUnlinked`: a reorg forking below what it
+        holds, however deep) makes a new plan from the subscriber's head: its
+        hash, now on a replaced branch, resolves to the exact fork point (Redis
+        or the lake), and the new branch is sent from there, each block once,
+        the first marked as the reorg.
+        """
         sender = Sender(plan.start)
+        while True:
+            try:
+                await self._stream_plan(plan, keep, sink, sender)
+                return
+            except BranchUnlinked as exc:
+                self.resyncs += 1
+                head = sender.head
+                log.debug("resume again from %d: %s", head, exc)
+                plan = await self._locator.resolve(head, bytes.fromhex(sender.hash_at(head) or ""))
+
+    async def _stream_plan(
+        self, plan: Plan, keep: KeyTest | None, sink: BlockSink, sender: Sender
+    ) -> None:
         tail = plan.tail
         lo = tail.lo
         pos = plan.start

@@ -119,6 +119,8 @@ class SharedTail:
     ) -> None:
         self._redis = redis
         self._refused = refused
+        #: the height check shared with the other readers (a Refusals' admit), if any
+        self._admit: Callable[[bytes, int, str, str], bool] | None = getattr(refused, "admit", None)
         self._reads = FilteredReads(redis, key, refused)
         self._key = key
         self._max = max_entries
@@ -196,7 +198,7 @@ class SharedTail:
                     return True
                 self._drop_before(parse_entry_id(first[0][0]))
                 for entry_id, fields in entries:
-                    added = index_entry(self.index, entry_id, fields, self._refused)
+                    added = index_entry(self.index, entry_id, fields, self._refused, self._admit)
                     num, hash = added if added is not None else (-1, "")
                     self._order.append((parse_entry_id(entry_id), num, hash))
                 if len(self._order) > self._max:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.lakeview import SharedHistory
 from pipeline.chain.history.resumption import TieredResumption
 from pipeline.chain.metrics import Metrics
@@ -25,6 +26,8 @@ METRICS = web.AppKey("metrics", Metrics)
 RESUMPTION = web.AppKey("resumption", TieredResumption)
 REDIS = web.AppKey("redis", aioredis.Redis)
 TAILER = web.AppKey("tailer", RedisTailer)
+#: the server's refused chain entries and its height check (pipeline/chain/history/entries.py)
+REFUSED = web.AppKey("refused", Refusals)
 #: The server's shared lake reader (absent when the app was given another history source).
 HISTORY = web.AppKey("history", SharedHistory)
 #: The connection cap and request-head deadline (pipeline/chain/serve/admission.py).

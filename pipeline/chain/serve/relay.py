@@ -126,6 +126,10 @@ class RedisTailer:
                 except (BadBatch, KeyError) as exc:
                     self._refused(entry_id, exc)
                     continue
+                if not self._refused.admit(
+                    entry_id, block.num, block.hash.hex(), block.parent.hex()
+                ):
+                    continue
                 self._metrics.inc("sluice_serve_blocks_live_total")
                 self._hub.publish(LiveBlock.from_block(block, self.last_id))
                 await self._hub.flush()

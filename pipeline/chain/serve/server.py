@@ -68,6 +68,7 @@ from pipeline.chain.serve.appkeys import (
     HUB,
     METRICS,
     REDIS,
+    REFUSED,
     RESUMPTION,
     SETTINGS,
     TAILER,
@@ -181,6 +182,12 @@ async def healthz(request: web.Request) -> web.Response:
     }
     if lake_error is not None:
         body["lake_error"] = lake_error
+    refused = app.get(REFUSED)
+    if refused is not None and refused.heights.last_refusal is not None:
+        # Serving goes on (the chain the bad block would extend is served): degraded, not down.
+        body["status"] = "degraded"
+        body["chain_error"] = refused.heights.last_refusal
+        body["blocks_set_aside"] = refused.heights.refused
     return web.json_response(body, status=200 if healthy else 503)
 
 
@@ -325,6 +332,7 @@ async def _redis_ctx(
     tail_client = connect(settings.redis.url, Role.TAIL, block_s=_TAIL_BLOCK_MS / 1000)
     app[REDIS] = client
     refused = Refusals(app[METRICS])  # one count and one log line per entry, whoever reads it
+    app[REFUSED] = refused
     app[RESUMPTION] = _resumption(app, settings, client, factory, refused)
     feed = await _start_feed(app, settings)
     warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")

@@ -11,7 +11,7 @@ from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Emit
 from pipeline.chain.serve.subscription import Subscription, parse_subscribe
 from pipeline.chain.tailindex import TailIndex
-from pipeline.errors import BadParams, SlowConsumer
+from pipeline.errors import BadParams, BranchUnlinked, SlowConsumer
 
 H = "0x" + "ab" * 32
 
@@ -65,7 +65,28 @@ def test_sender_takes_the_heaviest_branch_with_its_held_blocks() -> None:
     out = s.take(_e(4, "c4", "a3", 1000))  # back to a3 (sent earlier), shorter and heavier
     assert [(e.hash, e.reorg) for e in out] == [("a3", 3), ("c4", 0)]
     assert s.head == 4 and s.hash_at(5) is None
-    assert s.take(_e(9, "x9", "x8", 5)) == [_e(9, "x9", "x8", 5)]  # a gap above: taken as is
+    with pytest.raises(BranchUnlinked):  # a gap above: the caller plans again from the head
+        s.take(_e(9, "x9", "x8", 5))
+    assert s.head == 4  # nothing sent
+    # offered again (nothing links it anywhere): taken as is
+    assert s.take(_e(9, "x9", "x8", 5)) == [_e(9, "x9", "x8", 5)]
+
+
+def test_sender_raises_for_a_branch_deeper_than_it_holds() -> None:
+    """A shorter, heavier branch forking below the window of sent hashes: its first blocks
+    are dropped (not linked), and its heavier tip raises instead of a reorg from its own
+    height; within the window, the held branch goes out whole above the ancestor."""
+    s = Sender(start=0, window=256)
+    for n in range(400):
+        s.take(_e(n, f"a{n}", f"a{n - 1}", n + 1))
+    assert s.take(_e(101, "b101", "a100", 101)) == []
+    assert s.take(_e(102, "b102", "b101", 102)) == []
+    with pytest.raises(BranchUnlinked) as caught:
+        s.take(_e(103, "b103", "b102", 1000))
+    assert caught.value.num == 103 and s.head == 399
+    assert s.take(_e(301, "c301", "a300", 301)) == []  # held
+    out = s.take(_e(302, "c302", "c301", 2000))
+    assert [(e.hash, e.reorg) for e in out] == [("c301", 99), ("c302", 0)]
 
 
 @pytest.mark.parametrize(

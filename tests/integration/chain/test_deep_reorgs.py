@@ -1,0 +1,116 @@
+"""Reorgs of any depth reach live and resuming subscribers as the heaviest chain (issue 30).
+
+Each case writes a chain into Redis with a subscriber following it live, then a
+heavier branch forking far below the head (deeper than the reorg threshold,
+deeper than what a subscriber's fork choice holds): shorter than what it
+replaces, and longer. The subscriber must get the new branch from its first
+block, right after the common ancestor, as soon as the branch is heaviest, and
+end on the heaviest chain. A subscriber resuming from a replaced block starts
+exactly at the fork point.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.chain.produce.generator import SyntheticChain, write_blocks
+
+from .conftest import STREAM
+
+pytestmark = pytest.mark.asyncio
+
+
+def apply(state: dict[int, bytes], blocks) -> None:
+    """A block at or below the head replaces every height from its own up."""
+    for block in blocks:
+        for height in [n for n in state if n >= block.num]:
+            del state[height]
+        state[block.num] = block.hash
+
+
+def check_links(state: dict[int, bytes], gen: SyntheticChain) -> None:
+    canonical = {b.num: b.hash for b in gen.canonical}
+    assert max(state) == max(canonical)
+    wrong = [n for n in canonical if state.get(n) != canonical[n]]
+    assert not wrong, f"{len(wrong)} heights differ from the heaviest chain, first {wrong[:5]}"
+
+
+@pytest.mark.parametrize(
+    ("depth", "length"),
+    [(200, 3), (100, 101), (150, 1), (9, 2)],
+    ids=["shorter-200", "longer-100", "one-block-150", "past-threshold-9"],
+)
+async def test_live_subscriber_follows_a_deep_reorg(
+    settings, serve, connect, redis_client, depth, length
+) -> None:
+    gen = SyntheticChain(seed=depth * 7 + length)
+    first = gen.take(300)
+    write_blocks(redis_client, STREAM, first)
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(299, first[-1].hash)
+        assert [b.num for b in await client.blocks(1)] == [299]  # (the block it names, first)
+        state = {b.num: b.hash for b in first}
+        results: list[dict] = []
+        branch = gen.reorg(depth, length)
+        write_blocks(redis_client, STREAM, branch)
+        got = await client.blocks(len(branch), wait_s=4, results=results)
+        apply(state, got)
+        assert [b.num for b in got] == [b.num for b in branch]
+        check_links(state, gen)
+        # and the chain goes on from the new head
+        more = gen.take(3)
+        write_blocks(redis_client, STREAM, more)
+        apply(state, await client.blocks(3, wait_s=4))
+        check_links(state, gen)
+
+
+@pytest.mark.parametrize("depth", [100, 250])
+async def test_resume_from_a_deeply_replaced_block_starts_at_the_fork(
+    settings, serve, connect, redis_client, depth
+) -> None:
+    gen = SyntheticChain(seed=depth)
+    first = gen.take(300)
+    write_blocks(redis_client, STREAM, first)
+    fork = 300 - depth  # the first replaced height
+    branch = gen.reorg(depth, depth + 1)
+    write_blocks(redis_client, STREAM, branch)
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(299, first[-1].hash)  # the old head, replaced
+        got = await client.blocks(len(branch), wait_s=4)
+    assert [b.num for b in got] == list(range(fork, fork + depth + 1))
+    assert got == branch
+
+
+async def test_a_block_whose_height_lies_is_set_aside_and_the_chain_goes_on(
+    settings, serve, connect, redis_client
+) -> None:
+    """`sluice produce` once wrote block 273 as the child of 2892: serve sets such a block
+    aside (and its descendants), counts it, says so in /healthz, and serves the chain it
+    would have extended, to live and catching-up subscribers alike."""
+    import aiohttp
+
+    from pipeline.blockcodec import Block
+
+    gen = SyntheticChain(seed=41)
+    first = gen.take(40)
+    write_blocks(redis_client, STREAM, first[:30])
+    liar = Block(num=5, hash=b"\x11" * 32, parent=first[29].hash, weight=10_000)
+    child = Block(num=6, hash=b"\x12" * 32, parent=liar.hash, weight=10_001)
+    async with serve(settings) as (base, _app), connect(base) as live:
+        await live.subscribe(29, first[29].hash)
+        assert [b.num for b in await live.blocks(1)] == [29]
+        write_blocks(redis_client, STREAM, [liar, child, *first[30:]])
+        got = await live.blocks(10, wait_s=4)
+        assert got == first[30:40]  # never 5 and 6, no reorg back to them
+        async with connect(base) as late:  # a catch-up reads the same entries from the tail
+            await late.subscribe(25, first[25].hash)
+            assert await late.blocks(15, wait_s=4) == first[25:40]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + "/healthz") as reply:
+                health = await reply.json()
+                assert reply.status == 200, health  # degraded, still serving
+            async with session.get(base + "/metrics") as reply:
+                metrics = await reply.text()
+        assert health["status"] == "degraded" and "block 5" in health["chain_error"], health
+        assert health["blocks_set_aside"] == 2
+        assert "sluice_serve_bad_heights_total 2" in metrics
