@@ -272,6 +272,20 @@ class SlowConsumer(ChainError):
     public_message = "subscriber too slow"
 
 
+class ReorgReconnect(SlowConsumer):
+    """A reorg the cardinal-streams library cannot take on a connection it is reading.
+
+    The library applies a ``reorg`` message in its reader at once, while blocks read
+    before it may still wait in its processor, which then re-emits the old branch
+    from its cache and drops the new one ("Error finding common ancestor"). The
+    connection is closed instead (code 1012): the library redials from its last
+    block, and resumption answers with the ``reorg`` first and the new branch after.
+    A subclass of :class:`SlowConsumer` so it leaves the live path the same way.
+    """
+
+    public_message = "reorg deeper than the library holds: resubscribe from your last block"
+
+
 class PeerLeft(ChainError):
     """The subscriber ended its half of a Dialogue feed duplex (ends serving it, quietly)."""
 

@@ -51,6 +51,10 @@ class Metrics:
             "counter",
             "subscriptions planned again from their head after a reorg deeper than fork choice held",
         ),
+        "sluice_serve_reorg_reconnects_total": (
+            "counter",
+            "cardinal connections closed (1012) to deliver a deep reorg on the library's redial",
+        ),
         "sluice_serve_entries_refused_total": (
             "counter",
             "chain-stream entries refused (too large, too many items, too deep, wrong shape)",

@@ -149,7 +149,9 @@ class Locator:
         hit = tail.chain.get(num)
         if hit is not None:
             return hit[0]
-        if history is None:
+        if history is None or (tail.chain and num > tail.hi):
+            # Nothing above the tail's head is canonical, whatever the lake last marked:
+            # a shorter, heavier branch in Redis replaced it (the lake is marked later).
             return None
         row = await asyncio.to_thread(history.canonical_at, self._stream, num)
         return None if row is None else bytes(row.hash).hex()

@@ -22,7 +22,7 @@ from pipeline.chain.outbox import Outbox
 from pipeline.chain.planning import Emit
 from pipeline.chain.serve.frames import frames_for
 from pipeline.chain.serve.patterns import KeyFilter, compile_patterns
-from pipeline.errors import BadBatch, BadParams, SlowConsumer
+from pipeline.errors import BadBatch, BadParams, ReorgReconnect, SlowConsumer
 
 METHOD = "cardinal_subscribe"
 _EXTRAS = {"ready", "reorgs", "weight"}
@@ -84,8 +84,11 @@ class Subscription:
     ``OrderedMessageProcessor`` finds the reorg itself, in order, and reports
     the replaced blocks in ``ChainUpdate.Removed()``. A ``reorg`` result is sent
     only where the library's producer would call ``Reorg``: for a reorg deeper
-    than ``deep_reorg`` blocks (the library's consumer forgets blocks beyond
-    twice its threshold, so weights alone cannot take it there), and with
+    than ``deep_reorg`` blocks, or whose replaced blocks and new branch together
+    nearly fill twice that (the library's consumer forgets blocks beyond twice its
+    threshold, old and new branch counted together, so weights alone cannot take
+    it there); on a connection that already sent blocks it closes the connection
+    instead (:class:`~pipeline.errors.ReorgReconnect`), and with
     ``announce`` before the first block (the server did not start where the
     subscriber said it was: its ``lastHash`` must move to the block below the
     first one sent). The library applies a ``reorg`` result at once, on its
@@ -143,9 +146,22 @@ class Subscription:
             # costs 0.15 us less a block; catchup_blocks_per_s of make bench B=resume)
             return [(prefix + r + suffix).encode() for emit in emits for r in emit.results]
         out: list[bytes] = []
-        for emit in emits:
+        for i, emit in enumerate(emits):
             if self.cardinal:
-                if emit.reorg > self._deep_reorg or self._announce:
+                # the library's processor keeps 2 x threshold finished blocks, old branch,
+                # ancestor and new branch together (one spare): past that it cannot find
+                # the ancestor itself ("Reached genesis"), so it is named
+                if (
+                    emit.reorg
+                    and (
+                        emit.reorg > self._deep_reorg
+                        or emit.reorg + len(emits) - i + 2 > 2 * self._deep_reorg
+                    )
+                    or self._announce
+                ):
+                    if not self._announce and self.blocks > len(emits):
+                        # blocks went out before: the library may still hold some unread
+                        raise ReorgReconnect(f"reorg of {emit.reorg} at block {emit.num}")
                     self._announce = False
                     ancestor = reorg_text(max(emit.num - 1, 0), emit.parent)
                     out.append((prefix + ancestor + suffix).encode())

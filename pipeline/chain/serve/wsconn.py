@@ -43,7 +43,14 @@ from pipeline.chain.planning import Reason
 from pipeline.chain.serve.appkeys import CALLS, HUB, METRICS, RESUMPTION, SETTINGS
 from pipeline.chain.serve.subscription import Subscription, parse_subscribe
 from pipeline.chain.serve.wswrite import Sending
-from pipeline.errors import BadBatch, BadParams, NotFound, SlowConsumer, SluiceError
+from pipeline.errors import (
+    BadBatch,
+    BadParams,
+    NotFound,
+    ReorgReconnect,
+    SlowConsumer,
+    SluiceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -363,6 +370,9 @@ class Connection(Sending):
     async def _run_sub(self, sub: Subscription, plan: Any) -> None:
         try:
             await self.resumption.stream(plan, sub.keep, sub)
+        except ReorgReconnect as exc:  # the library redials from its last block
+            self.metrics.inc("sluice_serve_reorg_reconnects_total")
+            self.fail(WSCloseCode.SERVICE_RESTART, exc.public_message)
         except SlowConsumer:
             self._slow()
         except SluiceError as exc:

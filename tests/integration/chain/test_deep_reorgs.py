@@ -114,3 +114,24 @@ async def test_a_block_whose_height_lies_is_set_aside_and_the_chain_goes_on(
         assert health["status"] == "degraded" and "block 5" in health["chain_error"], health
         assert health["blocks_set_aside"] == 2
         assert "sluice_serve_bad_heights_total 2" in metrics
+
+
+async def test_resume_across_the_seam_when_the_lake_has_not_seen_the_reorg(
+    settings, serve, connect, redis_client
+) -> None:
+    """The lake marked 0..118 canonical; since then Redis got 118' and a shorter, heavier
+    branch forking at 104, in the lake only. A subscriber at 118' (replaced) resumes from
+    105, not from above the lake's stale head, and ends on the heaviest chain."""
+    from tests.integration.chain.conftest import write_lake
+
+    gen = SyntheticChain(seed=2)
+    first = gen.take(119)
+    write_lake(settings.lake.uri, first)
+    again = gen.reorg(1, 1)  # 118'
+    write_blocks(redis_client, STREAM, again)
+    branch = gen.reorg(14, 6)  # 105'..110', heavier than 118'
+    write_blocks(redis_client, STREAM, branch)
+    async with serve(settings) as (base, _app), connect(base) as client:
+        await client.subscribe(118, again[0].hash)
+        got = await client.blocks(6, wait_s=4)
+    assert got == branch
