@@ -1,4 +1,4 @@
-# Sluice: make demo | make demo-check | make test | make bench [B=name] | make lint
+# Sluice: make demo | make demo-check | make test | make soak | make bench [B=name] | make lint
 # Every target creates .venv and installs what it needs on first use; the
 # second time the stamp files make it a quick no-op.
 
@@ -17,7 +17,7 @@ TOXIPROXY := $(VENV)/.sluice-toxiproxy
 B      ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-check test bench lint install clean spark test-unit-py
+.PHONY: demo demo-check test soak bench lint install clean spark test-unit-py
 
 # pip runs quietly: one line says what each silent step does and that it takes a while.
 $(STAMP): pyproject.toml
@@ -79,6 +79,13 @@ demo-check: install
 
 test: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# The history checkers (tests/history, docs/history-checker.md) over many seeds:
+# make soak [SEEDS=200] [STEPS=12]; about 20-40 s a seed. A failure prints its replay command.
+SEEDS ?= 200
+STEPS ?= 12
+soak: install
+	CHECKER_SEEDS=$(SEEDS) CHECKER_STEPS=$(STEPS) $(PY) -m pytest tests/history $(PYTEST_ARGS)
 
 # The unit suite on another Python: make test-unit-py PYV=3.12 (or 3.13). Its own venv,
 # .venv-py$(PYV), from pyenv's python$(PYV) or the one on PATH; not part of `make test`.

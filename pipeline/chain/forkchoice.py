@@ -68,8 +68,15 @@ class Sender:
     def accept(
         self, num: int, hash: str, weight: int | None = None, emit: Emit | None = None
     ) -> int | None:
-        """None to skip the block, else the reorg depth (0: it extends the head)."""
+        """None to skip the block, else the reorg depth (0: it extends the head).
+
+        A block right above the head that names another parent than the head (the
+        source's chain is not the one sent: a lake read at a version from before a
+        reorg) raises :class:`~pipeline.errors.BranchUnlinked` the first time.
+        """
         if num > self.head:
+            if emit is not None and num == self.head + 1:
+                self._check_link(emit)
             self.head = num
             self._note(num, hash, weight, emit)
             return 0
@@ -95,6 +102,8 @@ class Sender:
         first, last = emits[0], emits[-1]
         if first.num <= self.head or last.num - first.num + 1 != len(emits):
             raise ValueError("extend takes consecutive blocks above the head")
+        if first.num == self.head + 1:
+            self._check_link(first)
         hashes = self._hashes
         for emit in emits:
             hashes[emit.num] = emit.hash
@@ -227,6 +236,12 @@ class Sender:
             self._note(block.num, block.hash, block.weight, block)
             out.append(_with_reorg(block, depth if i == 0 else 0))
         return out
+
+    def _check_link(self, emit: Emit) -> None:
+        """Raise once if ``emit``, right above the head, names another parent than the head."""
+        at = self._hashes.get(self.head) if self.sent else None
+        if at is not None and at != emit.parent and self.first_unlinked(emit.hash):
+            raise BranchUnlinked(emit.num, emit.hash)
 
     def first_unlinked(self, hash: str) -> bool:
         """Whether ``hash`` is met unlinked for the first time (then noted: a second time

@@ -158,8 +158,10 @@ async def _subscribe(
     """
     params: list[Any] = ["streams", hex(num), "0x" + block_hash.hex()]
     if dialect == SEED:
-        # Weights drive the fork choice (a shorter, heavier chain must win): ask for them.
-        params += [list(prefixes), {"weight": True}]
+        # Weights drive the fork choice (a shorter, heavier chain must win): ask for them;
+        # and for a notice before a reorg's first block, which may lie below what the
+        # chain remembers (a deep reorg), where an unannounced block is a stale duplicate.
+        params += [list(prefixes), {"weight": True, "reorgs": True}]
     elif prefixes:
         params.append(list(prefixes))
     request = {"jsonrpc": "2.0", "id": 1, "method": "cardinal_subscribe", "params": params}
@@ -190,6 +192,9 @@ def _updates(
     if parsed is None or parsed[0] != sub_id or not isinstance(parsed[1], dict):
         return []
     result = parsed[1]
+    if result.get("type") == "reorg":
+        chain.expect_rewind()  # the next block replaces everything from its height up
+        return []
     try:
         if result.get("type") == "batch":
             block = assembler.batch(parse_batch_result(result))

@@ -196,6 +196,8 @@ class TieredResumption:
                 self.resyncs += 1
                 head = sender.head
                 log.debug("resume again from %d: %s", head, exc)
+                if plan.history is not None:  # the lake may have marked the reorg since
+                    await refresh_history(plan.history)
                 plan = await self._locator.resolve(head, bytes.fromhex(sender.hash_at(head) or ""))
 
     async def _stream_plan(

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, encode_block
@@ -205,6 +205,19 @@ class _Writer:
                 return recent  # (linked == was: more entries brought no deeper ancestor)
             count = min(count * 4, RESUME_ENTRIES_MAX)
 
+    async def trimmed_empty(self) -> str | None:
+        """The stream's last entry id when it once held entries but holds none now (trimmed
+        below its head: the chain is in the lake only), else None."""
+        try:
+            info, _ = await self._retrying(
+                lambda: self.client.xinfo_stream(self.key), "reading the stream's state"
+            )
+        except ResponseError:
+            return None  # no such stream: a new chain
+        last = info.get("last-generated-id", b"0-0")
+        last = last.decode() if isinstance(last, bytes) else str(last)
+        return last if info.get("length", 0) == 0 and last != "0-0" else None
+
     async def close(self) -> None:
         await self.client.aclose()
 
@@ -229,6 +242,13 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if not args.from_genesis:
             resumed = chain.continue_from(await writer.resume_from(args.reorg_depth))
+            if resumed is None and (last := await writer.trimmed_empty()) is not None:
+                sys.stderr.write(
+                    f"sluice produce: {stream} was trimmed empty (its last entry was {last}): its "
+                    "chain goes on in the lake, which produce does not read; pass --from-genesis "
+                    "to start a new chain at block 0\n"
+                )
+                return 2
             if resumed is not None:
                 log.warning(
                     "%s holds a chain: going on from its head, block %d (0x%s)",

@@ -104,25 +104,41 @@ func main() {
 		<-consumer.Ready()
 		emit(map[string]string{"event": "ready"})
 	}()
-	go func() {
-		for r := range reorgs {
-			for num, h := range r {
-				emit(map[string]interface{}{"event": "reorg", "num": num, "hash": h.Hex()})
-			}
+	// One goroutine for both feeds, so the lines keep the library's order: its
+	// processor sends a reorg on the reorg feed before the updates that follow it,
+	// so every reorg sent before an update is already buffered when that update
+	// is received (drained first).
+	emitReorg := func(r map[int64]types.Hash) {
+		for num, h := range r {
+			emit(map[string]interface{}{"event": "reorg", "num": num, "hash": h.Hex()})
 		}
-	}()
+	}
 	go func() {
-		for u := range updates {
-			added := []block{}
-			removed := []block{}
-			for _, pb := range u.Added() {
-				added = append(added, convert(pb))
+		for {
+			select {
+			case r := <-reorgs:
+				emitReorg(r)
+			case u := <-updates:
+			drain:
+				for {
+					select {
+					case r := <-reorgs:
+						emitReorg(r)
+					default:
+						break drain
+					}
+				}
+				added := []block{}
+				removed := []block{}
+				for _, pb := range u.Added() {
+					added = append(added, convert(pb))
+				}
+				for _, pb := range u.Removed() {
+					removed = append(removed, convert(pb))
+				}
+				emit(map[string]interface{}{"event": "update", "added": added, "removed": removed})
+				u.Done()
 			}
-			for _, pb := range u.Removed() {
-				removed = append(removed, convert(pb))
-			}
-			emit(map[string]interface{}{"event": "update", "added": added, "removed": removed})
-			u.Done()
 		}
 	}()
 	io.Copy(io.Discard, bufio.NewReader(os.Stdin)) // run until stdin closes

@@ -324,3 +324,59 @@ async def test_sluice_subscribe_keeps_up_with_the_library_producer(go_run, setti
             with contextlib.suppress(asyncio.CancelledError):
                 await sub.reader
     assert all(line == {"event": "ok"} for line in producer.lines), producer.lines[-3:]
+
+
+async def test_sluice_subscribe_follows_the_library_producer_through_deep_reorgs(
+    go_run, settings
+) -> None:
+    """The library's producer (threshold 64) names the common ancestor of each reorg deeper
+    than its threshold, as its API asks (``Reorg``): shorter and longer heavier branches 80
+    to 150 deep, one right after another. ``sluice subscribe --dialect cardinal`` ends on
+    the producer's heaviest chain, every height, nothing stale (issue 30)."""
+    from tests.integration.chain.test_cardinal_go import _command
+
+    gen = SyntheticChain(seed=74, prefixes=("s/",))
+    port = free_port()
+    async with go_run("producer", "-port", str(port), "-threshold", "64") as producer:
+        await _listening(port)
+
+        async def send(blocks: list[Any], ancestor: Any = None) -> None:
+            if ancestor is not None:
+                await producer.send(
+                    {"op": "reorg", "num": ancestor.num, "hash": "0x" + ancestor.hash.hex()}
+                )
+            for block in blocks:
+                await producer.send(_command(block))
+
+        await send(gen.take(400))
+        env = {**os.environ, "SLUICE_LOG_LEVEL": "WARNING"}
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pipeline.cli", "subscribe", "--dialect", "cardinal",
+            "--url", f"ws://127.0.0.1:{port}",
+            env=env, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        sub = Subscriber(cli)
+        try:
+            await until(lambda: max(sub.state, default=-1) >= 399, "caught up", within_s=30)
+            for depth, length in [(80, 3), (100, 101), (150, 1), (90, 95)]:
+                ancestor = gen.canonical[-depth - 1]
+                await send(gen.reorg(depth, length), ancestor)
+                await send(gen.take(2))
+                await asyncio.sleep(0.3)
+            head = gen.canonical[-1]
+            await until(
+                lambda: sub.state.get(head.num) == "0x" + head.hash.hex(),
+                "sluice subscribe at the producer's head",
+                within_s=30,
+            )
+            canonical = {b.num: "0x" + b.hash.hex() for b in gen.canonical}
+            stale = {n for n in sub.state if canonical.get(n) != sub.state[n]}
+            assert not stale, f"{len(stale)} heights not the producer's heaviest chain"
+            assert sub.state == canonical
+        finally:
+            if cli.returncode is None:
+                cli.terminate()
+                await cli.wait()
+            sub.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sub.reader

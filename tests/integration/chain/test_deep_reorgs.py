@@ -11,6 +11,8 @@ exactly at the fork point.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pipeline.chain.produce.generator import SyntheticChain, write_blocks
@@ -135,3 +137,74 @@ async def test_resume_across_the_seam_when_the_lake_has_not_seen_the_reorg(
         await client.subscribe(118, again[0].hash)
         got = await client.blocks(6, wait_s=4)
     assert got == branch
+
+
+async def test_the_library_follows_deep_reorgs_through_a_redial(
+    settings, serve, go_run, redis_client
+) -> None:
+    """cardinal-streams' own consumer, live, through reorgs deeper than the threshold (8 here)
+    to shorter and longer branches: Sluice closes its connection (1012), it redials from its
+    last block and gets the reorg first, then the new branch; it ends on the heaviest chain."""
+    from tests.integration.chain.test_cardinal_go import at_head, go_chain
+
+    gen = SyntheticChain(seed=77)
+    write_blocks(redis_client, STREAM, gen.take(200))
+    async with serve(settings) as (base, app):
+        url = base.replace("http://", "ws://") + "/cardinal"
+        head = gen.canonical[-1]
+        args = ["-from", str(head.num), "-hash", "0x" + head.hash.hex(), "-weight",
+                hex(head.num + 1), "-threshold", "8"]  # fmt: skip
+        async with go_run("consumer", "-url", url, *args) as go:
+            await go.wait_for(lambda: any(x["event"] == "ready" for x in go.lines), 30, "ready")
+            for depth, length in [(40, 3), (30, 31), (9, 9)]:
+                write_blocks(redis_client, STREAM, gen.reorg(depth, length))
+                write_blocks(redis_client, STREAM, gen.take(1))
+                what = f"reorg of {depth} to {length}"
+                await go.wait_for(lambda: at_head(go, gen.canonical[-1]), 30, what)
+            chain = go_chain(go)  # from its last block down its parents: the heaviest chain
+            canonical = {b.num: "0x" + b.hash.hex() for b in gen.canonical}
+            assert len(chain) >= 30 and chain[-1]["num"] == gen.canonical[-1].num
+            assert all(canonical[b["num"]] == b["hash"] for b in chain)
+            reorgs = [line["num"] for line in go.lines if line["event"] == "reorg"]
+            assert len(reorgs) >= 3, go.lines[-5:]
+    from pipeline.chain.serve.appkeys import METRICS
+
+    assert app[METRICS].values["sluice_serve_reorg_reconnects_total"] >= 3
+
+
+async def test_sluice_client_follows_a_reorg_below_where_it_started(
+    settings, serve, redis_client
+) -> None:
+    """Sluice's own client (seed dialect) started at 250 remembers nothing below it; a shorter,
+    heavier branch forking at 120 must still replace 121..299 (it took the branch's first
+    block, below its memory, for a stale duplicate and held the rest forever)."""
+    from pipeline.chain.client.consumer import subscribe
+    from pipeline.chain.client.ordered import Added
+
+    gen = SyntheticChain(seed=78)
+    first = gen.take(300)
+    write_blocks(redis_client, STREAM, first)
+    state: dict[int, bytes] = {250: first[250].hash}  # (the block it has)
+    async with serve(settings) as (base, _app):
+        url = base.replace("http://", "ws://") + "/ws"
+        updates = subscribe(url, 250, first[250].hash)
+        try:
+            async with asyncio.timeout(10):
+                async for update in updates:
+                    if isinstance(update, Added):
+                        state[update.block.num] = update.block.hash
+                        if update.block.num == 299:
+                            break
+                    else:
+                        assert state.pop(update.num) == update.hash
+                write_blocks(redis_client, STREAM, gen.reorg(179, 5))  # 121..125
+                async for update in updates:
+                    if isinstance(update, Added):
+                        state[update.block.num] = update.block.hash
+                        if update.block.hash == gen.canonical[-1].hash:
+                            break
+                    else:
+                        assert state.pop(update.num) == update.hash
+        finally:
+            await updates.aclose()  # type: ignore[attr-defined]
+    assert state == {b.num: b.hash for b in gen.canonical if b.num >= 121}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 
 import redis
 import redis.asyncio as aioredis
@@ -120,3 +121,28 @@ def test_produce_continuing_a_long_stream_reorgs_at_the_right_heights(
     )  # fmt: skip
     assert f"at most {prev.num} below the head" in deep.stderr, deep.stderr
     assert f"link blocks 0..{prev.num} only" in deep.stderr, deep.stderr
+
+
+def test_produce_refuses_to_start_a_new_chain_on_a_stream_trimmed_empty(
+    settings, redis_client: redis.Redis
+) -> None:
+    """The lake jobs trimmed the stream empty: its chain goes on in the lake, which produce does
+    not read. ``sluice produce`` refuses in one line (it wrote a new chain from block 0, lighter
+    than the lake's, found by the history checker) unless told ``--from-genesis``."""
+    stream = "chain:trimmed"
+    env = {
+        **os.environ,
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_SERVE_STREAM": stream,
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    produce = [sys.executable, "-m", "pipeline.cli", "produce", "--rate", "0", "--count", "5"]
+    run = partial(subprocess.run, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert run(produce).returncode == 0
+    redis_client.xtrim(keys.stream(stream), maxlen=0)
+    refused = run(produce)
+    assert refused.returncode == 2 and redis_client.xlen(keys.stream(stream)) == 0
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "trimmed empty" in lines[0] and "--from-genesis" in lines[0]
+    assert run([*produce, "--from-genesis"]).returncode == 0
+    assert redis_client.xlen(keys.stream(stream)) == 5

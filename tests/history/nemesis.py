@@ -1,0 +1,147 @@
+"""The nemesis: real faults on real processes and links.
+
+- ``kill_serve``: ``kill -9`` of ``sluice serve``, started again on its port;
+- ``pause_serve``: SIGSTOP, then SIGCONT after a while;
+- ``restart_redis``: Redis shut down and started again on its port and data
+  (appendonly, fsync always: nothing written is lost);
+- ``redis_link`` and ``client_link``: Toxiproxy between serve and Redis, and
+  between the consumers and serve: a cut connection, latency, a half-open
+  connection (data stops, the connection stays), a slow one.
+
+Every fault heals before the next step; :meth:`Nemesis.heal` ends whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+from pipeline.local.redisserver import LocalRedis
+from tests.support.toxiproxy import Proxy
+
+FAULTS = ("kill_serve", "pause_serve", "restart_redis", "redis_link", "client_link")
+LINK_FAULTS = ("cut", "latency", "half_open", "slow")
+
+
+async def listening(port: int, wait_s: float = 60) -> None:
+    async with asyncio.timeout(wait_s):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return
+
+
+class Serve:
+    """``sluice serve`` in its own process on a fixed port."""
+
+    def __init__(self, env: dict[str, str], port: int, log: Path) -> None:
+        self.env = env
+        self.port = port
+        self.log = log
+        self.proc: asyncio.subprocess.Process | None = None
+        self.starts = 0
+
+    async def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pipeline.cli", "serve", "--port", str(self.port),
+                env=self.env, stdout=out, stderr=out,
+            )  # fmt: skip
+        self.starts += 1
+        await listening(self.port)
+
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        try:
+            async with asyncio.timeout(15):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+class Nemesis:
+    """Draws and applies one fault at a time (see the module doc)."""
+
+    def __init__(
+        self, rng: random.Random, serve: Serve, redis: LocalRedis, redis_link: Proxy,
+        client_link: Proxy,
+    ) -> None:  # fmt: skip
+        self.rng = rng
+        self.serve = serve
+        self.redis = redis
+        self.links = {"redis_link": redis_link, "client_link": client_link}
+        self.done: list[str] = []
+
+    async def strike(self, fault: str) -> str:
+        """Apply ``fault`` and heal it; returns what was done, for the report."""
+        rng = self.rng
+        if fault == "kill_serve":
+            await asyncio.sleep(rng.uniform(0, 0.5))
+            await self.serve.kill()
+            await asyncio.sleep(rng.uniform(0, 1))
+            await self.serve.start()
+            what = fault
+        elif fault == "pause_serve":
+            assert self.serve.proc is not None
+            pause = rng.uniform(0.3, 3)
+            os.kill(self.serve.proc.pid, signal.SIGSTOP)
+            await asyncio.sleep(pause)
+            os.kill(self.serve.proc.pid, signal.SIGCONT)
+            what = f"{fault} {pause:.1f}s"
+        elif fault == "restart_redis":
+            await asyncio.to_thread(self.redis.stop)
+            await asyncio.sleep(rng.uniform(0, 1))
+            await asyncio.to_thread(self.redis.start)
+            what = fault
+        else:
+            what = await self._link(fault, self.links[fault])
+        self.done.append(what)
+        return what
+
+    async def _link(self, fault: str, proxy: Proxy) -> str:
+        rng = self.rng
+        kind = rng.choice(LINK_FAULTS)
+        hold = rng.uniform(0.5, 3)
+        if kind == "cut":
+            await asyncio.to_thread(proxy.cut)
+            await asyncio.sleep(hold)
+            await asyncio.to_thread(proxy.restore)
+        else:
+            if kind == "latency":
+                await asyncio.to_thread(proxy.latency, rng.randint(20, 400), rng.randint(0, 50))
+            elif kind == "half_open":
+                await asyncio.to_thread(proxy.half_open)
+            else:
+                await asyncio.to_thread(proxy.slow, rng.choice([1000, 10_000, 100_000]))
+            await asyncio.sleep(hold)
+            await asyncio.to_thread(proxy.clear)
+        return f"{fault} {kind} {hold:.1f}s"
+
+    async def heal(self) -> None:
+        for proxy in self.links.values():
+            await asyncio.to_thread(proxy.restore)
+            await asyncio.to_thread(proxy.clear)
+        if self.serve.proc is not None and self.serve.proc.returncode is None:
+            os.kill(self.serve.proc.pid, signal.SIGCONT)
+
+
+__all__ = ["FAULTS", "Nemesis", "Serve", "listening"]
