@@ -200,8 +200,8 @@ class ChainHistory:
         low = gen.canonical[0].num  # the deepest a reorg can reach
         if place == "seam" and self.lake_head >= low and self.lake_head < head:
             fork = self.lake_head + 1  # the first replaced height: the lake's head is the ancestor
-        elif place == "lake" and self.lake_head > low:
-            fork = rng.randint(low + 1, self.lake_head)
+        elif place == "lake" and min(self.lake_head, head) > low:
+            fork = rng.randint(low + 1, min(self.lake_head, head))
         else:
             place = "redis"
             floor = max(low + 1, self.lake_head + 2, head - 4 * self.threshold)
@@ -256,7 +256,9 @@ class ChainHistory:
         assert self.client is not None
         recent = self.client.xrevrange(keys.stream(STREAM), "+", "-", 512)
         self.gen.continue_from([decode_block(f[ENTRY_FIELD]) for _, f in reversed(recent)])
-        if code == 2:  # refused in one line: the stream was trimmed empty (its chain is in the lake)
+        if (
+            code == 2
+        ):  # refused in one line: the stream was trimmed empty (its chain is in the lake)
             return "produce refused: the stream was trimmed empty"
         return f"produce (reorg depth <= {depth}) killed at {self.gen.canonical[-1].num}"
 

@@ -106,6 +106,9 @@ class OrderedChain:
         #: so a later, heavier block on their branch brings them back
         self._recent: dict[bytes, Block] = {}
         self._rewind_ok = False
+        #: ancestors a producer named (``reorg_to``) that were never added: the chain links
+        #: to them, but their removal is no news to the application
+        self._unannounced: set[tuple[int, bytes]] = set()
         if head is not None:
             self._head = head[0]
             self._put(head[0], head[1])
@@ -163,7 +166,9 @@ class OrderedChain:
         self._reorg_to(num, [], out, hold=False)
         old = self._hashes.get(num)
         if old is not None and old != hash:
-            out.append(Removed(num=num, hash=old))
+            self._removed(num, old, out)
+        if old != hash:  # named, never added: linked to, but never reported removed
+            self._unannounced.add((num, hash))
         self._put(num, hash)
         self._head = num
         self._head_weight = -1
@@ -277,13 +282,20 @@ class OrderedChain:
             for num in range(head, ancestor, -1):
                 old = hashes.pop(num, None)
                 if old is not None:
-                    out.append(Removed(num=num, hash=old))
+                    self._removed(num, old, out)
                     removed = self._recent.pop(old, None)
                     if hold and removed is not None and len(self._pending) < self._max_pending:
                         self._hold(removed)
         self._head = ancestor if ancestor in hashes else None
         for block in branch:
             self._add(block, out)
+
+    def _removed(self, num: int, hash: bytes, out: list[ChainUpdate]) -> None:
+        """Report ``hash`` at ``num`` removed, unless it was only ever a named ancestor."""
+        if (num, hash) in self._unannounced:
+            self._unannounced.discard((num, hash))
+        else:
+            out.append(Removed(num=num, hash=hash))
 
     def _put(self, num: int, hash: bytes) -> None:
         """Set the chain's block at ``num``, keeping ``_floor`` at most the lowest height."""

@@ -236,3 +236,15 @@ def test_the_remembered_low_is_always_the_lowest_height(seed: int) -> None:
             num = max(chain.head[0] - rng.randint(0, 30), 0)
             chain.reorg_to(num, gen.canonical[num].hash)
             check()
+
+
+def test_a_named_ancestor_never_added_is_never_reported_removed() -> None:
+    """A subscriber at a wrong hash is rewound: the producer names the block below the first
+    one sent, which the application never had; a later, deeper reorg removes what it added."""
+    gen = SyntheticChain(seed=9)
+    blocks = gen.take(40)
+    chain = OrderedChain(head=(39, b"\x77" * 32))
+    assert chain.reorg_to(30, blocks[30].hash) == [Removed(num=39, hash=b"\x77" * 32)]
+    assert [u.block.num for u in apply(chain, blocks[31:34])] == [31, 32, 33]
+    ups = chain.reorg_to(20, blocks[20].hash)
+    assert [(u.num, u.hash) for u in ups] == [(n, blocks[n].hash) for n in (33, 32, 31)]
