@@ -64,8 +64,10 @@ def _register(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="sluice bus register", description="add a twin to the Redis directory"
     )
-    parser.add_argument("--twin", type=int, required=True)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--twin", type=int, required=True, help="the twin's id")
+    parser.add_argument(
+        "--url", required=True, help="where the twin's bus listens, e.g. http://10.0.0.2:8420"
+    )
     parser.add_argument("--key", default="", help="base64 public key (empty: legacy peer)")
     parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
@@ -94,7 +96,9 @@ def _dead(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="sluice bus dead", description="list the bus's dead letters, newest first"
     )
-    parser.add_argument("--count", type=int, default=20)
+    parser.add_argument(
+        "--count", type=int, default=20, help="show at most this many (default: %(default)s)"
+    )
     parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
     client = redisconn.connect_sync(
@@ -106,6 +110,9 @@ def _dead(argv: list[str]) -> int:
         return _redis_down("dead", exc)
     finally:
         client.close()
+    if not entries:
+        print("no dead letters: the bus set nothing aside")
+        return 0
     for index, raw in enumerate(entries):
         try:
             letter = dead.parse(raw)
@@ -127,8 +134,14 @@ def _requeue(argv: list[str]) -> int:
         prog="sluice bus requeue",
         description="push dead letters back onto the queue they came from",
     )
-    parser.add_argument("--index", type=int, action="append", default=[])
-    parser.add_argument("--all", action="store_true")
+    parser.add_argument(
+        "--index",
+        type=int,
+        action="append",
+        default=[],
+        help="the dead letter at this index of 'sluice bus dead' (repeatable)",
+    )
+    parser.add_argument("--all", action="store_true", help="every dead letter")
     parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
     if not args.index and not args.all:
@@ -239,6 +252,7 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                 "peers": functools.partial(_peers_answer, bus),
             },
             samples=functools.partial(_samples, bus),
+            info=lambda: {"role": bus.role, "active": bus.seat.active if bus.seat else ""},
         ):
             failure = await _until_stopped_or_failed(bus, stop)
         if failure is not None:
@@ -271,6 +285,11 @@ async def _samples(bus: BusProcess) -> list[health.Sample]:
             value=float(bus.queues.not_replicated),
             kind="counter",
             help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
+        ),
+        health.Sample(
+            name="sluice_bus_active",
+            value=1.0 if bus.role == "active" else 0.0,
+            help="1 while this bus holds its twin's lease (0: standby)",
         ),
         health.Sample(
             name="sluice_bus_redis_errors_total",
