@@ -43,6 +43,27 @@ class Metrics:
             "counter",
             "connections closed (408) for not sending a complete request head in time",
         ),
+        "sluice_serve_dialogue_connections_open": (
+            "gauge",
+            "Dialogue feed connections open now",
+        ),
+        "sluice_serve_dialogue_duplexes_open": ("gauge", "Dialogue feed duplexes served now"),
+        "sluice_serve_dialogue_queued_messages": (
+            "gauge",
+            "messages the Dialogue feed's duplexes hold queued now",
+        ),
+        "sluice_serve_dialogue_queued_bytes": (
+            "gauge",
+            "bytes the Dialogue feed's duplexes hold queued now (per connection at most 8 MiB)",
+        ),
+        "sluice_serve_upgrades_lost_total": (
+            "counter",
+            "websocket upgrades whose peer was gone before the answer could be written",
+        ),
+        "sluice_serve_heartbeat_timeouts_total": (
+            "counter",
+            "websockets closed (1011) for not answering a ping while nothing sent to them waited",
+        ),
         "sluice_serve_bad_heights_total": (
             "counter",
             "chain blocks set aside: height not their parent's plus one, or descending from one",

@@ -79,6 +79,54 @@ class FanoutBatch:
             box.release_now()
 
 
+class Budget:
+    """What several outboxes (the duplexes of one Dialogue connection) may hold together, in
+    messages and in bytes; an outbox with a budget takes only what fits in both.
+
+    ``peak_bytes`` is the most it held at once. Room is signalled to the outboxes' waiting
+    catch-ups when it falls to half of either bound.
+    """
+
+    __slots__ = ("max_bytes", "max_messages", "messages", "nbytes", "peak_bytes", "_room")
+
+    def __init__(self, max_messages: int, max_bytes: int) -> None:
+        if max_messages < 1 or max_bytes < 1:
+            raise ValueError("budget bounds must be positive")
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.messages = 0
+        self.nbytes = 0
+        self.peak_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def fits(self, count: int, nbytes: int) -> bool:
+        """Whether ``count`` more texts of ``nbytes`` in all fit (anything fits an empty one)."""
+        if not self.messages:
+            return True
+        return self.messages + count <= self.max_messages and self.nbytes + nbytes <= self.max_bytes
+
+    def take(self, count: int, nbytes: int) -> None:
+        self.messages += count
+        self.nbytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.nbytes)
+
+    def give(self, count: int, nbytes: int) -> None:
+        self.messages -= count
+        self.nbytes -= nbytes
+        if (
+            not self._room.is_set()
+            and self.messages <= self.max_messages // 2
+            and self.nbytes <= self.max_bytes // 2
+        ):
+            self._room.set()
+
+    async def wait(self) -> None:
+        """Until the budget falls to half of its bounds."""
+        self._room.clear()
+        await self._room.wait()
+
+
 class Outbox:
     """Bounded queue of encoded texts to send on one connection.
 
@@ -95,6 +143,7 @@ class Outbox:
 
     __slots__ = (
         "_batch",
+        "_budget",
         "_direct",
         "_inline",
         "_items",
@@ -113,6 +162,7 @@ class Outbox:
         inline: Callable[[], Awaitable[None]] | None = None,
         direct: Callable[[bytes, int], bool] | None = None,
         stall_s: float | None = None,
+        budget: Budget | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError("outbox limit must be positive")
@@ -128,6 +178,8 @@ class Outbox:
         self._inline = inline
         self._direct = direct
         self._noted = False
+        #: shared with the other outboxes of one peer (None: this outbox's limit only)
+        self._budget = budget
 
     def __len__(self) -> int:
         return len(self._items)
@@ -151,6 +203,12 @@ class Outbox:
             return True
         if len(items) + len(texts) > self.limit:
             return False
+        budget = self._budget
+        if budget is not None:
+            nbytes = sum(map(len, texts))
+            if not budget.fits(len(texts), nbytes):
+                return False
+            budget.take(len(texts), nbytes)
         items.extend(texts)
         if self._waiter is not None:
             batch = self._batch
@@ -175,16 +233,27 @@ class Outbox:
         its limit) within ``stall_s``: a reader that stopped reading is let go,
         not waited for forever.
         """
-        while self._items and len(self._items) + len(texts) > self.limit:
-            self._room.clear()
+        budget = self._budget
+        nbytes = sum(map(len, texts)) if budget is not None else 0
+        room: Awaitable[object]
+        while True:
+            if self._items and len(self._items) + len(texts) > self.limit:
+                self._room.clear()
+                room = self._room.wait()
+            elif budget is not None and not budget.fits(len(texts), nbytes):
+                room = budget.wait()
+            else:
+                break
             try:
                 async with asyncio.timeout(self.stall_s):
-                    await self._room.wait()
+                    await room
             except TimeoutError:
                 raise SlowConsumer(
                     f"send buffer of {self.limit} messages full for {self.stall_s}s",
                     public=f"subscriber too slow: send buffer of {self.limit} messages full",
                 ) from None
+        if budget is not None:
+            budget.take(len(texts), nbytes)
         self._items.extend(texts)
         self._wake()
 
@@ -212,13 +281,25 @@ class Outbox:
             out = [items.popleft() for _ in range(limit)]
         if len(items) <= self.limit // 2 and not self._room.is_set():
             self._room.set()
+        if self._budget is not None:
+            self._budget.give(len(out), sum(map(len, out)))
         return out
+
+    def clear(self) -> int:
+        """Drop every queued text (its connection is being closed); how many were dropped."""
+        dropped = len(self._items)
+        if self._budget is not None:
+            self._budget.give(dropped, sum(map(len, self._items)))
+        self._items.clear()
+        return dropped
 
     def pop(self) -> bytes | None:
         text = self._items.popleft() if self._items else None
         if len(self._items) <= self.limit // 2 and not self._room.is_set():
             self._room.set()
+        if text is not None and self._budget is not None:
+            self._budget.give(1, len(text))
         return text
 
 
-__all__ = ["FanoutBatch", "Outbox"]
+__all__ = ["Budget", "FanoutBatch", "Outbox"]

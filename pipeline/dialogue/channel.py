@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Protocol
 
 import aiohttp
@@ -22,6 +23,10 @@ from aiohttp import web
 from pipeline.errors import RemoteProtocolError
 
 READ_SIZE = 1 << 18
+_TCP = (socket.AF_INET, socket.AF_INET6)
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
+#: TCP states (linux/tcp_states.h) after the peer's FIN or reset: CLOSE, CLOSE_WAIT, LAST_ACK.
+_PEER_CLOSED = frozenset({7, 8, 9})
 #: Drain only when the transport buffers more than this (draining an empty buffer costs a hop).
 DRAIN_ABOVE = 1 << 16
 
@@ -34,6 +39,10 @@ class Channel(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
     def abort(self) -> None: ...
+
+    def peer_gone(self) -> bool:
+        """Whether the peer closed its end, seen without reading (False: not known)."""
+        ...
 
 
 class StreamChannel:
@@ -67,6 +76,18 @@ class StreamChannel:
 
     def abort(self) -> None:
         self.writer.transport.abort()
+
+    def peer_gone(self) -> bool:
+        """The peer closed or reset the connection (Linux's ``TCP_INFO`` state: the stream's
+        end may sit unread behind data, and is seen here without reading)."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is None or _TCP_INFO is None or sock.family not in _TCP:
+            return False
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0]
+        except OSError:
+            return True
+        return state in _PEER_CLOSED
 
 
 WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
@@ -102,3 +123,6 @@ class WebSocketChannel:
 
     def abort(self) -> None:
         """Nothing to do synchronously: aiohttp bounds its own close handshake."""
+
+    def peer_gone(self) -> bool:
+        return self.ws.closed

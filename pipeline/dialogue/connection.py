@@ -8,9 +8,8 @@ message handlers, a message dispatcher. Request and duplex handlers run as
 owned tasks, bounded in number; every task is awaited (or cancelled and
 awaited) by :meth:`Connection.close`.
 
-Handlers for incoming messages, requests and duplexes are called as
-:mod:`pipeline.dialogue.handlers` describes (plain functions inline, coroutine
-functions in owned, bounded tasks).
+Handlers of incoming traffic are called as :mod:`pipeline.dialogue.handlers` says
+(plain functions inline, coroutine functions in owned, bounded tasks).
 
 Who does what: the machine alone changes the dialogue's state; this class
 feeds it, turns its events into futures and handler calls (one table, keyed by
@@ -212,6 +211,10 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    @property
+    def reading(self) -> bool:
+        return self._read_allowed.is_set()  # False while backpressure holds the reading
 
     @property
     def protocol(self) -> Dialogue:

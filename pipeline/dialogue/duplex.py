@@ -126,6 +126,11 @@ class Duplex:
             await self._host.duplex_end(self, error)
 
     @property
+    def host(self) -> DuplexHost:
+        """The connection this duplex runs on (one object per connection)."""
+        return self._host
+
+    @property
     def peer_ended(self) -> bool:
         return self._peer_end is not None or self._failure is not None
 

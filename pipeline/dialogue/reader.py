@@ -23,6 +23,9 @@ from pipeline.errors import RemoteProtocolError
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two looks at the channel while reading is paused (has the peer left?).
+PAUSED_LOOK_S = 1.0
+
 
 class Reader:
     """Feeds the channel to the machine until the dialogue is closed."""
@@ -54,7 +57,8 @@ class Reader:
         try:
             while proto.state is not State.CLOSED:
                 if not self._allowed.is_set():
-                    await self._allowed.wait()
+                    if not await self._paused():
+                        return
                     clock.resumed(self._loop.time())
                 data = await self._read()
                 if data is None:
@@ -82,6 +86,25 @@ class Reader:
             # is told "internal error" only)
             proto.internal_error(exc)
             self._after()
+
+    async def _paused(self) -> bool:
+        """Wait while backpressure holds the reading; False when the peer left meanwhile.
+
+        A peer that leaves is not seen by a reader that does not read: its
+        duplexes and requests went on being served (RSS rising for minutes
+        after it closed). The channel is looked at every :data:`PAUSED_LOOK_S`.
+        """
+        while not self._allowed.is_set():
+            try:
+                async with asyncio.timeout(PAUSED_LOOK_S):
+                    await self._allowed.wait()
+            except TimeoutError:
+                if self._channel.peer_gone():
+                    log.info("%s: the peer left while reading was paused", self._name)
+                    self._proto.abort("the peer left while reading was paused")
+                    self._after()
+                    return False
+        return True
 
     async def _read(self) -> bytes | None:
         """The next chunk from the channel; None when a read deadline passed (already acted on)."""

@@ -8,6 +8,17 @@ the JSON of the websocket notifications' ``result``, produced by the same
 :class:`~pipeline.chain.history.resumption.TieredResumption` and bounded the same
 way. Bad params end the duplex with a JSON-RPC error object as error data; a
 subscriber that falls behind is ended with ``subscriber too slow``.
+
+A connection is served at most ``MAX_SUBSCRIPTIONS`` duplexes at once, as a
+websocket connection its subscriptions (more are ended at once with a JSON-RPC
+error object), and what they hold queued is bounded together
+(:class:`Feed`, a :class:`~pipeline.chain.outbox.Budget` per connection): at
+most ``send_buffer`` messages and :data:`CONNECTION_BYTES` bytes across all of
+them, whatever their number (each duplex's own outbox is bounded too). A
+catch-up waits for room in both, and is ended as too slow when none comes
+within ``stall_s``; a live block that does not fit ends its duplex at once.
+Before, each of up to 1,024 duplexes had its own 4,096 messages and one
+connection grew the server by over a gigabyte.
 """
 
 from __future__ import annotations
@@ -24,9 +35,10 @@ from pipeline.blockcodec import KeyTest
 from pipeline.chain import jsonrpc
 from pipeline.chain.cardinal import SEED, encoding_for
 from pipeline.chain.history.resumption import TieredResumption
-from pipeline.chain.outbox import Outbox
+from pipeline.chain.outbox import Budget, Outbox
 from pipeline.chain.planning import Plan
 from pipeline.chain.serve.subscription import SubscribeParams, Subscription, parse_subscribe
+from pipeline.chain.serve.wsconn import MAX_SUBSCRIPTIONS
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
 from pipeline.dialogue.server import DialogueServer
@@ -40,7 +52,53 @@ from pipeline.errors import (
 
 log = logging.getLogger(__name__)
 
-_BATCH = 256
+#: Bytes the duplexes of one Dialogue connection may hold queued together.
+CONNECTION_BYTES = 8 << 20
+_TOO_MANY = jsonrpc.error(
+    None, jsonrpc.SERVER_ERROR, f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection"
+).encode()
+
+
+class Feed:
+    """The feed's duplexes, one :class:`Budget` per Dialogue connection, and their figures."""
+
+    def __init__(self, send_buffer: int, max_bytes: int = CONNECTION_BYTES) -> None:
+        self.send_buffer = send_buffer
+        self.max_bytes = max_bytes
+        #: per connection: its budget and how many of its duplexes are served
+        self._budgets: dict[object, tuple[Budget, int]] = {}
+        self.server: DialogueServer | None = None
+        #: the most one connection's duplexes held queued at once (bytes)
+        self.peak_bytes = 0
+
+    def enter(self, host: object) -> Budget | None:
+        """One more duplex served on ``host`` (its connection): the connection's budget;
+        None when it already has :data:`MAX_SUBSCRIPTIONS` served (the duplex is refused)."""
+        budget, count = self._budgets.get(host) or (Budget(self.send_buffer, self.max_bytes), 0)
+        if count >= MAX_SUBSCRIPTIONS:
+            return None
+        self._budgets[host] = (budget, count + 1)
+        return budget
+
+    def leave(self, host: object) -> None:
+        budget, count = self._budgets[host]
+        self.peak_bytes = max(self.peak_bytes, budget.peak_bytes)
+        if count > 1:
+            self._budgets[host] = (budget, count - 1)
+        else:
+            del self._budgets[host]
+
+    def figures(self) -> dict[str, float]:
+        """Connections, duplexes served, and what they hold queued, for ``/metrics``."""
+        budgets = [b for b, _n in self._budgets.values()]
+        return {
+            "sluice_serve_dialogue_connections_open": len(self.server.connections)
+            if self.server is not None
+            else len(budgets),
+            "sluice_serve_dialogue_duplexes_open": sum(n for _b, n in self._budgets.values()),
+            "sluice_serve_dialogue_queued_messages": sum(b.messages for b in budgets),
+            "sluice_serve_dialogue_queued_bytes": sum(b.nbytes for b in budgets),
+        }
 
 
 async def serve_duplex(
@@ -49,8 +107,10 @@ async def serve_duplex(
     *,
     send_buffer: int,
     stall_s: float | None = None,
+    budget: Budget | None = None,
 ) -> None:
-    """Serve one subscription on an incoming duplex until the peer leaves or falls behind."""
+    """Serve one subscription on an incoming duplex until the peer leaves or falls behind
+    (``budget``: what it may queue, shared with the other duplexes of its connection)."""
     parsed = _parse(duplex.initial or b"null")
     if isinstance(parsed, bytes):
         await duplex.end(error=parsed)
@@ -60,9 +120,12 @@ async def serve_duplex(
     if isinstance(plan, bytes):
         await duplex.end(error=plan)
         return
-    outbox = Outbox(send_buffer, stall_s=stall_s)
+    outbox = Outbox(send_buffer, stall_s=stall_s, budget=budget)
     sub = Subscription("0x1", parsed, outbox, envelope=False)
-    await _feed(resumption, duplex, outbox, plan, keep, sub)
+    try:
+        await _feed(resumption, duplex, outbox, plan, keep, sub)
+    finally:
+        outbox.clear()  # what it held goes back to its connection's budget
 
 
 def _invalid(text: str) -> bytes:
@@ -117,10 +180,13 @@ async def _feed(
     """Stream the plan into the duplex until the peer leaves, falls behind or resumption fails."""
 
     async def write() -> None:
+        # A text leaves the outbox (and its connection's budget) once sent, not before:
+        # texts popped by the hundred and held here were outside every bound.
         while True:
             await outbox.wait()
-            for text in outbox.pop_many(_BATCH):
+            while (text := outbox.peek()) is not None:
                 await duplex.send(text)
+                outbox.pop()
 
     async def watch() -> None:
         async for _ in duplex:
@@ -154,11 +220,26 @@ def dialogue_server(
     *,
     send_buffer: int,
     stall_s: float | None = None,
+    feed: Feed | None = None,
 ) -> DialogueServer:
-    async def on_duplex(duplex: Duplex) -> None:
-        await serve_duplex(resumption, duplex, send_buffer=send_buffer, stall_s=stall_s)
+    """The feed's server; ``feed`` (made here when not given) keeps its budgets and figures."""
+    state = feed if feed is not None else Feed(send_buffer)
 
-    return DialogueServer(host, port, on_duplex=on_duplex)
+    async def on_duplex(duplex: Duplex) -> None:
+        budget = state.enter(duplex.host)
+        if budget is None:  # as a websocket connection's subscriptions are bounded
+            await duplex.end(error=_TOO_MANY)
+            return
+        try:
+            await serve_duplex(
+                resumption, duplex, send_buffer=send_buffer, stall_s=stall_s, budget=budget
+            )
+        finally:
+            state.leave(duplex.host)
+
+    server = DialogueServer(host, port, on_duplex=on_duplex)
+    state.server = server
+    return server
 
 
 async def subscribe_dialogue(

@@ -77,14 +77,21 @@ from pipeline.chain.serve.auth import authorized, refusal
 from pipeline.chain.serve.relay import RedisTailer
 from pipeline.chain.serve.wsconn import CLOSE_TIMEOUT_S, MAX_FRAME, Connection, dialect_of
 from pipeline.lifecycle import cancel_and_wait, run_every
+from pipeline.loggate import LogGate
 from pipeline.redisio.conn import Role, connect
 from pipeline.runtime import health, memory
 from pipeline.settings import Settings
 
 if TYPE_CHECKING:  # annotations only: the feed's module is imported when a port is set
+    from pipeline.chain.serve.dialogue_feed import Feed
     from pipeline.dialogue.server import DialogueServer
 
+#: The Dialogue feed's budgets and figures (absent without a feed port).
+FEED: web.AppKey[Feed] = web.AppKey("dialogue_feed")
+
 log = logging.getLogger(__name__)
+#: Upgrades whose peer left before the answer: one line per 10 s, every one counted.
+_LOST = LogGate(log, level=logging.INFO)
 
 #: XREAD BLOCK of the live tailer, in ms (its pool's socket timeout is longer).
 _TAIL_BLOCK_MS = 1000
@@ -125,13 +132,17 @@ async def ws_handler(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             {"error": f"unknown dialect; known: {', '.join(DIALECTS)}"}, status=400
         )
+    # The connection runs its own heartbeat (pipeline/chain/serve/wswrite.py): it tells a
+    # subscriber that does not read (1008, counted) from a peer that is gone.
     ws = web.WebSocketResponse(
-        heartbeat=settings.serve.heartbeat_s or None,
-        max_msg_size=MAX_FRAME,
-        compress=False,
-        timeout=CLOSE_TIMEOUT_S,
+        autoping=False, max_msg_size=MAX_FRAME, compress=False, timeout=CLOSE_TIMEOUT_S
     )
-    await ws.prepare(request)
+    try:
+        await ws.prepare(request)
+    except ConnectionError as exc:  # "Cannot write to closing transport": the peer left
+        metrics.inc("sluice_serve_upgrades_lost_total")
+        _LOST.failed("upgrade", "websocket upgrade lost, the peer gone before the answer: %s", exc)
+        return web.Response(status=503, text="connection lost during the upgrade")
     conn = Connection(ws, request)
     metrics.inc("sluice_serve_connections_total")
     app[CONNECTIONS].add(conn)
@@ -200,6 +211,13 @@ async def metrics_handler(request: web.Request) -> web.Response:
         return refusal()
     metrics.set("sluice_serve_connections_open", len(request.app[CONNECTIONS]))
     metrics.set("sluice_serve_resident_bytes", memory.rss_bytes())
+    resumption = request.app.get(RESUMPTION)
+    if resumption is not None:
+        metrics.set("sluice_serve_reorg_resyncs_total", resumption.resyncs)
+    feed = request.app.get(FEED)
+    if feed is not None:
+        for name, value in feed.figures().items():
+            metrics.set(name, value)
     return web.Response(body=metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -259,14 +277,16 @@ async def _start_feed(app: web.Application, settings: Settings) -> DialogueServe
     """The Dialogue feed, listening, when ``serve_dialogue_port`` is set; else None."""
     if not settings.serve.dialogue_port:
         return None
-    from pipeline.chain.serve.dialogue_feed import dialogue_server
+    from pipeline.chain.serve.dialogue_feed import Feed, dialogue_server
 
+    state = app[FEED] = Feed(settings.serve.send_buffer)
     feed = dialogue_server(
         app[RESUMPTION],
         settings.serve.host,
         settings.serve.dialogue_port,
         send_buffer=settings.serve.send_buffer,
         stall_s=settings.serve.stall_s,
+        feed=state,
     )
     await feed.start()
     return feed

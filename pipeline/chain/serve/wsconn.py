@@ -92,6 +92,7 @@ class Connection(Sending):
             send_buffer=self.settings.serve.send_buffer,
             batch=app[HUB].batch,
             stall_s=self.settings.serve.stall_s,
+            heartbeat_s=self.settings.serve.heartbeat_s,
         )
         self.request = request
         self.resumption = app[RESUMPTION]
@@ -140,7 +141,7 @@ class Connection(Sending):
         if self.ws.closed:
             return
         try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(self.linger_s or CLOSE_TIMEOUT_S):
                 await self.ws.close(code=code, message=reason.encode()[:123])
         except (TimeoutError, ConnectionError) as exc:
             log.debug("close failed %r; aborting %s", exc, self.request.transport)
@@ -152,10 +153,12 @@ class Connection(Sending):
         """Read frames without ever waiting for a request to finish.
 
         Each request runs in its own task (at most ``MAX_IN_FLIGHT``); the loop
-        goes straight back to ``receive``, which is where aiohttp answers pings
-        and notes pongs, so a burst of slow calls cannot starve the heartbeat.
+        goes straight back to ``receive``, where pings are answered and pongs
+        noted (:meth:`heard`), so a burst of slow calls cannot starve the heartbeat.
         """
         async for msg in self.ws:
+            if await self.heard(msg):  # a ping (answered) or a pong: the heartbeat's
+                continue
             if msg.type == WSMsgType.TEXT:
                 self._dispatch(msg.data)
             elif msg.type == WSMsgType.BINARY:
@@ -187,15 +190,6 @@ class Connection(Sending):
         if self._refusals_logged < _REFUSALS_LOGGED:
             self._refusals_logged += 1
             log.info(fmt + " (%s)", *args, self.request.remote)
-
-    def _slow(self) -> None:
-        if self._failure.done():
-            return  # one disconnect, however many of its subscriptions found it too slow
-        self.metrics.inc("sluice_serve_slow_disconnects_total")
-        self.fail(
-            WSCloseCode.POLICY_VIOLATION,
-            f"subscriber too slow: send buffer of {self.outbox.limit} messages full",
-        )
 
     def _dispatch(self, text: str) -> None:
         """Parse one frame (bounded: see ``jsonrpc.parse_message``) and start its call or calls."""

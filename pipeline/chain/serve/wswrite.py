@@ -6,14 +6,32 @@
 written corked), and the live fan-out's two sends that need no task switch:
 the inline send of queued texts and the direct write of frames shared by every
 subscriber. A send that fails ends this connection only (:meth:`Sending.fail`).
+
+It also runs the connection's heartbeat (aiohttp's is off: its unanswered ping
+cut a subscriber that reads too slowly with a bare EOF, no reason, nothing
+counted): after ``heartbeat_s`` without a frame from the peer a ping goes out;
+no frame within half as long, and the connection is closed. While something
+sent to the peer is not taken (queued here, in the transport's buffer, or in
+the kernel's send queue), the peer is a subscriber too slow: closed with 1008
+and the reason, like one whose send buffer filled up (:meth:`Sending._slow`),
+counted in ``sluice_serve_slow_disconnects_total`` and logged once per
+condition (:class:`~pipeline.loggate.LogGate`). Otherwise it is gone: 1011
+``keepalive ping timeout``, counted in ``sluice_serve_heartbeat_timeouts_total``.
+A slow subscriber's queued texts are dropped and its close frame goes after
+what was already written: it reads them and the 1008 if it reads at all within
+:data:`SLOW_CLOSE_S`, after which the connection is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
+import struct
+import termios
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,8 +40,16 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pipeline.chain.burst import burst_end, frame_texts
 from pipeline.chain.metrics import Metrics
 from pipeline.chain.outbox import FanoutBatch, Outbox
+from pipeline.loggate import LogGate
 
 log = logging.getLogger(__name__)
+#: Slow subscribers closed, per server (its metrics): one line per condition, then one
+#: per 10 s (every one counted).
+_GATES: weakref.WeakKeyDictionary[Metrics, LogGate] = weakref.WeakKeyDictionary()
+#: Seconds a subscriber closed for being too slow has to read what was written and the 1008.
+SLOW_CLOSE_S = 10.0
+#: Linux's SIOCOUTQ (bytes in a socket's send queue not yet acknowledged); None elsewhere.
+_OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
 
 _WRITE_BATCH = 512
 #: The longest websocket frame header a server writes (no mask): 2 + 8 bytes.
@@ -51,6 +77,18 @@ def _corked(sock: Any) -> Iterator[None]:
             sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)
 
 
+def _unsent(sock: Any) -> int:
+    """Bytes in ``sock``'s kernel send queue not acknowledged by the peer (0: unknown)."""
+    if sock is None or _OUTQ is None:
+        return 0
+    try:
+        out = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
+    except OSError:
+        return 0
+    value: int = struct.unpack("i", out)[0]
+    return value
+
+
 class Sending:
     """The sending half of one websocket connection; :meth:`fail` ends the connection.
 
@@ -67,9 +105,12 @@ class Sending:
         send_buffer: int,
         batch: FanoutBatch | None,
         stall_s: float | None,
+        heartbeat_s: float = 0.0,
     ) -> None:
         self.ws = ws
         self.metrics = metrics
+        gate = _GATES.get(metrics)
+        self._gate = gate if gate is not None else _GATES.setdefault(metrics, LogGate(log))
         self.outbox = Outbox(
             send_buffer,
             batch=batch,
@@ -88,13 +129,99 @@ class Sending:
         sock = transport.get_extra_info("socket") if transport is not None else None
         #: The TCP socket, to cork bursts (None: not TCP, nothing to cork).
         self._sock = sock if sock is not None and sock.family in _TCP else None
-        self._failure: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._failure: asyncio.Future[tuple[int, str]] = loop.create_future()
+        #: Seconds between pings of a silent peer (0: none), and when it was last heard.
+        self._heartbeat_s = heartbeat_s
+        self._heard_at = loop.time()
+        #: How long the close may take (None: the connection's default; longer for a slow reader).
+        self.linger_s: float | None = None
 
     def fail(self, code: int, reason: str) -> None:
         if not self._failure.done():
             self._failure.set_result((code, reason))
 
+    def _slow(self, reason: str = "") -> None:
+        """Close a subscriber too slow with 1008 and ``reason`` (default: its buffer is full)."""
+        if self._failure.done():
+            return  # one disconnect, however many of its subscriptions found it too slow
+        reason = reason or f"subscriber too slow: send buffer of {self.outbox.limit} messages full"
+        self.metrics.inc("sluice_serve_slow_disconnects_total")
+        peer = self._transport.get_extra_info("peername") if self._transport is not None else None
+        self._gate.failed(
+            reason.split("(")[0],
+            "closing a subscriber with 1008, %s (%s); sluice_serve_slow_disconnects_total counts them",
+            reason,
+            peer,
+        )
+        self.outbox.clear()  # what it has not been sent is dropped: the close goes next
+        self.linger_s = SLOW_CLOSE_S
+        self.fail(WSCloseCode.POLICY_VIOLATION, reason)
+
+    async def heard(self, msg: Any) -> bool:
+        """A frame came from the peer (for the heartbeat); True when it was a ping (answered
+        here) or a pong, which the caller then ignores."""
+        self._heard_at = asyncio.get_running_loop().time()
+        if msg.type is WSMsgType.PING:
+            await self.ws.pong(msg.data)
+            return True
+        return msg.type is WSMsgType.PONG
+
+    def _backed_up(self) -> bool:
+        """Whether something sent to the peer is not taken yet (see the module doc)."""
+        transport = self._transport
+        if len(self.outbox) or (transport is not None and transport.get_write_buffer_size()):
+            return True
+        return _unsent(self._sock) > 0
+
+    async def _beat(self, every_s: float) -> None:
+        """The heartbeat (see the module doc): a ping after ``every_s`` of silence, then the
+        verdict ``every_s / 2`` later unless the peer was heard meanwhile."""
+        loop = asyncio.get_running_loop()
+        while True:
+            quiet = loop.time() - self._heard_at
+            if quiet < every_s:
+                await asyncio.sleep(every_s - quiet)
+                continue
+            pinged = loop.time()
+            deadline = pinged + every_s / 2
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self.ws.ping()  # waits only while the transport is paused
+            except TimeoutError:
+                pass
+            except ConnectionError:
+                return  # closing: the reader or the writer says why
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            if self._heard_at >= pinged:
+                continue
+            if self._backed_up():
+                self._slow(f"subscriber too slow: not reading (no pong within {every_s / 2:g}s)")
+            else:
+                self.metrics.inc("sluice_serve_heartbeat_timeouts_total")
+                self.fail(WSCloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+            return
+
     async def _write(self) -> None:
+        """The writer task: :meth:`_send_all`, with the heartbeat beside it while it runs."""
+        beat = None
+        if self._heartbeat_s > 0:
+            beat = asyncio.create_task(self._beat(self._heartbeat_s), name="ws-heartbeat")
+            beat.add_done_callback(self._beat_ended)
+        try:
+            await self._send_all()
+        finally:
+            if beat is not None:
+                beat.cancel()
+                await asyncio.wait([beat])
+
+    def _beat_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("heartbeat failed", exc_info=task.exception())
+            self.metrics.inc("sluice_serve_internal_errors_total")
+            self.fail(WSCloseCode.INTERNAL_ERROR, "internal error")
+
+    async def _send_all(self) -> None:
         """The one writer of the connection: every text in outbox order, aiohttp's public API only.
 
         Live fan-out only appends shared frames to the outbox

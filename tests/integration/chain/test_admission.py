@@ -12,6 +12,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -31,8 +32,12 @@ UPGRADE = (
 
 
 @asynccontextmanager
-async def guarded(settings: Settings) -> AsyncIterator[tuple[str, int, web.Application]]:
+async def guarded(
+    settings: Settings, middleware: Any = None
+) -> AsyncIterator[tuple[str, int, web.Application]]:
     app = create_app(settings)
+    if middleware is not None:  # a test's own, after the guard's
+        app.middlewares.append(middleware)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     listener = await app[GUARD].listen(runner, "127.0.0.1", 0)
@@ -121,7 +126,8 @@ async def test_connections_past_the_cap_are_refused_with_503(settings) -> None:
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(10)]
         await until(lambda: len(app[GUARD]) == 10, "10 connections admitted")
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        # (not /healthz nor /metrics: probes are served past the cap, test_serve_probes.py)
+        writer.write(b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = await reader.read()
         assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
         writer.close()

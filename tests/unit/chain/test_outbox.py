@@ -142,3 +142,45 @@ def test_a_direct_write_does_not_bypass_the_limit_of_what_is_queued() -> None:
     assert not box.offer([b"c"], b"C")  # full: the slow subscriber's refusal, as before
     direct.open = True
     assert not box.offer([b"c"], b"C") and direct.written == []
+
+
+def test_clear_drops_what_is_queued_and_the_outbox_takes_more() -> None:
+    box = Outbox(3)
+    assert box.offer([b"a", b"b", b"c"]) and not box.offer([b"d"])
+    assert box.clear() == 3 and len(box) == 0 and box.peek() is None
+    assert box.clear() == 0
+    assert box.offer([b"d"]) and box.pop_many(5) == [b"d"]
+
+
+def test_outboxes_sharing_a_budget_take_only_what_fits_in_both() -> None:
+    from pipeline.chain.outbox import Budget
+
+    budget = Budget(max_messages=3, max_bytes=10)
+    a, b = Outbox(4, budget=budget), Outbox(4, budget=budget)
+    assert a.offer([b"12345"]) and b.offer([b"1234"])
+    assert not a.offer([b"12"])  # 11 bytes: over the budget, though a has room
+    assert b.offer([b"1"]) and not a.offer([b"x"])  # 3 messages: full
+    assert (budget.messages, budget.nbytes, budget.peak_bytes) == (3, 10, 10)
+    assert a.pop() == b"12345" and b.clear() == 2
+    assert (budget.messages, budget.nbytes) == (0, 0)
+    assert a.offer([b"x" * 40])  # an empty budget takes anything, as an empty outbox does
+
+
+async def test_a_put_waits_for_its_budget_and_gives_up_after_the_stall() -> None:
+    import pytest
+
+    from pipeline.chain.outbox import Budget
+    from pipeline.errors import SlowConsumer
+
+    budget = Budget(max_messages=100, max_bytes=8)
+    held, waiting = Outbox(4, budget=budget), Outbox(4, budget=budget, stall_s=0.05)
+    assert held.offer([b"12345678"])
+    put = asyncio.create_task(waiting.put([b"ab"]))
+    await asyncio.sleep(0)
+    assert not put.done()
+    assert held.pop_many(4) == [b"12345678"]  # room: the put goes in
+    await put
+    assert (budget.messages, budget.nbytes) == (1, 2)
+    assert held.offer([b"123456"])
+    with pytest.raises(SlowConsumer):
+        await waiting.put([b"cd"])  # nothing drains the budget: too slow
