@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 
 # pip runs quietly: one line says what each silent step does and that it takes a while.
 $(STAMP): pyproject.toml
-	@test -x $(PY) || { echo "sluice: creating the virtualenv $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@bash scripts/ensure-venv.sh $(PYTHON) $(VENV)
 	@echo "sluice: pip install of Sluice with every extra (.[all,dev]): Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
 	@$(PY) -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: no setuptools banner about editable installs (a warning, not an error)
@@ -96,7 +96,7 @@ OTHER_VENV := .venv-py$(PYV)
 
 test-unit-py: $(REDIS)
 	@test -n "$(OTHER_PY)" || { echo "sluice: no python$(PYV) (pyenv or PATH)"; exit 2; }
-	@test -x $(OTHER_VENV)/bin/python || $(OTHER_PY) -m venv $(OTHER_VENV)
+	@bash scripts/ensure-venv.sh $(OTHER_PY) $(OTHER_VENV)
 	@test $(OTHER_VENV)/.sluice-installed -nt pyproject.toml || { \
 		echo "sluice: pip install of .[all,dev] into $(OTHER_VENV) (quiet, minutes the first time)"; \
 		PYTHONWARNINGS=ignore $(OTHER_VENV)/bin/python -m pip install -q -e '.[all,dev]' && \

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from pipeline import __version__
 from pipeline.cliargs import non_negative
-from pipeline.errors import ConfigError, SluiceError
+from pipeline.errors import ConfigError, MissingExtra, SluiceError
+from pipeline.facade import missing_extra, require
 from pipeline.runtime import memory
 from pipeline.settings import Settings
 
@@ -38,6 +39,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run one lake job: archive, canonical, trim, replay, audit, maintain, backfill",
     ),
     "spark": ("pipeline.lake.spark.server", "run a local Spark Connect server for the lake jobs"),
+}
+
+#: command -> (the extra it needs, the packages every use of it needs): checked before it
+#: runs (not for --help, which works on the core install). ``sluice lake`` checks per job.
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "demo": ("demo", ("rich",)),
+    "serve": ("serve", ("pyarrow", "deltalake", "re2")),
+    "lake": ("lake", ()),
+    "spark": ("lake", ("pyspark",)),
 }
 
 
@@ -66,6 +76,10 @@ def _log_level() -> str:
         return "INFO"
 
 
+def _wants_help(args: Sequence[str]) -> bool:
+    return any(arg in ("-h", "--help") for arg in args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -78,24 +92,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"sluice: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    if name in _LONG_RUNNING and argv is None:  # (not when called in-process, e.g. by a test)
+    helping = _wants_help(rest)
+    if name in _LONG_RUNNING and argv is None and not helping:  # (not in-process: tests)
         memory.system_malloc()  # runs the command again on glibc's malloc, unless set
     logging.basicConfig(
         level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if name in _LONG_RUNNING:
-        tuned = memory.tune()  # before the command's module loads pyarrow
-        if tuned:
-            logging.getLogger(__name__).info("allocators give memory back: %s", ", ".join(tuned))
-    module = importlib.import_module(COMMANDS[name][0])
     try:
-        code: int = module.main(rest)
+        return _run(name, rest, helping)
+    except MissingExtra as exc:  # its text names the command: "sluice serve needs pyarrow..."
+        print(exc, file=sys.stderr)
+        return 2
     except ConfigError as exc:  # bad input: one line, the usage exit code
         print(f"sluice {name}: {exc}", file=sys.stderr)
         return 2
     except SluiceError as exc:
         print(f"sluice {name}: {exc}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as exc:  # an extra's package, reached where no check saw it
+        missing = missing_extra(exc, f"sluice {name}", EXTRAS.get(name, (None,))[0])
+        if missing is None:
+            raise
+        print(missing, file=sys.stderr)
+        return 2
     except OSError as exc:
         if exc.errno not in _LISTEN_ERRORS:
             raise
@@ -105,10 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C in a command without its own SIGINT handling
         print(f"sluice {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def _run(name: str, rest: list[str], helping: bool) -> int:
+    """Command ``name``: its extra checked (unless for --help), tuned, imported and run."""
+    if name in EXTRAS and not helping:
+        extra, packages = EXTRAS[name]
+        require(f"sluice {name}", extra, packages)
+    if name in _LONG_RUNNING and not helping:
+        tuned = memory.tune()  # before the command's module loads pyarrow
+        if tuned:
+            logging.getLogger(__name__).info("allocators give memory back: %s", ", ".join(tuned))
+    module = importlib.import_module(COMMANDS[name][0])
+    code: int = module.main(rest)
     return code
 
 
-__all__ = ["COMMANDS", "main", "non_negative"]
+__all__ = ["COMMANDS", "EXTRAS", "main", "non_negative"]
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ class ConfigError(SluiceError):
     public_message = "configuration error"
 
 
+class MissingExtra(ConfigError, ImportError):
+    """A command or a public name needs a package of an extra that is not installed.
+
+    The message says which and ``pip install 'sluice[EXTRA]'``; an :class:`ImportError`
+    too, so ``except ImportError`` around an optional import still holds.
+    """
+
+    public_message = "an optional dependency is not installed"
+
+
 class ProtocolError(SluiceError):
     """A wire protocol was violated."""
 
@@ -128,6 +138,12 @@ class SignatureError(BusError):
     """A bus-to-bus request is unsigned, forged, or from an unknown twin."""
 
     public_message = "invalid signature"
+
+
+class Fenced(BusError):
+    """A write of a bus whose lease another bus holds now: refused, nothing written."""
+
+    public_message = "this bus is no longer the twin's active bus"
 
 
 class RequestExpired(BusError):

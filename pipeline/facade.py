@@ -3,16 +3,68 @@
 A facade such as :mod:`pipeline.bus` declares ``__all__`` and a map of each
 name to the module defining it; ``from pipeline.bus import BusClient`` then
 imports only ``pipeline.bus.client``, and ``import pipeline.lake`` loads no
-pyarrow or deltalake until a name that needs them is used.
+pyarrow or deltalake until a name that needs them is used. A name whose
+module needs an extra that is not installed raises :class:`MissingExtra`, one
+line naming ``pip install 'sluice[EXTRA]'`` (:func:`missing_extra`), which
+``sluice`` also answers for its commands.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+import importlib.util
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["lazy"]
+from pipeline.errors import MissingExtra
+
+__all__ = ["EXTRA_OF", "lazy", "missing_extra", "require"]
+
+#: The top-level modules of the extras' packages -> the smallest extra installing each
+#: (``[project.optional-dependencies]`` of pyproject.toml; a unit test keeps them equal).
+EXTRA_OF: dict[str, str] = {
+    "pyarrow": "serve",
+    "deltalake": "serve",
+    "re2": "serve",
+    "pyspark": "lake",
+    "pandas": "lake",
+    "delta": "lake",
+    "croniter": "lake",
+    "airflow": "airflow",
+    "psycopg2": "airflow",
+    "asyncpg": "airflow",
+    "celery": "airflow",
+    "rich": "demo",
+}
+
+
+def _needs(what: str, module: str, extra: str) -> MissingExtra:
+    return MissingExtra(
+        f"{what} needs {module}, which is not installed: pip install 'sluice[{extra}]'"
+    )
+
+
+def missing_extra(
+    exc: ModuleNotFoundError, what: str, extra: str | None = None
+) -> MissingExtra | None:
+    """The one-line error for ``exc`` if an extra's package is what is missing, else None.
+
+    ``what`` names what needs it (a command, a public name); ``extra`` is the extra to
+    name (a command's own), by default the smallest one installing the package.
+    """
+    top = (exc.name or "").partition(".")[0]
+    if top not in EXTRA_OF:
+        return None
+    return _needs(what, top, extra or EXTRA_OF[top])
+
+
+def require(what: str, extra: str, modules: Iterable[str]) -> None:
+    """Raise :class:`MissingExtra` unless each of ``modules`` (top-level names) is installed.
+
+    Looked up without importing them: a check before work starts, not a load."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise _needs(what, module, extra)
 
 
 def lazy(
@@ -27,7 +79,13 @@ def lazy(
         where = exports.get(name)
         if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(where), name)
+        try:
+            value = getattr(importlib.import_module(where), name)
+        except ModuleNotFoundError as exc:
+            missing = missing_extra(exc, f"{package}.{name}")
+            if missing is None:
+                raise
+            raise missing from None  # one line, not the chain of imports that led there
         importlib.import_module(package).__dict__[name] = value  # once: the next lookup is plain
         return value
 

@@ -13,7 +13,6 @@ still carrying the demo's marker (see :mod:`pipeline.demo.supervisor`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -34,44 +33,18 @@ from rich.progress import Progress
 from pipeline.demo import components as comp
 from pipeline.demo import prereq
 from pipeline.demo.activity import Activity
-from pipeline.demo.check import LIVE_S
-from pipeline.demo.plan import STREAM, Plan
+from pipeline.demo.options import Options, parse
+from pipeline.demo.plan import Plan
 from pipeline.demo.procs import MARKER
 from pipeline.demo.startup import progress_bar, running, start_all, warmer
 from pipeline.demo.supervisor import Component, Supervisor
 from pipeline.demo.view import render
 from pipeline.errors import ConfigError, DemoError
-from pipeline.settings import Settings
 
 #: Events kept for the view.
 EVENTS = 8
 #: Seconds between two frames of the live view.
 FRAME_S = 0.5
-#: Components ``--only`` may name, in start order (redis always starts first).
-ALL = ("spark", "serve", "produce", "nodes", "buses", "airflow")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
-    check: bool
-    only: tuple[str, ...]
-    serve_port: int
-    airflow_port: int
-    spark_port: int
-    deadline_s: float
-    var_dir: Path
-    #: for tests: stop as soon as everything is up
-    up_then_stop: bool = False
-    #: "local" or "s3" (an S3 server the demo runs)
-    lake: str = "local"
-    #: a Redis of the user's for streams, chain, nodes, lake jobs and Airflow (any URL form:
-    #: redis+sentinel://, redis+cluster://); empty: the demo's own Redis holds everything
-    redis: str = ""
-    #: the user's Spark Connect server (``sc://``) for the lake jobs; empty: the demo starts
-    #: its own (the ``spark`` component, warmed by one Delta write)
-    spark: str = ""
-    #: --check: seconds the subscriber follows the live chain before the producer stops
-    follow_s: float = LIVE_S
 
 
 def repo_root() -> Path:
@@ -80,104 +53,6 @@ def repo_root() -> Path:
     if not (root / "dags").is_dir():
         raise ConfigError(f"no dags/ next to the package at {root}: run the demo from a checkout")
     return root
-
-
-def _parser(settings: Settings) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sluice demo",
-        description="Run the whole system on this machine, live until Ctrl-C "
-        "(--check: as a scripted scenario that exits 0 only if every check passed).",
-    )
-    p.add_argument("--check", action="store_true", help="run the scripted scenario and exit 0/1")
-    p.add_argument("--serve-port", type=int, default=settings.serve.port, help="status page port")
-    p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port")
-    p.add_argument(
-        "--spark-port", type=int, default=settings.spark.connect_port, help="Spark Connect port"
-    )
-    p.add_argument(
-        "--only",
-        default=",".join(ALL),
-        help=f"comma-separated subset of {','.join(ALL)} (Redis always runs)",
-    )
-    p.add_argument(
-        "--deadline", type=float, default=900.0, help="--check: seconds before it gives up"
-    )
-    p.add_argument(
-        "--lake",
-        choices=("local", "s3"),
-        default="local",
-        help="where the lake lives: a local directory, or an S3 server the demo starts "
-        "(versitygw, built by make install)",
-    )
-    p.add_argument(
-        "--redis",
-        metavar="URL",
-        default="",
-        help="run streams, the chain, the nodes, the lake jobs and Airflow on this Redis "
-        "(redis://, redis+sentinel://, redis+cluster://; best empty: the demo writes stream "
-        f"{STREAM!r}); the bus twins stay on the demo's own Redis",
-    )
-    p.add_argument(
-        "--spark",
-        metavar="URL",
-        default="",
-        help="run the lake jobs on this Spark Connect server (sc://host:port) instead of "
-        "starting one (the spark component)",
-    )
-    p.add_argument(
-        "--follow",
-        type=float,
-        default=LIVE_S,
-        metavar="SECONDS",
-        help="--check: seconds the subscriber follows the live chain before the producer stops",
-    )
-    p.add_argument("--up-then-stop", action="store_true", help=argparse.SUPPRESS)
-    return p
-
-
-def parse(argv: list[str]) -> Options:
-    settings = Settings.load()
-    parser = _parser(settings)
-    args = parser.parse_args(argv)
-    only = tuple(s.strip() for s in args.only.split(",") if s.strip())
-    unknown = [s for s in only if s not in ALL]
-    if unknown:
-        parser.error(f"--only: unknown component(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
-    for name in ("serve_port", "airflow_port", "spark_port"):
-        if not 1 <= getattr(args, name) <= 65535:
-            parser.error(f"--{name.replace('_', '-')} must be a TCP port (1-65535)")
-    if not 30 <= args.deadline <= 7200:
-        parser.error("--deadline must be between 30 and 7200 seconds")
-    if not 1 <= args.follow <= 600:
-        parser.error("--follow must be between 1 and 600 seconds")
-    if args.check and only != ALL:
-        parser.error("--check runs every component; drop --only")
-    if args.spark:  # the user's server stands in for the spark component
-        from pipeline.lake.spark.session import parse_remote
-
-        try:
-            parse_remote(args.spark, name="--spark")
-        except ConfigError as exc:
-            parser.error(str(exc))
-        only = tuple(s for s in only if s != "spark")
-    if args.redis:
-        from pipeline.redisio import check as redischeck
-
-        redischeck.check(args.redis)  # a bad URL or layout: one line, exit 2
-    return Options(
-        check=args.check,
-        only=only,
-        serve_port=args.serve_port,
-        airflow_port=args.airflow_port,
-        spark_port=args.spark_port,
-        deadline_s=args.deadline,
-        var_dir=Path(settings.var_dir).expanduser().absolute(),
-        up_then_stop=args.up_then_stop,
-        lake=args.lake,
-        redis=args.redis,
-        spark=args.spark,
-        follow_s=args.follow,
-    )
 
 
 def plan_for(opts: Options, root: Path, demo_id: str = "") -> Plan:

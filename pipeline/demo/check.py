@@ -37,6 +37,7 @@ from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, decode_block
 from pipeline.chain.client.consumer import subscribe
 from pipeline.demo.activity import Activity, Counts
+from pipeline.demo.options import LIVE_S
 from pipeline.demo.plan import STREAM, Plan
 from pipeline.demo.supervisor import Supervisor
 from pipeline.demo.verify import Follower, Known, canonical_chain
@@ -48,8 +49,6 @@ from pipeline.settings import LakeSettings
 QUIET_S = 3.0
 #: Seconds the subscriber may take to catch up with the expected head.
 CATCH_UP_S = 120.0
-#: Seconds the subscriber follows the live chain (blocks and reorgs) before the producer stops.
-LIVE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import JobCancelled, SluiceError
+from pipeline.facade import require
 from pipeline.lake.jobargs import check_args, parser
 from pipeline.lake.joblog import WarningCounter, job_logging
 from pipeline.lake.jobrun import run
@@ -88,6 +89,10 @@ def main(argv: Sequence[str]) -> int:
         args = parser().parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
+    # the [lake] extra, checked before any work: every job reads or writes Delta tables
+    # (pyarrow, deltalake: also in [serve]), the Spark jobs run pyspark
+    needs = ("pyarrow", "deltalake", *(("pyspark",) if args.job in SPARK_JOBS else ()))
+    require(f"sluice lake {args.job}", "lake", needs)
     settings = Settings.load()
     check_args(args, settings)
     redischeck.check(settings.redis.url)

@@ -35,7 +35,7 @@ def _job(
 
 
 def _stream(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stream", required=True, help="the chain stream, e.g. chain:demo")
+    p.add_argument("--stream", required=True, help="the stream, e.g. chain:demo")
 
 
 def _streams(p: argparse.ArgumentParser) -> None:

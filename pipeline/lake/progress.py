@@ -5,7 +5,8 @@ rates and an ETA from an injected clock. :func:`reporter` picks the sink:
 
 - on a terminal (the story stream is a TTY), a rich progress bar: steps done
   / total, items, items/s, ETA. Log lines written meanwhile appear above the
-  bar instead of tearing it;
+  bar instead of tearing it. rich comes with ``[demo]``, not ``[lake]``: without
+  it a terminal gets the rate lines too;
 - otherwise (Airflow task logs, CI, a pipe), one INFO line at most every
   :data:`RATE_EVERY_S` seconds and a last one when the work ends, e.g.
   ``progress: 12/40 intervals (30%), 34,500 entries, 2,300 entries/s, ETA 1m10s``.
@@ -17,6 +18,7 @@ nothing is written to stdout (it carries the job's JSON result).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Callable
@@ -193,13 +195,14 @@ def reporter(
     tty: bool | None = None,
     every_s: float = RATE_EVERY_S,
 ) -> Reporter:
-    """A bar when ``stream`` is a terminal (or ``tty`` says so), else rate lines."""
+    """A bar when ``stream`` is a terminal (or ``tty`` says so) and rich is installed,
+    else rate lines."""
     meter = Meter(total=total, step_unit=step_unit, item_unit=item_unit)
     if tty is None:
         try:
             tty = stream.isatty()
         except (AttributeError, ValueError):
             tty = False
-    if tty:
+    if tty and importlib.util.find_spec("rich") is not None:
         return BarReporter(meter, title, stream)
     return LineReporter(meter, every_s)

@@ -45,7 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--consume", default="", help="comma-separated streams to subscribe to")
     ap.add_argument("--listen", help="TCP listen address host:port (SLUICE_NODE_LISTEN)")
     ap.add_argument("--request-route", default="", help="requester route, e.g. stream:b/a,echo")
-    ap.add_argument("--request-count", type=int, default=0)
+    ap.add_argument(
+        "--request-count",
+        type=int,
+        default=0,
+        help="requester: how many requests to send, one per --request-interval (default: 0)",
+    )
     ap.add_argument("--request-interval", type=float, default=0.0, help="seconds between requests")
     ap.add_argument("--record", default="", help="requester: append reply payloads to this file")
     return ap

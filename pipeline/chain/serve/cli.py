@@ -28,8 +28,6 @@ from pipeline import keys
 from pipeline.blockcodec.streamkind import Look, look, mismatch, not_chain
 from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.chain.produce.producer import MuxProducer, RedisStreamProducer, WebsocketHub
-from pipeline.chain.serve.appkeys import GUARD
-from pipeline.chain.serve.server import create_app
 from pipeline.cliargs import non_negative, plain
 from pipeline.errors import MuxError, StreamKindError
 from pipeline.redisio import check as redischeck
@@ -145,6 +143,11 @@ def freeze_startup_heap() -> None:
 
 
 async def serve(settings: Settings, *, in_process: bool = False, rate: float = 10.0) -> None:
+    # here, not at the top: they load pyarrow and deltalake, which `sluice serve --help`
+    # must not need (a core install answers it; the dispatcher names the [serve] extra)
+    from pipeline.chain.serve.appkeys import GUARD
+    from pipeline.chain.serve.server import create_app
+
     hub = WebsocketHub()
     app = create_app(settings, relay=not in_process, hub=hub)
     runner = web.AppRunner(app, handle_signals=False)

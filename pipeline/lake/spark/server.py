@@ -203,7 +203,12 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
         "(point them at it with SLUICE_SPARK_REMOTE=<printed URL>)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=settings.spark.connect_port)
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=settings.spark.connect_port,
+        help="Spark Connect port (SLUICE_SPARK_CONNECT_PORT; default: %(default)s)",
+    )
     parser.add_argument("--master", default=settings.spark.master, help="Spark master")
     parser.add_argument(
         "--log-file",

@@ -1,10 +1,9 @@
 """The core install: ``pip install sluice`` without extras runs the bus and Dialogue.
 
-A fresh virtualenv gets the package built from this checkout with its core
-dependencies only (pip resolves them from its cache or the index), then runs
-the README's bus handler and bus call between two real ``sluice bus``
-processes on two real redis-servers, and the README's Dialogue example, all
-with that venv's interpreter. No pyarrow, deltalake, pandas, rich or RE2 may
+A fresh virtualenv (conftest.py) gets the wheel of this checkout with its core
+dependencies only, then runs the README's bus handler and bus call between two
+real ``sluice bus`` processes on two real redis-servers, and the README's
+Dialogue example, all with that venv's interpreter. No pyarrow, deltalake, pandas, rich or RE2 may
 be installed there.
 """
 
@@ -14,7 +13,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,7 +23,6 @@ from pipeline.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("pyarrow", "deltalake", "pandas", "rich", "re2", "pyspark")
-PIP_S = 900  # a cold pip cache downloads the core's wheels: bounds a hang only
 
 
 def _readme_python() -> list[str]:
@@ -35,44 +32,6 @@ def _readme_python() -> list[str]:
 def _block(marker: str) -> str:
     [block] = [b for b in _readme_python() if marker in b]
     return block
-
-
-@pytest.fixture(scope="module")
-def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with this checkout installed without extras (a wheel, not editable).
-
-    The venv gets no pip of its own (``ensurepip`` took 15 s on a loaded machine): this
-    interpreter's pip installs into it (``pip --python``), resolving the same way."""
-    base = tmp_path_factory.mktemp("core")
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    # build the wheel from a copy: the checkout stays free of build/ and *.egg-info
-    src = base / "src"
-    _copy_tree(src)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
-        + ["install", "-q", str(src)],
-        check=True,
-        env=env,
-        timeout=PIP_S,
-    )
-    return venv
-
-
-def _copy_tree(dest: Path) -> None:
-    files = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split("\n")
-    for name in filter(None, files):
-        source = ROOT / name
-        if source.is_file() and (name.startswith("pipeline/") or "/" not in name):
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
 
 
 def _run(venv: Path, code: str, *, cwd: Path, timeout: float = 120) -> str:

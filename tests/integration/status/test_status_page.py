@@ -148,7 +148,7 @@ async def test_status_page_live_in_chromium(
                 assert await page.evaluate(_text("name")) == STREAM
                 await page.wait_for(f"{_text('subscribers')} === '1'")
                 await page.wait_for(f"Number({_text('reorgs')}) >= 1")
-                assert await page.evaluate(_text("archived")) == "2 runs, 1 gap"
+                assert await page.evaluate(_text("archived")) == "2 contiguous stretches, 1 gap"
                 assert "1,800 blocks" in await page.evaluate(_text("archived-span"))
                 assert (
                     await page.evaluate(f"{_q('lake-bar')}.querySelectorAll('.seg.run').length")

@@ -45,3 +45,8 @@ def test_dead_and_register_with_redis_down_are_one_line(capsys):
         "sluice bus requeue",
     ]
     assert all("redis unavailable" in line for line in err)
+
+
+def test_dead_with_nothing_set_aside_says_so_in_one_line(redis_url, capsys):
+    assert cli.main(["dead", "--redis", redis_url]) == 0
+    assert capsys.readouterr().out == "no dead letters: the bus set nothing aside\n"

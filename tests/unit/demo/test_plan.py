@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.demo import app
+from pipeline.demo import app, options
 from pipeline.demo import components as comp
 from pipeline.demo.check import LIVE_S
 from pipeline.demo.plan import LAKE_BUCKET, Plan
@@ -45,15 +45,15 @@ def test_the_users_spark_stands_in_for_the_demos_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLUICE_VAR_DIR", str(tmp_path / "var"))
-    opts = app.parse(["--check", "--spark", "sc://127.0.0.1:15002"])
+    opts = options.parse(["--check", "--spark", "sc://127.0.0.1:15002"])
     assert "spark" not in opts.only and "airflow" in opts.only
     p = app.plan_for(opts, tmp_path)
     assert p.sluice_env()["SLUICE_SPARK_REMOTE"] == "sc://127.0.0.1:15002"
     assert p.airflow_env()["SLUICE_SPARK_REMOTE"] == "sc://127.0.0.1:15002"
     assert all(port != opts.spark_port for port, _ in app.user_ports(opts))
     # by default the demo starts its own, and the check follows the live chain 15 s
-    default = app.parse(["--check"])
-    assert default.only == app.ALL and default.follow_s == LIVE_S == 15.0
+    default = options.parse(["--check"])
+    assert default.only == options.ALL and default.follow_s == LIVE_S == 15.0
     assert app.plan_for(default, tmp_path).sluice_env()["SLUICE_SPARK_REMOTE"] == (
         f"sc://127.0.0.1:{default.spark_port}"
     )
@@ -76,7 +76,7 @@ def test_a_bad_spark_url_or_follow_time_exits_2(
 ) -> None:
     monkeypatch.setenv("SLUICE_VAR_DIR", str(tmp_path / "var"))
     with pytest.raises(SystemExit) as exc:
-        app.parse(argv)
+        options.parse(argv)
     assert exc.value.code == 2
     flag = next(a for a in argv if a in ("--spark", "--follow"))
     assert flag in capsys.readouterr().err.splitlines()[-1]

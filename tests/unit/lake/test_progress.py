@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 
 import pytest
 
@@ -75,3 +76,10 @@ def test_reporter_picks_lines_off_a_terminal_and_a_bar_on_one() -> None:
         os.close(primary)
         os.close(secondary)
     assert "backfill c" in screen and "3/3" in screen and "1,000 entries" in screen
+
+
+def test_a_terminal_without_rich_gets_rate_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich comes with [demo] only: a [lake] install on a terminal logs rate lines."""
+    monkeypatch.setitem(sys.modules, "rich", None)  # find_spec("rich") is then None
+    shown = reporter("backfill c", 3, "intervals", "entries", stream=io.StringIO(), tty=True)
+    assert isinstance(shown, LineReporter)

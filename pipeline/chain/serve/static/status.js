@@ -75,7 +75,8 @@ function renderStream(s, now) {
     setText(field(root, "hot-length"), "?");
     setText(field(root, "hot-span"), "redis unavailable");
   }
-  setText(field(root, "archived"), `${cov.run_count} run${cov.run_count === 1 ? "" : "s"}, ${cov.gap_count} gap${cov.gap_count === 1 ? "" : "s"}`);
+  // a "run" of coverage is one contiguous archived stretch (not an Airflow run)
+  setText(field(root, "archived"), `${cov.run_count} contiguous stretch${cov.run_count === 1 ? "" : "es"}, ${cov.gap_count} gap${cov.gap_count === 1 ? "" : "s"}`);
   setText(field(root, "archived-span"), cov.archived_to_ms == null ? "nothing archived yet"
     : `${fmtInt(cov.blocks)} blocks, ${fmtClock(cov.archived_from_ms)} → ${fmtClock(cov.archived_to_ms)}`);
   setText(field(root, "trim-point"), cov.trim_point_ms == null ? "–" : fmtClock(cov.trim_point_ms));
