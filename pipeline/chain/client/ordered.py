@@ -71,6 +71,10 @@ def _weight(block: Block) -> int:
     return effective_weight(block.num, block.weight)
 
 
+#: the parent hash block 0 names: a producer names it as the ancestor of a restart from 0
+GENESIS_PARENT = bytes(32)
+
+
 class OrderedChain:
     def __init__(
         self,
@@ -164,6 +168,11 @@ class OrderedChain:
         if head is None or num > head or (num == head and self._hashes.get(num) == hash):
             return out
         self._reorg_to(num, [], out, hold=False)
+        if hash == GENESIS_PARENT:  # the ancestor of block 0: start over, nothing is kept
+            self._reorg_to(-1, [], out, hold=False)
+            self._head = None
+            self._rewind_ok = False
+            return out
         old = self._hashes.get(num)
         if old is not None and old != hash:
             self._removed(num, old, out)

@@ -311,6 +311,10 @@ class Connection(Sending):
         except (aioredis.RedisError, OSError) as exc:
             log.warning("request %s failed: %r", req.method, exc)
             code, message = jsonrpc.SERVER_ERROR, "redis unavailable, retry later"
+            if self.dialect == CARDINAL and req.method == "cardinal_subscribe":
+                # the library waits for a subscription id forever after an error reply:
+                # closed, it redials and subscribes again
+                self.fail(WSCloseCode.TRY_AGAIN_LATER, "redis unavailable, resubscribe later")
         except Exception:
             # Whatever a message can cause ends here, logged: the connection and
             # its subscriptions go on.

@@ -223,3 +223,34 @@ async def test_an_unknown_hash_above_a_shorter_heaviest_chain_starts_at_its_head
         await client.subscribe(124, b"\x77" * 32)
         got = await client.blocks(1, wait_s=4)
     assert got == [gen.canonical[-1]]
+
+
+async def test_a_cardinal_subscribe_redis_cannot_answer_closes_the_connection(
+    settings, serve, redis_factory
+) -> None:
+    """cardinal-streams waits for a subscription id forever after an error reply (a consumer
+    joining while serve's Redis link was cut stayed silent in a checker seed): the error reply
+    is followed by a close (1013), on which the library redials."""
+    import dataclasses
+
+    import aiohttp
+    import redis
+
+    server = redis_factory()
+    with redis.Redis.from_url(server.url) as client:
+        write_blocks(client, STREAM, SyntheticChain(seed=80).take(20))
+    moved = dataclasses.replace(settings, redis=dataclasses.replace(settings.redis, url=server.url))
+    async with serve(moved) as (base, _app):
+        server.stop()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(base.replace("http://", "ws://") + "/cardinal") as ws,
+        ):
+            params = ["streams", "0x3", "0x" + "77" * 32]
+            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "cardinal_subscribe",
+                                "params": params})  # fmt: skip
+            reply = await ws.receive_json(timeout=30)
+            assert "error" in reply, reply
+            closing = await ws.receive(timeout=10)
+            assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            assert ws.close_code == 1013, (closing, ws.close_code)

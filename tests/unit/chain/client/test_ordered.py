@@ -248,3 +248,12 @@ def test_a_named_ancestor_never_added_is_never_reported_removed() -> None:
     assert [u.block.num for u in apply(chain, blocks[31:34])] == [31, 32, 33]
     ups = chain.reorg_to(20, blocks[20].hash)
     assert [(u.num, u.hash) for u in ups] == [(n, blocks[n].hash) for n in (33, 32, 31)]
+
+
+def test_a_reorg_to_the_parent_of_block_0_starts_over() -> None:
+    """A rewound subscriber near 0 is told the ancestor is block 0's parent (the zero hash):
+    the chain starts over and block 0 is added (it was held forever, its parent never placed)."""
+    blocks = SyntheticChain(seed=10).take(5)
+    chain = OrderedChain(head=(1, b"\x77" * 32))
+    assert chain.reorg_to(0, bytes(32)) == [Removed(num=1, hash=b"\x77" * 32)]
+    assert [u.block.num for u in apply(chain, blocks)] == [0, 1, 2, 3, 4]
