@@ -320,6 +320,7 @@ class ChainHistory:
         for consumer in self.consumers:
             record = consumer.record
             bad = check(record, chain)
+            bad += [f"malformed notification: {m}" for m in getattr(consumer, "malformed", [])]
             if bad:
                 self.report.violations[record.name] = bad
             joined = record.joined

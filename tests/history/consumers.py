@@ -34,6 +34,7 @@ from pipeline.chain.cardinal import (
     parse_cardinal_subbatch,
 )
 from pipeline.chain.client.ordered import BlockAssembler
+from pipeline.errors import BadBatch
 from tests.history.checker import Record, apply
 
 KINDS = ("go", "python", "raw")
@@ -144,6 +145,8 @@ class RawConsumer(Consumer):
         self.url = url
         self.head = (num, hash)
         self.state: dict[int, str] = {}
+        #: notifications it could not parse (each one a violation)
+        self.malformed: list[str] = []
         self.task = asyncio.create_task(self._run(), name=f"consumer {record.name}")
 
     async def _run(self) -> None:
@@ -170,7 +173,10 @@ class RawConsumer(Consumer):
                     return
                 obj = json.loads(msg.data)
                 if "params" in obj:
-                    self._result(obj["params"]["result"], assembler)
+                    try:
+                        self._result(obj["params"]["result"], assembler)
+                    except BadBatch as exc:  # a violation to report, not a crash of the run
+                        self.malformed.append(f"{exc}: {msg.data[:200]}")
                 elif "error" in obj:
                     raise ConnectionError(f"refused: {obj['error']}")
 

@@ -131,12 +131,12 @@ class Locator:
         if fork is not None:
             start, reason = fork
             return Plan(start=start, tail=tail, history=history, reason=reason)
-        start = rewind_start(num, self._threshold)
-        if tail.chain and start > tail.hi:
-            # Above the heaviest chain's head (a shorter, heavier branch replaced the
-            # client's): start at the head, which replaces every height above it.
-            start = tail.hi
-        return Plan(start=start, tail=tail, history=history, reason=Reason.REWIND)
+        return Plan(
+            start=rewind_start(num, self._threshold),
+            tail=tail,
+            history=history,
+            reason=Reason.REWIND,
+        )
 
     def history_pages(self, history: History, start: int, stop: int | None) -> Iterator[pa.Table]:
         """Lake pages from ``start``; the first one short, so the first block goes out soon."""

@@ -210,21 +210,6 @@ async def test_sluice_client_follows_a_reorg_below_where_it_started(
     assert state == {b.num: b.hash for b in gen.canonical if b.num >= 121}
 
 
-async def test_an_unknown_hash_above_a_shorter_heaviest_chain_starts_at_its_head(
-    settings, serve, connect, redis_client
-) -> None:
-    """A subscriber at 124 with a hash nobody knows, the heaviest chain (a shorter branch) at
-    110: a rewind of the threshold (8) lands at 116, above the head, where nothing would ever
-    come; it starts at the head instead, which replaces every height above it."""
-    gen = SyntheticChain(seed=79)
-    write_blocks(redis_client, STREAM, gen.take(125))
-    write_blocks(redis_client, STREAM, gen.reorg(40, 26))  # 85..110, heavier
-    async with serve(settings) as (base, _app), connect(base) as client:
-        await client.subscribe(124, b"\x77" * 32)
-        got = await client.blocks(1, wait_s=4)
-    assert got == [gen.canonical[-1]]
-
-
 async def test_a_cardinal_subscribe_redis_cannot_answer_closes_the_connection(
     settings, serve, redis_factory
 ) -> None:
