@@ -21,23 +21,11 @@ import sys
 from pathlib import Path
 
 from pipeline.local.redisserver import LocalRedis
+from tests.integration.chain.test_cardinal_go import _listening as listening
 from tests.support.toxiproxy import Proxy
 
 FAULTS = ("kill_serve", "pause_serve", "restart_redis", "redis_link", "client_link")
 LINK_FAULTS = ("cut", "latency", "half_open", "slow")
-
-
-async def listening(port: int, wait_s: float = 60) -> None:
-    async with asyncio.timeout(wait_s):
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            await writer.wait_closed()
-            return
 
 
 class Serve:
@@ -57,7 +45,7 @@ class Serve:
                 env=self.env, stdout=out, stderr=out,
             )  # fmt: skip
         self.starts += 1
-        await listening(self.port)
+        await listening(self.port, 60)
 
     async def kill(self) -> None:
         assert self.proc is not None
