@@ -252,7 +252,6 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                 "peers": functools.partial(_peers_answer, bus),
             },
             samples=functools.partial(_samples, bus),
-            info=lambda: {"role": bus.role, "active": bus.seat.active if bus.seat else ""},
         ):
             failure = await _until_stopped_or_failed(bus, stop)
         if failure is not None:
@@ -285,11 +284,6 @@ async def _samples(bus: BusProcess) -> list[health.Sample]:
             value=float(bus.queues.not_replicated),
             kind="counter",
             help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
-        ),
-        health.Sample(
-            name="sluice_bus_active",
-            value=1.0 if bus.role == "active" else 0.0,
-            help="1 while this bus holds its twin's lease (0: standby)",
         ),
         health.Sample(
             name="sluice_bus_redis_errors_total",

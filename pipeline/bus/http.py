@@ -18,9 +18,7 @@ body: see :mod:`pipeline.bus.signing`), and answer:
 404    not for this twin, or a reply whose uid is not in the backlog
 409    a request uid already seen (replay); the sender counts it as delivered
 410    the request expired
-503    Redis is unavailable, the seen-uid memory is full, or the POST was signed
-       before this twin's replay memory began (it lost its data; see below):
-       not acted on, the sender retries (with a fresh signature)
+503    Redis is unavailable, or the seen-uid memory is full (the sender retries)
 =====  ==========================================================
 
 A batch gets 200 with ``{"results": [[status, "error"], ...]}``, one entry
@@ -37,14 +35,6 @@ and ``exp`` the client put in the envelope. The memory holds at most
 ``max_seen`` ids: about (requests per second) x ``replay_window_s``. A
 legitimate resend (after the sender restarted) within the window gets 409,
 which the sender counts as delivered.
-
-The memory survives its own loss: it has an epoch (``msgbus.system.seen.epoch``,
-set when first used), and a POST (request or reply) signed before the epoch
-gets 503. A Redis that lost its data (a wipe, a restart without persistence)
-lost the epoch with the seen ids, and a missing epoch becomes "now": a copy of
-any POST signed before the loss is refused, since nothing proves it was not
-seen; the legitimate sender's retry is signed anew and passes. Unsigned
-(legacy) POSTs have no signed time to check.
 
 Only the short public text of an error is sent back; details are logged.
 
@@ -70,7 +60,6 @@ from aiohttp import web
 from pipeline import keys
 from pipeline.bus import answers, envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
-from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import Directory
 from pipeline.bus.post import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PATH, REPLY_PATH
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
@@ -95,31 +84,6 @@ class Ingress:
     replay_window_s: float = 300.0
     idle_s: float = 30.0
     max_connections: int = 1024
-
-    @classmethod
-    def from_config(cls, config: BusConfig, directory: Directory, store: BusStore) -> Ingress:
-        """What the HTTP endpoints need, from a bus's config."""
-        return cls(
-            twin=config.twin,
-            directory=directory,
-            store=store,
-            legacy_peers=config.legacy_peers,
-            default_exp=config.default_exp_s,
-            max_exp=config.max_exp_s,
-            max_size=config.max_size,
-            replay_window_s=config.replay_window_s,
-            idle_s=config.http_idle_s,
-            max_connections=config.http_max_connections,
-        )
-
-
-class _Unsigned(float):
-    """The "signed time" of a legacy peer's unsigned POST: this bus's clock (no epoch check)."""
-
-
-def _signed_ms(sent: float) -> str:
-    """The signed time for the replay memory's epoch check ('' when unsigned)."""
-    return "" if isinstance(sent, _Unsigned) else str(round(sent * 1000))
 
 
 _OK = b'{"ok":true}'
@@ -153,7 +117,7 @@ async def _authenticate(
     now = time.time()
     if signature is None:
         if ing.legacy_peers:
-            return _Unsigned(now)
+            return now
         return 401, SignatureError.public_message
     if peer.verifier is None:
         return 401, "no public key for this twin"
@@ -219,7 +183,7 @@ async def _queue_requests(
     # legacy unsigned peers get this bus's clock as their signed time.
     forget_at = sent + ing.replay_window_s + 1
     try:
-        results = await ing.store.accept_requests(pending, forget_at, _signed_ms(sent))
+        results = await ing.store.accept_requests(pending, forget_at)
     except (redis.exceptions.RedisError, OSError) as exc:
         _redis_failed(exc)
         results = [3] * len(pending)
@@ -270,27 +234,10 @@ def _accepted(ing: Ingress, result: int, env: envelope.Envelope, refusals: list[
     if result == 0:
         log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
         return 409, "replayed request"
-    if result == STALE:
-        return _stale(env)
     if result < 0:
         log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
         return 503, "busy"
     return 503, "redis unavailable"
-
-
-#: A store result: signed before the replay memory's epoch (see ``scripts.STALE``).
-STALE = -2
-
-
-def _stale(env: envelope.Envelope) -> Verdict:
-    """503 for a POST signed before this twin's replay memory began (it lost its data):
-    nothing proves it was not seen before, so it is not acted on. A legitimate sender
-    retries (503 means "not acted on") with a fresh signature, which passes."""
-    log.warning(
-        "bus: %s from twin %s signed before the replay memory began; refused",
-        env.uid, env.src,
-    )  # fmt: skip
-    return 503, "signed before this twin's replay memory began; sign it again"
 
 
 async def _queue_refusals(ing: Ingress, refusals: list[bytes]) -> None:
@@ -318,16 +265,14 @@ async def _deliver_replies(
     """Answer the callers of authenticated replies (all of one POST in one Lua step)."""
     try:
         results = await ing.store.deliver_replies(
-            [(env.uid, env.src, *answers.answer_parts(env)) for env in envs], _signed_ms(sent)
+            [(env.uid, env.src, *answers.answer_parts(env)) for env in envs]
         )
     except (redis.exceptions.RedisError, OSError) as exc:
         _redis_failed(exc)
         return [(503, "redis unavailable")] * len(envs)
     out: list[Verdict] = []
     for env, result in zip(envs, results, strict=True):
-        if result == STALE:
-            out.append(_stale(env))
-        elif result == 0:
+        if result == 0:
             log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
             out.append((404, "unknown uid"))
         elif result < 0:
