@@ -37,8 +37,10 @@ def ha(request: pytest.FixtureRequest) -> tuple[str, str, Any]:
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
+    """The complete lines so far: the subscriber may be writing the last one."""
     text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def _health(port: int) -> str:

@@ -97,7 +97,9 @@ def wait_until(check: Callable[[], object], limit_s: float, what: str) -> None:
 
 
 def counters(proc: Proc) -> dict[str, int]:
-    lines = [line for line in proc.text().splitlines() if line.startswith('{"node"')]
+    text = proc.text()
+    complete = text[: text.rfind("\n") + 1]  # the node may be writing the last line
+    lines = [line for line in complete.splitlines() if line.startswith('{"node"')]
     assert lines, proc.text()
     data: dict[str, int] = json.loads(lines[-1])["counters"]
     return data
