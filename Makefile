@@ -80,11 +80,14 @@ demo-check: install
 test: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
 
-# The history checkers (tests/history, docs/history-checker.md) over many seeds:
-# make soak [SEEDS=200] [STEPS=12]; about 20-40 s a seed. A failure prints its replay command.
+# The long scenarios `make test` leaves out (tests marked soak: the whole demo check on a
+# Redis Cluster, serve under a 20 s attack), then the history checkers (tests/history,
+# docs/history-checker.md) over many seeds: make soak [SEEDS=200] [STEPS=12]; about
+# 20-40 s a seed. A failure prints its replay command.
 SEEDS ?= 200
 STEPS ?= 12
 soak: install
+	PYTHONASYNCIODEBUG=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)
 	CHECKER_SEEDS=$(SEEDS) CHECKER_STEPS=$(STEPS) $(PY) -m pytest tests/history $(PYTEST_ARGS)
 
 # The unit suite on another Python: make test-unit-py PYV=3.12 (or 3.13). Its own venv,
@@ -121,6 +124,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline dags plugins tests
 	$(VENV)/bin/ruff format --check pipeline dags plugins tests
 	$(VENV)/bin/mypy pipeline dags plugins
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
 	rm -rf var bench-results

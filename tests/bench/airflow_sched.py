@@ -29,7 +29,7 @@ from pipeline.runtime.ports import free_port
 from tests.integration.airflow_view.conftest import airflow_env, start_api_server
 
 DAG = "sluice_archive"
-#: The executor's task slots, as docker/compose.yaml and the README's PostgreSQL setup set it.
+#: The executor's task slots, as docker/compose.yaml and docs/operations/airflow.md set them.
 PARALLELISM = int(os.environ.get("SLUICE_BENCH_SCHED_PARALLELISM", "8"))
 RUN_DEADLINE_S = 1200.0
 

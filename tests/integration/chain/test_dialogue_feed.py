@@ -54,7 +54,7 @@ async def test_dialogue_duplex_gets_the_same_blocks(settings, serve, connect, re
 
 
 async def test_dialogue_from_block_zero_without_a_hash(settings, serve, redis_client) -> None:
-    """The README's call: no hash known yet (None) starts from the canonical block."""
+    """The chain guide's call: no hash known yet (None) starts from the canonical block."""
     gen = SyntheticChain(seed=62, prefixes=("s/",))
     write_blocks(redis_client, STREAM, gen.take(5))
     port = free_port()

@@ -32,6 +32,9 @@ PHASE_S = float(os.environ.get("SLUICE_SOAK_S", "20"))
 #: a speed (p99 0.1-0.2 s at load 4, 0.7 s at load 7, 1.3 s at load 14 with the fixes).
 BACKLOG_S = PHASE_S / 4
 
+#: make soak only (~60 s): make test keeps the shorter mix of tests/integration/chain/test_server_abuse.py
+pytestmark = pytest.mark.soak
+
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
@@ -57,7 +60,6 @@ def attacked(tmp_path_factory):
     )
 
 
-@pytest.mark.slow
 def test_the_witness_keeps_up_while_catchups_and_slowloris_attack(attacked) -> None:
     result = attacked
     assert result.server_alive and result.notes == [], result
@@ -71,7 +73,6 @@ def test_the_witness_keeps_up_while_catchups_and_slowloris_attack(attacked) -> N
     assert result.attacker["slowloris_opened"] >= 200, result
 
 
-@pytest.mark.slow
 def test_memory_and_descriptors_come_back_after_the_attack(attacked) -> None:
     result = attacked
     assert result.server_alive and result.rss_high_kb > result.rss_base_kb * 1.2, result

@@ -1,4 +1,4 @@
-"""Subscribers that stop reading are closed as the README says (issue 32, 5).
+"""Subscribers that stop reading are closed as the docs say (issue 32, 5).
 
 Two websocket subscribers with small socket buffers stop reading while live
 blocks keep coming. Each is closed with 1008 and the reason (read after what

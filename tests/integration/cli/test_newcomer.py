@@ -3,7 +3,7 @@
 Help that lists every subcommand and names each flag's SLUICE_* variable,
 with no docstring markup; settings read only by the commands that use them;
 one line and the usage exit code for each mistake; one short, rate-limited
-line from a subscriber whose server is down; the README's examples true.
+line from a subscriber whose server is down; the docs' examples true.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from pipeline.runtime.ports import free_port
 from tests.integration.cli.test_bad_input import _one_line, sluice
+from tests.support.docblocks import SHELL, page_blocks
 from tests.support.poll import until_sync
 from tests.support.userenv import user_env
 
@@ -231,12 +232,8 @@ def test_ctrl_c_in_a_lake_job_exits_130_with_one_line(redis_url: str, tmp_path: 
     assert rest == ["sluice lake: interrupted"], err
 
 
-def _readme_shell() -> list[str]:
-    return re.findall(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-
-
-def test_the_readme_bus_example_keeps_its_files_out_of_git() -> None:
-    [block] = [b for b in _readme_shell() if "bus keygen --out" in b]
+def test_the_bus_guide_example_keeps_its_files_out_of_git() -> None:
+    [block] = page_blocks("docs/guide/bus.md", SHELL, "bus keygen --out")
     paths = set(re.findall(r"--(?:out|key|directory) (\S+)", block))
     paths |= set(re.findall(r"cat > (\S+)", block))
     assert paths
@@ -245,8 +242,8 @@ def test_the_readme_bus_example_keeps_its_files_out_of_git() -> None:
         assert ignored.returncode == 0, f"{path} is not git-ignored"
 
 
-def test_the_readme_repeats_one_lake_interval_when_it_says_so() -> None:
-    [block] = [b for b in _readme_shell() if "sluice spark >" in b]
+def test_the_lake_guide_repeats_one_lake_interval_when_it_says_so() -> None:
+    [block] = page_blocks("docs/guide/lake.md", SHELL, "sluice spark >")
     calls = [line for line in block.splitlines() if "sluice lake archive" in line]
     assert all("$(date" not in line for line in calls), calls
     assert len(calls) != len(set(calls))  # the "same call again" is the same interval

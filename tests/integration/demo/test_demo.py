@@ -250,7 +250,7 @@ def spark_remote(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return shared_server(request, tmp_path_factory.getbasetemp()).url
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # make soak: CI's `make demo-check` runs the check on one Redis
 @pytest.mark.timeout(1200)
 def test_demo_check_passes_on_a_cluster(
     tmp_path: Path, cluster_url: str, spark_remote: str

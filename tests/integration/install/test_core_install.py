@@ -1,9 +1,10 @@
 """The core install: ``pip install sluice`` without extras runs the bus and Dialogue.
 
 A fresh virtualenv (conftest.py) gets the wheel of this checkout with its core
-dependencies only, then runs the README's bus handler and bus call between two
-real ``sluice bus`` processes on two real redis-servers, and the README's
-Dialogue example, all with that venv's interpreter. No pyarrow, deltalake, pandas, rich or RE2 may
+dependencies only, then runs the bus handler (docs/guide/bus.md) and the bus
+calls of the README and of that guide between two real ``sluice bus`` processes
+on two real redis-servers, and the Dialogue examples of the README and of
+docs/guide/dialogue.md, all with that venv's interpreter. No pyarrow, deltalake, pandas, rich or RE2 may
 be installed there.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,17 +20,15 @@ import pytest
 
 from pipeline.local.redisserver import LocalRedis
 from pipeline.runtime.ports import free_port
+from tests.support.docblocks import PYTHON, page_blocks
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("pyarrow", "deltalake", "pandas", "rich", "re2", "pyspark")
 
 
-def _readme_python() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-
-
-def _block(marker: str) -> str:
-    [block] = [b for b in _readme_python() if marker in b]
+def _block(page: str, marker: str) -> str:
+    """The one Python block of ``page`` (README.md, docs/...) that contains ``marker``."""
+    [block] = page_blocks(page, PYTHON, marker)
     return block
 
 
@@ -83,9 +81,11 @@ def test_every_core_module_imports_without_an_extra(core_venv: Path, tmp_path: P
     assert out.returncode == 0 and "sluice node" in out.stdout, out.stderr
 
 
-def test_the_readme_dialogue_example_runs_on_the_core(core_venv: Path, tmp_path: Path) -> None:
-    out = _run(core_venv, _block("DialogueServer"), cwd=tmp_path)
+def test_the_dialogue_examples_run_on_the_core(core_venv: Path, tmp_path: Path) -> None:
+    out = _run(core_venv, _block("docs/guide/dialogue.md", "DialogueServer"), cwd=tmp_path)
     assert out.split("\n")[:2] == ["b'pong: ping'", "b'CHUNK'"]
+    out = _run(core_venv, _block("README.md", "DialogueServer"), cwd=tmp_path)
+    assert out.split("\n")[:1] == ["b'pong: ping'"]
 
 
 @pytest.fixture
@@ -132,11 +132,15 @@ def two_buses(
                 proc.stdout.close()
 
 
-def test_the_readme_bus_examples_run_on_the_core(
+def test_the_bus_examples_run_on_the_core(
     core_venv: Path, two_buses: dict[int, LocalRedis], tmp_path: Path
 ) -> None:
-    handler = _block("BusServer").replace("redis://127.0.0.1:6402/0", two_buses[1002].url)
-    call = _block("BusClient").replace("redis://127.0.0.1:6401/0", two_buses[1001].url)
+    guide = "docs/guide/bus.md"
+    handler = _block(guide, "BusServer").replace("redis://127.0.0.1:6402/0", two_buses[1002].url)
+    calls = [
+        _block(page, "BusClient").replace("redis://127.0.0.1:6401/0", two_buses[1001].url)
+        for page in ("README.md", guide)
+    ]
     server = subprocess.Popen(
         [str(core_venv / "bin" / "python"), "-c", handler],
         cwd=tmp_path,
@@ -144,8 +148,9 @@ def test_the_readme_bus_examples_run_on_the_core(
         stderr=subprocess.PIPE,
     )
     try:
-        out = _run(core_venv, call, cwd=tmp_path)
-        assert out.strip() == "b'18024884.1393419'"
+        for call in calls:
+            out = _run(core_venv, call, cwd=tmp_path)
+            assert out.strip() == "b'18024884.1393419'"
     finally:
         server.terminate()
         server.wait(30)

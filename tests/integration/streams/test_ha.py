@@ -157,7 +157,7 @@ async def test_master_killed_under_a_publisher_and_a_consumer(
 async def test_master_killed_under_two_nodes_at_500_requests(
     make_node: MakeNode, ha: tuple[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's two nodes (A's requests to B's echo through stream_b, replies through
+    """The nodes guide's two nodes (A's requests to B's echo through stream_b, replies through
     stream_a), master killed (SIGKILL) after 150 replies: both nodes go on and every request
     whose push was accepted gets its reply; the counts are reported."""
     url, group = ha

@@ -1,18 +1,19 @@
 """The declared Python API: facades with ``__all__``, every export documented,
-importing lazily, ``py.typed`` shipped, and the README importing only these names."""
+importing lazily, ``py.typed`` shipped, and the README and docs importing only these names."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import inspect
-import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from tests.support.docblocks import PYTHON, checked_blocks
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -121,11 +122,13 @@ def test_py_typed_is_shipped() -> None:
 
 
 def _readme_imports() -> list[tuple[str, str]]:
-    """``(module, name)`` of every ``from X import Y`` / ``import X`` in the README's Python."""
-    text = (ROOT / "README.md").read_text()
+    """``(module, name)`` of every ``from X import Y`` / ``import X`` in the Python of the
+    README and of the documentation pages."""
     found: list[tuple[str, str]] = []
-    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
-        for node in ast.walk(ast.parse(block)):
+    for block in checked_blocks():
+        if block.lang not in PYTHON:
+            continue
+        for node in ast.walk(ast.parse(block.code)):
             if isinstance(node, ast.ImportFrom) and node.module:
                 found += [(node.module, alias.name) for alias in node.names]
             elif isinstance(node, ast.Import):
@@ -139,6 +142,6 @@ def test_the_readme_imports_only_declared_names() -> None:
     for module, name in imports:
         if module.split(".")[0] != "pipeline":
             continue
-        assert module in FACADES, f"README imports from {module}, not a facade"
+        assert module in FACADES, f"the docs import from {module}, not a facade"
         if name:
             assert name in importlib.import_module(module).__all__, f"{module}.{name}"
