@@ -77,9 +77,13 @@ def health_probe(process: str) -> str:
 # --- lake --------------------------------------------------------------------
 
 
-def archive_lock(name: str) -> str:
-    """Held while one interval of ``name`` is archived or trimmed."""
-    return f"sluice:{{{_check(name)}}}:archive-lock"
+def archive_lock(name: str, lake: str) -> str:
+    """Held while one interval of ``name`` is archived into the lake ``lake`` or trimmed.
+
+    ``lake`` names the lake (any text; :mod:`pipeline.lake.lock` gives a digest of
+    its address): two lakes archiving one stream do not wait for each other.
+    """
+    return f"sluice:{{{_check(name)}}}:archive-lock:{lake}"
 
 
 # --- reliable message bus (seed 002 names, unchanged) ------------------------

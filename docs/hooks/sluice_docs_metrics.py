@@ -83,7 +83,12 @@ def _sample_metrics(nodes: tuple[ast.AST, ...]) -> Iterator[Metric]:
         name = name.replace("<prefix>", "sluice_{node,bus}")
         kind = _literal(kw.get("kind")) or "gauge"
         help_ = _literal(kw.get("help")) or ""
-        process = "bus" if name.startswith("sluice_bus") else "node, bus"
+        if name.startswith("sluice_bus"):
+            process = "bus"
+        elif name.startswith("sluice_produce"):
+            process = "produce"
+        else:
+            process = "node, bus"
         yield Metric(process, name, kind, help_)
 
 
@@ -219,6 +224,7 @@ def metrics_reference() -> str:
     for process, title in (
         ("serve", "`sluice serve`"),
         ("bus", "`sluice bus`"),
+        ("produce", "`sluice produce` (`--health-listen`)"),
         ("node, bus", "`sluice node` and `sluice bus`"),
         ("node", "`sluice node`: its counters"),
     ):

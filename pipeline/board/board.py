@@ -193,9 +193,10 @@ class CoverageBoard:
 
 
 def _stream_names(lake: LakeSettings, view: LakeView) -> list[str]:
-    """The configured names, then the archived streams (a pattern's streams once archived)."""
+    """The configured names and the archived streams (a pattern's streams once archived),
+    sorted by name: a page of many streams is read by name, not in ``archive_log``'s order."""
     configured = (*lake.streams, *lake.chain_streams)
-    return list(dict.fromkeys((*(n for n in configured if not is_pattern(n)), *view.archived)))
+    return sorted({*(n for n in configured if not is_pattern(n)), *view.archived})
 
 
 def _stream_json(

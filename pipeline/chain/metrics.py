@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from pipeline.redisio.errorkind import KINDS, error_kind
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: Failed Redis commands, one series per :data:`~pipeline.redisio.errorkind.KINDS` kind.
+REDIS_ERRORS = "sluice_serve_redis_errors_total"
 
 
 class Metrics:
@@ -33,7 +37,11 @@ class Metrics:
             "counter",
             "requests refused for a missing or bad token",
         ),
-        "sluice_serve_redis_errors_total": ("counter", "redis errors seen by the live tailer"),
+        "sluice_serve_redis_errors_total": (
+            "counter",
+            "redis commands of serve that failed (live tail, wake-ups, subscriptions and "
+            "their catch-ups, the write probe of /healthz, the status page), by kind",
+        ),
         "sluice_serve_redis_up": ("gauge", "1 when the live tailer is connected to redis"),
         "sluice_serve_connections_refused_total": (
             "counter",
@@ -110,6 +118,8 @@ class Metrics:
     def __init__(self) -> None:
         self.values: dict[str, float] = defaultdict(float)
         self.labelled: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for kind in KINDS:  # every kind listed from the start, at 0: rates work from the first
+            self.inc_label(REDIS_ERRORS, "kind", kind, 0.0)
 
     def inc(self, name: str, amount: float = 1.0) -> None:
         self.values[name] += amount
@@ -119,6 +129,17 @@ class Metrics:
 
     def inc_label(self, name: str, label: str, value: str, amount: float = 1.0) -> None:
         self.labelled[name][f'{label}="{value}"'] += amount
+
+    def total(self, name: str) -> float:
+        """A metric's value, summed over its labels when it has some."""
+        if name in self.labelled:
+            return sum(self.labelled[name].values())
+        return self.values.get(name, 0.0)
+
+    def redis_error(self, exc: BaseException) -> None:
+        """Count one failed Redis command of serve under its kind
+        (:func:`pipeline.redisio.errorkind.error_kind`)."""
+        self.inc_label(REDIS_ERRORS, "kind", error_kind(exc))
 
     def render(self) -> str:
         lines: list[str] = []

@@ -84,7 +84,9 @@ def user_ports(opts: Options) -> list[tuple[int, str]]:
 
 
 def prepare(plan: Plan) -> None:
-    """A clean demo directory; Airflow's home survives (its migrated database saves a minute)."""
+    """A clean demo directory. Airflow's home survives (its PostgreSQL keeps the migrated
+    template that saves a minute) but for its task logs: each demo's Airflow starts on a
+    metadata database of its own (:mod:`pipeline.demo.metadb`), and so on no earlier log."""
     plan.dir.mkdir(parents=True, exist_ok=True)
     for entry in plan.dir.iterdir():
         if entry.name in ("airflow",):
@@ -93,6 +95,7 @@ def prepare(plan: Plan) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+    shutil.rmtree(plan.airflow_home / "logs", ignore_errors=True)
 
 
 def components_for(plan: Plan, only: tuple[str, ...]) -> list[Component]:
@@ -144,7 +147,7 @@ async def _main(opts: Options, plan: Plan) -> int:
         if opts.check or not console.is_terminal:
             console.print(stamped, highlight=False, markup=False)
 
-    supervisor = Supervisor(demo_id, plan.dir, on_event=event)
+    supervisor = Supervisor(demo_id, plan.dir, on_event=event, start_limit_s=opts.start_timeout_s)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

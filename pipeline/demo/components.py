@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from pipeline.demo import metadb
 from pipeline.demo.plan import LAKE_BUCKET, STREAM, TWINS, Plan
 from pipeline.demo.probes import airflow_probe, http_probe, redis_probe, tcp_probe
 from pipeline.demo.procs import MARKER
@@ -53,6 +54,7 @@ def redis_component(plan: Plan) -> Component:
         ),
         ready=redis_probe(plan.redis_port),
         ready_timeout_s=15,
+        waits_for=f"redis-server to answer PING on port {plan.redis_port}",
         stop_grace_s=5,
     )
 
@@ -72,6 +74,7 @@ def postgres_component(plan: Plan) -> Component:
         argv=tuple(argv),
         ready=tcp_probe(plan.postgres_port),
         ready_timeout_s=60,
+        waits_for=f"PostgreSQL to listen on port {plan.postgres_port}",
         stop_grace_s=10,
     )
 
@@ -88,6 +91,7 @@ def store_component(plan: Plan) -> Component:
         env=localstore.server_env(),
         ready=tcp_probe(plan.store_port),
         ready_timeout_s=30,
+        waits_for=f"the S3 server to listen on port {plan.store_port}",
         stop_grace_s=5,
     )
 
@@ -108,6 +112,7 @@ def spark_component(plan: Plan) -> Component:
         env=plan.sluice_env(),
         ready=tcp_probe(plan.spark_port),
         ready_timeout_s=240,
+        waits_for=f"Spark Connect to listen on port {plan.spark_port}",
         stop_grace_s=20,
     )
 
@@ -120,6 +125,7 @@ def serve_component(plan: Plan) -> Component:
         env=plan.sluice_env(),
         ready=http_probe(f"http://127.0.0.1:{plan.serve_port}/healthz"),
         ready_timeout_s=60,
+        waits_for=f"sluice serve's /healthz on port {plan.serve_port} to answer 200",
     )
 
 
@@ -182,6 +188,7 @@ def node_components(plan: Plan) -> list[Component]:
                 env=env,
                 ready=http_probe(f"http://127.0.0.1:{health}/healthz"),
                 ready_timeout_s=60,
+                waits_for=f"the node's /healthz on port {health} to answer 200",
             )
         )
     return made
@@ -232,20 +239,36 @@ def bus_components(plan: Plan) -> list[Component]:
                 env=env,
                 ready=http_probe(f"http://127.0.0.1:{plan.bus_health[i]}/healthz"),
                 ready_timeout_s=60,
+                waits_for=f"the bus's /healthz on port {plan.bus_health[i]} to answer 200",
             )
         )
     return made
 
 
 def airflow_component(plan: Plan) -> Component:
+    """``airflow standalone`` on a metadata database made afresh for this demo
+    (:mod:`pipeline.demo.metadb` makes it, then runs Airflow in its place)."""
+    airflow = str(Path(sys.executable).parent / "airflow")
     return Component(
         name="airflow",
         role="Airflow: sluice_archive every minute",
-        argv=(str(Path(sys.executable).parent / "airflow"), "standalone"),
+        argv=(
+            sys.executable,
+            "-m",
+            "pipeline.demo.metadb",
+            "--port",
+            str(plan.postgres_port),
+            "--database",
+            metadb.RUN_DATABASE,
+            "--",
+            airflow,
+            "standalone",
+        ),  # fmt: skip
         env=plan.airflow_env(),
         ready=airflow_probe(plan),
         ready_timeout_s=300,
         stop_grace_s=20,
+        waits_for="Airflow's health API to say the scheduler and the DAG processor are healthy",
     )
 
 

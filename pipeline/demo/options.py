@@ -18,6 +18,8 @@ from pipeline.settings import Settings
 LIVE_S = 15.0
 #: Components ``--only`` may name, in start order (redis always starts first).
 ALL = ("spark", "serve", "produce", "nodes", "buses", "airflow")
+#: The longest one component may take to start while it makes progress (``--start-timeout``).
+START_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +43,9 @@ class Options:
     spark: str = ""
     #: --check: seconds the subscriber follows the live chain before the producer stops
     follow_s: float = LIVE_S
+    #: the longest one component may take to start, while it makes progress (past its own
+    #: deadline the demo waits only while its log grows or its processes use CPU)
+    start_timeout_s: float = START_TIMEOUT_S
 
 
 def _ports(p: argparse.ArgumentParser, settings: Settings) -> None:
@@ -109,6 +114,15 @@ def parser(settings: Settings) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="--check: seconds the subscriber follows the live chain before the producer stops",
     )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=START_TIMEOUT_S,
+        metavar="SECONDS",
+        help="the longest one component may take to start (default: %(default)g). Past its "
+        "own deadline (Airflow 300 s) the demo keeps waiting only while the component makes "
+        "progress (its log grows, its processes use CPU), and says what it waits for",
+    )
     p.add_argument("--up-then-stop", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -128,6 +142,8 @@ def parse(argv: list[str]) -> Options:
         cli.error("--deadline must be between 30 and 7200 seconds")
     if not 1 <= args.follow <= 600:
         cli.error("--follow must be between 1 and 600 seconds")
+    if not 30 <= args.start_timeout <= 7200:
+        cli.error("--start-timeout must be between 30 and 7200 seconds")
     if args.check and only != ALL:
         cli.error("--check runs every component; drop --only")
     if args.spark:  # the user's server stands in for the spark component
@@ -155,4 +171,5 @@ def parse(argv: list[str]) -> Options:
         redis=args.redis,
         spark=args.spark,
         follow_s=args.follow,
+        start_timeout_s=args.start_timeout,
     )

@@ -17,8 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.demo import airflowdb
-from pipeline.local import postgres as localpostgres
+from pipeline.demo import airflowdb, metadb
 from pipeline.local import s3 as localstore
 from pipeline.runtime.ports import free_port
 from pipeline.settings import LakeSettings
@@ -97,12 +96,13 @@ class Plan:
 
     @property
     def postgres_dir(self) -> Path:
-        """The PostgreSQL cluster, kept with Airflow's home (its migrated database)."""
+        """The PostgreSQL cluster, kept with Airflow's home (its migrated template database)."""
         return self.airflow_home / "postgres"
 
     @property
     def airflow_db_url(self) -> str:
-        return f"postgresql+psycopg2://{localpostgres.USER}@127.0.0.1:{self.postgres_port}/postgres"
+        """Airflow's metadata database: made afresh by each demo (:mod:`pipeline.demo.metadb`)."""
+        return metadb.database_url(self.postgres_port, metadb.RUN_DATABASE)
 
     def redis_url(self, db: int = 0) -> str:
         """Database 0: streams, chain, nodes, lake jobs, Airflow (the user's Redis when

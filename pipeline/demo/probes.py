@@ -32,23 +32,40 @@ def http_probe(url: str) -> Probe:
     return check
 
 
-def airflow_probe(plan: Plan) -> Probe:
-    """Up when the API server says the scheduler and the DAG processor are healthy."""
-    url = f"{plan.airflow_url}/api/v2/monitor/health"
+class AirflowProbe:
+    """Up when the API server says the scheduler and the DAG processor are healthy.
 
-    async def check() -> bool:
+    ``detail`` is its last answer in a few words (what the demo says it waits for).
+    """
+
+    PARTS = ("scheduler", "dag_processor")
+
+    def __init__(self, plan: Plan) -> None:
+        self.url = f"{plan.airflow_url}/api/v2/monitor/health"
+        self.detail = ""
+
+    async def __call__(self) -> bool:
         timeout = aiohttp.ClientTimeout(total=3)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(self.url) as resp,
+            ):
                 if resp.status != 200:
+                    self.detail = f"the API server answered {resp.status}"
                     return False
                 doc = await resp.json()
-        except (aiohttp.ClientError, ValueError):
+        except (aiohttp.ClientError, ValueError, OSError) as exc:
+            self.detail = f"the API server does not answer yet ({type(exc).__name__})"
             return False
-        parts = ("scheduler", "dag_processor")
-        return all((doc.get(p) or {}).get("status") == "healthy" for p in parts)
+        states = {p: str((doc.get(p) or {}).get("status") or "unknown") for p in self.PARTS}
+        self.detail = ", ".join(f"{p} {state}" for p, state in states.items())
+        return all(state == "healthy" for state in states.values())
 
-    return check
+
+def airflow_probe(plan: Plan) -> Probe:
+    """Up when the API server says the scheduler and the DAG processor are healthy."""
+    return AirflowProbe(plan)
 
 
 def redis_probe(port: int) -> Probe:
@@ -65,4 +82,4 @@ def redis_probe(port: int) -> Probe:
     return check
 
 
-__all__ = ["airflow_probe", "http_probe", "redis_probe", "tcp_probe"]
+__all__ = ["AirflowProbe", "airflow_probe", "http_probe", "redis_probe", "tcp_probe"]

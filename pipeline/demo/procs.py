@@ -20,6 +20,7 @@ MARKER = "SLUICE_DEMO_ID"
 
 _PROC = Path("/proc")
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def marked_pids(demo_id: str, proc: Path = _PROC) -> list[int]:
@@ -89,6 +90,33 @@ def rss_by_root(pids: list[int], roots: dict[int, str], proc: Path = _PROC) -> d
         name = roots.get(at, "other") if at is not None else "other"
         totals[name] = totals.get(name, 0) + rss_bytes([pid], proc)
     return totals
+
+
+def in_tree(root: int, pids: list[int], proc: Path = _PROC) -> list[int]:
+    """Those of ``pids`` that are ``root`` or descend from it."""
+    found = []
+    for pid in pids:
+        at: int | None = pid
+        seen = 0
+        while at is not None and at > 1 and at != root and seen < 64:
+            at, seen = parent_of(at, proc), seen + 1
+        if at == root:
+            found.append(pid)
+    return found
+
+
+def cpu_seconds(pids: list[int], proc: Path = _PROC) -> float:
+    """CPU seconds ``pids`` used, their children that exited and were waited for included."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        # after "pid (comm)": state is field 3; utime, stime, cutime, cstime are 14 to 17
+        fields = stat.rpartition(")")[2].split()
+        total += sum(int(v) for v in fields[11:15])
+    return total / _TICKS
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> bool:

@@ -5,7 +5,11 @@ argv and environment) and how to tell it is ready (an async probe). The
 :class:`Supervisor` starts each one in its own session and process group
 (``start_new_session``), with its output appended to ``<log_dir>/<name>.log``
 and ``SLUICE_DEMO_ID`` in its environment, then polls the probe until it
-answers, the process exits, or the component's start deadline passes.
+answers or the process exits. The component's own start deadline is what it
+takes on a quiet machine: past it the supervisor keeps waiting while the
+component makes progress (its log grows, its processes use CPU), says every
+minute what it waits for, and gives up after ``stall_s`` without progress or
+at ``start_limit_s`` (:mod:`pipeline.demo.patience`).
 
 While the demo runs, :meth:`Supervisor.watch` notices a child that exited,
 reports it through ``on_event`` and starts it again, at most
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import IO
 
 from pipeline.demo import procs
+from pipeline.demo.patience import STALL_S, Patience
 from pipeline.errors import DemoError
 from pipeline.runtime.parentdeath import bound_to_parent
 
@@ -48,6 +53,10 @@ WATCH_EVERY_S = 0.5
 LOG_TAIL = 12
 #: Seconds the final sweep waits between SIGTERM and SIGKILL.
 SWEEP_GRACE_S = 3.0
+#: The longest one component may take to start while it makes progress (``--start-timeout``).
+START_LIMIT_S = 1800.0
+#: Seconds between two measures of a starting component's progress (a walk of ``/proc``).
+SAMPLE_EVERY_S = 2.0
 
 
 class State(enum.Enum):
@@ -73,6 +82,9 @@ class Component:
     stop_grace_s: float = 10.0
     #: What the live view says this component is for.
     role: str = ""
+    #: What ``ready`` waits for, said while the demo waits longer than ``ready_timeout_s``.
+    #: A probe with a ``detail`` attribute adds its last answer to it.
+    waits_for: str = ""
 
 
 @dataclass(slots=True)
@@ -101,11 +113,15 @@ class Supervisor:
         *,
         on_event: Callable[[str], None] = lambda text: None,
         max_restarts: int = MAX_RESTARTS,
+        start_limit_s: float = START_LIMIT_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self.demo_id = demo_id
         self.log_dir = Path(log_dir)
         self.on_event = on_event
         self.max_restarts = max_restarts
+        self.start_limit_s = start_limit_s
+        self.stall_s = stall_s
         self.children: dict[str, Child] = {}
         self._logs: dict[str, IO[bytes]] = {}
         self._stopping = False
@@ -164,8 +180,12 @@ class Supervisor:
     async def _wait_ready(self, child: Child) -> None:
         comp = child.component
         assert child.proc is not None and child.started_at is not None
-        deadline = child.started_at + comp.ready_timeout_s
+        patience = Patience(
+            started=child.started_at, base_s=comp.ready_timeout_s,
+            limit_s=self.start_limit_s, stall_s=self.stall_s,
+        )  # fmt: skip
         child.last_exit = None
+        sampled, shown = float("-inf"), (0, 0.0)
         while True:
             code = child.proc.poll()
             if code is not None:
@@ -179,14 +199,33 @@ class Supervisor:
                 child.state = State.UP
                 child.up_after_s = time.monotonic() - child.started_at
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - sampled >= SAMPLE_EVERY_S:
+                sampled, shown = now, self._progress(child)
+                patience.sample(now, *shown)
+            why = patience.give_up(now)
+            if why is not None:
                 child.state = State.FAILED
-                child.error = f"not ready within {comp.ready_timeout_s:g}s"
+                child.error = f"not ready {why}"
                 raise DemoError(
-                    f"{comp.name} {child.error}; {self.log_path(comp.name)}:\n"
-                    f"{self.log_tail(comp.name)}"
+                    f"{comp.name} {child.error}; it waited for {waiting_for(comp)}; "
+                    f"{self.log_path(comp.name)}:\n{self.log_tail(comp.name)}"
                 )
+            note = patience.note(now, *shown)
+            if note is not None:
+                self.on_event(f"{comp.name} {note}; it waits for {waiting_for(comp)}")
             await asyncio.sleep(0.25)
+
+    def _progress(self, child: Child) -> tuple[int, float]:
+        """What a starting component shows: its log's size, and the CPU seconds of its tree."""
+        try:
+            logged = self.log_path(child.component.name).stat().st_size
+        except OSError:
+            logged = 0
+        if child.pid is None:
+            return logged, 0.0
+        tree = procs.in_tree(child.pid, procs.marked_pids(self.demo_id))
+        return logged, procs.cpu_seconds(tree)
 
     def log_tail(self, name: str, lines: int = LOG_TAIL) -> str:
         try:
@@ -318,6 +357,13 @@ async def sweep(demo_id: str, grace_s: float = SWEEP_GRACE_S) -> list[str]:
         await asyncio.sleep(0.1)
     procs.signal_pids(pids, signal.SIGKILL)
     return left
+
+
+def waiting_for(comp: Component) -> str:
+    """What ``comp``'s start waits for, with its probe's last answer when it keeps one."""
+    what = comp.waits_for or "its readiness probe"
+    detail = getattr(comp.ready, "detail", "")
+    return f"{what} ({detail})" if detail else what
 
 
 async def _probe(check: Probe) -> bool:

@@ -1,13 +1,19 @@
-"""The per-stream archive lock: at most one lake job writes a stream's lake rows at a time.
+"""The archive lock of a stream in one lake: one job at a time writes the stream's rows there.
 
 A Redis lease (``SET key token NX PX ttl``) under :func:`pipeline.keys.archive_lock`,
 renewed by a background thread every ``ttl / 3`` while the job runs and
 released with a compare-and-delete, so a job only ever extends or frees its
 own lease. Archive, canonical and trim of one stream take it; two Airflow
-tasks on the same stream (a backfill next to the scheduled run, a manual
-trigger) therefore run one after the other instead of racing their Delta
-commits. A waiter polls for at most ``wait_s`` seconds and then fails with a
-:class:`LockBusy` naming the holder.
+tasks on the same stream and lake (a backfill next to the scheduled run, a
+manual trigger) therefore run one after the other instead of racing their
+Delta commits. A waiter polls for at most ``wait_s`` seconds and then fails
+with a :class:`LockBusy` naming the holder.
+
+The key names the lake as well as the stream (:func:`lake_id`: its URI, and
+the S3 endpoint of a lake on object storage), so jobs of two lakes that
+archive the same Redis stream (two deployments on one Redis) never wait for
+each other: their commits go to different tables. The key keeps the stream
+name as its hash tag, so it lives in the stream's slot on a Redis Cluster.
 
 If renewal fails (Redis down, or the lease expired because the process
 stalled for longer than the TTL) :meth:`StreamLock.check` raises, and jobs call
@@ -17,6 +23,7 @@ records an interval another job may be writing.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -29,6 +36,7 @@ from typing import Any
 from pipeline import keys
 from pipeline.errors import LockBusy, LockLost, RedisUnavailable
 from pipeline.redisio.conn import UNAVAILABLE, Role, connect_sync
+from pipeline.settings import LakeSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +59,27 @@ return 0
 """
 
 
+def lake_id(lake: LakeSettings) -> str:
+    """What tells a lake from another in its archive locks: a digest of its address.
+
+    The URI (a local lake's is absolute already) and, on object storage, the
+    endpoint: one bucket name on two S3 servers is two lakes.
+    """
+    address = lake.uri.rstrip("/")
+    if lake.remote:
+        address = f"{lake.s3_endpoint or 'aws'} {address}"
+    return hashlib.sha256(address.encode()).hexdigest()[:16]
+
+
 class StreamLock:
-    """The archive lock of one stream, as a context manager; see the module docstring."""
+    """The archive lock of one stream of one lake, as a context manager; see the module docstring."""
 
     def __init__(
         self,
         redis_url: str,
         stream: str,
         *,
+        lake: LakeSettings,
         owner: str = "",
         wait_s: float = 600.0,
         ttl_ms: int = TTL_MS,
@@ -66,7 +87,8 @@ class StreamLock:
         if ttl_ms < 1000:
             raise ValueError("ttl_ms must be at least 1000")
         self.stream = stream
-        self.key = keys.archive_lock(stream)
+        self.lake = lake.uri
+        self.key = keys.archive_lock(stream, lake_id(lake))
         self.wait_s = wait_s
         self.ttl_ms = ttl_ms
         label = owner or "job"
@@ -96,12 +118,13 @@ class StreamLock:
             if time.monotonic() >= deadline:
                 raise LockBusy(
                     f"stream {self.stream!r} is locked by {holder_text} "
-                    f"(waited {self.wait_s:g}s for its archive lock)"
+                    f"(waited {self.wait_s:g}s for its archive lock in the lake at {self.lake})"
                 )
             if not announced:
                 log.info(
-                    "stream %s: waiting for its archive lock (held by %s)", self.stream, holder_text
-                )
+                    "stream %s: waiting for its archive lock in the lake at %s (held by %s)",
+                    self.stream, self.lake, holder_text,
+                )  # fmt: skip
                 announced = True
             time.sleep(POLL_S)
         self.waited_s = time.monotonic() - began

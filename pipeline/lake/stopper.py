@@ -99,12 +99,14 @@ class Stopper:
 
 @contextmanager
 def stream_lock(settings: Settings, stopper: Stopper, stream: str, owner: str) -> Iterator[Any]:
-    """Hold ``stream``'s archive lock; the stopper knows it, so a stop releases it."""
+    """Hold ``stream``'s archive lock in the settings' lake; the stopper knows it, so a stop
+    releases it."""
     from pipeline.lake.lock import StreamLock
 
     with StreamLock(
-        settings.redis.url, stream, owner=owner, wait_s=settings.lake.lock_wait_s
-    ) as lock:
+        settings.redis.url, stream, lake=settings.lake, owner=owner,
+        wait_s=settings.lake.lock_wait_s,
+    ) as lock:  # fmt: skip
         if lock.waited_s > 0.5:
             log.info("waited %.1fs for the archive lock of %s", lock.waited_s, stream)
         stopper.lock = lock

@@ -194,13 +194,15 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 #: Write refusals redis-py has no class for, by the reply's first word: ``MISCONF`` (the
-#: last RDB save failed and ``stop-writes-on-bgsave-error`` is on).
-_REFUSED_CODES = ("MISCONF ",)
+#: last RDB save failed and ``stop-writes-on-bgsave-error`` is on), ``NOREPLICAS`` (fewer
+#: replicas connected than ``min-replicas-to-write``).
+_REFUSED_CODES = ("MISCONF ", "NOREPLICAS ")
 
 
 def unavailable(exc: BaseException) -> bool:
     """True when ``exc`` is Redis away or refusing writes for now (retry later), not a
-    fault of the command: what :data:`UNAVAILABLE` matches, and a ``MISCONF`` refusal.
+    fault of the command: what :data:`UNAVAILABLE` matches, and a ``MISCONF`` or
+    ``NOREPLICAS`` refusal.
     Callers that catch ``RedisError`` broadly ask this before giving up."""
     if isinstance(exc, UNAVAILABLE):
         return True

@@ -13,6 +13,10 @@ holds, so use it on a private server only; a save point is set and a ``BGSAVE``
 fails. On exit the save point is dropped (which lifts the refusal) and an empty
 directory made again at the path.
 
+``with noreplicas(url): ...`` makes every write get ``NOREPLICAS Not enough good
+replicas to write.`` (``min-replicas-to-write 1`` on a server with no replica), as a
+master does while its replicas are away; reads go on. On exit the setting is 0 again.
+
 ``with replica(url, spare_url): ...`` turns the server into a replica (``REPLICAOF``
 the spare, a second real server that first copied its data), so every write gets
 ``READONLY You can't write against a read only replica``, as a client still pointed
@@ -133,3 +137,14 @@ def replica(url: str, spare_url: str) -> Iterator[None]:
         spare.replicaof("NO", "ONE")
         client.close()
         spare.close()
+
+
+@contextmanager
+def noreplicas(url: str) -> Iterator[None]:
+    client = redis.Redis.from_url(url)
+    try:
+        client.config_set("min-replicas-to-write", 1)
+        yield
+    finally:
+        client.config_set("min-replicas-to-write", 0)
+        client.close()

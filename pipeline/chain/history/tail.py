@@ -13,7 +13,6 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
@@ -174,29 +173,28 @@ class SharedTail:
         while True:
             last = self.index.last_id
             pipe = self._redis.pipeline(transaction=False)
-            pipe.xrange(self._key, min="-", max="+", count=1)
-            pipe.xrevrange(self._key, max="+", min="-", count=1)
+            self._reads.queue_ends(pipe)  # ids only: the first or newest entry may be hostile
             self._reads.queue(pipe, b"(" + last, b"+", PAGE)
             replies = await pipe.execute(raise_on_error=False)
             checkpoint()
-            if isinstance(replies[2], NoScriptError):  # a restarted or promoted server
+            if any(isinstance(r, NoScriptError) for r in replies):  # a restarted server
                 await self._reads.load()
                 continue
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
-            first, newest, reply = cast(tuple[Entries, Entries, Any], replies)
-            entries, more = self._reads.parse(reply, PAGE)
+            _length, first, newest = self._reads.parse_ends(replies[0])
+            entries, more = self._reads.parse(replies[1], PAGE)
             if not await self._exclusive():
                 return False
             try:
-                if not newest or parse_entry_id(newest[0][0]) < parse_entry_id(last):
+                if first is None or newest is None or parse_entry_id(newest) < parse_entry_id(last):
                     if self._order or last != b"0-0":
                         self._reset()  # emptied or recreated (ids went back): start over
-                        if newest:
+                        if newest is not None:
                             continue
                     return True
-                self._drop_before(parse_entry_id(first[0][0]))
+                self._drop_before(parse_entry_id(first))
                 for entry_id, fields in entries:
                     added = index_entry(self.index, entry_id, fields, self._refused, self._admit)
                     num, hash = added if added is not None else (-1, "")

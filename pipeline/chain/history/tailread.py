@@ -6,8 +6,11 @@ Lua script, :data:`RANGE_READ`: it walks the range one entry at a time inside
 Redis and sends an entry whose values add up to more than
 :data:`~pipeline.blockcodec.MAX_ENTRY_BYTES` as its id and size only. A hostile
 20 MB entry costs Redis a copy, never the server's event loop the seconds of
-socket reads that would stall live delivery while catch-ups run. The script only
-reads: it runs on replicas too, and it touches one key (one Cluster slot).
+socket reads that would stall live delivery while catch-ups run. Where a reader
+needs only where the stream begins and ends (the tail index's refresh, the live
+tailer's start, the status page), :data:`ENDS` answers with ids alone: the
+stream's first or newest entry may be hostile too. The scripts only read: they
+run on replicas too, and each touches one key (one Cluster slot).
 """
 
 from __future__ import annotations
@@ -48,6 +51,23 @@ return out
 #: Bytes of entries one script call sends at most (past the one entry it always sends).
 READ_BYTES = 2 * MAX_ENTRY_BYTES
 
+#: The length of KEYS[1], the id of its first entry and the id of its ARGV[1]-th newest
+#: entry (its newest for 1; the oldest when it holds fewer): ids only, never an entry.
+#: ``false`` (None) for an id of an empty or absent stream.
+ENDS = """
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
+local hi, back = '+', false
+for _ = 1, tonumber(ARGV[1]) do
+  local e = redis.call('XREVRANGE', KEYS[1], hi, '-', 'COUNT', 1)[1]
+  if not e then break end
+  back = e[1]
+  hi = '(' .. back
+end
+return {redis.call('XLEN', KEYS[1]), first and first[1] or false, back}
+"""
+#: What :data:`ENDS` says: the stream's length, its first entry's id, the id asked for.
+Ends = tuple[int, bytes | None, bytes | None]
+
 Refused = Callable[[bytes, Exception], None]
 
 
@@ -59,13 +79,14 @@ class FilteredReads:
     it and its decoder refuses it like any entry without a block.
     """
 
-    __slots__ = ("_key", "_redis", "_refused", "_script")
+    __slots__ = ("_ends", "_key", "_redis", "_refused", "_script")
 
     def __init__(self, redis: aioredis.Redis, key: str, refused: Refused | None = None) -> None:
         self._redis = redis
         self._key = key
         self._refused = refused
         self._script = redis.register_script(RANGE_READ)
+        self._ends = redis.register_script(ENDS)
 
     async def page(
         self, lo: str | bytes, hi: str | bytes, count: int = 1 << 30
@@ -89,9 +110,26 @@ class FilteredReads:
         )
 
     async def load(self) -> None:
-        """Load the script into the server (after a :class:`NoScriptError`)."""
+        """Load the scripts into the server (after a :class:`NoScriptError`)."""
         await self._redis.script_load(RANGE_READ)
+        await self._redis.script_load(ENDS)
         checkpoint()
+
+    async def ends(self, back: int = 1) -> Ends:
+        """The stream's length, its first entry's id and its ``back``-th newest entry's id
+        (:data:`ENDS`: no entry leaves Redis)."""
+        reply = await self._ends(keys=[self._key], args=[back])
+        checkpoint()
+        return self.parse_ends(reply)
+
+    def queue_ends(self, pipe: Any, back: int = 1) -> None:
+        """Queue :meth:`ends`' call on ``pipe`` (as :meth:`queue`); :meth:`parse_ends` its reply."""
+        pipe_evalsha(pipe, self._ends.sha, [self._key], [back])
+
+    @staticmethod
+    def parse_ends(reply: Any) -> Ends:
+        length, first, back = cast(list[Any], reply)
+        return int(length), first or None, back or None
 
     def parse(self, reply: Any, count: int) -> tuple[Entries, bool]:
         """The script's reply as entries (oversized ones refused, with no fields) and ``more``."""
@@ -121,4 +159,4 @@ class FilteredReads:
             lo = b"(" + entries[-1][0]
 
 
-__all__ = ["RANGE_READ", "READ_BYTES", "FilteredReads"]
+__all__ = ["ENDS", "RANGE_READ", "READ_BYTES", "Ends", "FilteredReads"]

@@ -1,13 +1,21 @@
 """``sluice produce``: write a synthetic chain into the Redis chain stream at a rate.
 
 It rides out a Redis restart or a Redis refusing writes (``maxmemory`` reached
-with ``noeviction``, a replica, a failed RDB save): a block that cannot be written is retried with
+with ``noeviction``, a replica, a failed RDB save, too few replicas for
+``min-replicas-to-write``): a block that cannot be written is retried with
 backoff (one log line when the outage starts, one when it ends) for up to
 ``--retry-for`` seconds, then the command fails with a one-line error. The
 append is idempotent, so a retry after a write whose answer was lost never
 duplicates a block, and the chain only moves on once a block is in: nothing
 is lost either. One producer per stream (the check compares with the last
 entry).
+
+With ``--health-listen host:port`` it serves ``/healthz`` (503 with the cause while
+it cannot write: Redis refusing the health key's write, or its blocks failing
+to go in) and Prometheus ``/metrics`` (``sluice_produce_*``: blocks written,
+reorgs, retries, failures by kind, outages begun and ridden out), as
+``sluice node`` and ``sluice bus`` do on ``SLUICE_{NODE,BUS}_HEALTH_LISTEN``.
+SIGTERM or SIGINT stops it after the block being written, with its summary.
 """
 
 from __future__ import annotations
@@ -15,49 +23,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError
 
-from pipeline import keys
-from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block, encode_block
-from pipeline.chain.produce.generator import SyntheticChain, linked_chain
+from pipeline.chain.produce import probes
+from pipeline.chain.produce.generator import SyntheticChain
+from pipeline.chain.produce.writer import BlockWriter
 from pipeline.cliargs import non_negative, plain
-from pipeline.errors import BadBatch, NotReplicated, ProducerGaveUp
-from pipeline.loggate import LogGate
+from pipeline.errors import ConfigError, ProducerGaveUp
 from pipeline.redisio import check as redischeck
-from pipeline.redisio.conn import UNAVAILABLE, Role, checkpoint, connect, pipe_evalsha, unavailable
 from pipeline.redisio.durability import Durability
+from pipeline.runtime import health
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-#: XADD unless the stream's last entry is this very block (a retried write that had landed).
-_APPEND = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
-if last then
-  local f = last[2]
-  for i = 1, #f, 2 do
-    if f[i] == ARGV[1] and f[i + 1] == ARGV[2] then return last[1] end
-  end
-end
-return redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[2])
-"""
-
-#: Entries first read back to go on from a stream's head; more while the chain they link is
-#: shorter than ``--reorg-depth`` + 1 blocks (replaced branches sit among them), up to
-#: :data:`RESUME_ENTRIES_MAX`. Reorgs reach no deeper than the linked blocks.
-RESUME_ENTRIES = 256
-RESUME_ENTRIES_MAX = 16_384
-#: Retried until ``--retry-for`` runs out: Redis away, moving or refusing writes (see
-#: :func:`~pipeline.redisio.conn.unavailable`), or a write too few replicas took.
-_RETRIED: tuple[type[BaseException], ...] = (*UNAVAILABLE, NotReplicated, RedisError)
-BACKOFF_START_S = 0.1
-BACKOFF_MAX_S = 2.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,7 +86,26 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to keep retrying while Redis is unreachable or refuses writes before giving up "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--health-listen",
+        type=_listen,
+        default="",
+        metavar="HOST:PORT",
+        help="serve /healthz (503 with the cause while blocks cannot be written) and Prometheus "
+        "/metrics (sluice_produce_*: blocks written, reorgs, retries, outages ridden out) on "
+        "HOST:PORT, as SLUICE_NODE_HEALTH_LISTEN does for sluice node (default: off)",
+    )
     return p
+
+
+def _listen(text: str) -> str:
+    """``host:port`` checked now (a one-line usage error); empty: off."""
+    try:
+        if text:
+            health.parse_listen(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
 
 
 def _at_least_one(text: str) -> int:
@@ -110,116 +113,6 @@ def _at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
     return value
-
-
-class _Writer:
-    """Appends blocks idempotently, retrying through outages (bounded by ``retry_for``)."""
-
-    def __init__(
-        self, url: str, stream: str, retry_for: float, durability: Durability | None = None
-    ) -> None:
-        self.client = connect(url, Role.PRODUCER)
-        self.key = keys.stream(stream)
-        self.retry_for = retry_for
-        self.script = self.client.register_script(_APPEND)
-        self.durability = durability or Durability()
-        self.outages = 0
-        self._gate = LogGate(log)
-
-    async def _write(self, data: bytes) -> None:
-        """One append; with a durability setting, ``WAIT`` on its connection after it
-        (:class:`NotReplicated` when too few replicas took it: retried like an outage,
-        the append being idempotent)."""
-        if not self.durability.on:
-            await self.script(keys=[self.key], args=[ENTRY_FIELD, data])
-            return
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe_evalsha(pipe, self.script.sha, [self.key], [ENTRY_FIELD, data])
-            self.durability.add_waits(pipe, self.client, [self.key])
-            results = await pipe.execute(raise_on_error=False)
-        if isinstance(results[0], NoScriptError):  # a restarted or promoted server
-            await self.client.script_load(_APPEND)
-            raise NotReplicated("script not loaded: loaded, retrying") from results[0]
-        if isinstance(results[0], Exception):
-            raise results[0]
-        failure = self.durability.check(results[1:])
-        if failure is not None:
-            raise failure
-
-    async def append(self, block: Block) -> bool:
-        """Write one block; True if an outage was ridden out on the way."""
-        data = encode_block(block)
-        _, rode_out = await self._retrying(lambda: self._write(data), f"block {block.num}")
-        return rode_out
-
-    async def _retrying(self, op: Callable[[], Awaitable[T]], what: str) -> tuple[T, bool]:
-        """``op()``'s result, retried through outages; and whether one was ridden out."""
-        down_since: float | None = None
-        delay = BACKOFF_START_S
-        while True:
-            try:
-                result = await op()
-            except _RETRIED as exc:
-                checkpoint(exc)
-                if isinstance(exc, RedisError) and not unavailable(exc):
-                    raise  # e.g. WRONGTYPE: retrying cannot help
-                now = time.monotonic()
-                if down_since is None:
-                    down_since = now
-                    self.outages += 1
-                elif now - down_since > self.retry_for:
-                    raise ProducerGaveUp(
-                        f"redis unavailable for {self.retry_for:.0f}s: {exc}"
-                    ) from exc
-                self._gate.failed(
-                    "redis", "redis unavailable (%s: %s); retrying %s", type(exc).__name__, exc, what
-                )  # fmt: skip
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
-                continue
-            self._gate.ended("redis", "redis is back")
-            return result, down_since is not None
-
-    async def recent(self, count: int) -> tuple[list[Block], bool]:
-        """The stream's last ``count`` valid blocks, oldest first (entries that do not decode
-        skipped); and whether that was the whole stream."""
-        entries, _ = await self._retrying(
-            lambda: self.client.xrevrange(self.key, count=count), "reading the stream's head"
-        )
-        blocks = []
-        for _, fields in reversed(entries or []):
-            try:
-                blocks.append(decode_block(cast(bytes, (fields or {})[ENTRY_FIELD])))
-            except (BadBatch, KeyError, TypeError):
-                continue
-        return blocks, len(entries or []) < count
-
-    async def resume_from(self, reorg_depth: int) -> list[Block]:
-        """The stream's last entries, enough to link ``reorg_depth`` + 1 blocks below its head
-        (fewer if the stream or its links end first, or at :data:`RESUME_ENTRIES_MAX`)."""
-        count, linked = RESUME_ENTRIES, -1
-        while True:
-            recent, whole = await self.recent(count)
-            was, linked = linked, len(linked_chain(recent))
-            if whole or linked > reorg_depth or linked == was or count >= RESUME_ENTRIES_MAX:
-                return recent  # (linked == was: more entries brought no deeper ancestor)
-            count = min(count * 4, RESUME_ENTRIES_MAX)
-
-    async def trimmed_empty(self) -> str | None:
-        """The stream's last entry id when it once held entries but holds none now (trimmed
-        below its head: the chain is in the lake only), else None."""
-        try:
-            info, _ = await self._retrying(
-                lambda: self.client.xinfo_stream(self.key), "reading the stream's state"
-            )
-        except ResponseError:
-            return None  # no such stream: a new chain
-        last = info.get("last-generated-id", b"0-0")
-        last = last.decode() if isinstance(last, bytes) else str(last)
-        return last if info.get("length", 0) == 0 and last != "0-0" else None
-
-    async def close(self) -> None:
-        await self.client.aclose()
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -231,52 +124,125 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         reorg_depth=args.reorg_depth,
     )
     stream = args.stream or settings.serve.stream
-    writer = _Writer(
+    writer = BlockWriter(
         settings.redis.url,
         stream,
         args.retry_for,
         Durability(settings.redis.min_replicas, settings.redis.min_replicas_timeout_ms),
     )
-    sent = 0
-    start = time.monotonic()
+    record = writer.record
     try:
-        if not args.from_genesis:
-            resumed = chain.continue_from(await writer.resume_from(args.reorg_depth))
-            if resumed is None and (last := await writer.trimmed_empty()) is not None:
-                sys.stderr.write(
-                    f"sluice produce: {stream} was trimmed empty (its last entry was {last}): its "
-                    "chain goes on in the lake, which produce does not read; pass --from-genesis "
-                    "to start a new chain at block 0\n"
-                )
-                return 2
-            if resumed is not None:
-                log.warning(
-                    "%s holds a chain: going on from its head, block %d (0x%s)",
-                    stream, resumed.num, resumed.hash.hex()[:16],
-                )  # fmt: skip
-                if args.reorg_every and chain.reorg_room < args.reorg_depth:
-                    log.warning(
-                        "reorgs reach at most %d below the head until the chain grows: "
-                        "its last entries link blocks %d..%d only",
-                        chain.reorg_room, chain.canonical[0].num, resumed.num,
-                    )  # fmt: skip
-        while not args.count or sent < args.count:
-            for block in chain.step():
-                if await writer.append(block) and args.rate > 0:
-                    start = time.monotonic() - sent / args.rate  # no burst to catch up
-                sent += 1
-            if args.rate > 0:
-                delay = start + sent / args.rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+        async with health.serving(
+            args.health_listen,
+            probes.PREFIX,
+            checks={
+                "redis": health.redis_writable(writer.client, f"produce:{stream}"),
+                "writes": record.check,
+            },
+            samples=lambda: probes.samples(
+                record, chain.reorgs, chain.head.num if chain.head else None
+            ),
+        ):
+            code = await _until_signalled(
+                lambda stopping: _produce(args, chain, writer, stream, stopping)
+            )
     except (ProducerGaveUp, RedisError) as exc:  # e.g. WRONGTYPE: retrying cannot help
-        sys.stderr.write(f"sluice produce: {exc}; {sent} blocks produced\n")
+        sys.stderr.write(f"sluice produce: {exc}; {record.written} blocks produced\n")
         return 1
     finally:
         await writer.close()
+    if code is not None and code != 0:
+        return code
     head = chain.head.num if chain.head else None
-    outages = f", {writer.outages} redis outage(s) ridden out" if writer.outages else ""
-    sys.stdout.write(f"produced {sent} blocks ({chain.reorgs} reorgs), head {head}{outages}\n")
+    outages = f", {record.ridden_out} redis outage(s) ridden out" if record.ridden_out else ""
+    stopped = "stopped: " if code is None else ""
+    sys.stdout.write(
+        f"{stopped}produced {record.written} blocks ({chain.reorgs} reorgs), head {head}{outages}\n"
+    )
+    return 0
+
+
+async def _until_signalled(work: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int | None:
+    """``work(stopping)``'s exit code; None when SIGTERM or SIGINT stopped it first.
+
+    A signal cancels the work's task, which ends a wait for Redis at once (a block being
+    written then may or may not be in: the append is idempotent, and the next run goes
+    on from the stream's head), and sets ``stopping``, which ends the work before its
+    next block should redis-py have swallowed the cancellation.
+    """
+    stopping = asyncio.Event()
+    task = asyncio.ensure_future(work(stopping))
+
+    def stop() -> None:
+        stopping.set()
+        task.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    try:
+        code = await task
+    except asyncio.CancelledError:
+        if not stopping.is_set() or not task.cancelled():
+            raise  # not ours: the caller was cancelled
+        return None
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return None if stopping.is_set() and code == 0 else code
+
+
+async def _resume(
+    args: argparse.Namespace, chain: SyntheticChain, writer: BlockWriter, stream: str
+) -> int:
+    """Go on from the stream's head unless ``--from-genesis``: 0, or 2 when the stream was
+    trimmed empty (its chain goes on in the lake, which produce does not read)."""
+    if args.from_genesis:
+        return 0
+    resumed = chain.continue_from(await writer.resume_from(args.reorg_depth))
+    if resumed is None and (last := await writer.trimmed_empty()) is not None:
+        sys.stderr.write(
+            f"sluice produce: {stream} was trimmed empty (its last entry was {last}): its "
+            "chain goes on in the lake, which produce does not read; pass --from-genesis "
+            "to start a new chain at block 0\n"
+        )
+        return 2
+    if resumed is not None:
+        log.warning(
+            "%s holds a chain: going on from its head, block %d (0x%s)",
+            stream, resumed.num, resumed.hash.hex()[:16],
+        )  # fmt: skip
+        if args.reorg_every and chain.reorg_room < args.reorg_depth:
+            log.warning(
+                "reorgs reach at most %d below the head until the chain grows: "
+                "its last entries link blocks %d..%d only",
+                chain.reorg_room, chain.canonical[0].num, resumed.num,
+            )  # fmt: skip
+    return 0
+
+
+async def _produce(
+    args: argparse.Namespace,
+    chain: SyntheticChain,
+    writer: BlockWriter,
+    stream: str,
+    stopping: asyncio.Event,
+) -> int:
+    """Write ``--count`` blocks (0: until stopped) at ``--rate``; the exit code."""
+    code = await _resume(args, chain, writer, stream)
+    if code:
+        return code
+    sent = 0
+    start = time.monotonic()
+    while (not args.count or sent < args.count) and not stopping.is_set():
+        for block in chain.step():
+            if await writer.append(block) and args.rate > 0:
+                start = time.monotonic() - sent / args.rate  # no burst to catch up
+            sent += 1
+        if args.rate > 0:
+            delay = start + sent / args.rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
     return 0
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: Bytes the duplexes of one Dialogue connection may hold queued together.
 CONNECTION_BYTES = 8 << 20
+#: Told each Redis error that ends a duplex (``sluice serve`` counts them by kind).
+RedisErrors = Callable[[BaseException], None]
 _TOO_MANY = jsonrpc.error(
     None, jsonrpc.SERVER_ERROR, f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection"
 ).encode()
@@ -62,9 +64,16 @@ _TOO_MANY = jsonrpc.error(
 class Feed:
     """The feed's duplexes, one :class:`Budget` per Dialogue connection, and their figures."""
 
-    def __init__(self, send_buffer: int, max_bytes: int = CONNECTION_BYTES) -> None:
+    def __init__(
+        self,
+        send_buffer: int,
+        max_bytes: int = CONNECTION_BYTES,
+        on_redis_error: RedisErrors | None = None,
+    ) -> None:
         self.send_buffer = send_buffer
         self.max_bytes = max_bytes
+        #: told each Redis error that ended a duplex (serve counts them by kind)
+        self.on_redis_error = on_redis_error
         #: per connection: its budget and how many of its duplexes are served
         self._budgets: dict[object, tuple[Budget, int]] = {}
         self.server: DialogueServer | None = None
@@ -108,22 +117,24 @@ async def serve_duplex(
     send_buffer: int,
     stall_s: float | None = None,
     budget: Budget | None = None,
+    on_redis_error: RedisErrors | None = None,
 ) -> None:
     """Serve one subscription on an incoming duplex until the peer leaves or falls behind
-    (``budget``: what it may queue, shared with the other duplexes of its connection)."""
+    (``budget``: what it may queue, shared with the other duplexes of its connection;
+    ``on_redis_error``: told each Redis error that ends it)."""
     parsed = _parse(duplex.initial or b"null")
     if isinstance(parsed, bytes):
         await duplex.end(error=parsed)
         return
     keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
-    plan = await _plan(resumption, parsed, keep)
+    plan = await _plan(resumption, parsed, keep, on_redis_error)
     if isinstance(plan, bytes):
         await duplex.end(error=plan)
         return
     outbox = Outbox(send_buffer, stall_s=stall_s, budget=budget)
     sub = Subscription("0x1", parsed, outbox, envelope=False)
     try:
-        await _feed(resumption, duplex, outbox, plan, keep, sub)
+        await _feed(resumption, duplex, outbox, plan, keep, sub, on_redis_error)
     finally:
         outbox.clear()  # what it held goes back to its connection's budget
 
@@ -153,7 +164,10 @@ def _parse(initial: bytes) -> SubscribeParams | bytes:
 
 
 async def _plan(
-    resumption: TieredResumption, parsed: SubscribeParams, keep: KeyTest | None
+    resumption: TieredResumption,
+    parsed: SubscribeParams,
+    keep: KeyTest | None,
+    on_redis_error: RedisErrors | None,
 ) -> Plan | bytes:
     """Where the subscription starts, or the error to end the duplex with (public text only)."""
     try:
@@ -165,6 +179,8 @@ async def _plan(
         return jsonrpc.error(None, jsonrpc.SERVER_ERROR, exc.public_message).encode()
     except (aioredis.RedisError, OSError) as exc:
         log.warning("dialogue subscription: redis error %r", exc)
+        if on_redis_error is not None:
+            on_redis_error(exc)
         error = jsonrpc.error(None, jsonrpc.SERVER_ERROR, "redis unavailable, retry later")
         return error.encode()
 
@@ -176,6 +192,7 @@ async def _feed(
     plan: Plan,
     keep: KeyTest | None,
     sub: Subscription,
+    on_redis_error: RedisErrors | None = None,
 ) -> None:
     """Stream the plan into the duplex until the peer leaves, falls behind or resumption fails."""
 
@@ -211,6 +228,12 @@ async def _feed(
         log.warning("dialogue subscription ended: %r", first)
         text = first.public_message if isinstance(first, ResumptionError) else "cannot resume"
         await duplex.end(error=text.encode()[:200])
+    except* (aioredis.RedisError, OSError) as group_exc:  # a catch-up's read of the tail
+        lost = group_exc.exceptions[0]
+        log.warning("dialogue subscription: redis error %r", lost)
+        if on_redis_error is not None:
+            on_redis_error(lost)
+        await duplex.end(error=b"redis unavailable, resubscribe later")
 
 
 def dialogue_server(
@@ -232,7 +255,12 @@ def dialogue_server(
             return
         try:
             await serve_duplex(
-                resumption, duplex, send_buffer=send_buffer, stall_s=stall_s, budget=budget
+                resumption,
+                duplex,
+                send_buffer=send_buffer,
+                stall_s=stall_s,
+                budget=budget,
+                on_redis_error=state.on_redis_error,
             )
         finally:
             state.leave(duplex.host)

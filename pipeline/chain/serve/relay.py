@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import cast
 
 import redis.asyncio as aioredis
 
@@ -31,7 +30,6 @@ from pipeline.blockcodec import ENTRY_FIELD
 from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.tailread import FilteredReads
 from pipeline.chain.metrics import Metrics
-from pipeline.chain.planning import Entries
 from pipeline.chain.produce.producer import LiveBlock, WebsocketHub
 from pipeline.chain.serve.tailwake import TailWake
 from pipeline.chain.tailindex import decode_servable
@@ -73,12 +71,12 @@ class RedisTailer:
             self._key,
             poll_s=poll_s,
             idle_s=idle_s,
-            on_error=lambda: metrics.inc("sluice_serve_redis_errors_total"),
+            on_error=metrics.redis_error,
         )
 
     async def _start_id(self) -> bytes:
-        newest = cast(Entries, await self._redis.xrevrange(self._key, max="+", min="-", count=1))
-        return newest[0][0] if newest else b"0-0"
+        _length, _first, newest = await self._reads.ends()  # its id only: it may be hostile
+        return newest or b"0-0"
 
     async def run(self) -> None:
         try:
@@ -106,7 +104,7 @@ class RedisTailer:
                 OSError,
             ) as exc:
                 self._set_up(False)
-                self._metrics.inc("sluice_serve_redis_errors_total")
+                self._metrics.redis_error(exc)
                 now = time.monotonic()
                 down_since = down_since or now
                 if now - down_since > self._give_up_s:

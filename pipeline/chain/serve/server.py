@@ -74,6 +74,7 @@ from pipeline.chain.serve.appkeys import (
     TAILER,
 )
 from pipeline.chain.serve.auth import authorized, refusal
+from pipeline.chain.serve.head import HEAD, HeadFinder
 from pipeline.chain.serve.relay import RedisTailer
 from pipeline.chain.serve.wsconn import CLOSE_TIMEOUT_S, MAX_FRAME, Connection, dialect_of
 from pipeline.lifecycle import cancel_and_wait, run_every
@@ -106,16 +107,18 @@ def _tailer_ended(app: web.Application, tailer: RedisTailer, task: asyncio.Task[
     app[METRICS].set("sluice_serve_redis_up", 0.0)
 
 
-async def _warm(resumption: TieredResumption, history: SharedHistory | None) -> None:
+async def _warm(app: web.Application) -> None:
     """Index the tail and open the lake at start; what is not there yet, the first call does.
 
     Opening the lake (importing pyarrow and deltalake, loading the Delta log)
     cost the first subscriber after a start 0.7-2.6 s.
     """
+    history = app.get(HISTORY)
     try:
-        await resumption.warm()
+        await app[RESUMPTION].warm()
     except (aioredis.RedisError, OSError) as exc:
         log.warning("tail index not built at start: %r", exc)
+        app[METRICS].redis_error(exc)
     if history is not None:
         error = await asyncio.to_thread(history.probe)
         if error is not None:
@@ -162,9 +165,11 @@ async def _write_probe(app: web.Application) -> str | None:
     try:
         async with asyncio.timeout(health.CHECK_TIMEOUT_S):
             await check()
-    except TimeoutError:
+    except TimeoutError as exc:  # a stalled Redis: counted as a timeout
+        app[METRICS].redis_error(exc)
         return f"timed out after {health.CHECK_TIMEOUT_S}s"
     except (RedisError, OSError) as exc:
+        app[METRICS].redis_error(exc)
         return f"{type(exc).__name__}: {exc}"[:200]
     return None
 
@@ -189,7 +194,7 @@ async def healthz(request: web.Request) -> web.Response:
         "lake": "n/a" if history is None else ("up" if lake_error is None else "down"),
         "connections": len(app[CONNECTIONS]),
         "live_subscriptions": len(hub),
-        "head": hub.last.num if hub.last is not None else None,
+        "head": await app[HEAD].head(),  # live, else Redis, else the lake
     }
     if lake_error is not None:
         body["lake_error"] = lake_error
@@ -279,7 +284,7 @@ async def _start_feed(app: web.Application, settings: Settings) -> DialogueServe
         return None
     from pipeline.chain.serve.dialogue_feed import Feed, dialogue_server
 
-    state = app[FEED] = Feed(settings.serve.send_buffer)
+    state = app[FEED] = Feed(settings.serve.send_buffer, on_redis_error=app[METRICS].redis_error)
     feed = dialogue_server(
         app[RESUMPTION],
         settings.serve.host,
@@ -354,8 +359,11 @@ async def _redis_ctx(
     refused = Refusals(app[METRICS])  # one count and one log line per entry, whoever reads it
     app[REFUSED] = refused
     app[RESUMPTION] = _resumption(app, settings, client, factory, refused)
+    app[HEAD] = HeadFinder(
+        stream=settings.serve.stream, hub=app[HUB], redis=client, history=factory
+    )
     feed = await _start_feed(app, settings)
-    warm = asyncio.create_task(_warm(app[RESUMPTION], app.get(HISTORY)), name="warm")
+    warm = asyncio.create_task(_warm(app), name="warm")
     releaser = _start_releaser(app, settings, feed)
     tailer = _start_tailer(app, settings, tail_client, refused) if relay else None
     try:

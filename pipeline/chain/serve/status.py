@@ -21,7 +21,6 @@ from pipeline.chain.serve.appkeys import METRICS
 from pipeline.chain.serve.auth import authorized, refusal
 from pipeline.chain.serve.coverage import MAX_RUNS, Archived, Interval, coverage, summarize
 from pipeline.chain.serve.statusboard import (
-    TAIL_BLOCK_MS,
     TAIL_INTERVAL_S,
     ArchiveLog,
     ConnectionView,
@@ -77,18 +76,19 @@ def setup(app: web.Application, settings: Settings, connections: set[_C]) -> Non
 
     ``connections`` is the server's live set of websocket connections (read,
     never changed). The board's Redis client (two connections: the tail's
-    blocking read and the snapshots) and its tail task live in a cleanup
+    reads and the snapshots) and its tail task live in a cleanup
     context of ``app``.
     """
     board = StatusBoard(settings, connections)
+    metrics = app.get(METRICS)
+    if metrics is not None:  # the board's Redis errors are serve's too
+        board.on_redis_error = metrics.redis_error
     app[BOARD] = board
     app[_TOKEN] = settings.serve.token
     app[_STATIC] = _load_static()
 
     async def tail_ctx(app: web.Application) -> AsyncIterator[None]:
-        client = connect(
-            settings.redis.url, Role.TAIL, block_s=TAIL_BLOCK_MS / 1000, max_connections=2
-        )
+        client = connect(settings.redis.url, Role.TAIL, max_connections=2)
         board.client = client
         task = asyncio.create_task(board.tail(client), name="status-tail")
         try:

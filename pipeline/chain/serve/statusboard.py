@@ -3,9 +3,11 @@
 Theory of operation: one :class:`StatusBoard` per server gathers three views
 of every chain stream (the served stream and ``chain_streams``):
 
-- the chain as Redis holds it: a background tail (one ``XREAD`` over all the
-  streams, at most one every :data:`TAIL_INTERVAL_S` while entries come)
-  peeks at the ``num``/``hash``/``parent`` of each new entry, keeps the head,
+- the chain as Redis holds it: a background tail (one filtered read per stream,
+  :class:`~pipeline.chain.history.tailread.FilteredReads`, at most one every
+  :data:`TAIL_INTERVAL_S`: an entry over ``MAX_ENTRY_BYTES`` never leaves Redis
+  and counts as invalid) peeks at the ``num``/``hash``/``parent`` of each new entry,
+  keeps the head,
   the last :data:`~pipeline.chain.serve.streamboard.RECENT_BLOCKS` blocks and the last
   :data:`~pipeline.chain.serve.streamboard.RECENT_REORGS` reorgs (bounded deques,
   :class:`~pipeline.chain.serve.streamboard.StreamBoard`), and counts reorgs since the
@@ -15,7 +17,7 @@ of every chain stream (the served stream and ``chain_streams``):
   a slow lake never holds a page up; its intervals are merged there, exactly as
   the safe trim merges them (:func:`pipeline.intervals.merge_intervals`), so a
   snapshot only looks the oldest Redis entry up in the merged runs;
-- the Redis hot window (``XINFO STREAM``: length, first and last entry ids),
+- the Redis hot window (length, first and last entry ids, read as ids alone),
   the trim point (the oldest entry still in Redis) and how far the next safe
   trim could go.
 
@@ -31,19 +33,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
-from redis.crc import key_slot
+from redis.exceptions import NoScriptError
 
 from pipeline import __version__
+from pipeline.chain.history.tailread import FilteredReads
 from pipeline.chain.serve.coverage import Archived, Interval, coverage, summarize
 from pipeline.chain.serve.streamboard import RECENT_BLOCKS, StreamBoard
 from pipeline.redisio.conn import (
     UNAVAILABLE,
     checkpoint,
-    is_cluster,
     parse_entry_id,
 )
 from pipeline.runtime.snapshot import SharedSnapshot
@@ -59,21 +61,18 @@ LAKE_TTL_S = 5.0
 LAKE_FIRST_WAIT_S = 3.0
 #: Redis part of a snapshot: give up after this long and report Redis down.
 REDIS_TIMEOUT_S = 2.0
-#: Entries read per ``XREAD`` of the tail; block this long per call.
+#: Entries of one stream read per pass of the tail.
 TAIL_COUNT = 512
-TAIL_BLOCK_MS = 1000
-#: After a read that found entries (fewer than ``TAIL_COUNT``), the tail waits this long
+#: After a pass that found entries (fewer than ``TAIL_COUNT``), the tail waits this long
 #: before the next, which takes all that came meanwhile: one round trip per block cost
-#: 5-6% of the server's CPU at 100 blocks/s (``make bench B=resume``). Well inside what
-#: the page shows at once (:data:`SNAPSHOT_TTL_S`).
+#: 5-6% of the server's CPU at 100 blocks/s (``make bench B=resume``); after a pass that
+#: found none, it waits as long (no Redis command blocks without sending what it waited
+#: for: ``XREAD BLOCK`` sent every hostile entry whole). Well inside what the page shows
+#: at once (:data:`SNAPSHOT_TTL_S`).
 TAIL_INTERVAL_S = 0.25
-#: On a cluster (no multi-slot XREAD BLOCK): the pause between reads that found nothing.
-CLUSTER_POLL_S = 0.25
 
 #: What a lost, slow or refusing Redis raises (ResponseError included: reported, retried).
 _REDIS_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, aioredis.RedisError, *UNAVAILABLE)
-
-_Entries = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 class ConnectionView(Protocol):
@@ -154,6 +153,9 @@ class StatusBoard:
         self.lake_reads = 0
         #: Set by :func:`setup` while the app runs.
         self.client: aioredis.Redis | None = None
+        #: Told each Redis error of the tail and the snapshots (serve counts them by kind).
+        self.on_redis_error: Callable[[BaseException], None] | None = None
+        self._reads_of: tuple[aioredis.Redis, dict[str, FilteredReads]] | None = None
 
     # --- tail --------------------------------------------------------------------
 
@@ -165,6 +167,7 @@ class StatusBoard:
                 await self._tail_once(client)
             except _REDIS_ERRORS as exc:
                 checkpoint(exc)
+                self._redis_failed(exc)
                 if self.tail_up or delay == 0.05:
                     log.warning("status tail: redis error %r; retrying", exc)
                 self.tail_up = False
@@ -173,65 +176,45 @@ class StatusBoard:
             else:
                 delay = 0.05
 
+    def _redis_failed(self, exc: BaseException) -> None:
+        if self.on_redis_error is not None:
+            self.on_redis_error(exc)
+
+    def _reads(self, client: aioredis.Redis) -> dict[str, FilteredReads]:
+        """Each stream's filtered reads on ``client`` (made again for another client)."""
+        if self._reads_of is None or self._reads_of[0] is not client:
+            self._reads_of = (
+                client,
+                {name: FilteredReads(client, b.key) for name, b in self.streams.items()},
+            )
+        return self._reads_of[1]
+
     async def _tail_once(self, client: aioredis.Redis) -> None:
-        for board in self.streams.values():
-            if board.last_id is None:
-                newest = cast(
-                    _Entries, await client.xrevrange(board.key, "+", "-", count=RECENT_BLOCKS)
-                )
-                checkpoint()
-                for entry_id, fields in reversed(newest):
+        reads = self._reads(client)
+        for name, board in self.streams.items():
+            if board.last_id is None:  # the last RECENT_BLOCKS entries first
+                _length, _first, start = await reads[name].ends(RECENT_BLOCKS)
+                for entry_id, fields in await reads[name].range(start or b"-", b"+"):
                     board.see(entry_id, fields)
                 if board.last_id is None:
                     board.last_id = b"0-0"
         self.tail_up = True
-        if is_cluster(client):
-            await self._poll_slots(client)
-            return
-        reply = cast(
-            list[tuple[bytes, _Entries]] | None,
-            await client.xread(
-                {b.key: cast(bytes, b.last_id) for b in self.streams.values()},
-                count=TAIL_COUNT,
-                block=TAIL_BLOCK_MS,
-            ),
-        )
-        checkpoint()
-        if 0 < self._see(reply) < TAIL_COUNT:
+        seen = 0
+        for name, board in self.streams.items():
+            entries, _more = await reads[name].page(
+                b"(" + cast(bytes, board.last_id), b"+", TAIL_COUNT
+            )
+            for entry_id, fields in entries:
+                board.see(entry_id, fields)
+            seen += len(entries)
+        if not seen:
+            await asyncio.sleep(TAIL_INTERVAL_S)
+        elif seen < TAIL_COUNT:
             await self._pause()
 
     async def _pause(self) -> None:
         """Between two reads that find entries: :data:`TAIL_INTERVAL_S`."""
         await asyncio.sleep(TAIL_INTERVAL_S)
-
-    async def _poll_slots(self, client: aioredis.Redis) -> None:
-        """On a cluster one XREAD may only name keys of one slot: read each slot's streams
-        without blocking (a blocked read per slot would hold a connection each), then pause."""
-        groups: dict[int, list[StreamBoard]] = {}
-        for board in self.streams.values():
-            groups.setdefault(key_slot(board.key.encode()), []).append(board)
-        seen = 0
-        for boards in groups.values():
-            reply = cast(
-                list[tuple[bytes, _Entries]] | None,
-                await client.xread(
-                    {b.key: cast(bytes, b.last_id) for b in boards}, count=TAIL_COUNT
-                ),
-            )
-            checkpoint()
-            seen += self._see(reply)
-        if not seen:
-            await asyncio.sleep(CLUSTER_POLL_S)
-
-    def _see(self, reply: list[tuple[bytes, _Entries]] | None) -> int:
-        by_key = {b.key.encode(): b for b in self.streams.values()}
-        seen = 0
-        for key, entries in reply or ():
-            board = by_key[key]
-            for entry_id, fields in entries:
-                board.see(entry_id, fields)
-                seen += 1
-        return seen
 
     # --- snapshots ---------------------------------------------------------------
 
@@ -271,26 +254,37 @@ class StatusBoard:
     async def _redis_view(self, client: aioredis.Redis) -> dict[str, Any]:
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_S):
-                pipe = client.pipeline(transaction=False)
-                for board in self.streams.values():
-                    pipe.xinfo_stream(board.key)
-                replies = await pipe.execute(raise_on_error=False)
+                replies = await self._ends(client)
             checkpoint()
         except _REDIS_ERRORS as exc:
             checkpoint(exc)
+            self._redis_failed(exc)
             return {"up": False, "error": f"redis unavailable: {exc!r}"[:300]}
         streams: dict[str, Any] = {}
-        for board, info in zip(self.streams.values(), replies, strict=True):
-            if isinstance(info, Exception):  # no such key: the stream is empty or absent
+        for board, reply in zip(self.streams.values(), replies, strict=True):
+            if isinstance(reply, Exception):  # not a stream: reported as empty
                 streams[board.name] = {"length": 0, "first_id": None, "last_id": None}
                 continue
-            first, last = info.get("first-entry"), info.get("last-entry")
+            length, first, last = FilteredReads.parse_ends(reply)
             streams[board.name] = {
-                "length": int(info.get("length", 0)),
-                "first_id": first[0].decode() if first else None,
-                "last_id": last[0].decode() if last else None,
+                "length": length,
+                "first_id": first.decode() if first else None,
+                "last_id": last.decode() if last else None,
             }
         return {"up": True, "streams": streams}
+
+    async def _ends(self, client: aioredis.Redis) -> list[Any]:
+        """Each stream's :data:`~pipeline.chain.history.tailread.ENDS` reply (ids only: an
+        entry at either end may be hostile), in one round trip; an error as its reply."""
+        reads = self._reads(client)
+        while True:
+            pipe = client.pipeline(transaction=False)
+            for read in reads.values():
+                read.queue_ends(pipe)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            if not any(isinstance(r, NoScriptError) for r in replies):
+                return replies
+            await next(iter(reads.values())).load()  # a restarted server: once for all
 
     async def _build(self) -> dict[str, Any]:
         self.builds += 1
@@ -353,12 +347,10 @@ def _ms(entry_id: str | None) -> int | None:
 
 
 __all__ = [
-    "CLUSTER_POLL_S",
     "LAKE_FIRST_WAIT_S",
     "LAKE_TTL_S",
     "REDIS_TIMEOUT_S",
     "SNAPSHOT_TTL_S",
-    "TAIL_BLOCK_MS",
     "TAIL_COUNT",
     "TAIL_INTERVAL_S",
     "ArchiveLog",

@@ -54,7 +54,7 @@ class TailWake:
         idle_s: float = 0.25,
         renew_s: float = 10.0,
         retry_s: float = 5.0,
-        on_error: Callable[[], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._redis = redis
         self._key = key
@@ -137,7 +137,7 @@ class TailWake:
 
     def _failed(self, exc: BaseException, msg: str) -> None:
         if self._on_error is not None:
-            self._on_error()
+            self._on_error(exc)
         self._gate.failed("wake", msg, exc)
 
     async def _drop(self) -> None:

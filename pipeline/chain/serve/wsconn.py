@@ -310,6 +310,7 @@ class Connection(Sending):
             code, message = jsonrpc.SERVER_ERROR, exc.public_message
         except (aioredis.RedisError, OSError) as exc:
             log.warning("request %s failed: %r", req.method, exc)
+            self.metrics.redis_error(exc)
             code, message = jsonrpc.SERVER_ERROR, "redis unavailable, retry later"
             if self.dialect == CARDINAL and req.method == "cardinal_subscribe":
                 # the library waits for a subscription id forever after an error reply:
@@ -378,6 +379,7 @@ class Connection(Sending):
             self.fail(WSCloseCode.INTERNAL_ERROR, f"subscription {sub.id}: {exc.public_message}")
         except (aioredis.RedisError, OSError) as exc:
             log.warning("subscription %s: redis error %r", sub.id, exc)
+            self.metrics.redis_error(exc)
             self.fail(WSCloseCode.TRY_AGAIN_LATER, "redis unavailable, resubscribe later")
         except Exception:
             log.exception("subscription %s failed", sub.id)

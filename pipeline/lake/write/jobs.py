@@ -7,6 +7,7 @@ is imported lazily so this module stays cheap to import.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -90,9 +91,15 @@ T = TypeVar("T")
 def run_spark(what: str, work: Callable[[], T]) -> T:
     """Run Spark work, turning Spark's errors into Sluice's with a clear message.
 
-    A Redis failure inside a Python worker becomes :class:`RedisUnavailable`,
-    a permission problem under the lake :class:`LakePathError`, anything else
-    :class:`LakeError` naming ``what`` failed.
+    A Redis failure inside a Python worker becomes :class:`RedisUnavailable`;
+    any other error a worker raised is named by its own last line
+    (:func:`worker_cause`), not Spark's "An exception was thrown from the Python
+    worker": a store (or disk) that failed a task's request is a
+    :class:`LakePathError` with the store's reason in one line (S3 down: "the store
+    refused the connection"), anything else :class:`LakeError` naming ``what``
+    failed and the worker's error. Without a worker's traceback: a lost Connect
+    server is :class:`SparkUnavailable`, a permission problem under the lake
+    :class:`LakePathError`.
     """
     from py4j.protocol import Py4JError  # type: ignore[import-untyped]
     from pyspark.errors import PySparkException
@@ -114,6 +121,15 @@ def run_spark(what: str, work: Callable[[], T]) -> T:
         if "RedisUnavailable" in text or "redis.exceptions.ConnectionError" in text:
             cause = _worker_error(text, ("RedisUnavailable: ", "ConnectionError: ")) or first
             raise RedisUnavailable(f"{what} failed: Redis is unavailable ({cause})") from exc
+        raised = worker_cause(text)
+        if raised is not None:  # Spark answered: a task raised, and its error is the cause
+            kind, message = raised
+            if kind.rpartition(".")[2] in _STORE_ERRORS:
+                reason = store.describe(OSError(message))
+                raise LakePathError(
+                    f"{what} failed: a Spark task could not use the lake: {reason}"
+                ) from exc
+            raise LakeError(f"{what} failed in a Spark task: {kind}: {message}"[:600]) from exc
         if _connect_lost(exc, text):
             raise SparkUnavailable(
                 f"{what} failed: the Spark Connect server went away ({first})"
@@ -152,6 +168,40 @@ def _worker_error(text: str, marks: tuple[str, ...]) -> str | None:
             if at >= 0:
                 return line[at + len(mark) :].strip()[:500]
     return None
+
+
+#: Exception types a Python worker raises when the lake's store (or disk) failed a request.
+_STORE_ERRORS = frozenset(
+    {"OSError", "IOError", "ArrowIOError", "FileNotFoundError", "PermissionError",
+     "ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "TimeoutError"}
+)  # fmt: skip
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"([A-Za-z_][\w.]*): (.*)")
+
+
+def worker_cause(text: str) -> tuple[str, str] | None:
+    """``(exception type, message)`` a Python worker's traceback in a Spark error ends
+    with, or None when ``text`` holds no such traceback.
+
+    Spark's own first line only says that a worker raised ("An exception was
+    thrown from the Python worker"); the cause is the traceback's last
+    exception line (of a chain, the one raised last). A JVM stack trace after it
+    is not read, nor Connect's indented ``SQLSTATE`` line.
+    """
+    found: tuple[str, str] | None = None
+    inside = False
+    for line in text.splitlines():
+        if line.startswith(("JVM stacktrace:", "\tat ")):
+            break
+        if line.rstrip().endswith(_TRACEBACK):  # (through Connect: at the end of Spark's line)
+            inside = True
+            continue
+        if not inside or not line or line[0].isspace():
+            continue
+        match = _RAISED.fullmatch(line.rstrip())
+        if match is not None:
+            found = (match.group(1), match.group(2).strip()[:500])
+    return found
 
 
 def _first_line(text: str) -> str:

@@ -83,19 +83,82 @@ async def test_a_component_that_never_gets_ready_fails_with_its_log(tmp_path: Pa
     async def never() -> bool:
         return False
 
-    sup = Supervisor(f"t-{uuid.uuid4().hex[:8]}", tmp_path)
+    sup = Supervisor(f"t-{uuid.uuid4().hex[:8]}", tmp_path, stall_s=1.0)
     sup.add(
         Component(
             name="mute",
-            argv=_py("print('starting up'); import time; time.sleep(600)"),
+            argv=_py("print('starting up', flush=True); import time; time.sleep(600)"),
             ready=never,
             ready_timeout_s=1.0,
+            waits_for="its port 1 to open",
         )
     )
     try:
-        with pytest.raises(DemoError, match="not ready within 1s") as info:
+        with pytest.raises(DemoError, match="not ready within 1s, and no progress for") as info:
             await sup.start("mute")
         assert "starting up" in str(info.value)
+        assert "it waited for its port 1 to open" in str(info.value)
     finally:
         await sup.stop_all()
     assert marked_pids(sup.demo_id) == []
+
+
+#: Starts slowly but steadily: a line every 0.1 s for 3 s, then says it is ready.
+SLOW = """
+import time
+for i in range(30):
+    print("migrating", i, flush=True)
+    time.sleep(0.1)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+async def test_a_slow_component_making_progress_is_waited_for_past_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """Airflow on a loaded machine was given up at its 300 s while still starting (issue 33, 8);
+    past its own deadline the supervisor waits while the log grows, and says what for."""
+    events: list[str] = []
+    sup = Supervisor(f"t-{uuid.uuid4().hex[:8]}", tmp_path, on_event=events.append, stall_s=5.0)
+    log = tmp_path / "slow.log"
+
+    async def printed_ready() -> bool:
+        return log.exists() and b"ready" in log.read_bytes()
+
+    sup.add(
+        Component(
+            name="slow", argv=_py(SLOW), ready=printed_ready, ready_timeout_s=1.0,
+            waits_for="it to print ready",
+        )
+    )  # fmt: skip
+    try:
+        child = await sup.start("slow")
+    finally:
+        await sup.stop_all()
+    assert child.state is State.STOPPED and child.up_after_s is not None
+    assert child.up_after_s > 1.0  # past its own deadline
+    [note] = [e for e in events if "still starting" in e]
+    assert note.startswith("slow still starting after 1s, making progress"), note
+    assert note.endswith("it waits for it to print ready"), note
+
+
+async def test_the_start_limit_ends_any_wait(tmp_path: Path) -> None:
+    from pipeline.errors import DemoError
+
+    async def never() -> bool:
+        return False
+
+    sup = Supervisor(f"t-{uuid.uuid4().hex[:8]}", tmp_path, start_limit_s=1.0)
+    sup.add(
+        Component(
+            name="busy",
+            argv=_py("import time\nwhile True: print('x', flush=True); time.sleep(0.01)"),
+            ready=never,
+        )
+    )
+    try:
+        with pytest.raises(DemoError, match="busy not ready within the start limit of 1s"):
+            await sup.start("busy")
+    finally:
+        await sup.stop_all()

@@ -150,11 +150,12 @@ def test_a_locked_stream_waits_then_fails_naming_the_holder(
     spark_remote: str, redis_client: Any, redis_url: str, lake_uri: str, tmp_path: Path
 ) -> None:
     from pipeline.lake.lock import StreamLock
+    from pipeline.settings import LakeSettings
 
     publish(redis_client, "c", chain(0, 5), first_ms=1000)
     env = job_env(redis_url, lake_uri, tmp_path, spark_remote)
     args = ("archive", "--stream", "c", "--start-ms", "1000", "--end-ms", "2000")
-    with StreamLock(redis_url, "c", owner="other-task"):
+    with StreamLock(redis_url, "c", lake=LakeSettings.from_url(lake_uri), owner="other-task"):
         code, doc, err = run_job(env, *args)
     assert code == 1 and doc is None
     assert "locked by other-task" in err, err

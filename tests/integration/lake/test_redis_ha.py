@@ -10,6 +10,9 @@ from pipeline.lake.intake import redisread
 from pipeline.lake.lock import StreamLock
 from pipeline.redisio import conn as redisconn
 from pipeline.redisio.conn import Role
+from pipeline.settings import LakeSettings
+
+LAKE = LakeSettings.from_url("/lakes/ha")
 
 
 def test_raw_reader_and_bounds_on_every_layout(any_redis_url: str) -> None:
@@ -31,8 +34,8 @@ def test_raw_reader_and_bounds_on_every_layout(any_redis_url: str) -> None:
 
 
 def test_archive_lock_on_every_layout(any_redis_url: str) -> None:
-    first = StreamLock(any_redis_url, "lake:ha", wait_s=0.0)
-    second = StreamLock(any_redis_url, "lake:ha", wait_s=0.0)
+    first = StreamLock(any_redis_url, "lake:ha", lake=LAKE, wait_s=0.0)
+    second = StreamLock(any_redis_url, "lake:ha", lake=LAKE, wait_s=0.0)
     first.acquire()
     try:
         with pytest.raises(LockBusy, match="is locked by"):

@@ -79,7 +79,7 @@ async def test_one_snapshot_reports_the_lake_redis_and_the_runs(
     assert "error" not in data
     assert data["lake"]["error"] is None and data["lake"]["uri"] == lake_uri
     assert data["redis"]["up"] is True and data["airflow"]["error"] is None
-    # The configured names (not the pattern), then the pattern's stream once archived.
+    # The configured names (not the pattern) and the pattern's stream once archived, sorted.
     assert [s["name"] for s in data["streams"]] == ["chain:a", "events:x"]
     chain, events = data["streams"]
     assert (chain["chain"], chain["configured"], events["chain"], events["configured"]) == (
@@ -163,3 +163,25 @@ async def test_viewers_share_one_snapshot_and_one_lake_read_per_ttl(
         assert board.lake_reads - reads <= 1
     finally:
         await board.close()
+
+
+async def test_the_streams_are_listed_sorted_by_name(lake_uri: str, redis_url: str) -> None:
+    """Configured and archived streams in one sorted list, whatever order the lake holds them in
+    (issue 33, 7: a pattern's 100 streams came out in archive_log's order)."""
+    rows = [
+        {"stream": name, "start_ms": 0, "end_ms": MINUTE, "entries": 1, "run_id": None}
+        for name in ("events:z", "events:b", "chain:a", "events:m", "alpha")
+    ]
+    write_archive_log(lake_uri, rows)
+    board = CoverageBoard(
+        _host(redis_url),
+        lambda: Settings.load(
+            env={}, lake_uri=lake_uri, streams="zz:last,chain:a,events:*", chain_streams="chain:a"
+        ),
+    )
+    try:
+        data = await _body(board)
+    finally:
+        await board.close()
+    names = [s["name"] for s in data["streams"]]
+    assert names == ["alpha", "chain:a", "events:b", "events:m", "events:z", "zz:last"], names

@@ -66,9 +66,10 @@ def test_the_users_spark_stands_in_for_the_demos_own(
         ["--spark", "sc://"],
         ["--spark", "sc://127.0.0.1:port"],
         ["--check", "--follow", "0"],
+        ["--start-timeout", "5"],
     ],
 )
-def test_a_bad_spark_url_or_follow_time_exits_2(
+def test_a_bad_spark_url_follow_or_start_time_exits_2(
     argv: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -78,5 +79,27 @@ def test_a_bad_spark_url_or_follow_time_exits_2(
     with pytest.raises(SystemExit) as exc:
         options.parse(argv)
     assert exc.value.code == 2
-    flag = next(a for a in argv if a in ("--spark", "--follow"))
+    flag = next(a for a in argv if a in ("--spark", "--follow", "--start-timeout"))
     assert flag in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_airflow_starts_on_the_database_made_afresh_for_this_demo(tmp_path: Path) -> None:
+    """Issue 33, 8: every demo reused the ``postgres`` database, earlier demos' runs and all."""
+    from pipeline.demo import metadb
+
+    p = plan(tmp_path, "s3")
+    url = p.airflow_env()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert url == metadb.database_url(p.postgres_port, metadb.RUN_DATABASE)
+    airflow = comp.airflow_component(p)
+    cut = airflow.argv.index("--")
+    prepare, command = airflow.argv[:cut], airflow.argv[cut + 1 :]
+    assert prepare[1:] == ("-m", "pipeline.demo.metadb", "--port", str(p.postgres_port),
+                           "--database", metadb.RUN_DATABASE)  # fmt: skip
+    assert command[-1] == "standalone" and command[0].endswith("airflow")
+    assert "scheduler" in airflow.waits_for
+
+
+def test_the_start_timeout_is_a_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_VAR_DIR", str(tmp_path / "var"))
+    assert options.parse([]).start_timeout_s == options.START_TIMEOUT_S == 1800.0
+    assert options.parse(["--start-timeout", "3600"]).start_timeout_s == 3600.0
