@@ -178,9 +178,10 @@ async def _counters(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     async with http.get(base + "/metrics") as resp:
         for line in (await resp.text()).splitlines():
-            name, _, value = line.partition(" ")
+            sample, _, value = line.partition(" ")
+            name = sample.partition("{")[0]  # a labelled counter (redis errors by kind): summed
             if name in _COUNTERS:
-                out[name] = float(value)
+                out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
