@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import redis
 
 from pipeline.chain.produce.generator import SyntheticChain, write_blocks
@@ -29,6 +30,10 @@ from pipeline.runtime.ports import free_port
 from tests.integration.chain.conftest import STREAM, write_lake
 from tests.integration.chain.test_cardinal_go import _listening
 from tests.support.poll import until
+
+#: make soak only (~40 s quiet, and RSS under a loaded machine's scheduling is noise):
+#: ``make bench B=abuse`` reports the same before / peak / after figures
+pytestmark = pytest.mark.soak
 
 #: How far above the warmed baseline the resident memory may stay once everyone left.
 MARGIN = 1.5
