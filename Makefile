@@ -20,12 +20,12 @@ PYTEST_ARGS ?=
 .PHONY: demo demo-check test soak bench lint install clean spark test-unit-py
 
 # pip runs quietly: one line says what each silent step does and that it takes a while.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@bash scripts/ensure-venv.sh $(PYTHON) $(VENV)
-	@echo "sluice: pip install of Sluice with every extra (.[all,dev]): Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
+	@echo "sluice: pip install of Sluice with every extra (.[all,dev]) at the tested versions (constraints.txt): Spark, Airflow, dev tools into $(VENV) (quiet, 1-3 min the first time)"
 	@$(PY) -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: no setuptools banner about editable installs (a warning, not an error)
-	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all,dev]'
+	@PYTHONWARNINGS=ignore $(PY) -m pip install -q -c constraints.txt -e '.[all,dev]'
 	@touch $@
 
 # Resolve the Delta jars from Maven Central once (Spark's own resolver caches them under
@@ -100,9 +100,10 @@ OTHER_VENV := .venv-py$(PYV)
 test-unit-py: $(REDIS)
 	@test -n "$(OTHER_PY)" || { echo "sluice: no python$(PYV) (pyenv or PATH)"; exit 2; }
 	@bash scripts/ensure-venv.sh $(OTHER_PY) $(OTHER_VENV)
-	@test $(OTHER_VENV)/.sluice-installed -nt pyproject.toml || { \
+	@test $(OTHER_VENV)/.sluice-installed -nt pyproject.toml -a \
+		$(OTHER_VENV)/.sluice-installed -nt constraints.txt || { \
 		echo "sluice: pip install of .[all,dev] into $(OTHER_VENV) (quiet, minutes the first time)"; \
-		PYTHONWARNINGS=ignore $(OTHER_VENV)/bin/python -m pip install -q -e '.[all,dev]' && \
+		PYTHONWARNINGS=ignore $(OTHER_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[all,dev]' && \
 		touch $(OTHER_VENV)/.sluice-installed; }
 	PYTHONASYNCIODEBUG=1 $(OTHER_VENV)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
 

@@ -1,14 +1,21 @@
 #!/bin/sh
-# One-shot preparation for docker/compose.yaml (the `init` service), idempotent:
-# what exists is kept, so restarts and `docker compose up` again change nothing.
+# One-shot preparation for docker/compose.yaml and docker/compose.production.yaml (the
+# `init` service), idempotent: what exists is kept, so restarts and `docker compose up`
+# again change nothing.
 #   - the bus: this twin's Ed25519 key and the twin directory (twins.json);
 #   - Airflow: the JWT secret and the API secret key every Airflow component shares;
-#   - the lake: its bucket on the S3 server (an s3:// SLUICE_LAKE_URI), else its directory.
+#   - the lake: its bucket on the S3 server (an s3:// SLUICE_LAKE_URI), else its directory;
+#   - with PROMETHEUS_SECRETS_DIR and SLUICE_SERVE_TOKEN set: the serve token as a file
+#     Prometheus reads there (rewritten each time: the environment is its source).
 # Secrets live only on the `secrets` volume (never in the image or the build context).
 set -eu
 SECRETS="${SLUICE_SECRETS_DIR:-/run/sluice}"
 TWIN="${SLUICE_BUS_TWIN:-1}"
 BUS_URL="${SLUICE_BUS_URL:-http://bus:8051}"
+if [ -n "${PROMETHEUS_SECRETS_DIR:-}" ] && [ -z "${SLUICE_SERVE_TOKEN:-}" ]; then
+  echo "init: PROMETHEUS_SECRETS_DIR is set but SLUICE_SERVE_TOKEN is not" >&2
+  exit 2
+fi
 umask 077
 mkdir -p "$SECRETS"
 case "${SLUICE_LAKE_URI:-/lake}" in
@@ -59,4 +66,13 @@ os.replace(out + ".tmp", out)
 os.chmod(out, 0o644)  # public keys only
 print(f"init: twin directory {out}: {sorted(doc)}")
 PY
+if [ -n "${PROMETHEUS_SECRETS_DIR:-}" ]; then
+  # Prometheus runs as another user: its directory and file are readable, its volume its own
+  mkdir -p "$PROMETHEUS_SECRETS_DIR"
+  chmod 755 "$PROMETHEUS_SECRETS_DIR"
+  printf '%s' "$SLUICE_SERVE_TOKEN" > "$PROMETHEUS_SECRETS_DIR/serve_token.tmp"
+  chmod 644 "$PROMETHEUS_SECRETS_DIR/serve_token.tmp"
+  mv "$PROMETHEUS_SECRETS_DIR/serve_token.tmp" "$PROMETHEUS_SECRETS_DIR/serve_token"
+  echo "init: the serve token for Prometheus in $PROMETHEUS_SECRETS_DIR"
+fi
 echo "init: done"

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from pipeline.errors import MissingExtra
 
-__all__ = ["EXTRA_OF", "lazy", "missing_extra", "require"]
+__all__ = ["EXTRA_OF", "lazy", "lazy_from", "missing_extra", "require"]
 
 #: The top-level modules of the extras' packages -> the smallest extra installing each
 #: (``[project.optional-dependencies]`` of pyproject.toml; a unit test keeps them equal).
@@ -36,6 +37,9 @@ EXTRA_OF: dict[str, str] = {
     "celery": "airflow",
     "rich": "demo",
 }
+
+
+_ABSENT = object()
 
 
 def _needs(what: str, module: str, extra: str) -> MissingExtra:
@@ -67,6 +71,22 @@ def require(what: str, extra: str, modules: Iterable[str]) -> None:
             raise _needs(what, module, extra)
 
 
+def _import(package: str, name: str, module: str) -> ModuleType:
+    """``module``, imported for ``package.name``: one line if it needs a missing extra."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, f"{package}.{name}")
+        if missing is None:
+            raise
+        raise missing from None  # one line, not the chain of imports that led there
+
+
+def _keep(package: str, name: str, value: Any) -> Any:
+    importlib.import_module(package).__dict__[name] = value  # once: the next lookup is plain
+    return value
+
+
 def lazy(
     package: str, exports: Mapping[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -79,17 +99,38 @@ def lazy(
         where = exports.get(name)
         if where is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        try:
-            value = getattr(importlib.import_module(where), name)
-        except ModuleNotFoundError as exc:
-            missing = missing_extra(exc, f"{package}.{name}")
-            if missing is None:
-                raise
-            raise missing from None  # one line, not the chain of imports that led there
-        importlib.import_module(package).__dict__[name] = value  # once: the next lookup is plain
-        return value
+        return _keep(package, name, getattr(_import(package, name, where), name))
 
     def __dir__() -> list[str]:
         return sorted({*importlib.import_module(package).__dict__, *exports})
+
+    return __getattr__, __dir__
+
+
+def lazy_from(
+    package: str, names: Sequence[str], modules: Sequence[str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of facade ``package`` exporting ``names`` (its
+    ``__all__``), each defined by one of ``modules``: the first of them that has it.
+
+    A facade whose names come from a few light modules writes each name once, in a static
+    ``__all__`` that type checkers read (with ``from MODULE import *`` under
+    ``TYPE_CHECKING`` for the types); a module is imported when one of its names is first used.
+    """
+    declared = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name not in declared:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        for module in modules:
+            found = getattr(_import(package, name, module), name, _ABSENT)
+            if found is not _ABSENT:
+                return _keep(package, name, found)
+        raise AttributeError(
+            f"{package}.__all__ declares {name!r}, which none of {', '.join(modules)} defines"
+        )
+
+    def __dir__() -> list[str]:
+        return sorted({*importlib.import_module(package).__dict__, *declared})
 
     return __getattr__, __dir__

@@ -78,15 +78,21 @@ def _produced(stream: dict[str, Any]) -> str:
     )
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _archived(cov: dict[str, Any]) -> str:
+    """The lake's coverage in one line; its stretches of consecutive blocks are the
+    ``runs`` of the coverage (``run_count`` of them; the list holds the latest only)."""
     if not cov.get("intervals"):
         return "nothing yet: sluice_archive runs every minute"
-    runs = cov.get("runs") or []
+    stretches = int(cov.get("run_count", len(cov.get("runs") or [])))
     return (
-        f"{cov.get('blocks', 0)} blocks in {cov.get('intervals', 0)} interval"
-        f"{'s' if cov.get('intervals') != 1 else ''}, "
+        f"{cov.get('blocks', 0)} blocks in {_count(cov['intervals'], 'interval', 'intervals')}, "
         f"{_clock(cov.get('archived_from_ms'))} .. {_clock(cov.get('archived_to_ms'))}"
-        f" ({len(runs)} run{'s' if len(runs) != 1 else ''}, {cov.get('gap_count', 0)} gaps)"
+        f" ({_count(stretches, 'contiguous stretch', 'contiguous stretches')}, "
+        f"{_count(int(cov.get('gap_count', 0)), 'gap', 'gaps')})"
     )
 
 

@@ -2,8 +2,9 @@
 
 No Docker engine runs here, but ``config`` needs none: the test runs
 ``docker compose config`` (the CLI plugin) or, where that is missing,
-Debian's ``docker-compose config`` (scripts/ensure-compose.sh installs it),
-and checks the rendered file: every dependency waits for health or for a
+Debian's ``docker-compose config`` (scripts/ensure-compose.sh installs it;
+tests/support/compose.py), and checks the rendered file: the image is built
+once, every dependency waits for health or for a
 one-shot's success, every long-running service restarts and has a health
 check, the bus gets a generated key and directory, Airflow runs on Postgres
 with LocalExecutor and unpaused DAGs, the lake is on the S3 service and every
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -25,76 +25,38 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pipeline.bus.directory import FileDirectory
 from pipeline.local.s3 import LocalStore
+from tests.support.compose import compose_cli, config, env_of, mounts_of, render
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 ONE_SHOT = {"init", "airflow-init"}
-#: Long-running services without a port to probe.
-NO_PROBE = {"producer"}
-
-
-def _compose_cli() -> list[str] | None:
-    docker = shutil.which("docker")
-    if docker is not None:
-        probe = subprocess.run(
-            [docker, "compose", "version"], capture_output=True, timeout=30, check=False
-        )
-        if probe.returncode == 0:
-            return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    return [legacy] if legacy else None
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, Any]:
     """The file as Compose renders it (anchors merged, defaults applied), else as YAML reads it."""
-    cli = _compose_cli()
-    if cli is None:
-        doc: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
-        return doc
-    out = subprocess.run(
-        [*cli, "-f", str(COMPOSE), "config"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, f"{' '.join(cli)} config failed:\n{out.stderr}"
-    rendered_doc: dict[str, Any] = yaml.safe_load(out.stdout)
-    return rendered_doc
+    return render(COMPOSE)
 
 
 def test_compose_config_validates() -> None:
-    cli = _compose_cli()
-    if cli is None:
+    if compose_cli() is None:
         pytest.skip(
             "neither `docker compose` nor `docker-compose` is installed (scripts/ensure-compose.sh)"
         )
-    out = subprocess.run(
-        [*cli, "-f", str(COMPOSE), "config", "--quiet"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
-    )  # fmt: skip
+    out = config(COMPOSE, {}, "--quiet")
     assert out.returncode == 0, out.stderr
 
 
-def _env(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {k: str(v) for k, v in env.items()}
-
-
-def _mounts(service: dict[str, Any]) -> set[tuple[str, str]]:
-    out = set()
-    for volume in service.get("volumes") or ():
-        if isinstance(volume, str):
-            source, _, target = volume.partition(":")
-            out.add((source, target.split(":")[0]))
-        else:
-            out.add((volume.get("source", ""), volume["target"]))
-    return out
+def test_the_sluice_image_is_built_once(rendered: dict[str, Any]) -> None:
+    services = rendered["services"]
+    assert [name for name, service in services.items() if service.get("build")] == ["init"]
+    image = services["init"]["image"]
+    for name, service in services.items():
+        if service.get("image") == image and name != "init":
+            assert service.get("pull_policy") == "never", f"{name} would build or pull it again"
 
 
 def test_every_service_starts_on_what_it_needs(rendered: dict[str, Any]) -> None:
@@ -106,8 +68,7 @@ def test_every_service_starts_on_what_it_needs(rendered: dict[str, Any]) -> None
             assert service.get("restart") in ("unless-stopped", "always"), (
                 f"{name}: no restart policy"
             )
-            if name not in NO_PROBE:
-                assert service.get("healthcheck", {}).get("test"), f"{name}: no health check"
+            assert service.get("healthcheck", {}).get("test"), f"{name}: no health check"
         depends = service.get("depends_on") or {}
         assert isinstance(depends, dict), f"{name}: depends_on without conditions"
         for target, cond in depends.items():
@@ -119,7 +80,7 @@ def test_every_service_starts_on_what_it_needs(rendered: dict[str, Any]) -> None
                 assert condition == "service_completed_successfully" and target in ONE_SHOT, (
                     f"{name} -> {target}: {condition}"
                 )
-        redis_url = _env(service).get("SLUICE_REDIS_URL")
+        redis_url = env_of(service).get("SLUICE_REDIS_URL")
         if redis_url and name not in ONE_SHOT and name not in ("spark-master", "spark-worker"):
             assert "redis" in depends, f"{name} uses redis without waiting for it"
 
@@ -127,20 +88,23 @@ def test_every_service_starts_on_what_it_needs(rendered: dict[str, Any]) -> None
 def test_producer_runs_until_stopped(rendered: dict[str, Any]) -> None:
     command = rendered["services"]["producer"]["command"]
     assert command[command.index("--count") + 1] == "0"
+    port = command[command.index("--health-listen") + 1].rsplit(":", 1)[1]
+    health = rendered["services"]["producer"]["healthcheck"]["test"]
+    assert health[-1] == f"http://127.0.0.1:{port}/healthz"
     assert rendered["services"]["producer"]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
 def test_bus_gets_generated_key_and_directory(rendered: dict[str, Any]) -> None:
     services = rendered["services"]
     bus, init = services["bus"], services["init"]
-    env = _env(bus)
+    env = env_of(bus)
     assert bus["depends_on"]["init"]["condition"] == "service_completed_successfully"
-    secrets = {source for source, target in _mounts(bus) if target == "/run/sluice"}
-    assert secrets and secrets == {s for s, t in _mounts(init) if t == "/run/sluice"}
+    secrets = {source for source, target in mounts_of(bus) if target == "/run/sluice"}
+    assert secrets and secrets == {s for s, t in mounts_of(init) if t == "/run/sluice"}
     assert env["SLUICE_BUS_KEY_FILE"].startswith("/run/sluice/")
     assert env["SLUICE_BUS_DIRECTORY"].startswith("/run/sluice/")
-    assert _env(init)["SLUICE_BUS_TWIN"] == env["SLUICE_BUS_TWIN"]
-    assert "SLUICE_BUS_HEALTH_LISTEN" in env and "SLUICE_NODE_HEALTH_LISTEN" in _env(
+    assert env_of(init)["SLUICE_BUS_TWIN"] == env["SLUICE_BUS_TWIN"]
+    assert "SLUICE_BUS_HEALTH_LISTEN" in env and "SLUICE_NODE_HEALTH_LISTEN" in env_of(
         services["node"]
     )
 
@@ -151,7 +115,7 @@ def test_airflow_on_postgres_local_executor_unpaused(rendered: dict[str, Any]) -
     assert {"airflow-apiserver", "airflow-scheduler", "airflow-dag-processor"} <= set(airflow)
     secrets = set()
     for name in [*airflow, "airflow-init"]:
-        env = _env(services[name])
+        env = env_of(services[name])
         assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", name
         assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://"), name
         assert env["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"].lower() == "false", name
@@ -169,12 +133,12 @@ def test_lake_on_the_s3_service_reached_alike_by_every_user(rendered: dict[str, 
     services = rendered["services"]
     s3 = services["s3"]
     assert s3["image"].startswith("versity/versitygw:"), s3["image"]
-    assert any(target == "/data" for _, target in _mounts(s3)), "the store keeps no volume"
+    assert any(target == "/data" for _, target in mounts_of(s3)), "the store keeps no volume"
     command = s3["command"]
     port = command[command.index("--port") + 1].rsplit(":", 1)[1]
     health = " ".join(s3["healthcheck"]["test"])
     assert command[command.index("--health") + 1] in health and port in health
-    server = _env(s3)
+    server = env_of(s3)
     users = [
         "init",
         "spark-connect",
@@ -185,7 +149,7 @@ def test_lake_on_the_s3_service_reached_alike_by_every_user(rendered: dict[str, 
     ]
     lakes = set()
     for name in users:
-        env = _env(services[name])
+        env = env_of(services[name])
         lakes.add(env["SLUICE_LAKE_URI"])
         assert env["SLUICE_LAKE_S3_ENDPOINT"] == f"http://s3:{port}", name
         assert env["SLUICE_LAKE_S3_ALLOW_HTTP"] == "true", name
@@ -194,7 +158,7 @@ def test_lake_on_the_s3_service_reached_alike_by_every_user(rendered: dict[str, 
         # delta-rs' safe commits (conditional puts), never "last writer wins"
         assert env.get("SLUICE_LAKE_S3_CONDITIONAL_PUT", "etag") == "etag", name
         assert services[name]["depends_on"]["s3"]["condition"] == "service_healthy", name
-        assert not any(target == "/lake" for _, target in _mounts(services[name])), name
+        assert not any(target == "/lake" for _, target in mounts_of(services[name])), name
     assert len(lakes) == 1 and lakes.pop().startswith("s3://")
 
 
@@ -270,3 +234,35 @@ def test_init_script_creates_the_lake_bucket_on_s3(tmp_path: Path, s3_store: Loc
         scheme="http",
     )
     assert fs.get_file_info(bucket).type == pafs.FileType.Directory
+
+
+def test_init_script_writes_the_serve_token_for_prometheus(tmp_path: Path) -> None:
+    """docker/compose.production.yaml: Prometheus (another user) reads the token init wrote."""
+    scrape = tmp_path / "scrape"
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SLUICE_SECRETS_DIR": str(tmp_path / "secrets"),
+        "SLUICE_LAKE_URI": str(tmp_path / "lake"),
+        "PROMETHEUS_SECRETS_DIR": str(scrape),
+        "SLUICE_SERVE_TOKEN": "tok-1",
+    }
+    script = str(ROOT / "docker" / "init.sh")
+    for token in ("tok-1", "tok-2"):  # the environment is the token's source: rewritten
+        env["SLUICE_SERVE_TOKEN"] = token
+        done = subprocess.run(
+            ["sh", script], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert (scrape / "serve_token").read_text() == token
+    assert stat.S_IMODE((scrape / "serve_token").stat().st_mode) == 0o644
+    assert stat.S_IMODE(scrape.stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "secrets" / "twin1.key").stat().st_mode) == 0o600
+    del env["SLUICE_SERVE_TOKEN"]
+    refused = subprocess.run(
+        ["sh", script], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "init: PROMETHEUS_SECRETS_DIR is set but SLUICE_SERVE_TOKEN is not"
+    )

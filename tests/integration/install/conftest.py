@@ -3,8 +3,8 @@
 
 One wheel is built per session from a copy of the checkout (the checkout stays
 free of ``build/`` and ``*.egg-info``), without build isolation (no index needed
-for the backend); each venv gets it with its extra's dependencies, which pip
-resolves from its cache or the index. The venvs get no pip of their own
+for the backend); each venv gets it with its extra's dependencies at the tested
+versions (``-c constraints.txt``), from pip's cache or the index. The venvs get no pip of their own
 (``ensurepip`` took 15 s on a loaded machine): this interpreter's pip installs
 into them (``pip --python``), resolving the same way.
 """
@@ -60,7 +60,8 @@ def _venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path, extra: str) -> 
     began = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     spec = str(wheel) if extra == "core" else f"sluice[{extra}] @ {wheel.as_uri()}"
-    _pip("--python", str(venv / "bin" / "python"), "install", "-q", spec)
+    constraints = str(ROOT / "constraints.txt")
+    _pip("--python", str(venv / "bin" / "python"), "install", "-q", "-c", constraints, spec)
     INSTALL_S[extra] = time.perf_counter() - began
     return venv
 
