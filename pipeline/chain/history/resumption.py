@@ -174,7 +174,7 @@ class TieredResumption:
     async def blocks_from(
         self, num: int, hash: bytes, keep: KeyTest | None, sink: BlockSink
     ) -> None:
-        plan = await self.resolve(num, hash)
+        plan = await self.resolve(num, hash, keep)
         await self.stream(plan, keep, sink)
 
     async def stream(self, plan: Plan, keep: KeyTest | None, sink: BlockSink) -> None:
@@ -198,7 +198,10 @@ class TieredResumption:
                 log.debug("resume again from %d: %s", head, exc)
                 if plan.history is not None:  # the lake may have marked the reorg since
                     await refresh_history(plan.history)
-                plan = await self._locator.resolve(head, bytes.fromhex(sender.hash_at(head) or ""))
+                # (with keep: a plan's first lake page comes encoded, in the subscriber's
+                # dialect; without it a cardinal subscriber got seed-shaped batches, seed 1009)
+                at = bytes.fromhex(sender.hash_at(head) or "")
+                plan = await self._locator.resolve(head, at, keep)
 
     async def _stream_plan(
         self, plan: Plan, keep: KeyTest | None, sink: BlockSink, sender: Sender

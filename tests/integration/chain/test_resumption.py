@@ -230,3 +230,47 @@ async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
     got = [(e.num, e.hash) for e in sink.blocks]
     assert got == [(b.num, b.hash.hex()) for b in [*canon, *won]]
     assert sink.head == won[-1].num
+
+
+async def test_a_plan_from_the_lake_is_sent_in_the_subscribers_dialect(
+    settings, redis_url, redis_client: redis.Redis
+) -> None:
+    """The first lake page a plan reads while checking the start's hash goes out as it is:
+    it must be encoded for the subscriber. Resolved without the subscriber's encoding (a
+    resumption again after a deep reorg did that), a cardinal subscriber got seed-shaped
+    ``batch`` results, which the library cannot read (history checker seed 1009)."""
+    from pipeline.chain.cardinal import CARDINAL, encoding_for
+
+    gen = SyntheticChain(seed=14)
+    canon = gen.take(60)
+    write_lake(settings.lake.uri, canon)
+    write_blocks(redis_client, STREAM, gen.take(5))  # 60..64 in Redis, the rest in the lake
+    client = connect(redis_url, Role.SERVE)
+    try:
+        resumption = TieredResumption(
+            redis=client,
+            stream=STREAM,
+            hub=WebsocketHub(),
+            history_factory=lambda: LakeReader(settings.lake),
+            reorg_threshold=8,
+        )
+        sink = CollectingSink()
+        keep = encoding_for(None, CARDINAL, False)
+        task = asyncio.create_task(resumption.blocks_from(10, canon[10].hash, keep, sink))
+        try:
+            await until(lambda: sink.head is not None or task.done(), within_s=30)
+            if task.done():
+                task.result()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await client.aclose()
+    assert [e.num for e in sink.blocks] == list(range(10, 65))
+    seed_shaped = [
+        e.num for e in sink.blocks if not e.results[0].startswith('{"type":"batch","batch":')
+    ]
+    assert not seed_shaped, (
+        f"{len(seed_shaped)} blocks not in the cardinal shape, first {seed_shaped[:5]}"
+    )
