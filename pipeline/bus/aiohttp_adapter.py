@@ -32,6 +32,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from pipeline.loggate import LogGate
+
 log = logging.getLogger(__name__)
 
 #: aiohttp (major, minor) versions the contract test ran green on.
@@ -54,13 +56,13 @@ class BoundedServer(web.Server):
     def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._max_connections = max_connections
+        self._gate = LogGate(log)  # a flood: one line per interval, with the count
 
     # Private contract: the hook aiohttp's RequestHandler calls on each connection.
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
         if len(self.connections) > self._max_connections:
-            log.warning(
-                "bus: more than %d HTTP connections; closing a new one", self._max_connections
-            )
+            self._gate.failed("full", "bus: more than %d HTTP connections; closing new ones",
+                              self._max_connections)  # fmt: skip
             handler.force_close()
             transport.close()

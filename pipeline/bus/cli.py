@@ -71,7 +71,7 @@ def _register(argv: list[str]) -> int:
     parser.add_argument("--key", default="", help="base64 public key (empty: legacy peer)")
     parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
-    url = args.redis or Settings.load(parts=("redis",)).redis.url
+    url = _url(args.redis)
 
     async def run() -> None:
         client = redisconn.connect(url, redisconn.Role.CLI)
@@ -85,6 +85,12 @@ def _register(argv: list[str]) -> int:
     except redisconn.UNAVAILABLE as exc:
         return _redis_down("register", exc)
     return 0
+
+
+def _url(given: str | None) -> str:
+    """The twin's Redis URL of a subcommand; a URL the bus refuses (a cluster's) is the
+    same one line as for the bus itself (:class:`ConfigError`), before any connection."""
+    return bus_redis_url(given or Settings.load(parts=("redis",)).redis.url)
 
 
 def _redis_down(command: str, exc: BaseException) -> int:
@@ -101,9 +107,7 @@ def _dead(argv: list[str]) -> int:
     )
     parser.add_argument("--redis", default=None, help="the Redis URL (SLUICE_REDIS_URL)")
     args = parser.parse_args(argv)
-    client = redisconn.connect_sync(
-        args.redis or Settings.load(parts=("redis",)).redis.url, redisconn.Role.CLI
-    )
+    client = redisconn.connect_sync(_url(args.redis), redisconn.Role.CLI)
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, max(args.count, 1) - 1))
     except redisconn.UNAVAILABLE as exc:
@@ -146,9 +150,7 @@ def _requeue(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.index and not args.all:
         parser.error("name entries with --index (see 'sluice bus dead') or use --all")
-    client = redisconn.connect_sync(
-        args.redis or Settings.load(parts=("redis",)).redis.url, redisconn.Role.CLI
-    )
+    client = redisconn.connect_sync(_url(args.redis), redisconn.Role.CLI)
     moved = 0
     try:
         entries = cast(list[bytes], client.lrange(keys.bus_dead(), 0, -1))
@@ -252,6 +254,7 @@ async def _serve(settings: Settings, signer: Signer | None) -> int:
                 "peers": functools.partial(_peers_answer, bus),
             },
             samples=functools.partial(_samples, bus),
+            info=lambda: {"role": bus.role, "active": bus.seat.active if bus.seat else ""},
         ):
             failure = await _until_stopped_or_failed(bus, stop)
         if failure is not None:
@@ -284,6 +287,17 @@ async def _samples(bus: BusProcess) -> list[health.Sample]:
             value=float(bus.queues.not_replicated),
             kind="counter",
             help="requests sent before SLUICE_REDIS_MIN_REPLICAS replicas held them",
+        ),
+        health.Sample(
+            name="sluice_bus_http_slow_bodies_total",
+            value=float(bus.ingress.counts["slow_bodies"]),
+            kind="counter",
+            help="POST bodies that did not arrive within SLUICE_BUS_HTTP_IDLE_S (408, closed)",
+        ),
+        health.Sample(
+            name="sluice_bus_active",
+            value=1.0 if bus.role == "active" else 0.0,
+            help="1 while this bus holds its twin's lease (0: standby)",
         ),
         health.Sample(
             name="sluice_bus_redis_errors_total",

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from pipeline.bus.config import reraise_if_cancelling
+from pipeline.redisio.conn import checkpoint
 
 #: Adds exactly one command to the pipeline it is given.
 Command = Callable[[Any], Awaitable[Any] | Any]
@@ -51,6 +52,9 @@ class Coalescer:
         batch: list[tuple[Command, asyncio.Future[Any]]] = []
         try:
             while True:
+                # A cancellation dropped by redis-py in the last pipeline (see
+                # pipeline.bus.tasks) ends the loop here, not in a queue.get() forever.
+                checkpoint()
                 batch = [await self._queue.get()]
                 while len(batch) < self._max_batch and not self._queue.empty():
                     batch.append(self._queue.get_nowait())

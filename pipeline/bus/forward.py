@@ -15,7 +15,10 @@ and this bus's time (see :mod:`pipeline.bus.signing`); a second POST (up to
 few large POSTs (each POST costs both buses the same CPU however many
 envelopes it carries) and a lane with more than one full batch waiting still
 sends several at once. A failed item is retried with doubling, capped backoff
-from a delay heap, until its ``try`` budget or its deadline runs out. A
+from a delay heap, until its ``try`` budget or its deadline runs out. A peer
+whose last POST got no answer is *down*: one POST at a time goes to it (a probe
+with what waits), spaced by a doubling, capped, jittered delay (a connection
+attempt a second or two, not one per item); all goes once a probe is answered. A
 bounded number of items is in memory at once: :meth:`Forwarder.submit` waits
 for room.
 
@@ -68,6 +71,7 @@ from pipeline.bus.outbound import (
     Outbound,
     Outcome,
 )
+from pipeline.bus.peers import PeerBook
 from pipeline.bus.post import MAX_BATCH
 from pipeline.bus.signing import Signer
 from pipeline.errors import PostUnanswered
@@ -79,20 +83,20 @@ log = logging.getLogger(__name__)
 SINGLE_FOR_S = 300.0
 #: Seconds between log lines of one failure class (a dead peer fails every request).
 LOG_EVERY_S = 10.0
-#: A peer whose last failed POST is older than this no longer counts as unreachable.
-STALE_S = 60.0
 
 
 class _Lane:
     """Items waiting for one (peer, endpoint), and the POSTs in flight to it."""
 
-    __slots__ = ("inflight", "queue", "queued_bytes", "scheduled")
+    __slots__ = ("inflight", "queue", "queued_bytes", "scheduled", "timer")
 
     def __init__(self) -> None:
         self.queue: deque[Outbound] = deque()
         self.queued_bytes = 0  # body bytes in the queue
         self.inflight = 0
         self.scheduled = False
+        #: Wakes the lane when its down peer's next probe is due.
+        self.timer: asyncio.TimerHandle | None = None
 
     def may_post(self, limit: int, full_bytes: int) -> bool:
         """Whether to send a batch now: none in flight, or a full batch waiting (and room)."""
@@ -128,7 +132,6 @@ class Forwarder:
         self._lanes: dict[tuple[int, Kind], _Lane] = {}
         self._delayed: list[Outbound] = []
         self._wake = asyncio.Event()
-        self._base = retry_base_s
         self._cap = retry_max_s
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=2.0)
         self._session: aiohttp.ClientSession | None = None
@@ -141,10 +144,9 @@ class Forwarder:
         self.retried = 0
         #: Final outcomes by (kind, outcome value), e.g. ("remote", "unreachable").
         self.outcomes: dict[tuple[str, str], int] = {}
-        #: Peers whose last POST got no answer, and since when (epoch seconds).
-        self.unreachable_since: dict[int, float] = {}
+        #: Whether each peer answers; when the next POST may go to one that does not.
+        self.peers = PeerBook(base_s=retry_base_s, cap_s=retry_max_s)
         self._gate = LogGate(log, LOG_EVERY_S)
-        self._last_failure: dict[int, float] = {}
 
     async def run(self) -> None:
         """Send until cancelled. Owns its session and POST tasks."""
@@ -166,20 +168,11 @@ class Forwarder:
         self._enqueue(item)
 
     def unreachable(self) -> dict[int, float]:
-        """Peers that answer no POST now, with the seconds since they stopped answering.
-
-        A peer counts while a POST to it failed in the last :data:`STALE_S`
-        (with nothing left to send to it, nothing more is known about it).
-        """
-        now = time.time()
-        return {
-            twin: now - since
-            for twin, since in self.unreachable_since.items()
-            if now - self._last_failure.get(twin, 0.0) <= STALE_S
-        }
+        """Peers that answer no POST now, and for how long (see :class:`PeerBook`)."""
+        return self.peers.unreachable()
 
     def backoff(self, attempt: int) -> float:
-        return float(min(self._cap, self._base * (2 ** min(attempt, 30))))
+        return self.peers.backoff(attempt)
 
     def batches_to(self, twin: int) -> bool:
         """Whether POSTs to ``twin`` may carry several envelopes (see the module docstring)."""
@@ -218,6 +211,13 @@ class Forwarder:
         lane.scheduled = False
         batch = self.batches_to(key[0])
         limit = self._lane_posts if batch else self._workers
+        wait = self.peers.wait_s(key[0])
+        if wait is not None:  # a peer that answers nothing: one probe at a time, when due
+            if wait > 0 and lane.queue and lane.timer is None:
+                lane.timer = asyncio.get_running_loop().call_later(wait, self._wake_lane, key)
+            if wait > 0 or lane.inflight:
+                return
+            limit = 1
         # single envelopes (a peer that takes no batches) go as soon as there is room
         while lane.queue and (
             lane.may_post(limit, self._max_batch_bytes) if batch else lane.inflight < limit
@@ -230,6 +230,12 @@ class Forwarder:
                 return
         if not lane.queue and not lane.inflight:
             del self._lanes[key]
+
+    def _wake_lane(self, key: tuple[int, Kind]) -> None:
+        lane = self._lanes.get(key)
+        if lane is not None:
+            lane.timer = None
+            self._schedule(key)
 
     def _start_post(self, key: tuple[int, Kind], lane: _Lane, items: list[Outbound]) -> bool:
         """Start one POST task; False when the sender is not running or is stopping."""
@@ -265,19 +271,20 @@ class Forwarder:
 
     async def _post(self, key: tuple[int, Kind], lane: _Lane, items: list[Outbound]) -> None:
         try:
-            outcomes = await self._send(key[0], key[1], items)
+            sent = await self._send(key[0], key[1], items)
         except Exception:  # the boundary: one POST (or a directory outage) never ends sending
             log.exception("bus: sending %d item(s) to twin %s failed", len(items), key[0])
-            failed = (Outcome.UNKNOWN, "internal error")
-            outcomes = [failed] * len(items)
+            failed = [(Outcome.UNKNOWN, "internal error")] * len(items)
+            sent = failed, failed
         finally:
             lane.inflight -= 1
         self._schedule(key)  # what waited behind this POST goes now, not after _record
-        if outcomes is None:  # not as a batch: again, singly, no try spent
+        if sent is None:  # not as a batch: again, singly, no try spent
             for item in items:
                 self._enqueue(item)
         else:
-            self._note_peer(key[0], outcomes)
+            outcomes, heard = sent
+            self._note_peer(key[0], heard)
             finals: list[Final] = []
             for item, out in zip(items, outcomes, strict=True):
                 final = self._settle(item, *out)
@@ -301,6 +308,7 @@ class Forwarder:
             return outcome, text
         item.maybe_delivered |= outcome is Outcome.UNKNOWN
         pause = self.backoff(item.attempt) if item.attempt < item.tries else self._cap
+        pause = max(pause, self.peers.wait_s(item.to) or 0.0)  # a down peer's next probe
         item.attempt += 1
         item.last_error = text
         if time.time() + pause < item.deadline:
@@ -314,18 +322,18 @@ class Forwarder:
         return Outcome.UNREACHABLE, f"{UNREACHABLE_TEXT}: {text}"
 
     def _note_peer(self, to: int, outcomes: list[Judged]) -> None:
-        """Track whether ``to`` answers (per-peer reachability for /metrics and /healthz)."""
-        if all(o in (Outcome.UNREACHABLE, Outcome.UNKNOWN) for o, _ in outcomes):
-            self._last_failure[to] = time.time()
-            if len(self._last_failure) > 10_000:
-                self._last_failure = {t: self._last_failure[t] for t in self.unreachable_since}
-            if to not in self.unreachable_since:
-                self.unreachable_since[to] = time.time()
-                log.warning("bus: twin %s unreachable: %s", to, outcomes[0][1])
-        elif to in self.unreachable_since:
-            down = time.time() - self.unreachable_since.pop(to)
-            log.warning("bus: twin %s reachable again after %.1fs", to, down)
-            self._gate.forget(lambda key: isinstance(key, tuple) and key[-1] == to)
+        """Learn whether ``to`` answers; one line when that changes."""
+        change = self.peers.noted(to, outcomes)
+        if change is None:
+            return
+        if change[0] == "down":
+            why = next(t for o, t in outcomes if o in (Outcome.UNREACHABLE, Outcome.UNKNOWN))
+            log.warning("bus: twin %s unreachable: %s", to, why)
+            return
+        log.warning("bus: twin %s reachable again after %.1fs", to, change[1])
+        self._gate.forget(lambda key: isinstance(key, tuple) and key[-1] == to)
+        for kind in Kind:  # what waited for the probe goes now
+            self._schedule((to, kind))
 
     def _count(self, item: Outbound, final: Judged) -> None:
         outcome, text = final
@@ -355,13 +363,20 @@ class Forwarder:
                 self._enqueue(heapq.heappop(self._delayed))
             wait = self._delayed[0].due - now if self._delayed else 1.0
             self._wake.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation
+            # that comes as the wake-up does (see pipeline.bus.tasks)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, min(wait, 1.0)))
+                async with asyncio.timeout(max(0.0, min(wait, 1.0))):
+                    await self._wake.wait()
 
     # --- one POST ------------------------------------------------------------
 
-    async def _send(self, to: int, kind: Kind, items: list[Outbound]) -> list[Judged] | None:
-        """Outcomes of ``items`` (in order) after one POST; None: resend them singly.
+    async def _send(
+        self, to: int, kind: Kind, items: list[Outbound]
+    ) -> tuple[list[Judged], list[Judged]] | None:
+        """Outcomes of ``items`` (in order) after one POST, and those of the items it
+        carried (what the peer said, or its silence: [] when none went); None: resend
+        them singly.
 
         The steps: set aside what expired, resolve the destination, frame and sign
         the body, POST it, classify the answer. Only :class:`~pipeline.errors.PostUnanswered` (no
@@ -370,11 +385,11 @@ class Forwarder:
         early = post.expired(items, time.time())
         live = [item for item, result in zip(items, early, strict=True) if result is None]
         if not live:
-            return [result for result in early if result is not None]
+            return [result for result in early if result is not None], []
         try:
             peer = await post.resolve(self._directory, to)
             if peer is None:
-                return [(Outcome.REFUSED, "destination not found")] * len(items)
+                return [(Outcome.REFUSED, "destination not found")] * len(items), []
             path = post.path_of(kind)
             body, headers = post.prepare(
                 live, src=self.twin, dst=to, path=path, signer=self._signer
@@ -382,13 +397,13 @@ class Forwarder:
             assert self._session is not None
             answer = await post.exchange(self._session, peer.url + path, body, headers)
         except PostUnanswered as exc:
-            return post.merge(early, [post.unanswered(exc)] * len(live))
-        return self._classify(to, early, live, answer)
+            heard = [post.unanswered(exc)] * len(live)
+            return post.merge(early, heard), heard
+        judged = self._classify(to, live, answer)
+        return None if judged is None else (post.merge(early, judged), judged)
 
-    def _classify(
-        self, to: int, early: list[Judged | None], live: list[Outbound], answer: post.Answer
-    ) -> list[Judged] | None:
-        """Every item's outcome after ``to`` answered; None when it refused a batch."""
+    def _classify(self, to: int, live: list[Outbound], answer: post.Answer) -> list[Judged] | None:
+        """The outcomes of the items ``to`` answered for; None when it refused a batch."""
         self.posts += 1
         if answer.batching:
             self._batching.add(to)
@@ -400,4 +415,4 @@ class Forwarder:
             return None
         judged = post.judge_answer(live, answer)
         self.sent += len(live)
-        return post.merge(early, judged)
+        return judged

@@ -18,7 +18,9 @@ body: see :mod:`pipeline.bus.signing`), and answer:
 404    not for this twin, or a reply whose uid is not in the backlog
 409    a request uid already seen (replay); the sender counts it as delivered
 410    the request expired
-503    Redis is unavailable, or the seen-uid memory is full (the sender retries)
+503    Redis is unavailable, the seen-uid memory is full, or the POST was signed
+       before this twin's replay memory began (it lost its data; see below):
+       not acted on, the sender retries (with a fresh signature)
 =====  ==========================================================
 
 A batch gets 200 with ``{"results": [[status, "error"], ...]}``, one entry
@@ -36,23 +38,34 @@ and ``exp`` the client put in the envelope. The memory holds at most
 legitimate resend (after the sender restarted) within the window gets 409,
 which the sender counts as delivered.
 
+The memory survives its own loss: it has an epoch (``msgbus.system.seen.epoch``,
+set when first used), and a POST (request or reply) signed before the epoch
+gets 503. A Redis that lost its data (a wipe, a restart without persistence)
+lost the epoch with the seen ids, and a missing epoch becomes "now": a copy of
+any POST signed before the loss is refused, since nothing proves it was not
+seen; the legitimate sender's retry is signed anew and passes. Unsigned
+(legacy) POSTs have no signed time to check.
+
 Only the short public text of an error is sent back; details are logged.
 
 Connections are bounded: at most ``max_connections`` at once (more are
 closed on arrival), and one that completes no request for ``idle_s`` seconds,
 first or next, is closed (aiohttp's keep-alive timer, which it also starts on
 connect); a request head is bounded by aiohttp (8190-byte lines, 128 headers),
-a body by ``max_size`` (413). Both connection bounds rest on aiohttp behaviour
+a body by ``max_size`` (413) and, as the head, by ``idle_s``: a body still
+arriving then gets 408 and its connection is closed (no lingering read). Both connection bounds rest on aiohttp behaviour
 it does not document: :mod:`pipeline.bus.aiohttp_adapter` holds that, pinned by
 a contract test; everything else here is aiohttp's public API.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.exceptions
 from aiohttp import web
@@ -60,11 +73,13 @@ from aiohttp import web
 from pipeline import keys
 from pipeline.bus import answers, envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
+from pipeline.bus.config import BusConfig
 from pipeline.bus.directory import Directory
 from pipeline.bus.post import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PATH, REPLY_PATH
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, SignatureError
+from pipeline.loggate import LogGate
 from pipeline.redisio import conn as redisconn
 
 log = logging.getLogger(__name__)
@@ -84,6 +99,33 @@ class Ingress:
     replay_window_s: float = 300.0
     idle_s: float = 30.0
     max_connections: int = 1024
+    #: What the endpoints count beyond the outcomes (``slow_bodies``), for ``/metrics``.
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @classmethod
+    def from_config(cls, config: BusConfig, directory: Directory, store: BusStore) -> Ingress:
+        """What the HTTP endpoints need, from a bus's config."""
+        return cls(
+            twin=config.twin,
+            directory=directory,
+            store=store,
+            legacy_peers=config.legacy_peers,
+            default_exp=config.default_exp_s,
+            max_exp=config.max_exp_s,
+            max_size=config.max_size,
+            replay_window_s=config.replay_window_s,
+            idle_s=config.http_idle_s,
+            max_connections=config.http_max_connections,
+        )
+
+
+class _Unsigned(float):
+    """The "signed time" of a legacy peer's unsigned POST: this bus's clock (no epoch check)."""
+
+
+def _signed_ms(sent: float) -> str:
+    """The signed time for the replay memory's epoch check ('' when unsigned)."""
+    return "" if isinstance(sent, _Unsigned) else str(round(sent * 1000))
 
 
 _OK = b'{"ok":true}'
@@ -117,7 +159,7 @@ async def _authenticate(
     now = time.time()
     if signature is None:
         if ing.legacy_peers:
-            return now
+            return _Unsigned(now)
         return 401, SignatureError.public_message
     if peer.verifier is None:
         return 401, "no public key for this twin"
@@ -141,6 +183,24 @@ async def _authenticate(
         log.warning("bus: POST from twin %s signed %.0fs away from now", src, sent_ms / 1000 - now)
         return 401, "signed time outside the clock window"
     return sent_ms / 1000
+
+
+#: Slow bodies: one line per interval however many peers trickle (each is counted).
+_SLOW = LogGate(log)
+
+
+async def _body(ing: Ingress, request: web.BaseRequest) -> bytes | Verdict:
+    """The body, which must arrive within ``idle_s`` as the head must; else the refusal
+    (408 for a body that trickled, after which the connection is closed)."""
+    try:
+        async with asyncio.timeout(ing.idle_s):
+            body = await read_body(request, ing.max_size + 4096)
+    except TimeoutError:
+        ing.counts["slow_bodies"] += 1
+        _SLOW.failed("slow", "bus: a request body took over %.0fs to arrive; closed "
+                     "(every one is counted in /metrics)", ing.idle_s)  # fmt: skip
+        return 408, "request body too slow"
+    return (413, "request body too large") if body is None else body
 
 
 async def read_body(request: web.BaseRequest, limit: int) -> bytes | None:
@@ -183,7 +243,7 @@ async def _queue_requests(
     # legacy unsigned peers get this bus's clock as their signed time.
     forget_at = sent + ing.replay_window_s + 1
     try:
-        results = await ing.store.accept_requests(pending, forget_at)
+        results = await ing.store.accept_requests(pending, forget_at, _signed_ms(sent))
     except (redis.exceptions.RedisError, OSError) as exc:
         _redis_failed(exc)
         results = [3] * len(pending)
@@ -234,10 +294,27 @@ def _accepted(ing: Ingress, result: int, env: envelope.Envelope, refusals: list[
     if result == 0:
         log.warning("bus: replayed request %s from twin %s refused", env.uid, env.src)
         return 409, "replayed request"
+    if result == STALE:
+        return _stale(env)
     if result < 0:
         log.error("bus: seen-uid memory full (%d); refusing for now", ing.store.max_seen)
         return 503, "busy"
     return 503, "redis unavailable"
+
+
+#: A store result: signed before the replay memory's epoch (see ``scripts.STALE``).
+STALE = -2
+
+
+def _stale(env: envelope.Envelope) -> Verdict:
+    """503 for a POST signed before this twin's replay memory began (it lost its data):
+    nothing proves it was not seen before, so it is not acted on. A legitimate sender
+    retries (503 means "not acted on") with a fresh signature, which passes."""
+    log.warning(
+        "bus: %s from twin %s signed before the replay memory began; refused",
+        env.uid, env.src,
+    )  # fmt: skip
+    return 503, "signed before this twin's replay memory began; sign it again"
 
 
 async def _queue_refusals(ing: Ingress, refusals: list[bytes]) -> None:
@@ -265,14 +342,16 @@ async def _deliver_replies(
     """Answer the callers of authenticated replies (all of one POST in one Lua step)."""
     try:
         results = await ing.store.deliver_replies(
-            [(env.uid, env.src, *answers.answer_parts(env)) for env in envs]
+            [(env.uid, env.src, *answers.answer_parts(env)) for env in envs], _signed_ms(sent)
         )
     except (redis.exceptions.RedisError, OSError) as exc:
         _redis_failed(exc)
         return [(503, "redis unavailable")] * len(envs)
     out: list[Verdict] = []
     for env, result in zip(envs, results, strict=True):
-        if result == 0:
+        if result == STALE:
+            out.append(_stale(env))
+        elif result == 0:
             log.warning("bus: reply %s from twin %s matches no request", env.uid, env.src)
             out.append((404, "unknown uid"))
         elif result < 0:
@@ -289,9 +368,9 @@ _Take = Callable[[Ingress, list[envelope.Envelope], float], Awaitable[list[Verdi
 
 async def _single(ing: Ingress, request: web.BaseRequest, take: _Take, *, reply: bool) -> Verdict:
     """The seed's POST: one envelope as the JSON body."""
-    body = await read_body(request, ing.max_size + 4096)
-    if body is None:
-        return 413, "request body too large"
+    body = await _body(ing, request)
+    if isinstance(body, tuple):
+        return body
     try:
         env = envelope.decode(body, reply=reply, max_size=ing.max_size)
     except EnvelopeError as exc:
@@ -310,9 +389,9 @@ async def _batch(
     ing: Ingress, request: web.BaseRequest, take: _Take, *, reply: bool
 ) -> web.Response:
     """Several envelopes, one per line, under one signature (see :mod:`pipeline.bus.forward`)."""
-    body = await read_body(request, ing.max_size + 4096)
-    if body is None:
-        return _respond((413, "request body too large"))
+    body = await _body(ing, request)
+    if isinstance(body, tuple):
+        return _respond(body)
     src_text = request.headers.get(TWIN_HEADER, "").strip()
     if not src_text.isdigit() or len(src_text) > 12:
         return _respond((400, f"a batch needs {TWIN_HEADER}"))
@@ -359,6 +438,11 @@ def build_server(ing: Ingress) -> web.Server:
         response.headers[BATCH_HEADER] = "1"  # this bus takes batch bodies
         return response
 
+    # lingering_time=0: a body left unread (too slow, too large) ends its connection at
+    # once, instead of aiohttp reading and dropping it for 10 more seconds
     return BoundedServer(
-        dispatch, max_connections=ing.max_connections, keepalive_timeout=ing.idle_s
+        dispatch,
+        max_connections=ing.max_connections,
+        keepalive_timeout=ing.idle_s,
+        lingering_time=0,
     )

@@ -59,10 +59,18 @@ def path_of(kind: Kind) -> str:
 
 
 def expired(items: list[Outbound], now: float) -> list[Judged | None]:
-    """``request expired`` for each item past its deadline; None for those still to send."""
-    return [
-        (Outcome.REFUSED, "request expired") if now >= item.deadline else None for item in items
-    ]
+    """The outcome of each item past its deadline; None for those still to send.
+
+    ``request expired`` for one never sent; one that expired while it waited to be
+    sent again keeps what its attempts said (unreachable, or maybe delivered: unknown).
+    """
+    return [None if now < item.deadline else _expired(item) for item in items]
+
+
+def _expired(item: Outbound) -> Judged:
+    if item.attempt == 0:
+        return Outcome.REFUSED, "request expired"
+    return (Outcome.UNKNOWN if item.maybe_delivered else Outcome.UNREACHABLE), item.last_error
 
 
 def merge(early: list[Judged | None], answers: list[Judged]) -> list[Judged]:

@@ -53,15 +53,18 @@ from redis.backoff import NoBackoff
 
 from pipeline import keys
 from pipeline.bus import answers, envelope
+from pipeline.bus import tasks as bustasks
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, bus_redis_url, reraise_if_cancelling
 from pipeline.bus.directory import Directory
 from pipeline.bus.forward import Forwarder
 from pipeline.bus.http import Ingress, build_server
+from pipeline.bus.lease import Lease, owner_id
 from pipeline.bus.outbound import Done, Final, Kind, Outbound, Outcome
 from pipeline.bus.queues import QueueHandlers
+from pipeline.bus.seat import Role, Seat
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
-from pipeline.errors import EnvelopeError
+from pipeline.errors import EnvelopeError, Fenced
 from pipeline.loggate import LogGate
 from pipeline.redisio import conn as redisconn
 from pipeline.redisio.durability import Durability
@@ -96,7 +99,7 @@ class BusProcess:
         self.store = BusStore(self.redis, max_seen=config.max_seen, max_item=config.max_size)
         self.directory = directory
         self.forwarder = _forwarder(config, directory, signer, done=self._forwarded)
-        self._ingress = _ingress(config, directory, self.store)
+        self.ingress = Ingress.from_config(config, directory, self.store)
         #: Redis errors of the loops: one line per loop and interval, one when it recovers.
         self._gate = LogGate(log)
         self.queues = QueueHandlers(
@@ -108,6 +111,9 @@ class BusProcess:
             durability=durability,
         )
         self._runner: web.ServerRunner | None = None
+        self._signer = signer
+        #: The twin's lease (made at start, once the port is known) and this bus's seat.
+        self.seat: Seat | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._stopped = False
@@ -117,49 +123,91 @@ class BusProcess:
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        """Serve HTTP, then become the twin's active bus or its standby (see :mod:`.seat`).
+
+        Returns once this bus is active, or once it knows it stands by. HTTP is
+        served in either role: what a peer POSTs is judged and written in one
+        atomic step whichever bus of the twin takes it.
+        """
         await self.redis.ping()
+        await self.store.start_epoch()
         self._tasks.append(asyncio.create_task(self.store.coalescer.run(), name="bus-coalescer"))
-        self._tasks.append(asyncio.create_task(self.forwarder.run(), name="bus-forwarder"))
-        await self._resend_pending()
         self._runner = web.ServerRunner(
-            build_server(self._ingress), access_log=None, shutdown_timeout=2.0
+            build_server(self.ingress), access_log=None, shutdown_timeout=2.0
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, reuse_address=True)
+        # reuse_port: a standby may listen on the active bus's own host:port
+        site = web.TCPSite(
+            self._runner, self.config.host, self.config.port, reuse_address=True, reuse_port=True
+        )
         await site.start()
         if self.config.port == 0:
             self.port = int(self._runner.addresses[0][1])
+        lease = Lease(
+            self.redis, ttl_s=self.config.twin_lease_s, owner=owner_id(self.config.host, self.port)
+        )
+        self.seat = Seat(twin=self.twin, lease=lease, store=self.store, activate=self._activate)
+        self._tasks.append(asyncio.create_task(self.seat.run(), name="bus-seat"))
+        seated = asyncio.create_task(self.seat.seated.wait())
+        await asyncio.wait([seated, self._tasks[-1]], return_when=asyncio.FIRST_COMPLETED)
+        seated.cancel()
+        if self._tasks[-1].done():
+            self._tasks[-1].result()  # it failed (Redis away): surfaces the failure
+        log.info("bus: twin %s listening on %s:%s", self.twin, self.config.host, self.port)
+
+    @property
+    def role(self) -> str:
+        """``active``, ``standby`` or ``starting``."""
+        return self.seat.role.value if self.seat is not None else Role.STARTING.value
+
+    async def _activate(self) -> list[asyncio.Task[None]]:
+        """The active part: resend what is pending, then the loops and the scrubber."""
+        previous = self.forwarder
+        self.forwarder = _forwarder(self.config, self.directory, self._signer, done=self._forwarded)
+        self.forwarder.outcomes, self.forwarder.retried = previous.outcomes, previous.retried
+        self.queues.forwarder = self.forwarder
+        tasks = [asyncio.create_task(self.forwarder.run(), name="bus-forwarder")]
+        try:
+            await self._resend_pending()
+        except BaseException:
+            tasks[0].cancel()
+            raise
         for name, queue, handle in (
             ("local", keys.BUS_LOCAL, self.queues.local),
             ("remote", keys.BUS_REMOTE, self.queues.remote),
             ("reply", keys.BUS_REPLY, self.queues.reply),
         ):
-            self._tasks.append(
-                asyncio.create_task(self._loop(queue, handle), name=f"bus-{name}-loop")
-            )
-        self._tasks.append(asyncio.create_task(self._scrubber(), name="bus-scrubber"))
-        log.info("bus: twin %s listening on %s:%s", self.twin, self.config.host, self.port)
+            tasks.append(asyncio.create_task(self._loop(queue, handle), name=f"bus-{name}-loop"))
+        tasks.append(asyncio.create_task(self._scrubber(), name="bus-scrubber"))
+        return tasks
+
+    def _fenced(self, exc: Fenced) -> None:
+        if self.seat is not None:
+            self.seat.lost(str(exc))
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """Stop accepting HTTP, cancel the loops; queued and pending work stays in Redis."""
+        """Stop accepting HTTP, end every task, give the lease up; queued and pending work
+        stays in Redis (the standby, or this bus started again, takes it up at once)."""
         if self._stopped:
             return
         self._stopped = True
+        if self.seat is not None:
+            self.seat.close()  # no takeover, no renewal from now on
         if self._runner is not None:
             try:
                 await asyncio.wait_for(self._runner.cleanup(), grace_s)
             except TimeoutError:
                 log.error("bus: HTTP requests still running after %.1fs; stopping anyway", grace_s)
-        for task in self._tasks:
-            task.cancel()
-        # none yet when stopped while it waited for Redis at start (asyncio.wait refuses
-        # an empty set)
-        _, pending = await asyncio.wait(self._tasks, timeout=grace_s) if self._tasks else ((), ())
-        for task in self._tasks:
+        # the active part's tasks with the seat's: the seat's own wait for them may be cut short
+        tasks = [*self._tasks, *(self.seat.tasks if self.seat is not None else [])]
+        pending = await bustasks.end(tasks, grace_s)
+        for task in tasks:
             if task in pending:
                 log.error("bus: task %s did not stop in %.1fs", task.get_name(), grace_s)
             elif not task.cancelled() and task.exception() is not None:
                 log.error("bus: task %s failed: %r", task.get_name(), task.exception())
+        if self.seat is not None:
+            await self.seat.release(ended=not pending)
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
 
@@ -179,6 +227,7 @@ class BusProcess:
         # The flag also ends the loop within one BLMOVE wait should a cancellation be lost
         # inside the Redis client.
         while not self._stopped:
+            redisconn.checkpoint()  # a cancellation that a Redis call dropped (see .tasks)
             try:
                 if recover:
                     batch = []  # (a failed transaction's claims are in the inflight list)
@@ -197,6 +246,9 @@ class BusProcess:
                 batch = await handle(batch, batch_size)
                 pause = 0.1
                 self._gate.ended(queue, "bus: %s loop: redis works again", queue)
+            except Fenced as exc:
+                self._fenced(exc)
+                return
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 recover = True
@@ -235,6 +287,8 @@ class BusProcess:
             return True
         try:
             await handle([item], 0)
+        except Fenced:
+            raise
         except REDIS_ERRORS:
             if len(self._blips) < 64:
                 self._blips.add(digest)
@@ -273,6 +327,8 @@ class BusProcess:
             request = envelope.load_trusted(item.body)
             fail = answers.error_reply(request, text, about=item.to, me=self.twin)
             await self.store.finish(item.uid, request.ret, fail.encode())
+        except Fenced as exc:
+            self._fenced(exc)
         except EnvelopeError:
             log.error("bus: corrupt pending request %s; the scrubber sets it aside", item.id)
         except REDIS_ERRORS:
@@ -321,9 +377,13 @@ class BusProcess:
     async def _scrubber(self) -> None:
         while not self._stopped:
             await asyncio.sleep(self.config.scrub_interval_s)
+            redisconn.checkpoint()
             try:
                 await self.scrub(time.time())
                 self._gate.ended("scrubber", "bus: scrubber: redis works again")
+            except Fenced as exc:
+                self._fenced(exc)
+                return
             except REDIS_ERRORS as exc:
                 reraise_if_cancelling(exc)
                 self.redis_errors += 1
@@ -337,7 +397,7 @@ class BusProcess:
         answered = 0
         if uids:
             originals = await self.store.backlog(uids)
-            async with self.redis.pipeline(transaction=False) as pipe:
+            async with self.store.fenced() as pipe:
                 for uid, original in zip(uids, originals, strict=True):
                     if original is None:
                         pipe.zrem(keys.bus_expiry(), uid)
@@ -386,20 +446,4 @@ def _forwarder(
         max_batch_bytes=config.max_size,
         retry_base_s=config.retry_base_s,
         retry_max_s=config.retry_max_s,
-    )
-
-
-def _ingress(config: BusConfig, directory: Directory, store: BusStore) -> Ingress:
-    """What the HTTP endpoints need to judge an incoming envelope, from the config."""
-    return Ingress(
-        twin=config.twin,
-        directory=directory,
-        store=store,
-        legacy_peers=config.legacy_peers,
-        default_exp=config.default_exp_s,
-        max_exp=config.max_exp_s,
-        max_size=config.max_size,
-        replay_window_s=config.replay_window_s,
-        idle_s=config.http_idle_s,
-        max_connections=config.http_max_connections,
     )

@@ -10,7 +10,9 @@
   (once: see :meth:`BusStore.finish`); one for another twin to the outbox.
 
 Each batch ends in one MULTI transaction that also releases the batch from
-the queue's inflight list, so a crash replays a batch rather than losing it.
+the queue's inflight list, so a crash replays a batch rather than losing it;
+the transaction is fenced (:meth:`BusStore.fenced`): a bus that lost its lease
+to another writes nothing.
 Nothing one message holds can fail the batch: pushes to client-named keys
 are type-checked in Lua (see :class:`BusStore`), and what cannot be answered
 or delivered goes to the dead-letter list (:mod:`pipeline.bus.dead`) with
@@ -108,7 +110,7 @@ class QueueHandlers:
                 await self._route(env, now, plan)
         for env, expires, dst in plan.routed:
             await self._stamp(env, expires, dst, plan)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.store.fenced() as pipe:
             await self._record_local_in(pipe, plan)
             self.store.release(pipe, keys.BUS_LOCAL, len(batch), claim_next)
             results = await pipe.execute()
@@ -220,7 +222,7 @@ class QueueHandlers:
             else:
                 log.warning("bus: entry of %s without a valid cmd set aside", keys.BUS_REMOTE)
                 unreadable.append(raw)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.store.fenced() as pipe:
             if pushes:
                 await self.store.push_in(pipe, "request not delivered", pushes)
             for raw in unreadable:
@@ -268,7 +270,7 @@ class QueueHandlers:
                 plan.outbound.append(self._outbound_reply(env, now))
         uids = [env.uid for env in plan.mine] + [uid for uid, _ in plan.invalid]
         originals = await self.store.backlog(uids)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.store.fenced() as pipe:
             await self._answer_in(pipe, plan.mine, originals)
             await self._fail_in(pipe, plan.invalid, originals[len(plan.mine) :])
             for reason, raw in plan.unanswerable:

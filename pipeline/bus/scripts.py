@@ -52,6 +52,33 @@ end
 return items
 """
 
+# KEYS: fence, staging, queue, inflight. ARGV: token, count, longest item returned. The
+# fenced half of a claim (see BusStore.wait_claim): when the fencing token is still this
+# bus's, moves what the staging list holds (the item its BLMOVE took, and any a bus that
+# lost the lease took after it lost it), and up to count more items of the queue, to the
+# inflight list and returns them (cut like CLAIM's); else an error FENCED and nothing
+# moves (the owner's next claim takes what is in the staging list, first).
+FENCED_CLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED the lease of this bus was taken over')
+end
+local items = redis.call('LRANGE', KEYS[2], 0, -1)
+if #items == 0 then return {} end
+redis.call('DEL', KEYS[2])
+local more = tonumber(ARGV[2]) > 0 and redis.call('LPOP', KEYS[3], ARGV[2])
+if more then
+  for i = 1, #more do items[#items + 1] = more[i] end
+end
+redis.call('RPUSH', KEYS[4], unpack(items))
+local limit = tonumber(ARGV[3])
+for i = 1, #items do
+  if #items[i] > limit then
+    items[i] = string.sub(items[i], 1, limit) .. string.sub(items[i], -4096)
+  end
+end
+return items
+"""
+
 # KEYS: inflight. ARGV: count, longest item returned. The first items, cut like CLAIM's.
 PEEK = """
 local items = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
@@ -64,19 +91,44 @@ end
 return items
 """
 
-# KEYS: seen. ARGV: expiry score, most seen ids, then the msgpack array of (seen id,
+# stale(epoch key, signed ms): whether a POST signed at ``signed ms`` ('' for an unsigned
+# legacy peer: never) predates the replay memory (the seen set). The memory's epoch is
+# set when it is first used; a Redis that lost its data lost the epoch with it, and a
+# missing epoch becomes now: a copy of a POST signed before then is refused (-2), since
+# nothing proves it was not seen before the loss.
+STALE = """
+local function stale(epoch_key, signed)
+  if signed == '' then return false end
+  local epoch = tonumber(redis.call('GET', epoch_key))
+  if not epoch then
+    local t = redis.call('TIME')
+    epoch = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', epoch_key, string.format('%.0f', epoch))
+  end
+  return tonumber(signed) < epoch
+end
+"""
+
+# KEYS: seen, epoch. ARGV: expiry score, most seen ids, then the msgpack array of (seen id,
 # handler queue, body) triples, flat: the requests of one POST in one step, each straight
 # to its handler's queue (one packed argument: redis-py packs each argument in Python,
 # several microseconds per envelope; see pipeline.bus.store._packed).
+# ARGV[4]: the POST's signed time in ms (see STALE).
 # Per triple: 1 queued, 0 replayed (also a second copy in the same call), -1 the seen
 # set is full (the sender retries later), 2 set aside (the handler's queue is not a
-# list: the body is in the dead-letter list and the id is remembered).
+# list: the body is in the dead-letter list and the id is remembered), -2 signed
+# before the replay memory's epoch.
 ACCEPT_REQUESTS = (
     PUSH_OR_BURY
+    + STALE
     + """
 local most = tonumber(ARGV[2])
 local a = cmsgpack.unpack(ARGV[3])
 local out = {}
+if stale(KEYS[2], ARGV[4]) then
+  for i = 1, #a - 2, 3 do out[#out + 1] = -2 end
+  return out
+end
 local size = redis.call('ZCARD', KEYS[1])  -- once per call: each ZADD below adds one id
 for i = 1, #a - 2, 3 do
   if size >= most then
@@ -92,12 +144,14 @@ return out
 """
 )
 
-# KEYS: backlog, expiry. ARGV: the msgpack array of (uid, sender twin, answer head, answer
-# tail) quadruples, flat: the replies of one POST in one step. The answer to the caller is
-# head .. <the request's ret as a JSON string> .. tail. Per reply: 1 answered, 0 uid
-# not in backlog (or already answered), -1 the request was sent to another twin.
+# KEYS: backlog, expiry, epoch. ARGV: the msgpack array of (uid, sender twin, answer head,
+# answer tail) quadruples, flat: the replies of one POST in one step; the POST's signed
+# time in ms (see STALE). The answer to the caller is head .. <the request's ret as a
+# JSON string> .. tail. Per reply: 1 answered, 0 uid not in backlog (or already
+# answered), -1 the request was sent to another twin, -2 signed before the epoch.
 DELIVER_REPLIES = (
     PUSH_OR_BURY
+    + STALE
     + """
 local function deliver(uid, sender, head, tail)
   local entry = redis.call('HGET', KEYS[1], uid)
@@ -125,6 +179,10 @@ local function deliver(uid, sender, head, tail)
 end
 local a = cmsgpack.unpack(ARGV[1])
 local out = {}
+if stale(KEYS[3], ARGV[2]) then
+  for i = 1, #a - 3, 4 do out[#out + 1] = -2 end
+  return out
+end
 for i = 1, #a - 3, 4 do
   out[#out + 1] = deliver(a[i], a[i + 1], a[i + 2], a[i + 3])
 end
@@ -132,10 +190,12 @@ return out
 """
 )
 
-# KEYS: backlog, expiry, outbox. ARGV: uid, ret, answer, outbox id.
+# KEYS: backlog, expiry, outbox, fence. ARGV: uid, ret, answer, outbox id, fencing token
+# ('' for none). 1 answered, 0 already answered, -1 refused: the token is not the fence's.
 FINISH = (
     PUSH_OR_BURY
     + """
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then return -1 end
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ARGV[4] ~= '' then redis.call('HDEL', KEYS[3], ARGV[4]) end
@@ -177,9 +237,11 @@ end
 return #a / 2
 """
 
-# KEYS: inflight, dead, attempts. ARGV: dead entry, attempts field. Sets aside the
-# first inflight item (the one the entry is about) in one step.
+# KEYS: inflight, dead, attempts, fence. ARGV: dead entry, attempts field, fencing token
+# ('' for none). Sets aside the first inflight item (the one the entry is about) in one
+# step; 0 and nothing done when the token is not the fence's.
 BURY_HEAD = f"""
+if ARGV[3] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[3] then return 0 end
 redis.call('LPUSH', KEYS[2], ARGV[1])
 redis.call('LTRIM', KEYS[2], 0, {dead.LIST_MAX - 1})
 redis.call('LPOP', KEYS[1])

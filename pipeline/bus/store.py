@@ -17,7 +17,8 @@ The scripts themselves, with their KEYS and ARGV, are :mod:`pipeline.bus.scripts
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -25,9 +26,10 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from pipeline import keys
-from pipeline.bus import dead, scripts
+from pipeline.bus import dead, lease, scripts
 from pipeline.bus.coalesce import Coalescer
-from pipeline.errors import NotReplicated
+from pipeline.bus.lease import FENCE
+from pipeline.errors import Fenced, NotReplicated
 from pipeline.redisio.durability import Durability
 
 
@@ -42,6 +44,9 @@ def _packed(values: Sequence[str | bytes]) -> bytes:
 
 
 _PACK = msgspec.msgpack.Encoder().encode
+
+#: When the replay memory (the seen set) began, in ms (see ``scripts.STALE``).
+SEEN_EPOCH = "msgbus.system.seen.epoch"
 
 #: Attempt counts outlive no restart loop: the hash expires a day after its last write.
 ATTEMPTS_TTL_S = 86400
@@ -59,7 +64,11 @@ class BusStore:
         self.max_item = max_item
         #: Single commands from concurrent callers go through here; run it as a task.
         self.coalescer = Coalescer(client, reload=self._load_scripts)
+        #: The fencing token of the lease this bus holds ('' when it holds none or runs
+        #: without one): the claims, batch transactions and answers check it.
+        self.token = ""
         self._claim = client.register_script(scripts.CLAIM)
+        self._fenced_claim = client.register_script(scripts.FENCED_CLAIM)
         self._peek = client.register_script(scripts.PEEK)
         self._accept_requests = client.register_script(scripts.ACCEPT_REQUESTS)
         self._finish = client.register_script(scripts.FINISH)
@@ -69,7 +78,12 @@ class BusStore:
 
     async def _load_scripts(self) -> None:
         """Load the scripts the coalescer runs by EVALSHA (after Redis lost its script cache)."""
-        for script in (self._accept_requests, self._deliver_replies, self._finish):
+        for script in (
+            self._accept_requests,
+            self._deliver_replies,
+            self._finish,
+            self._fenced_claim,
+        ):
             await self.redis.script_load(script.script)
 
     async def replicated(self, durability: Durability) -> NotReplicated | None:
@@ -89,6 +103,31 @@ class BusStore:
             return NotReplicated(f"replication mark failed: {marked!r}")
         return durability.check(acks)
 
+    @contextlib.asynccontextmanager
+    async def fenced(self) -> AsyncIterator[Any]:
+        """A MULTI pipeline that writes only while this bus's token is the fence's.
+
+        With a token: ``WATCH`` the fence, read it (:class:`Fenced` when it is not
+        the token), then ``MULTI``; an ``EXEC`` after another bus took the lease is
+        discarded by Redis and raises :class:`Fenced`. Without one, a plain MULTI.
+        """
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if self.token:
+                await pipe.watch(FENCE)
+                current = await pipe.get(FENCE)
+                if current != self.token.encode():
+                    raise Fenced(f"fencing token {self.token} superseded by {current!r}")
+                pipe.multi()  # type: ignore[no-untyped-call]
+            try:
+                yield pipe
+            except redis.exceptions.WatchError as exc:
+                raise Fenced(f"the lease of token {self.token} was taken over") from exc
+
+    async def start_epoch(self) -> None:
+        """Begin the replay memory's epoch now unless it has one (see ``scripts.STALE``):
+        at start, so that POSTs signed after it are not refused on first contact."""
+        await self.redis.eval(scripts.STALE + "stale(KEYS[1], '0')", 1, SEEN_EPOCH)
+
     async def wait_claim(self, queue: str, block_s: int, count: int) -> list[bytes]:
         """Block up to ``block_s`` seconds for one item, then claim up to ``count - 1`` more.
 
@@ -98,6 +137,8 @@ class BusStore:
         it): at most one oversized item is in the bus's memory at a time, bounded
         by Redis's ``proto-max-bulk-len``; the others are cut like :meth:`claim`'s.
         """
+        if self.token:
+            return await self._wait_claim_fenced(queue, block_s, count)
         inflight = keys.bus_inflight(queue)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.blmove(queue, inflight, block_s, "LEFT", "RIGHT")
@@ -118,6 +159,29 @@ class BusStore:
         elif isinstance(more, BaseException):
             raise more  # the first item is in the inflight list: the loop recovers it
         return [cast(bytes, first), *cast(list[bytes], more)]
+
+    async def _wait_claim_fenced(self, queue: str, block_s: int, count: int) -> list[bytes]:
+        """:meth:`wait_claim` of a lease holder: the BLMOVE (which no script can run)
+        moves the first item to the queue's staging list; a script moves it on to the
+        inflight list, with up to ``count - 1`` more, only while the token is the
+        fence's. Same one round trip; what a bus that lost the lease claimed stops in
+        the staging list, and the owner's next claim (within ``block_s``) takes it."""
+        staging = lease.staging(queue)
+        names = [FENCE, staging, queue, keys.bus_inflight(queue)]
+        args: list[str | int] = [self.token, count - 1, self.max_item + 1]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.blmove(queue, staging, block_s, "LEFT", "RIGHT")
+            pipe.evalsha(self._fenced_claim.sha, 4, *names, *args)
+            first, items = await pipe.execute(raise_on_error=False)
+        if isinstance(first, BaseException):
+            raise first
+        if isinstance(items, redis.exceptions.NoScriptError):
+            items = await self._fenced_claim(keys=names, args=args)
+        elif isinstance(items, redis.exceptions.ResponseError) and "FENCED" in str(items):
+            raise Fenced(str(items))
+        elif isinstance(items, BaseException):
+            raise items  # the first item is in the staging list: the next claim takes it
+        return cast(list[bytes], items)
 
     async def claim(self, queue: str, count: int) -> list[bytes]:
         """Move up to ``count`` more items from ``queue`` to its inflight list."""
@@ -157,17 +221,19 @@ class BusStore:
         flat = [value for item in items for value in item]
         pipe.eval(scripts.HSET, 1, keys.bus_outbox(), _packed(flat))
 
-    async def accept_request(self, seen_id: str, forget_at: float, queue: str, body: bytes) -> int:
+    async def accept_request(
+        self, seen_id: str, forget_at: float, queue: str, body: bytes, signed_ms: str = ""
+    ) -> int:
         """RPUSH a request from a peer to ``queue`` unless ``seen_id`` was seen (until ``forget_at``).
 
         1 queued, 0 a replay, -1 the seen set holds ``max_seen`` ids already, 2 set
         aside because ``queue`` is not a list (see :meth:`accept_requests`).
         """
-        [result] = await self.accept_requests([(seen_id, queue, body)], forget_at)
+        [result] = await self.accept_requests([(seen_id, queue, body)], forget_at, signed_ms)
         return result
 
     async def accept_requests(
-        self, requests: Sequence[tuple[str, str, bytes]], forget_at: float
+        self, requests: Sequence[tuple[str, str, bytes]], forget_at: float, signed_ms: str = ""
     ) -> list[int]:
         """:meth:`accept_request` for ``(seen id, queue, body)`` triples, in one Redis step.
 
@@ -180,11 +246,10 @@ class BusStore:
         flat: list[str | bytes] = []
         for seen_id, queue, body in requests:
             flat += [seen_id, queue, body]
-        args = [forget_at, self.max_seen, _packed(flat)]
+        args = [forget_at, self.max_seen, _packed(flat), signed_ms]
         sha = self._accept_requests.sha
-        result = await self.coalescer.call(
-            lambda pipe: pipe.evalsha(sha, 1, keys.bus_seen(), *args)
-        )
+        seen = [keys.bus_seen(), SEEN_EPOCH]
+        result = await self.coalescer.call(lambda pipe: pipe.evalsha(sha, 2, *seen, *args))
         return [int(r) for r in result]
 
     async def push_in(self, pipe: Any, why: str, pushes: Sequence[tuple[str, bytes]]) -> None:
@@ -221,10 +286,12 @@ class BusStore:
     async def bury_head(self, queue: str, digest: str, item: bytes, why: str, tries: int) -> None:
         """Move the first inflight item of ``queue`` (``item``) to the dead-letter list."""
         entry = dead.entry(queue, why, item, attempts=tries)
-        await self._bury_head(
-            keys=[keys.bus_inflight(queue), keys.bus_dead(), keys.bus_attempts()],
-            args=[entry, f"{queue}:{digest}"],
+        done = await self._bury_head(
+            keys=[keys.bus_inflight(queue), keys.bus_dead(), keys.bus_attempts(), FENCE],
+            args=[entry, f"{queue}:{digest}", self.token],
         )
+        if not int(done):
+            raise Fenced(f"set-aside refused: the lease of token {self.token} was taken over")
 
     def bury_in(self, pipe: Any, queue: str, why: str, item: bytes) -> None:
         """Queue setting ``item`` aside into ``pipe`` (with the batch that read it)."""
@@ -242,8 +309,11 @@ class BusStore:
         [result] = await self.deliver_replies([(uid, sender, head, tail)])
         return result
 
-    async def deliver_replies(self, replies: Sequence[tuple[str, int, bytes, bytes]]) -> list[int]:
-        """:meth:`deliver_reply` for ``(uid, sender, head, tail)`` tuples, in one Redis step."""
+    async def deliver_replies(
+        self, replies: Sequence[tuple[str, int, bytes, bytes]], signed_ms: str = ""
+    ) -> list[int]:
+        """:meth:`deliver_reply` for ``(uid, sender, head, tail)`` tuples, in one Redis step
+        (-2 each when ``signed_ms`` predates the replay memory's epoch)."""
         if not replies:
             return []
         flat: list[str | bytes] = []
@@ -251,8 +321,9 @@ class BusStore:
             flat += [uid, str(sender), head, tail]
         packed = _packed(flat)
         sha = self._deliver_replies.sha
+        names = [keys.BUS_BACKLOG, keys.bus_expiry(), SEEN_EPOCH]
         result = await self.coalescer.call(
-            lambda pipe: pipe.evalsha(sha, 2, keys.BUS_BACKLOG, keys.bus_expiry(), packed)
+            lambda pipe: pipe.evalsha(sha, 3, *names, packed, signed_ms)
         )
         return [int(r) for r in result]
 
@@ -261,21 +332,21 @@ class BusStore:
     ) -> None:
         """Queue a :meth:`finish` into a pipeline."""
         await self._finish(
-            keys=[keys.BUS_BACKLOG, keys.bus_expiry(), keys.bus_outbox()],
-            args=[uid, ret, answer, outbox_id],
+            keys=[keys.BUS_BACKLOG, keys.bus_expiry(), keys.bus_outbox(), FENCE],
+            args=[uid, ret, answer, outbox_id, self.token],
             client=pipe,
         )
 
     async def finish(self, uid: str, ret: str, answer: bytes, outbox_id: str = "") -> bool:
-        """Push ``answer`` to ``ret`` and drop the backlog entry, unless it is already answered."""
+        """Push ``answer`` to ``ret`` and drop the backlog entry, unless it is already answered
+        (or this bus lost its lease: :class:`Fenced`)."""
         sha = self._finish.sha
-        args = [uid, ret, answer, outbox_id]
-        result = await self.coalescer.call(
-            lambda pipe: pipe.evalsha(
-                sha, 3, keys.BUS_BACKLOG, keys.bus_expiry(), keys.bus_outbox(), *args
-            )
-        )
-        return int(result) == 1
+        args = [uid, ret, answer, outbox_id, self.token]
+        names = [keys.BUS_BACKLOG, keys.bus_expiry(), keys.bus_outbox(), FENCE]
+        result = int(await self.coalescer.call(lambda pipe: pipe.evalsha(sha, 4, *names, *args)))
+        if result < 0:
+            raise Fenced(f"answer to {uid} refused: the lease of token {self.token} was taken over")
+        return result == 1
 
     async def backlog(self, uids: Sequence[str]) -> list[bytes | None]:
         if not uids:

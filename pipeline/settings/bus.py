@@ -48,6 +48,8 @@ class BusSettings:
     max_pending: PositiveInt = 10_000
     #: Size of the bus's Redis connection pool.
     redis_connections: PositiveInt = 32
+    #: The twin's lease: a standby takes over this long after the active bus stopped renewing.
+    twin_lease_s: PositiveFloat = 4.0
 
     def __post_init__(self) -> None:
         check(self)

@@ -50,3 +50,14 @@ def test_dead_and_register_with_redis_down_are_one_line(capsys):
 def test_dead_with_nothing_set_aside_says_so_in_one_line(redis_url, capsys):
     assert cli.main(["dead", "--redis", redis_url]) == 0
     assert capsys.readouterr().out == "no dead letters: the bus set nothing aside\n"
+
+
+@pytest.mark.parametrize(
+    "command", [["dead"], ["requeue", "--all"], ["register", "--twin", "7", "--url", "http://x"]]
+)
+def test_subcommands_refuse_a_cluster_url_in_one_line(command):
+    """Issue 31, item 4: a 60-line traceback for redis+cluster:// before; the bus's own line now."""
+    url = "redis+cluster://127.0.0.1:1/0"  # refused before any connection is tried
+    with pytest.raises(ConfigError, match=r"not redis\+cluster://$") as refused:
+        cli.main([*command, "--redis", url])
+    assert "\n" not in str(refused.value)

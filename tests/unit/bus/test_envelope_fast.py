@@ -83,7 +83,7 @@ values = st.one_of(
 )
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     changes=st.dictionaries(st.sampled_from(list(usual()) + ["extra"]), values, max_size=4),
     dropped=st.sets(st.sampled_from(list(usual())), max_size=3),
@@ -101,7 +101,7 @@ def test_decode_equals_the_general_path_whatever_the_fields(changes, dropped, as
         assert decoded(raw, **mode) == general(raw, **mode)
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     at=st.integers(min_value=0, max_value=400),
     chunk=st.binary(min_size=1, max_size=16),

@@ -161,21 +161,21 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_fuzz_arbitrary_bytes(data):
     decodes_or_refuses(data)
     decodes_or_refuses(data, reply=True)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=12), st.booleans())
 def test_fuzz_field_values(fields, reply):
     data = json.dumps({**doc(), **fields}).encode()
     decodes_or_refuses(data, reply=reply)
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(min_size=1, max_size=64), st.integers(0, 300))
 def test_fuzz_mutated_envelopes(chunk, at):
     base = raw()
@@ -184,7 +184,7 @@ def test_fuzz_mutated_envelopes(chunk, at):
     decodes_or_refuses(base[:at] + chunk)
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(0, 2**70), st.integers(0, 2**70))
 def test_deadline_is_bounded_whatever_now_and_exp(now, exp):
     env = envelope.Envelope(cmd="a", dst=[1], ret="r", now=min(now, MAX_INT), exp=min(exp, MAX_INT))
@@ -216,7 +216,7 @@ _text = st.text(max_size=40)  # any code point: quotes, controls, non-ASCII, sur
 _int = st.integers(min_value=0, max_value=MAX_INT)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     fields=st.fixed_dictionaries(
         {
@@ -251,7 +251,7 @@ def test_encode_with_changed_fields_is_the_changed_copy_as_json_dumps_writes_it(
     assert json.loads(env.encode(**changes)) == wanted
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),

@@ -132,3 +132,23 @@ def test_a_lane_pumped_while_the_group_stops_keeps_its_items(recwarn):
     lane = fwd._lanes[(1002, Kind.REQUEST)]
     assert [i.id for i in lane.queue] == ["req:1"] and lane.inflight == 0
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], recwarn.list
+
+
+def test_an_item_that_expired_waiting_to_be_sent_again_keeps_what_its_attempts_said():
+    from pipeline.bus.outbound import Outcome
+    from pipeline.bus.post import expired
+
+    def item(attempt: int, maybe: bool) -> Outbound:
+        return Outbound(
+            due=0.0, id="req:1002.5", kind=Kind.REQUEST, to=1002, body=b"{}", deadline=10.0,
+            tries=4, uid="1002.5", attempt=attempt, last_error="no answer: refused",
+            maybe_delivered=maybe,
+        )  # fmt: skip
+
+    items = [item(0, False), item(2, False), item(2, True)]
+    assert expired(items, 9.0) == [None, None, None]
+    assert expired(items, 10.0) == [
+        (Outcome.REFUSED, "request expired"),  # never sent
+        (Outcome.UNREACHABLE, "no answer: refused"),  # never reached the peer
+        (Outcome.UNKNOWN, "no answer: refused"),  # may have reached it
+    ]
