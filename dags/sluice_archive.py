@@ -4,9 +4,11 @@ Each run owns exactly its data interval: one lake job archives every stream
 (``archive_streams``), each stream's task reports its result (``archive``),
 chain streams are marked canonical, Redis is trimmed below what ``archive_log``
 proves archived, and the lake Asset is emitted; every step is idempotent.
-Schedule ``SLUICE_ARCHIVE_CRON`` (UTC), one run at a time, unpaused. How it
-runs, backfills and retries: docs/guide/lake.md; the measurements behind its
-shape: docs/benchmarks.md.
+Schedule ``SLUICE_ARCHIVE_CRON`` (UTC), two runs at a time (a manual run starts
+beside the scheduled one), unpaused; every task runs in the ``sluice_archive``
+pool (plugins/sluice_pools.py), so the other DAGs always find an executor
+slot. How it runs, backfills and retries: docs/guide/lake.md; the pool:
+docs/operations/airflow.md; the measurements behind its shape: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from sluice_lake_operator import (
     StreamArchiveOperator,
     TrimStreamsOperator,
 )
+from sluice_pools import ARCHIVE_POOL, WEIGHT_RULE
 
 _settings = load_settings()
+#: Runs of the DAG at once, backfill runs aside (a backfill has its own ``max_active_runs``).
+MAX_ACTIVE_RUNS = 2
 
 
 # The tasks that run Python here; the DAG below wires them to the lake job operators.
@@ -76,9 +81,15 @@ def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str
     schedule=CronDataIntervalTimetable(_settings.lake.archive_cron, timezone="UTC"),
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
-    max_active_runs=1,
+    # Two: an API-triggered run starts beside the scheduled one instead of queueing
+    # behind it. When the schedule overruns, the next scheduled run starts beside it:
+    # harmless, each stream's steps are planned under its lock after the other run's
+    # commits, so no interval is archived twice (docs/guide/lake.md).
+    max_active_runs=MAX_ACTIVE_RUNS,
     is_paused_upon_creation=False,
-    default_args=default_args(_settings),
+    # The pool bounds all runs' tasks together (backfills too), below the executor's slots;
+    # in it manual runs go first, then scheduled ones, then backfills (plugins/sluice_pools.py).
+    default_args={**default_args(_settings), "pool": ARCHIVE_POOL, "weight_rule": WEIGHT_RULE},
     tags=["sluice", "lake"],
     doc_md=__doc__,
 )
@@ -95,11 +106,9 @@ def sluice_archive() -> None:
     names = streams()
     # One job for every stream (a retry of it skips what it archived already), then
     # each stream's result; a stream that failed in the job is archived by its task.
-    shared = ArchiveStreamsOperator(
-        task_id="archive_streams",
-        streams=names,
-        max_active_tis_per_dag=_settings.lake.archive_parallelism,
-    )
+    # Bounded by the pool and the runs, not across runs: a backfill's runs go beside the
+    # scheduled one (each stream's archive lock keeps their writes apart).
+    shared = ArchiveStreamsOperator(task_id="archive_streams", streams=names)
     archived = archive.expand(stream=names)
     shared >> archived
     marked = canonical.expand(stream=chain_streams(cast(Any, names)))

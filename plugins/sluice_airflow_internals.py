@@ -4,7 +4,9 @@ Airflow's public interface for plugins is ``airflow.sdk``, ``AirflowPlugin``
 and the timetables; the coverage view needs three things that are not in it:
 the metadata database's DAG runs and XComs (``airflow.models``,
 ``airflow.utils.session``), the UI's base URL (``airflow.configuration``) and
-the core API's own access check (``airflow.api_fastapi``). They are behind the
+the core API's own access check (``airflow.api_fastapi``); the pools plugin needs
+the pool table, ``[core] parallelism`` and the (experimental) priority weight
+strategy interface (``airflow.task.priority_strategy``). They are behind the
 functions here, which take and return plain values, so an Airflow upgrade
 that moves them breaks this module alone, and
 ``tests/integration/airflow_view/test_airflow_internals.py`` checks each
@@ -21,7 +23,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-__all__ = ["DagRunRow", "authorize_dag_runs", "db_errors", "read_runs", "ui_base_url"]
+__all__ = [
+    "DagRunRow",
+    "authorize_dag_runs",
+    "db_errors",
+    "downstream_weight",
+    "ensure_pool",
+    "executor_parallelism",
+    "priority_strategy_base",
+    "read_runs",
+    "ui_base_url",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,3 +126,50 @@ async def authorize_dag_runs(request: Any, credentials: Any, dag_id: str) -> Non
     check = requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=dag_id)
     # Blocking (the DAG's team comes from the metadata DB): as the core API, in a thread.
     await asyncio.to_thread(check, request, user)
+
+
+def executor_parallelism() -> int:
+    """Airflow's ``[core] parallelism``: the most task instances its executors run at once."""
+    from airflow.configuration import conf
+
+    return conf.getint("core", "parallelism")
+
+
+def ensure_pool(name: str, slots: int, description: str) -> int | None:
+    """Create the pool ``name`` with ``slots`` unless it exists: None when created, else the
+    existing pool's slots (left as they are). Safe to race with another process doing the
+    same. Blocking (the metadata database); raises one of :func:`db_errors` when it fails.
+    """
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+    from sqlalchemy.exc import IntegrityError
+
+    for _ in range(2):
+        try:
+            with create_session() as session:
+                found = session.scalar(select(Pool).where(Pool.pool == name))
+                if found is not None:
+                    return int(found.slots)
+                session.add(
+                    Pool(pool=name, slots=slots, description=description, include_deferred=False)
+                )
+            return None
+        except IntegrityError:  # another process created it first: read it again
+            continue
+    raise RuntimeError(f"pool {name!r} could not be created nor read")
+
+
+def priority_strategy_base() -> type[Any]:
+    """Airflow's ``PriorityWeightStrategy``: the base class of a plugin's weight strategy
+    (a subclass implements ``get_weight(ti) -> int``)."""
+    from airflow.task.priority_strategy import PriorityWeightStrategy
+
+    return PriorityWeightStrategy
+
+
+def downstream_weight(ti: Any) -> int:
+    """The weight Airflow's default rule (``downstream``) gives task instance ``ti``."""
+    from airflow.task.priority_strategy import validate_and_load_priority_weight_strategy
+
+    return int(validate_and_load_priority_weight_strategy("downstream").get_weight(ti))

@@ -10,7 +10,8 @@ MERGE, a long catch-up) holds one worker while the others go on with the rest,
 and each stream's result is reported as soon as that stream is done. Per stream:
 
 - with ``catchup``: first the holes ``archive_log`` shows for the stream before
-  the interval (:func:`pipeline.lake.catchup.archive_steps`), oldest first,
+  the interval, and a stream's entries older than its coverage (a new stream's
+  first run: :func:`pipeline.lake.runsteps.run_steps`), oldest first,
   while the job is within its catch-up budget (half the job's time limit, for
   all streams together); then the interval itself, always;
 - all of it under the stream's archive lock, taken for this stream and
@@ -44,7 +45,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from pipeline.errors import JobCancelled, RedisUnavailable, SluiceError, SparkUnavailable
-from pipeline.lake.catchup import CAUGHT_UP_FIELDS, archive_steps
+from pipeline.lake.catchup import CAUGHT_UP_FIELDS
 from pipeline.lake.intake import streamset
 from pipeline.settings import Settings
 
@@ -180,7 +181,7 @@ class _Run:
 
     def one(self, stream: str) -> None:
         """Archive one stream (its catch-up steps, then the interval) under its lock."""
-        from pipeline.lake.trim import logged_intervals
+        from pipeline.lake.runsteps import run_steps
 
         if self._skip(stream):
             return
@@ -190,9 +191,7 @@ class _Run:
             with self.locked(stream):
                 steps = [(start_ms, end_ms)]
                 if self.catchup:
-                    steps = archive_steps(
-                        logged_intervals(self.settings.lake, stream), start_ms, end_ms
-                    )
+                    steps = run_steps(self.settings, stream, start_ms, end_ms)
                 if len(steps) > 1:
                     log.info(
                         "stream %s: archiving %d earlier interval(s) no run archived yet, "

@@ -48,7 +48,8 @@ class LakeSettings:
     #: with delta-rs; the Spark writer where the lake already holds part of the interval) or
     #: ``spark`` (always the Spark writer). See :mod:`pipeline.lake.write.arrowwrite`.
     archive_writer: str = bare("arrow")
-    #: How many Spark lake jobs (archive, canonical) of one DAG may run at once.
+    #: How many canonical jobs of the archive DAG's runs may run at once (the DAG's tasks are
+    #: bounded together by its Airflow pool, ``sluice_archive``).
     archive_parallelism: PositiveInt = bare(1)
     #: How many streams one shared archive job (``archive-streams``) archives at once: a slow
     #: stream (a MERGE, a catch-up) holds one of them, never the rest.

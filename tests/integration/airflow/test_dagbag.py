@@ -34,7 +34,8 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
     dag = bag.get_dag("sluice_archive")
     assert isinstance(dag.timetable, CronDataIntervalTimetable)
     assert dag.timetable.serialize()["expression"] == "*/5 * * * *"
-    assert dag.catchup is False and dag.max_active_runs == 1
+    # two runs at once: a manual run starts beside the scheduled one
+    assert dag.catchup is False and dag.max_active_runs == 2
     assert {t.task_id for t in dag.tasks} == {
         "streams", "chain_streams", "archive_streams", "archive", "canonical", "trim", "publish",
     }  # fmt: skip
@@ -46,10 +47,17 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
     assert "trim" in canonical.downstream_task_ids and "trim" in archive.downstream_task_ids
     # one trim job for every stream (not mapped), its result per stream in its XCom
     assert trim.job == "trim-streams" and not trim.is_mapped
-    # only the tasks that start Spark jobs are bounded; the per-stream results are not
-    parallelism = dag.get_task("archive_streams").max_active_tis_per_dag
-    assert parallelism == canonical.max_active_tis_per_dag == 1
+    # every task in the archive pool (created by plugins/sluice_pools.py), which bounds all
+    # runs together; archive_streams is not bounded across runs (a backfill goes beside the
+    # scheduled run), canonical by SLUICE_ARCHIVE_PARALLELISM
+    assert {t.pool for t in dag.tasks} == {"sluice_archive"}
+    # in it manual runs first, then scheduled ones, then backfills (by the run's kind)
+    assert {str(t.weight_rule) for t in dag.tasks} == {"sluice_pools.RunKindPriority"}
+    assert dag.get_task("archive_streams").max_active_tis_per_dag is None
+    assert canonical.max_active_tis_per_dag == 1
     assert archive.max_active_tis_per_dag is None and trim.max_active_tis_per_dag is None
+    for other in ("sluice_audit", "sluice_maintenance", "sluice_replay"):
+        assert {t.pool for t in bag.get_dag(other).tasks} == {"default_pool"}, other
     assert [o.uri for o in dag.get_task("publish").outlets] == ["sluice://lake/blocks"]
     assert trim.trigger_rule == "none_failed"
 

@@ -9,7 +9,11 @@ the days before it:
 
 - days -7..-2: six intervals the backfill test archives;
 - day -1: the scheduled run's interval;
-- day -9: the interval of the run whose task the test marks failed.
+- day -9: the interval of the run whose task the test marks failed;
+- days -30..-19: one entry each. The scheduled run is the stream's first, so
+  it archives the stream from its first entry, at most
+  ``CATCHUP_MAX_STEPS`` (12) intervals holding entries per run: these twelve,
+  leaving the days above to the backfill and the manual run.
 
 Everything is written before Airflow starts, so no run can see a half-written
 interval. Wall time: about 2-4 minutes for the module on a loaded 2-core
@@ -33,6 +37,7 @@ import pytest
 import redis
 
 from pipeline import keys
+from pipeline.lake.catchup import CATCHUP_MAX_STEPS
 from pipeline.local.redisserver import LocalRedis
 from pipeline.runtime.ports import free_port
 from tests.integration.lake.connect import shared_server
@@ -49,6 +54,8 @@ STREAM = "events:sched"
 SCHED_REDIS_DB = 12
 DAY = timedelta(days=1)
 BACKFILL_DAYS = 6
+#: The oldest days, one entry each: all the scheduled run catches up of the stream's past.
+FILLER_DAYS = tuple(range(-30, -30 + CATCHUP_MAX_STEPS))
 #: Longest the module waits for one piece of scheduler work.
 DEADLINE_S = 600.0
 
@@ -81,9 +88,10 @@ def _ms(moment: datetime) -> int:
 def _write(client: redis.Redis, today: datetime) -> dict[int, list[str]]:
     key = keys.stream(STREAM)
     ids: dict[int, list[str]] = {}
-    for day in (-9, *range(-7, 0)):
+    for day in (*FILLER_DAYS, -9, *range(-7, 0)):
         start = _ms(today + day * DAY)
-        ids[day] = [f"{start + 3_600_000 * (i + 1)}-{i % 2}" for i in range(3 + day % 3)]
+        count = 1 if day in FILLER_DAYS else 3 + day % 3
+        ids[day] = [f"{start + 3_600_000 * (i + 1)}-{i % 2}" for i in range(count)]
         for entry_id in ids[day]:
             client.xadd(key, {b"n": entry_id.encode()}, id=entry_id)
     return ids
@@ -125,7 +133,7 @@ def system(
             "SLUICE_HOT_RETENTION_S": str(30 * 86400),  # nothing is trimmed: Redis stays the truth
             "SLUICE_SPARK_REMOTE": remote,
             "SLUICE_LAKE_TASK_RETRIES": "0",
-            "SLUICE_LAKE_JOB_TIMEOUT_S": "300",
+            "SLUICE_LAKE_JOB_TIMEOUT_S": "600",  # catch-up budget: half of it
             "SLUICE_VAR_DIR": str(home / "var"),
             "SLUICE_TEST_HOLD_FILE": str(hold),
         }
@@ -262,7 +270,12 @@ def test_backfill_of_six_intervals_beside_the_scheduled_run(system: System) -> N
     for day in range(-7, 0):
         lo, hi = system.interval(day)
         assert _lake_ids(system.lake, lo, hi) == system.ids[day], f"day {day}"
-    rows = _log_rows(system.lake)
+    # The scheduled run, the stream's first, archived the twelve oldest days holding entries
+    # (its bound) with its own; the backfill the six days after them.
+    split = system.interval(-9)[0]
+    old = [r for r in _log_rows(system.lake) if r[0] < split]
+    rows = [r for r in _log_rows(system.lake) if r[0] >= split]
+    assert [(lo, hi) for lo, hi, _ in old] == [system.interval(d) for d in FILLER_DAYS]
     assert [(lo, hi) for lo, hi, _ in rows] == [system.interval(d) for d in range(-7, 0)]
     assert [n for _, _, n in rows] == [len(system.ids[d]) for d in range(-7, 0)]
 

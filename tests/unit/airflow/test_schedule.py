@@ -93,6 +93,63 @@ def test_coverage_after_the_run_is_not_a_hole_and_bad_intervals_fail() -> None:
         archive_steps([], S, S)
 
 
+def _next_entry(entries: list[int]) -> Any:
+    """``next_entry`` over entry milliseconds (what Redis would answer)."""
+    return lambda ms: min((e for e in entries if e >= ms), default=None)
+
+
+def test_a_new_stream_is_archived_from_its_first_entry() -> None:
+    # no row yet; Redis holds entries from 2.5 intervals before the run's own
+    entries = [S - 2 * W - W // 2, S - W + 5, S - 1, S + 10]
+    steps = archive_steps([], S, S + W, oldest_ms=entries[0], next_entry=_next_entry(entries))
+    # from the grid line below its first entry: coverage holds it, so trim can move
+    assert steps == [(S - 3 * W, S - 2 * W), (S - 2 * W, S - W), (S - W, S), (S, S + W)]
+    # the same without the probe: every grid interval is a step
+    assert archive_steps([], S, S + W, oldest_ms=entries[0]) == steps
+    # entries only in (or after) its own interval: nothing earlier to do
+    assert archive_steps([], S, S + W, oldest_ms=S + 10) == [(S, S + W)]
+
+
+def test_entries_older_than_the_first_row_are_archived_before_the_holes() -> None:
+    # an earlier run archived [S-2W, S-W) only; Redis still holds an entry from S-4W
+    entries = [S - 4 * W + 3, S - W + 1]
+    logged = [(S - 2 * W, S - W)]
+    steps = archive_steps(logged, S, S + W, oldest_ms=entries[0], next_entry=_next_entry(entries))
+    assert steps == [(S - 4 * W, S - 3 * W), (S - 3 * W, S - 2 * W), (S - W, S), (S, S + W)]
+    # coverage that already holds the oldest entry: the usual holes only
+    assert archive_steps(logged, S, S + W, oldest_ms=S - 2 * W + 1) == [(S - W, S), (S, S + W)]
+
+
+def test_empty_stretches_are_one_step_each_and_do_not_count() -> None:
+    # entries 100 and 40 intervals back, nothing between: four steps, not a hundred
+    entries = [S - 100 * W + 7, S - 40 * W]
+    steps = archive_steps([], S, S + W, oldest_ms=entries[0], next_entry=_next_entry(entries))
+    assert steps == [
+        (S - 100 * W, S - 99 * W),  # the first entry's interval
+        (S - 99 * W, S - 40 * W),  # empty: one row
+        (S - 40 * W, S - 39 * W),  # the second entry's interval
+        (S - 39 * W, S),  # empty up to the run's own
+        (S, S + W),
+    ]
+    # the bound counts the intervals that hold entries: the rest waits for the next run
+    busy = [S - k * W for k in range(30, 0, -1)]
+    steps = archive_steps([], S, S + W, oldest_ms=busy[0], next_entry=_next_entry(busy))
+    assert len(steps) == CATCHUP_MAX_STEPS + 1
+    assert steps[0] == (S - 30 * W, S - 29 * W) and steps[-2] == (S - 19 * W, S - 18 * W)
+    # the next run (those twelve logged) goes on from there
+    logged = [(S - 30 * W, S - 18 * W), (S, S + W)]
+    again = archive_steps(logged, S + W, S + 2 * W, oldest_ms=busy[0], next_entry=_next_entry(busy))
+    assert again[0] == (S - 18 * W, S - 17 * W) and len(again) == CATCHUP_MAX_STEPS + 1
+
+
+def test_a_hole_without_entries_is_one_step() -> None:
+    logged = [(S - 10 * W, S - 9 * W)]
+    assert archive_steps(logged, S, S + W, next_entry=_next_entry([S + 1])) == [
+        (S - 9 * W, S),
+        (S, S + W),
+    ]
+
+
 def test_retries_back_off_exponentially_with_a_cap() -> None:
     from sluice_dag_common import default_args
 
