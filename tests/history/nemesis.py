@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 from pipeline.local.redisserver import LocalRedis
+from tests.history.harness import LINK_FAULTS, heal_link, link_fault
 from tests.integration.chain.test_cardinal_go import _listening as listening
 from tests.support.toxiproxy import Proxy
 
 FAULTS = ("kill_serve", "pause_serve", "restart_redis", "redis_link", "client_link")
-LINK_FAULTS = ("cut", "latency", "half_open", "slow")
 
 
 class Serve:
@@ -106,28 +106,11 @@ class Nemesis:
         return what
 
     async def _link(self, fault: str, proxy: Proxy) -> str:
-        rng = self.rng
-        kind = rng.choice(LINK_FAULTS)
-        hold = rng.uniform(0.5, 3)
-        if kind == "cut":
-            await asyncio.to_thread(proxy.cut)
-            await asyncio.sleep(hold)
-            await asyncio.to_thread(proxy.restore)
-        else:
-            if kind == "latency":
-                await asyncio.to_thread(proxy.latency, rng.randint(20, 400), rng.randint(0, 50))
-            elif kind == "half_open":
-                await asyncio.to_thread(proxy.half_open)
-            else:
-                await asyncio.to_thread(proxy.slow, rng.choice([1000, 10_000, 100_000]))
-            await asyncio.sleep(hold)
-            await asyncio.to_thread(proxy.clear)
-        return f"{fault} {kind} {hold:.1f}s"
+        return f"{fault} {await link_fault(self.rng, proxy, LINK_FAULTS)}"
 
     async def heal(self) -> None:
         for proxy in self.links.values():
-            await asyncio.to_thread(proxy.restore)
-            await asyncio.to_thread(proxy.clear)
+            await heal_link(proxy)
         if self.serve.proc is not None and self.serve.proc.returncode is None:
             os.kill(self.serve.proc.pid, signal.SIGCONT)
 

@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.history import harness
 from tests.history.chainrun import replay_command, run_seed
 from tests.history.conftest import SUMMARIES, TALLY
 
@@ -21,19 +21,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 SEEDS = [1, 2, 3]
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("CHECKER_SEED")
-    if one:
-        return [int(one)]
-    many = int(os.environ.get("CHECKER_SEEDS", "0") or 0)
-    return list(range(1000, 1000 + many)) if many else SEEDS
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", harness.seeds(SEEDS))
 async def test_chain_history(
     seed: int, tmp_path: Path, spark: Any, go_programs: dict[str, str], toxiproxy: Any
 ) -> None:
-    steps = int(os.environ.get("CHECKER_STEPS", "12"))
+    steps = harness.steps(12)
     report = await run_seed(seed, tmp_path, spark, go_programs["consumer"], toxiproxy, steps)
     for fault in report.faults:
         TALLY[f"fault {fault}"] += 1
@@ -44,10 +36,7 @@ async def test_chain_history(
             TALLY[" ".join(step.split()[:2])] += 1
     SUMMARIES.append(report.summary())
     if report.violations:
-        lines = [f"{name}: {'; '.join(bad)}" for name, bad in report.violations.items()]
-        steps_text = "\n  ".join(report.steps)
-        pytest.fail(
-            f"{report.summary()}\nviolations:\n  " + "\n  ".join(lines)
-            + f"\nschedule:\n  {steps_text}\nreplay: {replay_command(seed)}",
-            pytrace=False,
-        )  # fmt: skip
+        text = harness.failure(
+            report.summary(), report.violations, report.steps, replay_command(seed)
+        )
+        pytest.fail(text, pytrace=False)

@@ -1,0 +1,147 @@
+"""The bus's history checker: seeded schedules of calls under faults, judged by the handler's log.
+
+``make test`` runs :data:`SEEDS`; ``make soak`` runs ``CHECKER_SEEDS`` more (from
+1000 up; ``BUS_CHECKER_SEEDS`` for this checker alone); ``CHECKER_SEED=N`` runs
+seed N alone (what a failure prints). ``BUS_CHECKER_STANDBY=1`` adds the standby
+faults (a second bus of a twin, then kill -9 of the active one). The checker's
+own rules are tested first, on histories written by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.history import harness
+from tests.history.buscallers import Answer, Call, Loss
+from tests.history.buschecker import Execution, check
+from tests.history.bushandler import answer_of
+from tests.history.busrun import replay_command, run_seed
+from tests.history.busschedule import draw_schedule
+from tests.history.conftest import SUMMARIES, TALLY
+
+SEEDS = [43, 118, 208]
+STEPS = 8
+PREFIX = "BUS_"
+
+
+def _standby() -> bool:
+    return os.environ.get("BUS_CHECKER_STANDBY", "") == "1"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("seed", harness.seeds(SEEDS, PREFIX))
+async def test_bus_history(seed: int, tmp_path: Path, toxiproxy: Any) -> None:
+    steps, standby = harness.steps(STEPS, PREFIX), _standby()
+    replay = replay_command(seed, steps, STEPS, standby)
+    try:
+        report = await run_seed(seed, tmp_path, toxiproxy, steps, standby=standby)
+    except Exception as exc:  # the harness itself failed: say which seed, and how to replay it
+        raise AssertionError(f"bus seed {seed} could not run: {exc!r}\nreplay: {replay}") from exc
+    for fault in report.faults:
+        TALLY[f"bus fault {fault}"] += 1
+    for kind, n in report.outcomes.items():
+        TALLY[f"bus outcome {kind}"] += n
+    SUMMARIES.append(report.summary())
+    SUMMARIES.extend(f"  allowed: {line}" for line in report.allowed)
+    if report.violations:
+        pytest.fail(
+            harness.failure(report.summary(), report.violations, report.steps, replay),
+            pytrace=False,
+        )
+
+
+# --- the checker's rules, on histories written by hand ---------------------------------
+
+
+def _call(n: int, *answers: tuple[float, str], issued: float = 1.0) -> Call:
+    call = Call(f"c{n}", exp=5, tries=3, hold_ms=0, dst=1002, issued=issued, sent=True)
+    for t, err in answers:
+        data = b"" if err else answer_of(call.id)
+        call.answers.append(Answer(t, err, data, 1002, late=t < 0))
+    return call
+
+
+def _runs(*calls: int) -> list[Execution]:
+    return [Execution(f"c{n}", f"1002.{i}") for i, n in enumerate(calls)]
+
+
+def _at(t: float) -> list[Loss]:
+    """A Redis losing its data at ``t`` (in both clocks, for these hand-written histories)."""
+    return [Loss(t, t, t, t)]
+
+
+def _bad(calls: list[Call], runs: list[Execution], **losses: float) -> dict[str, str]:
+    sender, receiver = losses.get("sender"), losses.get("receiver")
+    verdict = check(calls, runs, sender_losses=_at(sender) if sender else [],
+                    receiver_losses=_at(receiver) if receiver else [])  # fmt: skip
+    return {k: "; ".join(v) for k, v in verdict.violations.items()}
+
+
+def test_a_history_that_keeps_the_contract_has_no_violation() -> None:
+    calls = [
+        _call(1, (2.0, "")),
+        _call(2, (6.0, "remote unreachable: twin 1002")),
+        _call(3, (6.0, "delivery unknown")),
+        _call(4, (6.0, "request expired")),
+        _call(5, (6.0, "request expired")),
+    ]
+    assert _bad(calls, _runs(1, 3)) == {}
+
+
+def test_each_broken_promise_is_a_violation() -> None:
+    calls = [
+        _call(1, (2.0, "")),  # answered, never ran
+        _call(2, (2.0, "")),  # answered, ran twice
+        _call(3, (6.0, "remote unreachable")),  # unreachable, yet ran
+        _call(4, (6.0, "delivery unknown")),  # at most once, ran twice
+        _call(5),  # no answer at all
+        _call(6, (2.0, ""), (-1, "request expired")),  # answered twice
+        _call(7, (-1, "")),  # answered only after the caller's wait
+    ]
+    calls[0].answers[0].data = answer_of("c9")
+    bad = _bad(calls, _runs(2, 2, 3, 4, 4, 6, 7, 8))
+    assert set(bad) == {"c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8"}
+    assert "ran 0 time(s)" in bad["c1"] and "not its own result" in bad["c1"]
+    assert "ran 2 time(s) (uids 1002.0, 1002.1)" in bad["c2"]
+    assert "unreachable: the handler ran 1" in bad["c3"]
+    assert "no answer within exp 5s" in bad["c5"]
+    assert "answered 2 times" in bad["c6"] and "only after exp" in bad["c7"]
+    assert "never made" in bad["c8"]
+
+
+def test_data_loss_owes_what_the_docs_say() -> None:
+    # the sender's Redis wiped at t=3 while c1 waited: no answer owed, still at most once
+    assert _bad([_call(1)], _runs(1), sender=3.0) == {}
+    assert "ran 2" in _bad([_call(1)], _runs(1, 1), sender=3.0)["c1"]
+    assert "no answer" in _bad([_call(1, issued=4.0)], _runs(1), sender=3.0)["c1"]
+    # the receiver's Redis wiped at 100 (its wall clock, as the handler's log)
+    calls = [_call(2, (6.0, "")), _call(3, (6.0, "")), _call(4, (6.0, ""))]
+    for call, answered in zip(calls, (101.0, 103.0, 100.2), strict=True):
+        call.answers[0].wall = answered
+    runs = [
+        *(Execution("c2", "1002.2", t) for t in (99.0, 100.5)),  # a run again after the wipe
+        *(Execution("c3", "1002.3", t) for t in (101.5, 102.0)),  # both after it: no excuse
+        *(Execution("c4", "1002.4", t) for t in (99.5, 100.5)),  # again, after its answer
+    ]
+    verdict = check(calls, runs, sender_losses=[], receiver_losses=_at(100.0))
+    assert list(verdict.violations) == ["c3"]
+    assert [line[:3] for line in verdict.allowed] == ["c2:", "c4:"]
+    assert "ran again 0.3s after its caller had the answer" in verdict.allowed[1]
+    # nor for "remote unreachable": no attempt reached the receiver
+    unreachable = _call(5, (6.0, "remote unreachable"))
+    assert "c5" in _bad([unreachable], [Execution("c5", "1002.5", 99.0)], receiver=100.0)
+
+
+def test_a_seed_draws_the_same_schedule_with_at_least_two_faults() -> None:
+    for seed in range(50):
+        one = draw_schedule(random.Random(seed), 4)
+        assert one == draw_schedule(random.Random(seed), 4)
+        assert one[0].op == "calls" and sum(s.op == "fault" for s in one) >= 2
+    standby = {s.fault for seed in range(50) for s in draw_schedule(random.Random(seed), 8,
+                                                                   standby=True)}  # fmt: skip
+    assert {"standby_sender", "standby_receiver"} <= standby
