@@ -360,9 +360,7 @@ class BusProcess:
                 tries=request.try_,
                 uid=uid,
                 resent=True,
-                # pending at a restart: an attempt before it may have reached the peer (its
-                # handler may have run), so it ends "delivery unknown", never "unreachable"
-                maybe_delivered=True,
+                maybe_delivered=True,  # an attempt before the restart may have reached the peer
             )
             await self.forwarder.submit(item)
         replies = await self.store.outbox_items(limit)
