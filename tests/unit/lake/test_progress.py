@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import select
 import sys
 
 import pytest
@@ -61,6 +62,17 @@ def test_line_reporter_logs_at_most_every_period_and_once_at_the_end(
     ]
 
 
+def _drain(fd: int) -> bytes:
+    """All a pty holds: one read returns one chunk (CI once saw only the bar's first frame)."""
+    chunks = []
+    while select.select([fd], [], [], 0.5)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def test_reporter_picks_lines_off_a_terminal_and_a_bar_on_one() -> None:
     assert isinstance(reporter("x", 3, "intervals", "entries", stream=io.StringIO()), LineReporter)
     primary, secondary = os.openpty()
@@ -71,7 +83,7 @@ def test_reporter_picks_lines_off_a_terminal_and_a_bar_on_one() -> None:
             shown.advance(1, 500)
             shown.advance(2, 500)
             shown.close()
-        screen = os.read(primary, 1 << 16).decode(errors="replace")
+        screen = _drain(primary).decode(errors="replace")
     finally:
         os.close(primary)
         os.close(secondary)
