@@ -9,8 +9,8 @@ VERSION="v2.15.2"
 DIR="${BENCH_NATS_CACHE:-$HOME/.cache/sluice-nats}/$VERSION"
 PY="${1:-.venv/bin/python}"
 if ! "$PY" -c "import nats" 2>/dev/null; then
-  echo "sluice: installing nats-py into the virtualenv (bench only)" >&2
-  "$PY" -m pip install -q -e ".[bench]"
+  echo "sluice: installing nats-py into the virtualenv at the tested version (constraints.txt; bench only)" >&2
+  PYTHONWARNINGS=ignore "$PY" -m pip install -q -c constraints.txt -e '.[bench]'
 fi
 if [ -x "$DIR/nats-server" ]; then
   exit 0

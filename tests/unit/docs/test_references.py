@@ -4,7 +4,9 @@ Generated when the site is built (docs/hooks/reference.py): the CLI (every
 command, subcommand and option), the metrics and the Python API; these tests
 check that the generator covers what the code has. Written by hand and
 checked here: the settings (every setting with its default), the limits
-(every constant and parameter they cite exists), the JSON-RPC methods, and
+(every constant and parameter they cite exists, and every constant of the
+code named as a bound is cited or exempted in ``not_limits.txt`` with its
+reason), the JSON-RPC methods, and
 every ``SLUICE_*`` variable, metric name and ``sluice`` flag the pages and the
 README mention.
 """
@@ -18,6 +20,7 @@ import importlib
 import importlib.util
 import re
 import sys
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -179,11 +182,14 @@ def _code_modules() -> dict[str, Path]:
 @cache
 def _names(path: Path) -> dict[str, ast.AST | None]:
     """Top-level names a module defines: assignments, defs, classes, and for a package's
-    ``__init__`` the names it imports (its re-exports). A name another module merely
-    imports is not where it lives: a limit citing it there has drifted."""
+    ``__init__`` the names it imports or declares in ``__all__`` (its re-exports, eager or
+    lazy). A name another module merely imports is not where it lives: a limit citing it
+    there has drifted."""
     found: dict[str, ast.AST | None] = {}
     package = path.name == "__init__.py"
     for node in ast.parse(path.read_text()).body:
+        if package and (declared := _all_literal(node)) is not None:
+            found.update((name, None) for name in declared)
         if isinstance(node, ast.Assign):
             found.update((t.id, None) for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -193,6 +199,17 @@ def _names(path: Path) -> dict[str, ast.AST | None]:
         elif isinstance(node, ast.ImportFrom) and package:
             found.update((a.asname or a.name, None) for a in node.names)
     return found
+
+
+def _all_literal(node: ast.stmt) -> list[str] | None:
+    """The names of ``__all__ = [...]``, or None for any other statement."""
+    if not (
+        isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["__all__"]
+        and isinstance(node.value, (ast.List, ast.Tuple))
+    ):
+        return None
+    return [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
 
 
 def _members(node: ast.AST | None) -> set[str]:
@@ -308,6 +325,184 @@ def test_the_limits_cite_the_moved_constants_where_they_are() -> None:
     assert check_reference("wsconn.MAX_FRAME") is None
     assert check_reference("blockcodec.MAX_BLOCK_NUM") is None
     assert check_reference("redisio.conn.BOUNDS[Role.TAIL]") is None
+
+
+# --- limits, the other way: every bound of the code is on the page ------------------------
+
+#: The words of a module-level constant's name that mark it as a bound (``MAX_FRAME``,
+#: ``CACHE_MAX``, ``BACKOFF_MAX_S``, ``DEAD_LETTER_MAXLEN``, ``RUN_LIMIT``, ``MIN_FREE_BYTES``,
+#: ``redisio.conn.BOUNDS``, ``*_CAP``, ``*_BUDGET``). Durations (``*_S``, ``*_TIMEOUT*``,
+#: ``*_TTL*``) and sizes named for what they hold (``READ_BYTES``, ``RETAIN``) are not: most
+#: pace work rather than bound it, and those a peer meets are rows already. Each such
+#: constant of pipeline/, plugins/ and dags/ is cited in the limits' last column or listed,
+#: with its reason, in ``not_limits.txt``.
+BOUND_WORDS = frozenset({"MAX", "MAXLEN", "MIN", "LIMIT", "LIMITS", "CAP", "BUDGET", "BOUNDS"})
+NOT_LIMITS = Path(__file__).with_name("not_limits.txt")
+
+
+def bound_names(source: str) -> list[str]:
+    """The module-level constants ``source`` assigns whose names mark them as bounds."""
+    names: list[str] = []
+    for node in ast.parse(source).body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        names += [
+            t.id
+            for t in flat
+            if isinstance(t, ast.Name)
+            and re.fullmatch(r"_*[A-Z][A-Z0-9_]*", t.id)
+            and BOUND_WORDS & set(t.id.strip("_").split("_"))
+        ]
+    return names
+
+
+@cache
+def _bounds_in(path: Path) -> tuple[str, ...]:
+    return tuple(bound_names(path.read_text()))
+
+
+def bound_constants(replaced: Mapping[str, str] | None = None) -> set[str]:
+    """``module.NAME`` of every bound constant of the code; ``replaced`` gives some modules'
+    text instead of their file's (a planted constant)."""
+    out: set[str] = set()
+    for module, path in _code_modules().items():
+        text = (replaced or {}).get(module)
+        names = bound_names(text) if text is not None else _bounds_in(path)
+        out.update(f"{module}.{name}" for name in names)
+    return out
+
+
+def cited_constants() -> set[str]:
+    """``module.NAME`` of every bound constant the limits page cites, in the module assigning
+    it: a name cited through a package that re-exports it (``blockcodec.MAX_ITEMS``) counts
+    for the module under that package assigning it."""
+    modules = _code_modules()
+    out: set[str] = set()
+    for ref in limit_references():
+        dotted = _DOTTED.match(ref)
+        for hit in resolve(dotted["ref"]) if dotted else []:
+            module, _, name = hit.rpartition(".")
+            if module not in modules:
+                continue  # a class member (``Class.NAME``): not a module-level constant
+            if name in _bounds_in(modules[module]):
+                out.add(hit)
+                continue
+            out.update(
+                f"{under}.{name}"
+                for under, path in modules.items()
+                if under.startswith(module + ".") and name in _bounds_in(path)
+            )
+    return out
+
+
+def exemptions(text: str | None = None) -> dict[str, str]:
+    """``not_limits.txt`` (or ``text``): ``module.NAME: reason`` a line, ``#`` comments."""
+    text = NOT_LIMITS.read_text() if text is None else text
+    out: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition(": ")
+        if not re.fullmatch(r"[\w.]+\.\w+", name) or not reason.strip():
+            raise ValueError(f"{NOT_LIMITS.name}:{number}: not `module.NAME: reason`: {line!r}")
+        if name in out:
+            raise ValueError(f"{NOT_LIMITS.name}:{number}: {name} is listed twice")
+        out[name] = reason.strip()
+    return out
+
+
+UNCITED = "bound constants neither cited on docs/reference/limits.md nor in not_limits.txt"
+STALE = "exempted in not_limits.txt, but no such bound constant in the code"
+BOTH = "cited on docs/reference/limits.md and exempted in not_limits.txt"
+
+
+def limit_coverage(
+    bounds: set[str], cited: set[str], exempt: Mapping[str, str]
+) -> dict[str, list[str]]:
+    """What keeps the code's bounds and the limits page apart, by kind (empty lists: none)."""
+    return {
+        UNCITED: sorted(bounds - cited - set(exempt)),
+        STALE: sorted(set(exempt) - bounds),
+        BOTH: sorted(cited & set(exempt)),
+    }
+
+
+def test_every_bound_in_the_code_is_on_the_limits_page_or_exempted() -> None:
+    bounds, cited, exempt = bound_constants(), cited_constants(), exemptions()
+    assert len(bounds) > 80 and len(cited) > 60 and len(exempt) > 10
+    assert limit_coverage(bounds, cited, exempt) == {UNCITED: [], STALE: [], BOTH: []}
+
+
+def test_a_bound_cited_through_its_package_counts_where_it_is_assigned() -> None:
+    cited = cited_constants()
+    assert "pipeline.blockcodec.block.MAX_ITEMS" in cited  # cited as `blockcodec.MAX_ITEMS`
+    assert "pipeline.redisio.conn.BOUNDS" in cited  # `redisio.conn.BOUNDS[Role.TAIL]`
+    assert "pipeline.chain.serve.wsconn.MAX_FRAME" in cited
+
+
+@pytest.mark.parametrize(
+    ("module", "line"),
+    [
+        ("pipeline.chain.serve.wsconn", "MAX_PLANTED = 1"),
+        ("pipeline.chain.serve.wsconn", "PLANTED_MAX_S: float = 2.0"),
+        ("pipeline.chain.serve.wsconn", "_PLANTED_LIMIT = 3"),
+        ("pipeline.bus.peers", "PLANTED_CAP = 4"),
+        ("pipeline.bus.peers", "PLANTED_BUDGET, OTHER = 5, 6"),
+        ("pipeline.lake.replay", "MIN_PLANTED_BYTES = 7"),
+        ("pipeline.lake.replay", "PLANTED_MAXLEN = 8"),
+        ("sluice_archive", "MAX_PLANTED = 9"),  # a DAG
+        ("sluice_lake_job", "MAX_PLANTED = 10"),  # a plugin
+    ],
+)
+def test_an_uncited_new_bound_is_caught(module: str, line: str) -> None:
+    planted = _code_modules()[module].read_text() + f"\n{line}\n"
+    name = re.split(r"[:,= ]", line)[0]
+    cited, exempt = cited_constants(), exemptions()
+    before = limit_coverage(bound_constants(), cited, exempt)[UNCITED]
+    after = limit_coverage(bound_constants({module: planted}), cited, exempt)[UNCITED]
+    assert sorted(set(after) - set(before)) == [f"{module}.{name}"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "SCAN_COUNT = 1000",  # a hint, not a bound
+        "MAXIMUM_PLANTED = 1",  # MAXIMUM is not the word MAX
+        "CAPTION = 'x'",
+        "max_planted = 2",  # not a constant
+        "def MAX_PLANTED() -> int: return 3",
+    ],
+)
+def test_a_name_that_is_no_bound_is_left_alone(line: str) -> None:
+    assert bound_names(line) == []
+
+
+def test_a_stale_or_doubled_exemption_is_caught() -> None:
+    exempt = dict(exemptions())
+    exempt["pipeline.bus.peers.MAX_GONE"] = "a constant since renamed"
+    exempt["pipeline.chain.serve.wsconn.MAX_FRAME"] = "cited on the page as well"
+    problems = limit_coverage(bound_constants(), cited_constants(), exempt)
+    assert problems[STALE] == ["pipeline.bus.peers.MAX_GONE"]
+    assert problems[BOTH] == ["pipeline.chain.serve.wsconn.MAX_FRAME"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pipeline.bus.peers.MAX_DOWN\n",  # no reason
+        "pipeline.bus.peers.MAX_DOWN:\n",
+        "MAX_DOWN: no module\n",
+        "pipeline.bus.peers.MAX_DOWN: one\npipeline.bus.peers.MAX_DOWN: two\n",
+    ],
+)
+def test_a_malformed_exemption_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"^not_limits.txt:\d+: "):
+        exemptions(text)
 
 
 # --- metrics ------------------------------------------------------------------------------
