@@ -2,7 +2,8 @@
 
 - :func:`seeds`, :func:`steps`: which seeds a test runs. ``CHECKER_SEED=N`` runs
   seed N alone (what a failure prints), ``CHECKER_SEEDS=K`` runs 1000..1000+K-1
-  (``make soak``), else the test's fixed seeds (``make test``). A checker may
+  (``make soak``; ``CHECKER_FIRST=F`` starts them at F instead, so two processes
+  can share a soak), else the test's fixed seeds (``make test``). A checker may
   read its own variables first (``BUS_CHECKER_SEED`` and so on: ``prefix``).
 - :func:`replay_command`: the one line that runs a seed again.
 - :func:`link_fault`: one drawn Toxiproxy fault on a link (cut, latency, a
@@ -37,7 +38,8 @@ def seeds(fixed: list[int], prefix: str = "") -> list[int]:
     if one:
         return [int(one)]
     many = int(_read("CHECKER_SEEDS", prefix) or 0)
-    return list(range(FIRST_SOAK_SEED, FIRST_SOAK_SEED + many)) if many else list(fixed)
+    first = int(_read("CHECKER_FIRST", prefix) or FIRST_SOAK_SEED)
+    return list(range(first, first + many)) if many else list(fixed)
 
 
 def steps(default: int, prefix: str = "") -> int:

@@ -70,7 +70,7 @@ class Locator:
         return history
 
     async def resolve(
-        self, num: int, hash: bytes, keep: KeyTest | None = None, *, refresh: bool = True
+        self, num: int, hash: bytes, keep: KeyTest | None, *, refresh: bool = True
     ) -> Plan:
         """Where to start for a client at (``num``, ``hash``); ``keep`` as for :meth:`TieredResumption.stream`.
 

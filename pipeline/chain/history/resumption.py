@@ -150,8 +150,12 @@ class TieredResumption:
         """Index the Redis tail now (a server calls it at start so no client pays for it)."""
         await self._locator.warm()
 
-    async def resolve(self, num: int, hash: bytes, keep: KeyTest | None = None) -> Plan:
+    async def resolve(self, num: int, hash: bytes, keep: KeyTest | None) -> Plan:
         """Where to start for a client at (``num``, ``hash``): :meth:`Locator.resolve`.
+
+        ``keep`` has no default: a plan's first lake page is encoded as it is read, so a
+        caller that forgets the subscriber's encoding sends it blocks in the wrong
+        dialect (history checker seed 1009).
 
         The tail index is not refreshed first when it holds everything the live
         feed published (:meth:`WebsocketHub.covers`) and the block is canonical in

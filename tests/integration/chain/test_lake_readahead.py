@@ -83,7 +83,7 @@ async def test_the_next_page_is_read_while_a_page_is_sent(settings, redis_url: s
             history_factory=lambda: reader,
             batch_rows=PAGE_ROWS,
         )
-        plan = await resumption.resolve(0, blocks[0].hash)
+        plan = await resumption.resolve(0, blocks[0].hash, None)
         sink = AheadSink(reader)
         task = asyncio.create_task(resumption.stream(plan, None, sink))
         try:

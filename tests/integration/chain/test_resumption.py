@@ -207,7 +207,7 @@ async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
             history_factory=lambda: LakeReader(settings.lake),
             reorg_threshold=8,
         )
-        plan = await resumption.resolve(0, canon[0].hash)
+        plan = await resumption.resolve(0, canon[0].hash, None)
         lost = gen.take(lost_length)
         won = gen.reorg(lost_length)
         write_blocks(redis_client, STREAM, lost + won)

@@ -64,7 +64,7 @@ async def test_a_catchup_never_fetches_an_oversized_tail_entry(
             redis=client, stream=STREAM, hub=WebsocketHub(), refused=Refusals(metrics)
         )
         before = _sent(redis_client)
-        plan = await resumption.resolve(0, first[0].hash)  # the tail index reads past it
+        plan = await resumption.resolve(0, first[0].hash, None)  # the tail index reads past it
         # after the plan: met by the catch-up's replay
         redis_client.xadd(KEY, {ENTRY_FIELD: _hostile(20, second[-1].hash)})
         third = gen.take(5)
