@@ -1,8 +1,11 @@
 """One generated history of a chain stream, run against the real processes.
 
-Redis (appendonly, fsync always), ``sluice serve`` in its own process with
-its Redis link through Toxiproxy, consumers of every kind reaching serve
-through a second proxy, the real archive, canonical and trim jobs on the
+Redis (appendonly, fsync always; or, in about one seed in four, a Sentinel
+group that the nemesis fails over: :mod:`tests.history.redisgroup`, which also
+says what the model learns when a master's death loses writes), ``sluice
+serve`` in its own process with its Redis link through Toxiproxy (on Sentinel:
+the group's URL, no proxy), consumers of every kind reaching serve through a
+second proxy, the real archive, canonical and trim jobs on the
 session's Spark, and ``sluice produce`` now and then. A seeded schedule
 (:mod:`tests.history.schedule`) says what happens at each step; the model
 (:mod:`tests.history.model`) learns every block in stream order from Redis
@@ -22,6 +25,7 @@ import logging
 import os
 import random
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,6 @@ import redis
 from pipeline import keys
 from pipeline.blockcodec import ENTRY_FIELD, Block, decode_block
 from pipeline.chain.produce.generator import SyntheticChain, write_blocks
-from pipeline.local.redisserver import LocalRedis
 from pipeline.runtime.ports import free_port
 from pipeline.settings import Settings
 from tests.history import consumers as consumer_kinds
@@ -39,6 +42,7 @@ from tests.history import harness
 from tests.history.checker import apply, check
 from tests.history.model import ChainModel
 from tests.history.nemesis import Nemesis, Serve
+from tests.history.redisgroup import SingleRedis, for_seed
 from tests.history.schedule import Step, draw_schedule
 from tests.support.toxiproxy import Toxiproxy
 
@@ -58,11 +62,13 @@ class Report:
     faults: list[str] = field(default_factory=list)
     blocks: int = 0
     reorgs: int = 0
+    #: "single" (one server) or "sentinel" (a Sentinel group)
+    redis: str = "single"
 
     def summary(self) -> str:
         worst = max((max(v) for v in self.reorg_latency.values() if v), default=0.0)
         return (
-            f"seed {self.seed}: {self.blocks} blocks, {self.reorgs} reorgs, "
+            f"seed {self.seed} ({self.redis} Redis): {self.blocks} blocks, {self.reorgs} reorgs, "
             f"{len(self.consumers)} consumers, faults {self.faults}, "
             f"slowest reorg seen by a live consumer {worst:.2f}s"
         )
@@ -85,7 +91,8 @@ class ChainHistory:
         self.report = Report(seed)
         self.model = ChainModel()
         self.gen = SyntheticChain(seed=seed, prefixes=("s/",), keys=16)
-        self.redis = LocalRedis(workdir / "redis", aof=True)
+        self.redis = for_seed(seed, workdir)
+        self.report.redis = self.redis.kind
         self.lake_uri = str(workdir / "lake")
         self.last_id = b"0-0"
         self.archived_ms = 0
@@ -94,13 +101,17 @@ class ChainHistory:
         self.consumers: list[consumer_kinds.Consumer] = []
         #: (time written, tip hash) of each reorg
         self.reorg_tips: list[tuple[float, str]] = []
-        self.client: redis.Redis | None = None
 
     # --- the parts ---------------------------------------------------------------
 
+    @property
+    def client(self) -> redis.Redis:
+        """The checker's own client: the master's, on Sentinel."""
+        return self.redis.client
+
     def settings(self) -> Settings:
         return Settings.load(
-            env={},
+            env=self.redis.env(),
             redis_url=self.redis.url,
             lake_uri=self.lake_uri,
             streams=(STREAM,),
@@ -114,6 +125,7 @@ class ChainHistory:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         return {
             **env,
+            **self.redis.env(),
             "SLUICE_REDIS_URL": redis_url,
             "SLUICE_LAKE_URI": self.lake_uri,
             "SLUICE_SERVE_STREAM": STREAM,
@@ -126,8 +138,9 @@ class ChainHistory:
         }
 
     def sync(self) -> None:
-        """Teach the model every entry written since the last sync (before any trim)."""
-        assert self.client is not None
+        """Teach the model every entry written since the last sync (before any trim); on
+        Sentinel only once the replica holds them (:mod:`tests.history.redisgroup`)."""
+        self.redis.fence()
         while True:
             entries = self.client.xrange(
                 keys.stream(STREAM), f"({self.last_id.decode()}", "+", 1000
@@ -140,18 +153,18 @@ class ChainHistory:
                 return
 
     def write(self, blocks: list[Block]) -> None:
-        assert self.client is not None
         write_blocks(self.client, STREAM, blocks)
         self.sync()
 
     # --- the run -------------------------------------------------------------------
 
     async def run(self, steps: int) -> Report:
-        self.redis.start()
-        self.client = redis.Redis.from_url(self.redis.url)
-        redis_link = self.toxiproxy.proxy(f"redis-{self.seed}", self.redis.port)
-        serve = Serve(self._env(f"redis://127.0.0.1:{redis_link.port}/0"), free_port(),
-                      self.workdir / "serve.log")  # fmt: skip
+        await asyncio.to_thread(self.redis.start)
+        redis_link, serve_url = None, self.redis.url
+        if isinstance(self.redis, SingleRedis):
+            redis_link = self.toxiproxy.proxy(f"redis-{self.seed}", self.redis.port)
+            serve_url = f"redis://127.0.0.1:{redis_link.port}/0"
+        serve = Serve(self._env(serve_url), free_port(), self.workdir / "serve.log")
         client_link = self.toxiproxy.proxy(f"serve-{self.seed}", serve.port)
         self.base = f"ws://127.0.0.1:{client_link.port}"
         nemesis = Nemesis(self.rng, serve, self.redis, redis_link, client_link)
@@ -160,20 +173,21 @@ class ChainHistory:
             if self.rng.random() < 0.5:
                 await self.archive()
             await serve.start()
-            for step in draw_schedule(self.rng, steps):
+            for step in draw_schedule(self.rng, steps, nemesis.faults):
                 self.report.steps.append(await self.do(step, nemesis))
             await nemesis.heal()
             self.write(self.gen.take(3))
             await self.settle()
             self.verdict()
         finally:
+            (self.workdir / "steps.txt").write_text("".join(f"{s}\n" for s in self.report.steps))
             await nemesis.heal()
             for consumer in self.consumers:
                 await consumer.stop()
             await serve.stop()
-            self.client.close()
             self.redis.stop()
-            redis_link.delete()
+            if redis_link is not None:
+                redis_link.delete()
             client_link.delete()
         return self.report
 
@@ -193,6 +207,8 @@ class ChainHistory:
         if step.op == "consumer":
             return await self.join(step.kind, step.dialect)
         self.report.faults.append(step.fault)
+        if step.fault == "failover" and rng.random() < 0.5:  # the master dies under a writer
+            return await self.produce(during=lambda: nemesis.strike(step.fault))
         return await nemesis.strike(step.fault)
 
     def reorg(self, place: str) -> str:
@@ -224,7 +240,6 @@ class ChainHistory:
         from pipeline.lake.canonical import mark_canonical
         from pipeline.lake.trim import safe_trim
 
-        assert self.client is not None
         self.sync()
         seconds, micros = self.client.time()
         end_ms = int(seconds) * 1000 + int(micros) // 1000
@@ -239,8 +254,10 @@ class ChainHistory:
         self.lake_head = -1 if marked.head_num is None else marked.head_num
         return f"archive to {self.lake_head}, trimmed {trimmed.trimmed}"
 
-    async def produce(self) -> str:
-        """``sluice produce`` goes on from the stream's head for a while, then is killed -9."""
+    async def produce(self, during: Callable[[], Awaitable[str]] | None = None) -> str:
+        """``sluice produce`` goes on from the stream's head for a while, then is killed -9;
+        ``during``: a fault struck while it runs (after 0.5 to 2 s; it is killed 0.5 to
+        2.5 s after the fault healed)."""
         rng = self.rng
         depth = rng.randint(1, 3 * self.threshold)
         proc = await asyncio.create_subprocess_exec(
@@ -250,20 +267,25 @@ class ChainHistory:
             env=self._env(self.redis.url), stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
+        fault = ""
+        if during is not None:
+            await asyncio.sleep(rng.uniform(0.5, 2))
+            last = self.client.xrevrange(keys.stream(STREAM), "+", "-", 1)
+            at = decode_block(last[0][1][ENTRY_FIELD]).num if last else -1
+            fault = f"{await during()} (head {at} at the kill), under "
         await asyncio.sleep(rng.uniform(0.5, 2.5))
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         code = await proc.wait()
         self.sync()
-        assert self.client is not None
         recent = self.client.xrevrange(keys.stream(STREAM), "+", "-", 512)
         self.gen.continue_from([decode_block(f[ENTRY_FIELD]) for _, f in reversed(recent)])
         if (
             code == 2
         ):  # refused in one line: the stream was trimmed empty (its chain is in the lake)
-            return "produce refused: the stream was trimmed empty"
-        return f"produce (reorg depth <= {depth}) killed at {self.gen.canonical[-1].num}"
+            return f"{fault}produce refused: the stream was trimmed empty"
+        return f"{fault}produce (reorg depth <= {depth}) killed at {self.gen.canonical[-1].num}"
 
     async def join(self, kind: str, dialect: str) -> str:
         rng = self.rng

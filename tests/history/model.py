@@ -6,6 +6,9 @@ without one), ties to the block seen first; the chain is its ancestors by
 parent links. A block whose parent is known at another height than
 ``num - 1`` is refused, as serve and the lake jobs refuse it, and so is every
 block descending from a refused one (it links to nothing served).
+
+On a Sentinel group the blocks come only once the replica holds them, so a
+failover never takes one away (:mod:`tests.history.redisgroup`).
 """
 
 from __future__ import annotations

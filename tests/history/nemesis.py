@@ -6,7 +6,12 @@
   (appendonly, fsync always: nothing written is lost);
 - ``redis_link`` and ``client_link``: Toxiproxy between serve and Redis, and
   between the consumers and serve: a cut connection, latency, a half-open
-  connection (data stops, the connection stays), a slow one.
+  connection (data stops, the connection stays), a slow one;
+- ``failover`` (only in a history on a Sentinel group, where it replaces
+  ``restart_redis`` and ``redis_link``: serve's link then follows the master
+  and goes through no proxy): ``kill -9`` of the master, the replica promoted,
+  the old master back as a replica, the group whole
+  (:meth:`tests.history.redisgroup.SentinelRedis.failover`).
 
 Every fault heals before the next step; :meth:`Nemesis.heal` ends whatever is left.
 """
@@ -20,12 +25,15 @@ import signal
 import sys
 from pathlib import Path
 
-from pipeline.local.redisserver import LocalRedis
 from tests.history.harness import LINK_FAULTS, heal_link, link_fault
+from tests.history.redisgroup import RedisOfHistory, SentinelRedis
 from tests.integration.chain.test_cardinal_go import _listening as listening
 from tests.support.toxiproxy import Proxy
 
+#: the faults of a history on one Redis server (its seeds replay with these, in this order)
 FAULTS = ("kill_serve", "pause_serve", "restart_redis", "redis_link", "client_link")
+#: the faults of a history on a Sentinel group
+SENTINEL_FAULTS = ("kill_serve", "pause_serve", "client_link", "failover")
 
 
 class Serve:
@@ -70,14 +78,21 @@ class Nemesis:
     """Draws and applies one fault at a time (see the module doc)."""
 
     def __init__(
-        self, rng: random.Random, serve: Serve, redis: LocalRedis, redis_link: Proxy,
+        self, rng: random.Random, serve: Serve, redis: RedisOfHistory, redis_link: Proxy | None,
         client_link: Proxy,
     ) -> None:  # fmt: skip
         self.rng = rng
         self.serve = serve
         self.redis = redis
-        self.links = {"redis_link": redis_link, "client_link": client_link}
+        self.links = {"client_link": client_link}
+        if redis_link is not None:
+            self.links["redis_link"] = redis_link
         self.done: list[str] = []
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """The fault kinds this history's Redis allows."""
+        return SENTINEL_FAULTS if isinstance(self.redis, SentinelRedis) else FAULTS
 
     async def strike(self, fault: str) -> str:
         """Apply ``fault`` and heal it; returns what was done, for the report."""
@@ -96,10 +111,11 @@ class Nemesis:
             os.kill(self.serve.proc.pid, signal.SIGCONT)
             what = f"{fault} {pause:.1f}s"
         elif fault == "restart_redis":
-            await asyncio.to_thread(self.redis.stop)
-            await asyncio.sleep(rng.uniform(0, 1))
-            await asyncio.to_thread(self.redis.start)
-            what = fault
+            assert not isinstance(self.redis, SentinelRedis), "no restart_redis on Sentinel"
+            what = await self.redis.restart(rng)
+        elif fault == "failover":
+            assert isinstance(self.redis, SentinelRedis), "a failover needs a Sentinel group"
+            what = await self.redis.failover(rng)
         else:
             what = await self._link(fault, self.links[fault])
         self.done.append(what)
@@ -115,4 +131,4 @@ class Nemesis:
             os.kill(self.serve.proc.pid, signal.SIGCONT)
 
 
-__all__ = ["FAULTS", "Nemesis", "Serve", "listening"]
+__all__ = ["FAULTS", "SENTINEL_FAULTS", "Nemesis", "Serve", "listening"]

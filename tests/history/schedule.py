@@ -7,7 +7,10 @@ several times the reorg threshold, shorter, as long as or longer than what it
 replaces); an archive, canonical and trim run; ``sluice produce`` going on
 from the stream's head and killed -9; a consumer joining (its kind and
 dialect drawn here, its height and hash when it joins); or one fault of the
-nemesis. Every history has at least two consumers and two faults.
+nemesis (the kinds its Redis allows: :data:`tests.history.nemesis.FAULTS` on one
+server, :data:`tests.history.nemesis.SENTINEL_FAULTS` on a Sentinel group). Every
+history has at least two consumers and two faults, and one on a Sentinel group
+at least one failover.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def consumer_step(rng: random.Random) -> Step:
     return Step("consumer", kind=kind, dialect=dialect)
 
 
-def draw_schedule(rng: random.Random, steps: int) -> list[Step]:
-    """``steps`` steps drawn from ``rng`` (consumers first so most see the reorgs live)."""
+def draw_schedule(rng: random.Random, steps: int, faults: tuple[str, ...] = FAULTS) -> list[Step]:
+    """``steps`` steps drawn from ``rng`` (consumers first so most see the reorgs live),
+    the faults from ``faults``."""
     out = [consumer_step(rng), consumer_step(rng)]
     ops, weights = zip(*OPS.items(), strict=True)
     for _ in range(steps):
@@ -52,12 +56,14 @@ def draw_schedule(rng: random.Random, steps: int) -> list[Step]:
         elif op == "consumer":
             out.append(consumer_step(rng))
         elif op == "fault":
-            out.append(Step("fault", fault=rng.choice(FAULTS)))
+            out.append(Step("fault", fault=rng.choice(faults)))
         else:
             out.append(Step(op))
-    faults = sum(step.op == "fault" for step in out)
-    for _ in range(max(0, 2 - faults)):
-        out.insert(rng.randint(2, len(out)), Step("fault", fault=rng.choice(FAULTS)))
+    drawn = sum(step.op == "fault" for step in out)
+    for _ in range(max(0, 2 - drawn)):
+        out.insert(rng.randint(2, len(out)), Step("fault", fault=rng.choice(faults)))
+    if "failover" in faults and not any(step.fault == "failover" for step in out):
+        out.insert(rng.randint(2, len(out)), Step("fault", fault="failover"))
     return out
 
 

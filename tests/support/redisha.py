@@ -104,9 +104,12 @@ class Server:
 
 
 def _data_args(port: int, directory: Path) -> list[str]:
+    # a replica's full sync starts at once (Redis waits 5 s for more replicas by default:
+    # 5 s of every start and of every heal)
     return [
         "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
         "--save", "", "--appendonly", "no", "--daemonize", "no",
+        "--repl-diskless-sync-delay", "0",
     ]  # fmt: skip
 
 
