@@ -147,6 +147,23 @@ def bus_replicated() -> str:
     return "msgbus.system.replicated"
 
 
+def bus_handling(server: str) -> str:
+    """List of the requests one bus server (an SDK handler process) took and has not
+    answered yet; a server that stops renewing :func:`bus_handlers` has its list
+    handed to a handler again (see :mod:`pipeline.bus.handling`)."""
+    return f"msgbus.system.handling.{server}"
+
+
+def bus_handlers() -> str:
+    """Hash: bus server id -> the epoch second until which it is alive (renewed)."""
+    return "msgbus.system.handlers"
+
+
+def bus_redelivered() -> str:
+    """Hash: sha1 of a request -> times it was handed to a handler again after one died."""
+    return "msgbus.system.redelivered"
+
+
 def bus_attempts() -> str:
     """Hash: ``<queue>:<digest of a message>`` -> times the bus started handling it."""
     return "msgbus.system.attempts"

@@ -301,11 +301,38 @@ async def _samples(bus: BusProcess) -> list[health.Sample]:
         ),
         health.Sample(
             name="sluice_bus_redis_errors_total",
-            value=bus.redis_errors,
+            value=bus.redis_errors + bus.ingress.counts["redis_errors"],
             kind="counter",
-            help="Redis steps of the bus's loops that failed (away or refusing writes)",
+            help="Redis steps of the bus's loops and endpoints that failed (away or refusing writes)",
+        ),
+        *(
+            health.Sample(
+                name="sluice_bus_answers_total",
+                value=float(count),
+                kind="counter",
+                labels={"outcome": outcome},
+                help="answers to this twin's callers, by what happened",
+            )
+            for outcome, count in sorted(answer_counts(bus).items())
         ),
     ]
+
+
+#: What a caller's answer can say happened, as ``sluice_bus_answers_total``'s labels.
+ANSWER_OUTCOMES = ("answered", "handler_failed", "unreachable", "unknown", "refused", "expired")
+
+
+def answer_counts(bus: BusProcess) -> dict[str, int]:
+    """The answers this twin's callers got, by what happened: a reply (``answered``,
+    ``handler_failed`` when it carries the handler's ``err``), a request that never
+    reached its peer (``unreachable``), may have (``unknown``), that the peer or the
+    directory refused (``refused``, also an invalid request), or whose ``exp`` passed
+    (``expired``: when it was taken, before it was sent, or by the scrubber)."""
+    here = bus.ingress.counts + bus.queues.answers
+    sent = bus.forwarder.outcomes
+    counts = {o: here[o] + sent.get(("remote", o), 0) for o in ANSWER_OUTCOMES}
+    counts["expired"] += bus.expired
+    return counts
 
 
 async def _peers_answer(bus: BusProcess) -> None:

@@ -108,6 +108,9 @@ class Envelope:
     shm: str = ""
     now: int = 0
     err: str = ""
+    #: Not on the wire: times a bus server handed this request to a handler again after
+    #: one died holding it (0: the first delivery; see :mod:`pipeline.bus.handling`).
+    redelivered: int = field(default=0, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, in the seed's field order."""

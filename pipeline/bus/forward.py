@@ -56,6 +56,7 @@ import heapq
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 
 import aiohttp
 
@@ -120,6 +121,7 @@ class Forwarder:
         retry_base_s: float = 0.1,
         retry_max_s: float = 2.0,
         request_timeout_s: float = 10.0,
+        pending: post.Pending | None = None,
     ) -> None:
         self.twin = twin
         self._directory = directory
@@ -147,6 +149,9 @@ class Forwarder:
         #: Whether each peer answers; when the next POST may go to one that does not.
         self.peers = PeerBook(base_s=retry_base_s, cap_s=retry_max_s)
         self._gate = LogGate(log, LOG_EVERY_S)
+        #: Requests handed over and not settled yet, by uid (see :meth:`answered`).
+        self._held: dict[str, Outbound] = {}
+        self._pending = pending
 
     async def run(self) -> None:
         """Send until cancelled. Owns its session and POST tasks."""
@@ -165,7 +170,18 @@ class Forwarder:
     async def submit(self, item: Outbound) -> None:
         """Hand over one item (already in the outbox); waits while too many are pending."""
         await self._room.acquire()
+        if item.kind is Kind.REQUEST:
+            self._held[item.uid] = item
         self._enqueue(item)
+
+    def answered(self, uids: Iterable[str]) -> None:
+        """The replies of these requests came: what of them waits (a retry, a resend)
+        is settled as delivered and never sent again, so no copy reaches the peer after
+        its caller had the answer (a peer that lost its seen uids would run it again)."""
+        for uid in uids:
+            item = self._held.pop(uid, None)
+            if item is not None:
+                item.answered = True
 
     def unreachable(self) -> dict[int, float]:
         """Peers that answer no POST now, and for how long (see :class:`PeerBook`)."""
@@ -304,6 +320,8 @@ class Forwarder:
         have reached the peer (:data:`UNKNOWN_TEXT`) or none did
         (:data:`UNREACHABLE_TEXT`).
         """
+        if item.answered:  # its reply came while this attempt was out: no retry
+            return Outcome.DELIVERED, ""
         if outcome not in (Outcome.UNREACHABLE, Outcome.UNKNOWN):
             return outcome, text
         item.maybe_delivered |= outcome is Outcome.UNKNOWN
@@ -349,8 +367,10 @@ class Forwarder:
         )  # fmt: skip
 
     async def _record(self, finals: list[Final]) -> None:
-        for _ in finals:
+        for item, _, _ in finals:
             self._room.release()
+            if self._held.get(item.uid) is item:
+                del self._held[item.uid]
         try:
             await self._done(finals)
         except Exception:  # the boundary: the items stay in the backlog / outbox
@@ -382,6 +402,7 @@ class Forwarder:
         the body, POST it, classify the answer. Only :class:`~pipeline.errors.PostUnanswered` (no
         answer: nothing or maybe something reached the peer) is caught here.
         """
+        await post.mark_answered(items, self._pending)  # a reply the standby took, too
         early = post.expired(items, time.time())
         live = [item for item, result in zip(items, early, strict=True) if result is None]
         if not live:

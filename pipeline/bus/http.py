@@ -61,11 +61,9 @@ a contract test; everything else here is aiohttp's public API.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import redis.exceptions
 from aiohttp import web
@@ -73,50 +71,13 @@ from aiohttp import web
 from pipeline import keys
 from pipeline.bus import answers, envelope
 from pipeline.bus.aiohttp_adapter import BoundedServer
-from pipeline.bus.config import BusConfig
-from pipeline.bus.directory import Directory
+from pipeline.bus.ingress import Ingress
 from pipeline.bus.post import BATCH_HEADER, BATCH_TYPE, MAX_BATCH, REMOTE_PATH, REPLY_PATH
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER
-from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, SignatureError
 from pipeline.loggate import LogGate
-from pipeline.redisio import conn as redisconn
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ingress:
-    """What the endpoints need to judge an incoming envelope."""
-
-    twin: int
-    directory: Directory
-    store: BusStore
-    legacy_peers: bool
-    default_exp: int
-    max_exp: int
-    max_size: int
-    replay_window_s: float = 300.0
-    idle_s: float = 30.0
-    max_connections: int = 1024
-    #: What the endpoints count beyond the outcomes (``slow_bodies``), for ``/metrics``.
-    counts: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    @classmethod
-    def from_config(cls, config: BusConfig, directory: Directory, store: BusStore) -> Ingress:
-        """What the HTTP endpoints need, from a bus's config."""
-        return cls(
-            twin=config.twin,
-            directory=directory,
-            store=store,
-            legacy_peers=config.legacy_peers,
-            default_exp=config.default_exp_s,
-            max_exp=config.max_exp_s,
-            max_size=config.max_size,
-            replay_window_s=config.replay_window_s,
-            idle_s=config.http_idle_s,
-            max_connections=config.http_max_connections,
-        )
 
 
 class _Unsigned(float):
@@ -244,8 +205,9 @@ async def _queue_requests(
     forget_at = sent + ing.replay_window_s + 1
     try:
         results = await ing.store.accept_requests(pending, forget_at, _signed_ms(sent))
+        ing.redis_works()
     except (redis.exceptions.RedisError, OSError) as exc:
-        _redis_failed(exc)
+        ing.redis_failed(exc)
         results = [3] * len(pending)
     queued = (env for env, verdict in zip(envs, early, strict=True) if verdict is None)
     outcomes = iter(zip(results, queued, strict=True))
@@ -327,15 +289,6 @@ async def _queue_refusals(ing: Ingress, refusals: list[bytes]) -> None:
         log.exception("bus: refusals not queued; their callers hear at expiry")
 
 
-def _redis_failed(exc: BaseException) -> None:
-    """Log a Redis failure behind a 503: one line when Redis is away or refusing writes
-    (the peer retries; a traceback per POST says nothing more), a traceback otherwise."""
-    if redisconn.unavailable(exc):
-        log.warning("bus: redis unavailable, answering 503: %r", exc)
-    else:
-        log.exception("bus: redis failed, answering 503")
-
-
 async def _deliver_replies(
     ing: Ingress, envs: list[envelope.Envelope], sent: float
 ) -> list[Verdict]:
@@ -344,10 +297,12 @@ async def _deliver_replies(
         results = await ing.store.deliver_replies(
             [(env.uid, env.src, *answers.answer_parts(env)) for env in envs], _signed_ms(sent)
         )
+        ing.redis_works()
     except (redis.exceptions.RedisError, OSError) as exc:
-        _redis_failed(exc)
+        ing.redis_failed(exc)
         return [(503, "redis unavailable")] * len(envs)
     out: list[Verdict] = []
+    matched: list[str] = []
     for env, result in zip(envs, results, strict=True):
         if result == STALE:
             out.append(_stale(env))
@@ -359,6 +314,10 @@ async def _deliver_replies(
             out.append((403, "reply from the wrong twin"))
         else:
             out.append(_ACCEPT)
+            matched.append(env.uid)
+            ing.counts["handler_failed" if env.err else "answered"] += 1
+    if matched and ing.answered is not None:
+        ing.answered(matched)  # their pending retries are not sent again
     return out
 
 

@@ -24,6 +24,7 @@ class Outcome(Enum):
     REFUSED = "refused"  # the peer said no: final
     UNREACHABLE = "unreachable"  # never reached the peer (it cannot have acted on it)
     UNKNOWN = "unknown"  # an attempt may have reached the peer: it may have acted on it
+    EXPIRED = "expired"  # its deadline passed before it was sent, or the peer said so (410)
 
 
 #: What a caller's ``err`` starts with when a request could not be delivered in time.
@@ -51,6 +52,28 @@ class Outbound:
     last_error: str = field(default="", compare=False)
     #: An attempt may have reached the peer (or the item was pending at a restart).
     maybe_delivered: bool = field(default=False, compare=False)
+    #: The request's reply came (its caller has the answer): no copy of it goes out again.
+    answered: bool = field(default=False, compare=False)
+
+    @classmethod
+    def pending_request(
+        cls, uid: str, to: int, body: bytes, deadline: float, tries: int
+    ) -> Outbound:
+        """A request of the backlog, resent after a restart: an attempt before the
+        restart may have reached the peer, so it may have been delivered (it ends
+        ``delivery unknown``, never ``remote unreachable``)."""
+        return cls(
+            due=0.0,
+            id=f"req:{uid}",
+            kind=Kind.REQUEST,
+            to=to,
+            body=body,
+            deadline=deadline,
+            tries=tries,
+            uid=uid,
+            resent=True,
+            maybe_delivered=True,
+        )
 
     def to_json(self) -> bytes:
         return json.dumps(

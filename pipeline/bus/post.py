@@ -1,7 +1,7 @@
 """One POST to a peer: its wire names, body and signature, the exchange, the answer judged.
 
 The steps :meth:`pipeline.bus.forward.Forwarder._send` takes, each on its own:
-:func:`expired` (what no longer goes), :func:`resolve` (where the peer is),
+:func:`mark_answered` and :func:`expired` (what no longer goes), :func:`resolve` (where the peer is),
 :func:`prepare` (the body, one envelope or a batch, and its signed headers),
 :func:`exchange` (the HTTP round trip, its answer read within a bound) and
 :func:`judge_answer` (each item's :class:`~pipeline.bus.outbound.Outcome`). A POST
@@ -14,10 +14,12 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
 
+from pipeline.bus.config import REDIS_ERRORS, reraise_if_cancelling
 from pipeline.bus.directory import Directory, Peer
 from pipeline.bus.outbound import Judged, Kind, Outbound, Outcome
 from pipeline.bus.signing import SIGNATURE_HEADER, TIME_HEADER, TWIN_HEADER, Signer
@@ -58,18 +60,48 @@ def path_of(kind: Kind) -> str:
     return REMOTE_PATH if kind is Kind.REQUEST else REPLY_PATH
 
 
-def expired(items: list[Outbound], now: float) -> list[Judged | None]:
-    """The outcome of each item past its deadline; None for those still to send.
+#: Whether each request (by uid) is still in the backlog: its caller not answered yet.
+Pending = Callable[[list[str]], Awaitable[list[bool]]]
 
-    ``request expired`` for one never sent; one that expired while it waited to be
-    sent again keeps what its attempts said (unreachable, or maybe delivered: unknown).
+
+async def mark_answered(items: list[Outbound], pending: Pending | None) -> None:
+    """Mark :attr:`Outbound.answered` the requests sent before (a retry, a resend) whose
+    backlog entry is gone: their reply came, perhaps to the twin's other bus (a standby
+    takes POSTs too), so no copy goes (see :func:`expired`). One Redis read per POST
+    carrying such a request; when Redis fails, they go."""
+    again = [i for i in items if i.kind is Kind.REQUEST and (i.attempt or i.resent)]
+    again = [item for item in again if not item.answered]
+    if pending is None or not again:
+        return
+    try:
+        found = await pending([item.uid for item in again])
+    except REDIS_ERRORS as exc:
+        reraise_if_cancelling(exc)
+        return
+    for item, still in zip(again, found, strict=True):
+        item.answered = not still
+
+
+def expired(items: list[Outbound], now: float) -> list[Judged | None]:
+    """The outcome of each item settled before its POST; None for those still to send.
+
+    Delivered for a request whose reply came meanwhile (:attr:`Outbound.answered`: no
+    copy goes out after its caller had the answer); past its deadline, ``request
+    expired`` for one never sent, and one that expired while it waited to be sent again
+    keeps what its attempts said (unreachable, or maybe delivered: unknown).
     """
-    return [None if now < item.deadline else _expired(item) for item in items]
+    return [_settled(item, now) for item in items]
+
+
+def _settled(item: Outbound, now: float) -> Judged | None:
+    if item.answered:
+        return Outcome.DELIVERED, ""
+    return None if now < item.deadline else _expired(item)
 
 
 def _expired(item: Outbound) -> Judged:
     if item.attempt == 0:
-        return Outcome.REFUSED, "request expired"
+        return Outcome.EXPIRED, "request expired"
     return (Outcome.UNKNOWN if item.maybe_delivered else Outcome.UNREACHABLE), item.last_error
 
 
@@ -154,7 +186,7 @@ def _judge(item: Outbound, status: int, text: str) -> tuple[Outcome, str]:
     if status >= 500:  # a proxy's 502/504, a crash: the peer may have acted on it
         return Outcome.UNKNOWN, f"remote failed: HTTP {status}"
     if status == 410:
-        return Outcome.REFUSED, "request expired"
+        return Outcome.EXPIRED, "request expired"
     return Outcome.REFUSED, f"remote refused: {_error_text(text) or status}"
 
 

@@ -52,20 +52,21 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from pipeline import keys
-from pipeline.bus import answers, envelope
+from pipeline.bus import answers, backlog, envelope
 from pipeline.bus import tasks as bustasks
 from pipeline.bus.config import REDIS_ERRORS, BusConfig, bus_redis_url, reraise_if_cancelling
 from pipeline.bus.directory import Directory
 from pipeline.bus.forward import Forwarder
-from pipeline.bus.http import Ingress, build_server
+from pipeline.bus.http import build_server
+from pipeline.bus.ingress import Ingress
 from pipeline.bus.lease import Lease, owner_id
-from pipeline.bus.outbound import Done, Final, Kind, Outbound, Outcome
+from pipeline.bus.outbound import Final, Kind, Outbound, Outcome
 from pipeline.bus.queues import QueueHandlers
 from pipeline.bus.seat import Role, Seat
 from pipeline.bus.signing import Signer
 from pipeline.bus.store import BusStore
 from pipeline.errors import EnvelopeError, Fenced
-from pipeline.loggate import LogGate
+from pipeline.loggate import EVERY_S, LogGate
 from pipeline.redisio import conn as redisconn
 from pipeline.redisio.durability import Durability
 
@@ -95,11 +96,16 @@ class BusProcess:
         #: Redis steps of the bus's loops that failed (Redis away or refusing writes) and
         #: were retried: ``sluice_bus_redis_errors_total``.
         self.redis_errors = 0
+        #: Requests the scrubber answered "request expired" (``sluice_bus_answers_total``).
+        self.expired = 0
+        self._expired_at = 0.0  # when the scrubber last answered one
         self.redis = _connect(redis_url, config)
         self.store = BusStore(self.redis, max_seen=config.max_seen, max_item=config.max_size)
         self.directory = directory
-        self.forwarder = _forwarder(config, directory, signer, done=self._forwarded)
-        self.ingress = Ingress.from_config(config, directory, self.store)
+        self._signer = signer
+        self.forwarder = self._new_forwarder()
+        # a reply matched: that request's pending retry is never sent (see Forwarder.answered)
+        self.ingress = Ingress.from_config(config, directory, self.store, self._answered)
         #: Redis errors of the loops: one line per loop and interval, one when it recovers.
         self._gate = LogGate(log)
         self.queues = QueueHandlers(
@@ -111,7 +117,6 @@ class BusProcess:
             durability=durability,
         )
         self._runner: web.ServerRunner | None = None
-        self._signer = signer
         #: The twin's lease (made at start, once the port is known) and this bus's seat.
         self.seat: Seat | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -163,12 +168,14 @@ class BusProcess:
     async def _activate(self) -> list[asyncio.Task[None]]:
         """The active part: resend what is pending, then the loops and the scrubber."""
         previous = self.forwarder
-        self.forwarder = _forwarder(self.config, self.directory, self._signer, done=self._forwarded)
+        self.forwarder = self._new_forwarder()
         self.forwarder.outcomes, self.forwarder.retried = previous.outcomes, previous.retried
         self.queues.forwarder = self.forwarder
         tasks = [asyncio.create_task(self.forwarder.run(), name="bus-forwarder")]
         try:
-            await self._resend_pending()
+            await backlog.resend_pending(
+                self.store, self.forwarder, self.twin, self.config.max_pending
+            )
         except BaseException:
             tasks[0].cancel()
             raise
@@ -180,6 +187,25 @@ class BusProcess:
             tasks.append(asyncio.create_task(self._loop(queue, handle), name=f"bus-{name}-loop"))
         tasks.append(asyncio.create_task(self._scrubber(), name="bus-scrubber"))
         return tasks
+
+    def _answered(self, uids: list[str]) -> None:
+        self.forwarder.answered(uids)
+
+    def _new_forwarder(self) -> Forwarder:
+        """The sender of POSTs to peers, with the config's limits and retry pace."""
+        config = self.config
+        return Forwarder(
+            twin=config.twin,
+            directory=self.directory,
+            signer=self._signer,
+            done=self._forwarded,
+            workers=config.http_workers,
+            max_pending=config.max_pending,
+            max_batch_bytes=config.max_size,
+            retry_base_s=config.retry_base_s,
+            retry_max_s=config.retry_max_s,
+            pending=self.store.pending,
+        )
 
     def _fenced(self, exc: Fenced) -> None:
         if self.seat is not None:
@@ -335,46 +361,6 @@ class BusProcess:
             # Still in the backlog: resent on restart, or expired by the scrubber.
             log.exception("bus: could not record outcome of %s", item.id)
 
-    async def _resend_pending(self) -> None:
-        """After a restart: resend every pending request and every unsent reply.
-
-        A request the peer already got comes back 409 (replay), which counts as
-        delivered; the backlog lists requests by deadline, so the most urgent go first.
-        """
-        limit = self.config.max_pending
-        requests = await self.store.pending_requests(limit)
-        for uid, body, expires in requests:
-            try:
-                request = envelope.load_trusted(body)
-            except EnvelopeError:
-                continue  # the scrubber sets it aside
-            if request.dst[0] == self.twin:
-                continue  # went to msgbus.system.remote in the same transaction
-            item = Outbound(
-                due=0.0,
-                id=f"req:{uid}",
-                kind=Kind.REQUEST,
-                to=request.dst[0],
-                body=body,
-                deadline=expires,
-                tries=request.try_,
-                uid=uid,
-                resent=True,
-                maybe_delivered=True,  # an attempt before the restart may have reached the peer
-            )
-            await self.forwarder.submit(item)
-        replies = await self.store.outbox_items(limit)
-        for outbox_id, raw in replies:
-            try:
-                item = Outbound.from_json(outbox_id, raw)
-            except (ValueError, KeyError, TypeError, RecursionError):
-                log.error("bus: dropping corrupt outbox entry %s", outbox_id)
-                await self.store.drop_outbox(outbox_id)
-                continue
-            await self.forwarder.submit(item)
-        if requests or replies:
-            log.info("bus: resending %d requests, %d replies", len(requests), len(replies))
-
     async def _scrubber(self) -> None:
         while not self._stopped:
             await asyncio.sleep(self.config.scrub_interval_s)
@@ -393,28 +379,17 @@ class BusProcess:
                 log.exception("bus: scrubber failed; trying again")
 
     async def scrub(self, now: float) -> int:
-        """Answer expired backlog entries with ``err``; returns how many were answered."""
-        uids = await self.store.expired(now, 500)
-        answered = 0
-        if uids:
-            originals = await self.store.backlog(uids)
-            async with self.store.fenced() as pipe:
-                for uid, original in zip(uids, originals, strict=True):
-                    if original is None:
-                        pipe.zrem(keys.bus_expiry(), uid)
-                        continue
-                    try:
-                        request = envelope.load_trusted(original)
-                    except EnvelopeError:
-                        self.queues.corrupt_in(pipe, uid, original)
-                        continue
-                    fail = answers.error_reply(
-                        request, "request expired", about=request.dst[0], me=self.twin
-                    )
-                    await self.store.finish_in(pipe, uid, request.ret, fail.encode())
-                    answered += 1
-                await pipe.execute()
-        await self.store.forget_seen(now)
+        """Answer expired backlog entries with ``err`` (counted, logged through the gate);
+        returns how many were answered."""
+        answered = await backlog.scrub(self.store, self.queues, self.twin, now)
+        self.expired += answered
+        # one line per EVERY_S while requests keep expiring, one once none did for as long
+        if answered:
+            self._expired_at = now
+            self._gate.failed("expired", "bus: %d request(s) answered 'request expired' (no "
+                              "reply before exp; all counted in /metrics)", answered)  # fmt: skip
+        elif now - self._expired_at > EVERY_S:
+            self._gate.ended("expired", "bus: requests no longer expire unanswered")
         return answered
 
 
@@ -431,20 +406,3 @@ def _connect(redis_url: str, config: BusConfig) -> aioredis.Redis:
     # flight); the loops recover from the inflight list instead.
     client.set_retry(Retry(NoBackoff(), 0))
     return client
-
-
-def _forwarder(
-    config: BusConfig, directory: Directory, signer: Signer | None, *, done: Done
-) -> Forwarder:
-    """The sender of POSTs to peers, with the config's limits and retry pace."""
-    return Forwarder(
-        twin=config.twin,
-        directory=directory,
-        signer=signer,
-        done=done,
-        workers=config.http_workers,
-        max_pending=config.max_pending,
-        max_batch_bytes=config.max_size,
-        retry_base_s=config.retry_base_s,
-        retry_max_s=config.retry_max_s,
-    )

@@ -21,6 +21,7 @@ its reason instead of being dropped.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class _LocalBatch:
     backlog: list[tuple[str, bytes, float]] = field(default_factory=list)
     #: Requests for this twin, for its remote queue.
     to_self: list[bytes] = field(default_factory=list)
+    #: What each answer of ``answered`` says happened ("expired", "refused").
+    counted: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -91,6 +94,9 @@ class QueueHandlers:
         self.durability = durability or Durability()
         #: Requests that left although fewer replicas than required held their backlog.
         self.not_replicated = 0
+        #: Answers to this twin's callers made here: "answered", "handler_failed" (its own
+        #: handlers' replies), "expired", "refused" (requests it could not take).
+        self.answers: collections.Counter[str] = collections.Counter()
         self._gate = LogGate(log)
         self.twin = config.twin
         self.redis = client
@@ -114,6 +120,7 @@ class QueueHandlers:
             await self._record_local_in(pipe, plan)
             self.store.release(pipe, keys.BUS_LOCAL, len(batch), claim_next)
             results = await pipe.execute()
+        self.answers.update(plan.counted)
         if self.durability.on and (plan.backlog or plan.answered):
             await self._wait_replicated(len(plan.backlog))
         for item in plan.outbound:
@@ -134,6 +141,7 @@ class QueueHandlers:
             log.info("bus: invalid request answered on %s: %s", ret, exc)
             bad = Envelope(cmd=cmd, ret=ret, dst=[self.twin], now=int(now))
             plan.answered.append((ret, bad.copy(err=exc.public_message).encode()))
+            plan.counted.append("refused")
             return None
 
     async def _route(self, env: Envelope, now: float, plan: _LocalBatch) -> None:
@@ -155,6 +163,7 @@ class QueueHandlers:
             about = env.copy(dst=[dst], src=self.twin)
             fail = answers.error_reply(about, problem, about=dst, me=self.twin)
             plan.answered.append((env.ret, fail.encode()))
+            plan.counted.append("expired" if problem == "request expired" else "refused")
 
     async def _stamp(self, env: Envelope, expires: float, dst: int, plan: _LocalBatch) -> None:
         """Give one routed copy its uid and its backlog entry; queue it for this twin's
@@ -271,14 +280,17 @@ class QueueHandlers:
         uids = [env.uid for env in plan.mine] + [uid for uid, _ in plan.invalid]
         originals = await self.store.backlog(uids)
         async with self.store.fenced() as pipe:
-            await self._answer_in(pipe, plan.mine, originals)
-            await self._fail_in(pipe, plan.invalid, originals[len(plan.mine) :])
+            counted: list[str] = []  # what each caller answered got, once it is written
+            await self._answer_in(pipe, plan.mine, originals, counted)
+            await self._fail_in(pipe, plan.invalid, originals[len(plan.mine) :], counted)
             for reason, raw in plan.unanswerable:
                 self.store.bury_in(pipe, keys.BUS_REPLY, reason, raw)
             if plan.outbound:
                 self.store.outbox_in(pipe, [(item.id, item.to_json()) for item in plan.outbound])
             self.store.release(pipe, keys.BUS_REPLY, len(batch), claim_next)
             results = await pipe.execute()
+        self.answers.update(counted)
+        self.forwarder.answered(uids)  # matched: no pending copy of them goes out again
         for item in plan.outbound:
             await self.forwarder.submit(item)
         return _claimed(results, claim_next)
@@ -323,7 +335,7 @@ class QueueHandlers:
         )
 
     async def _answer_in(
-        self, pipe: Any, mine: list[Envelope], originals: list[bytes | None]
+        self, pipe: Any, mine: list[Envelope], originals: list[bytes | None], counted: list[str]
     ) -> None:
         """Queue into ``pipe`` the answers to this twin's callers, each on its request's ``ret``."""
         for env, original in zip(mine, originals, strict=False):
@@ -337,9 +349,14 @@ class QueueHandlers:
                 continue
             answer = env.encode(ret=request.ret)
             await self.store.finish_in(pipe, env.uid, request.ret, answer)
+            counted.append("handler_failed" if env.err else "answered")
 
     async def _fail_in(
-        self, pipe: Any, invalid: list[tuple[str, str]], originals: list[bytes | None]
+        self,
+        pipe: Any,
+        invalid: list[tuple[str, str]],
+        originals: list[bytes | None],
+        counted: list[str],
     ) -> None:
         """Queue into ``pipe`` the error answers for this twin's callers whose handler
         replied with garbage."""
@@ -355,6 +372,7 @@ class QueueHandlers:
                 request, f"invalid reply: {text}", about=request.dst[0], me=self.twin
             )
             await self.store.finish_in(pipe, uid, request.ret, fail.encode())
+            counted.append("handler_failed")
 
     def corrupt_in(self, pipe: Any, uid: str, original: bytes) -> None:
         """Set aside a backlog entry that does not decode (written by something else)."""

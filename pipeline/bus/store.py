@@ -348,6 +348,13 @@ class BusStore:
             raise Fenced(f"answer to {uid} refused: the lease of token {self.token} was taken over")
         return result == 1
 
+    async def pending(self, uids: Sequence[str]) -> list[bool]:
+        """Whether each request is still in the backlog (its caller not answered yet)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for uid in uids:
+                pipe.hexists(keys.BUS_BACKLOG, uid)
+            return [bool(found) for found in await pipe.execute()]
+
     async def backlog(self, uids: Sequence[str]) -> list[bytes | None]:
         if not uids:
             return []

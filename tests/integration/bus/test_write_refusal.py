@@ -29,15 +29,23 @@ async def test_a_refused_reply_is_pushed_again_once_redis_takes_writes(
     client = aioredis.Redis.from_url(redis_url)
     server = BusServer.from_url(redis_url, workers=1)
 
+    taken, release = asyncio.Event(), asyncio.Event()
+
     @server.handler("refusal.echo")
     async def echo(data: bytes, request: object) -> bytes:
+        taken.set()
+        await release.wait()
         return data
 
     request = seed_request("refusal.echo", [7], b"hello", uid="7.1", src=3)
     await client.rpush(keys.bus_command("refusal.echo"), json.dumps(request))
     task = asyncio.create_task(server.serve())
     try:
+        # taken first (a server claims nothing while Redis refuses writes: a claim is
+        # a move to its handling list, so what waits stays in the queue)
+        await asyncio.wait_for(taken.wait(), 10)
         with refusing(redis_url):
+            release.set()
             # The push was tried and refused (the server says so in its log).
             await until(
                 lambda: any("repl" in r.getMessage() for r in caplog.records),

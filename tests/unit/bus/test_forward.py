@@ -148,7 +148,66 @@ def test_an_item_that_expired_waiting_to_be_sent_again_keeps_what_its_attempts_s
     items = [item(0, False), item(2, False), item(2, True)]
     assert expired(items, 9.0) == [None, None, None]
     assert expired(items, 10.0) == [
-        (Outcome.REFUSED, "request expired"),  # never sent
+        (Outcome.EXPIRED, "request expired"),  # never sent: expired, nothing refused it
         (Outcome.UNREACHABLE, "no answer: refused"),  # never reached the peer
         (Outcome.UNKNOWN, "no answer: refused"),  # may have reached it
     ]
+
+
+def test_a_request_whose_reply_came_is_settled_delivered_and_never_sent_again():
+    """Forwarder.answered: a request waiting for a retry (or resent) when its reply is
+    matched is delivered, before its deadline or after, and any attempt then out is not
+    retried; a request it does not hold, or a reply, is left alone."""
+    import asyncio
+
+    from pipeline.bus.outbound import Outcome
+    from pipeline.bus.post import expired
+
+    fwd = Forwarder(twin=1, directory=FileDirectory({}), signer=None, done=_done)
+    waiting, other = _item(1, b"{}"), _item(2, b"{}")
+    waiting.attempt, waiting.deadline = 2, 10.0
+
+    async def hand_over() -> None:
+        await fwd.submit(waiting)
+        await fwd.submit(other)
+
+    asyncio.run(hand_over())
+    fwd.answered(["1002.1", "1002.9"])
+    assert waiting.answered and not other.answered
+    assert expired([waiting, other], 5.0) == [(Outcome.DELIVERED, ""), None]
+    assert expired([waiting], 11.0) == [(Outcome.DELIVERED, "")]
+    # an attempt out when the reply came: settled, not retried
+    assert fwd._settle(waiting, Outcome.UNKNOWN, "no answer") == (Outcome.DELIVERED, "")
+    assert not fwd._delayed and fwd.retried == 0
+
+
+def test_a_retry_whose_backlog_entry_is_gone_is_marked_answered():
+    """post.mark_answered: a request sent before (a retry, a resend) whose reply another
+    bus of the twin took is not sent again; a first attempt costs no Redis read; when
+    Redis fails, the retry goes."""
+    import asyncio
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from pipeline.bus.post import mark_answered
+
+    asked: list[list[str]] = []
+
+    async def gone(uids: list[str]) -> list[bool]:
+        asked.append(uids)
+        return [False] * len(uids)
+
+    async def away(uids: list[str]) -> list[bool]:
+        raise RedisConnectionError("Connection refused")
+
+    first, retry, resent = _item(1, b"{}"), _item(2, b"{}"), _item(3, b"{}")
+    retry.attempt, resent.resent = 1, True
+    asyncio.run(mark_answered([first], gone))
+    assert asked == [] and not first.answered
+    kept = _item(4, b"{}")
+    kept.attempt = 3
+    asyncio.run(mark_answered([kept], away))
+    assert not kept.answered
+    asyncio.run(mark_answered([first, retry, resent], gone))
+    assert asked == [["1002.2", "1002.3"]]
+    assert (first.answered, retry.answered, resent.answered) == (False, True, True)
