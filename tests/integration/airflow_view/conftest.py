@@ -43,6 +43,9 @@ PLAIN = "events:view"
 START_DEADLINE_S = 90.0
 #: How long :func:`stop` waits for processes to end on SIGTERM before it kills them.
 STOP_GRACE_S = 5.0
+#: The same at a system's end, which has nothing to save: each module's teardown waited
+#: out the whole :data:`STOP_GRACE_S` (4.9-6.9 s) for a process that ignored SIGTERM.
+TEARDOWN_GRACE_S = 1.0
 
 
 @dataclass
@@ -124,15 +127,14 @@ def airflow_env(home: Path, port: int, lake: str, redis_url: str, database: str)
     return env
 
 
-def stop(*procs: subprocess.Popen[bytes]) -> None:
+def stop(*procs: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
     """End each process group: SIGTERM to all at once (their shutdowns overlap: a Celery
-    worker's alone took seconds), then SIGKILL to any still running :data:`STOP_GRACE_S`
-    later (a test's system at its end has nothing to save: its teardown took 15 s
-    waiting for one that did not end on SIGTERM)."""
+    worker's alone took seconds), then SIGKILL to any still running ``grace_s`` later
+    (a test's system at its end has nothing to save: :data:`TEARDOWN_GRACE_S`)."""
     running = [proc for proc in procs if proc.poll() is None]
     for proc in running:
         os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + grace_s
     for proc in running:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -188,15 +190,16 @@ def start_api_server(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(spawn(env, home, "api-server", "--port", str(port), "--workers", "1"))
-        # The server needs no DAG to start: serialize dags/ while it starts.
-        airflow_cli(env, home, "dags", "reserialize")
+        # Neither the server nor the scheduler needs a DAG to start: serialize dags/ while
+        # they start (a scheduler started after it left its own start-up to the test).
         if scheduler:
             procs.append(spawn(env, home, "scheduler"))
+        airflow_cli(env, home, "dags", "reserialize")
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, procs[0], log_path)
         yield url, admin_token(url, home), log_path
     finally:
-        stop(*reversed(procs))
+        stop(*reversed(procs), grace_s=TEARDOWN_GRACE_S)
 
 
 def spawn(

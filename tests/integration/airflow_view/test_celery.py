@@ -20,68 +20,75 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 import httpx
 import pytest
-import redis
 
-from pipeline import keys
 from pipeline.local.redisserver import LocalRedis
 from pipeline.local.s3 import LocalStore
 from pipeline.runtime.ports import free_port
 from tests.conftest import S3_BUCKET
 from tests.integration.lake.connect import shared_server
-from tests.support.poll import until_sync
 
-from .conftest import admin_token, airflow_cli, airflow_env, spawn, stop, wait_healthy
+from .conftest import (
+    TEARDOWN_GRACE_S,
+    admin_token,
+    airflow_cli,
+    airflow_env,
+    spawn,
+    stop,
+    wait_healthy,
+)
+from .deployment import (
+    DAG,
+    DAY,
+    Deployment,
+    dag_runs,
+    fresh_db,
+    get,
+    midnight,
+    scheduler_env,
+    wait,
+    write_days,
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.timeout(900)]
 
-DAG = "sluice_archive"
 STREAM = "events:celery"
 BROKER_DB = 13
 DATA_DB = 14
-DAY = timedelta(days=1)
-#: Longest the module waits for one piece of scheduler work (a hang, not a speed).
-DEADLINE_S = 600.0
 #: The Celery task every Airflow workload runs as (what a worker logs on receipt).
 WORKLOAD_TASK = "execute_workload["
 
 
 @dataclass
-class Celery:
+class Celery(Deployment):
     env: dict[str, str]
-    home: Path
     port: int
-    url: str
-    token: str
     api: list[subprocess.Popen[bytes]]  # the current API server (replaced on restart)
-    lake: dict[str, Any]  # flat lake settings (uri and lake_s3_*)
-    redis: redis.Redis
-    today: datetime
-    ids: dict[int, list[str]]  # day offset -> entry ids written that day
-    hold: Path
+    s3: dict[str, Any]  # flat lake settings (uri and lake_s3_*)
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30.0
+
+def _spawn_workers(env: dict[str, str], home: Path) -> list[subprocess.Popen[bytes]]:
+    """Two ``airflow celery worker`` processes, w1 and w2, concurrency 1 each."""
+    return [
+        spawn(
+            {**env, "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())},
+            home,
+            "celery",
+            "worker",
+            "--celery-hostname",
+            f"{name}@%h",
+            "--concurrency",
+            "1",
+            log=f"celery-{name}.log",
         )
-
-    def interval(self, day: int) -> tuple[int, int]:
-        start = self.today + day * DAY
-        return _ms(start), _ms(start + DAY)
-
-
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
-
-
-def _wait(what: str, check: Callable[[], Any], deadline_s: float = DEADLINE_S) -> Any:
-    return until_sync(check, what, within_s=deadline_s, every_s=1.0)
+        for name in ("w1", "w2")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -96,19 +103,11 @@ def celery(
     home = tmp_path_factory.mktemp("airflow-celery")
     port = free_port()
     lake = {"lake_uri": f"s3://{S3_BUCKET}/{uuid.uuid4().hex}", **s3_store.lake_settings()}
-    data_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{DATA_DB}"))
     broker_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{BROKER_DB}"))
-    client = redis.Redis.from_url(data_url, socket_timeout=10)
-    client.flushdb()
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    ids: dict[int, list[str]] = {}
-    for day in (-3, -1):
-        start = _ms(today + day * DAY)
-        ids[day] = [f"{start + 3_600_000 * (i + 1)}-0" for i in range(4)]
-        for entry_id in ids[day]:
-            client.xadd(keys.stream(STREAM), {b"n": entry_id.encode()}, id=entry_id)
+    data_url, client = fresh_db(view_redis, DATA_DB)
+    day0 = midnight()
+    ids = write_days(client, STREAM, day0, {-3: 4, -1: 4})
     database = airflow_database()
-    hold = home / "hold"
     env = airflow_env(home, port, str(lake["lake_uri"]), data_url, database)
     env.update(
         {
@@ -116,6 +115,7 @@ def celery(
             for k, v in lake.items()
         }
     )
+    env.update(scheduler_env(port, home, STREAM, remote, job_timeout_s=300))
     env.update(
         {
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
@@ -124,77 +124,46 @@ def celery(
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "3600",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
-            "SLUICE_STREAMS": STREAM,
-            "SLUICE_CHAIN_STREAMS": "",
-            "SLUICE_ARCHIVE_CRON": "0 0 * * *",
-            "SLUICE_HOT_RETENTION_S": str(30 * 86400),  # nothing trimmed: Redis stays the truth
-            "SLUICE_SPARK_REMOTE": remote,
-            "SLUICE_LAKE_TASK_RETRIES": "0",
-            "SLUICE_LAKE_JOB_TIMEOUT_S": "300",
-            "SLUICE_VAR_DIR": str(home / "var"),
-            "SLUICE_TEST_HOLD_FILE": str(hold),
         }
     )
     procs: list[subprocess.Popen[bytes]] = []
     api: list[subprocess.Popen[bytes]] = []
     try:
         api.append(spawn(env, home, "api-server", "--port", str(port), "--workers", "1"))
-        airflow_cli(env, home, "dags", "reserialize")
-        for name in ("w1", "w2"):
-            worker_env = {
-                **env,
-                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-            }
-            procs.append(
-                spawn(
-                    worker_env,
-                    home,
-                    "celery",
-                    "worker",
-                    "--celery-hostname",
-                    f"{name}@%h",
-                    "--concurrency",
-                    "1",
-                    log=f"celery-{name}.log",
-                )
-            )
+        # None of them needs a DAG to start: serialize dags/ while they start.
+        procs.extend(_spawn_workers(env, home))
         procs.append(spawn(env, home, "scheduler"))
+        airflow_cli(env, home, "dags", "reserialize")
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, api[0], home / "api-server.log")
+        token = admin_token(url, home)
         yield Celery(
-            env=env,
-            home=home,
-            port=port,
-            url=url,
-            token=admin_token(url, home),
-            api=api,
-            lake=lake,
-            redis=client,
-            today=today,
-            ids=ids,
-            hold=hold,
+            url,
+            token,
+            home,
+            lake["lake_uri"],
+            client,
+            day0,
+            ids,
+            home / "hold",
+            env,
+            port,
+            api,
+            lake,
         )
     finally:
-        stop(*api, *reversed(procs))
+        stop(*api, *reversed(procs), grace_s=TEARDOWN_GRACE_S)
         client.close()
 
 
-def _get(http: httpx.Client, path: str, **params: Any) -> Any:
-    reply = http.get(path, params=params)
-    assert reply.status_code == 200, f"{path}: {reply.status_code} {reply.text[:500]}"
-    return reply.json()
-
-
 def _ended(http: httpx.Client, run_id: str) -> dict[str, Any] | None:
-    run: dict[str, Any] = _get(http, f"/api/v2/dags/{DAG}/dagRuns/{run_id}")
+    run: dict[str, Any] = get(http, f"/api/v2/dags/{DAG}/dagRuns/{run_id}")
     return run if run["state"] in ("success", "failed") else None
 
 
 def _task_states(http: httpx.Client, run_id: str) -> dict[str, str]:
-    tis = _get(http, f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    tis = get(http, f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances")["task_instances"]
     return {f"{t['task_id']}[{t['map_index']}]": t["state"] for t in tis}
 
 
@@ -220,11 +189,11 @@ def _received(home: Path) -> dict[str, int]:
 
 def test_scheduled_run_goes_through_celery_workers_into_the_s3_lake(celery: Celery) -> None:
     with celery.client() as http:
-        scheduled = _wait(
+        scheduled = wait(
             "the scheduled run to end",
             lambda: [
                 r
-                for r in _get(http, f"/api/v2/dags/{DAG}/dagRuns")["dag_runs"]
+                for r in dag_runs(http)
                 if r["run_type"] == "scheduled" and r["state"] in ("success", "failed")
             ],
         )
@@ -239,7 +208,7 @@ def test_scheduled_run_goes_through_celery_workers_into_the_s3_lake(celery: Cele
     assert sum(received.values()) >= len(ran), (received, states)
     lo, hi = celery.interval(-1)
     assert datetime.fromisoformat(run["data_interval_start"]) == celery.today - DAY
-    assert _lake_ids(celery.lake, lo, hi) == celery.ids[-1]
+    assert _lake_ids(celery.s3, lo, hi) == celery.ids[-1]
 
 
 def _job_pid(hold: Path) -> int | None:
@@ -260,12 +229,9 @@ def test_a_task_waits_out_an_api_server_restart(celery: Celery) -> None:
     start = celery.today - 3 * DAY
     run_id = "manual__api-restart"
     with celery.client() as http:
-        _wait(
+        wait(
             "the scheduled run to end",
-            lambda: all(
-                r["state"] in ("success", "failed")
-                for r in _get(http, f"/api/v2/dags/{DAG}/dagRuns")["dag_runs"]
-            ),
+            lambda: all(r["state"] in ("success", "failed") for r in dag_runs(http)),
         )
         celery.hold.write_text(f"--start-ms {lo} ")
         reply = http.post(
@@ -278,21 +244,21 @@ def test_a_task_waits_out_an_api_server_restart(celery: Celery) -> None:
             },
         )
         assert reply.status_code == 200, reply.text
-        pid = _wait("the archive job to hold", lambda: _job_pid(celery.hold))
+        pid = wait("the archive job to hold", lambda: _job_pid(celery.hold))
     # The API server goes away while the task's job runs; the job ends and its task
     # reports to (and heartbeats against) the missing server before it comes back.
     stop(celery.api.pop())
     celery.hold.unlink()
-    _wait("the archive job to end", lambda: not _alive(pid))
+    wait("the archive job to end", lambda: not _alive(pid))
     before = _received(celery.home)
     celery.api.append(
         spawn(celery.env, celery.home, "api-server", "--port", str(celery.port), "--workers", "1")
     )
     wait_healthy(celery.url, celery.api[0], celery.home / "api-server.log")
     with celery.client() as http:
-        run = _wait("the run to end", lambda: _ended(http, run_id))
+        run = wait("the run to end", lambda: _ended(http, run_id))
         states = _task_states(http, run_id)
     assert run["state"] == "success", states
     assert states["archive_streams[-1]"] == "success"
     assert _received(celery.home) != before  # later tasks went through Celery as well
-    assert _lake_ids(celery.lake, lo, hi) == celery.ids[-3]
+    assert _lake_ids(celery.s3, lo, hi) == celery.ids[-3]

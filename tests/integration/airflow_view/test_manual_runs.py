@@ -26,120 +26,60 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlparse, urlunparse
+from urllib.parse import quote
 
 import httpx
 import pytest
-import redis
 
-from pipeline import keys
 from pipeline.local.redisserver import LocalRedis
-from pipeline.runtime.ports import free_port
-from tests.integration.lake.connect import shared_server
 from tests.support.poll import until_sync
 
-from .conftest import airflow_env, start_api_server
+from .deployment import (
+    DAG,
+    DAY,
+    Deployment,
+    dag_runs,
+    failures,
+    get,
+    lake_ids,
+    local_deployment,
+    log_rows,
+    wait,
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.timeout(900)]
 
 log = logging.getLogger(__name__)
 
-DAG = "sluice_archive"
 STREAM = "events:manual"
 MANUAL_REDIS_DB = 10
-DAY = timedelta(days=1)
 PARALLELISM = 4
 #: What a manual run may wait before its first task starts.
 START_WITHIN_S = 60.0
-#: Longest the module waits for one piece of scheduler work (a hang, not a speed).
-DEADLINE_S = 600.0
-
-
-@dataclass
-class System:
-    url: str
-    token: str
-    home: Path
-    lake: str
-    redis: redis.Redis
-    today: datetime
-    ids: dict[int, list[str]]  # day offset -> entry ids written that day
-    hold: Path
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30.0
-        )
-
-    def interval(self, day: int) -> tuple[int, int]:
-        start = self.today + day * DAY
-        return _ms(start), _ms(start + DAY)
-
-
-def _ms(moment: datetime) -> int:
-    return int(moment.timestamp() * 1000)
+#: How often the wait for runs to start polls: each poll is several API calls.
+STARTED_POLL_S = 0.5
 
 
 @pytest.fixture(scope="module")
 def system(
     request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
     view_redis: LocalRedis,
     airflow_database: Callable[[], str],
-) -> Iterator[System]:
-    remote = shared_server(request, tmp_path_factory.getbasetemp()).url
-    home = tmp_path_factory.mktemp("airflow-manual")
-    lake = str(home / "lake")
-    port = free_port()
-    redis_url = urlunparse(urlparse(view_redis.url)._replace(path=f"/{MANUAL_REDIS_DB}"))
-    client = redis.Redis.from_url(redis_url, socket_timeout=10)
-    client.flushdb()
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    ids: dict[int, list[str]] = {}
-    for day in (-3, -2, -1):
-        start = _ms(today + day * DAY)
-        ids[day] = [f"{start + 3_600_000 * (i + 1)}-0" for i in range(2 - day)]
-        for entry_id in ids[day]:
-            client.xadd(keys.stream(STREAM), {b"n": entry_id.encode()}, id=entry_id)
-    hold = home / "hold"
-    # Armed before Airflow starts: the scheduled run's job (yesterday's interval) holds.
-    hold.write_text(f"--start-ms {_ms(today - DAY)} ")
-    env = airflow_env(home, port, lake, redis_url, airflow_database())
-    env.update(
-        {
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-            "SLUICE_STREAMS": STREAM,
-            "SLUICE_CHAIN_STREAMS": "",
-            "SLUICE_ARCHIVE_CRON": "0 0 * * *",
-            "SLUICE_HOT_RETENTION_S": str(30 * 86400),  # nothing is trimmed: Redis stays the truth
-            "SLUICE_SPARK_REMOTE": remote,
-            "SLUICE_LAKE_TASK_RETRIES": "0",
-            "SLUICE_LAKE_JOB_TIMEOUT_S": "600",
-            "SLUICE_VAR_DIR": str(home / "var"),
-            "SLUICE_TEST_HOLD_FILE": str(hold),
-        }
-    )
-    try:
-        with start_api_server(env, home, port, scheduler=True) as (url, token, _log):
-            yield System(url, token, home, lake, client, today, ids, hold)
-    finally:
-        hold.unlink(missing_ok=True)
-        client.close()
-
-
-def _get(http: httpx.Client, path: str, **params: Any) -> Any:
-    reply = http.get(path, params=params)
-    assert reply.status_code == 200, f"{path}: {reply.status_code} {reply.text[:500]}"
-    return reply.json()
+) -> Iterator[Deployment]:
+    # The scheduled run's job (yesterday's interval) holds from the start.
+    with local_deployment(
+        request,
+        view_redis,
+        airflow_database(),
+        stream=STREAM,
+        db=MANUAL_REDIS_DB,
+        counts={day: 2 - day for day in (-3, -2, -1)},
+        parallelism=PARALLELISM,
+        held_day=-1,
+    ) as deployment:
+        yield deployment
 
 
 def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
@@ -148,14 +88,9 @@ def _post(http: httpx.Client, path: str, body: dict[str, Any]) -> Any:
     return reply.json()
 
 
-def _wait(what: str, check: Any, deadline_s: float = DEADLINE_S) -> Any:
-    """Poll an Airflow condition once a second (each poll is an API call or a file read)."""
-    return until_sync(check, what, within_s=deadline_s, every_s=1.0)
-
-
 def _tis(http: httpx.Client, dag_id: str, run_id: str) -> list[dict[str, Any]]:
     path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances"
-    tis: list[dict[str, Any]] = _get(http, path)["task_instances"]
+    tis: list[dict[str, Any]] = get(http, path)["task_instances"]
     return tis
 
 
@@ -169,50 +104,11 @@ def _started(http: httpx.Client, dag_id: str, run_id: str, task_id: str | None) 
     return min(starts, default=None)
 
 
-def _failures(http: httpx.Client, runs: list[dict[str, Any]]) -> list[str]:
-    """Each failed run's failed tasks with the end of their log (what a failure report needs)."""
-    out = []
-    for run in runs:
-        if run["state"] == "success":
-            continue
-        base = f"/api/v2/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
-        for ti in _get(http, base)["task_instances"]:
-            if ti["state"] in ("success", "skipped"):
-                continue
-            path = f"{base}/{ti['task_id']}/logs/{max(1, ti['try_number'])}"
-            reply = http.get(path, params={"map_index": ti["map_index"], "full_content": "true"})
-            content = reply.json().get("content", []) if reply.status_code == 200 else []
-            lines = [f"{e.get('level', '')} {e.get('event', '')}" for e in content
-                     if isinstance(e, dict)]  # fmt: skip
-            tail = "\n".join(lines[-30:])
-            out.append(
-                f"{run['dag_run_id']} {ti['task_id']}[{ti['map_index']}] {ti['state']}:\n{tail}"
-            )
-    return out
-
-
-def _lake_ids(lake: str) -> list[str]:
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(f"{lake}/stream_entries").to_pyarrow_table().to_pylist()
-    return sorted(
-        (r["entry_id"] for r in rows if r["stream"] == STREAM),
-        key=lambda i: tuple(map(int, i.split("-"))),
-    )
-
-
-def _log_rows(lake: str) -> list[tuple[int, int, int]]:
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(f"{lake}/archive_log").to_pyarrow_table().to_pylist()
-    return sorted((r["start_ms"], r["end_ms"], r["entries"]) for r in rows if r["stream"] == STREAM)
-
-
 #: name -> (dag_id, run_id, the task whose start counts: None for the run's first)
 Runs = dict[str, tuple[str, str, str | None]]
 
 
-def _trigger_archive(http: httpx.Client, system: System) -> Runs:
+def _trigger_archive(http: httpx.Client, system: Deployment) -> Runs:
     """A backfill of days -3..-2 (two runs at once) and an archive run, through the API."""
     first = system.today - 3 * DAY
     body = {
@@ -256,7 +152,9 @@ def _wait_started(http: httpx.Client, runs: Runs) -> dict[str, float]:
         return done if len(done) == len(runs) else None
 
     try:
-        starts = _wait("the runs to start", all_started, deadline_s=START_WITHIN_S)
+        starts = until_sync(
+            all_started, "the runs to start", within_s=START_WITHIN_S, every_s=STARTED_POLL_S
+        )
     except AssertionError as exc:
         waiting = {n: _start_of(http, *r) for n, r in runs.items()}
         raise AssertionError(f"not started within {START_WITHIN_S}s: {waiting}") from exc
@@ -264,8 +162,7 @@ def _wait_started(http: httpx.Client, runs: Runs) -> dict[str, float]:
 
 
 def _backfill_runs(http: httpx.Client) -> list[dict[str, Any]]:
-    runs = _get(http, f"/api/v2/dags/{DAG}/dagRuns", limit=100)["dag_runs"]
-    return [r for r in runs if r["run_type"] == "backfill"]
+    return [r for r in dag_runs(http) if r["run_type"] == "backfill"]
 
 
 def _start_of(http: httpx.Client, dag_id: str, run_id: str, task: str | None) -> datetime | None:
@@ -275,16 +172,16 @@ def _start_of(http: httpx.Client, dag_id: str, run_id: str, task: str | None) ->
     return _started(http, dag_id, run_id, task)
 
 
-def test_manual_runs_start_within_a_minute_while_the_schedule_runs(system: System) -> None:
+def test_manual_runs_start_within_a_minute_while_the_schedule_runs(system: Deployment) -> None:
     with system.client() as http:
         # The scheduled run's archive job holds, with the stream's archive lock.
-        _wait("the scheduled run's job to hold", lambda: system.hold.read_text().startswith("pid"))
+        wait("the scheduled run's job to hold", lambda: system.hold.read_text().startswith("pid"))
         archive = _trigger_archive(http, system)
         waited = _wait_started(http, archive)
         # Archive jobs of three runs want the pool: it is full, a fourth waits in it ...
-        pool = _wait(
+        pool = wait(
             "the archive pool to fill",
-            lambda: (p := _get(http, "/api/v2/pools/sluice_archive"))["open_slots"] == 0 and p,
+            lambda: (p := get(http, "/api/v2/pools/sluice_archive"))["open_slots"] == 0 and p,
             deadline_s=START_WITHIN_S,
         )
         assert pool["slots"] == PARALLELISM - 1, pool  # created by the scheduler, a slot kept
@@ -293,26 +190,25 @@ def test_manual_runs_start_within_a_minute_while_the_schedule_runs(system: Syste
         log.info("manual runs started after (s): %s", waited)
         # ... while the scheduled run's job was still held: beside it, not after it
         assert system.hold.read_text().startswith("pid"), "the scheduled job was released early"
-        scheduled = [r for r in _get(http, f"/api/v2/dags/{DAG}/dagRuns")["dag_runs"]
-                     if r["run_type"] == "scheduled"]  # fmt: skip
+        scheduled = [r for r in dag_runs(http) if r["run_type"] == "scheduled"]
         assert [r["state"] for r in scheduled] == ["running"]
         archive_tis = _tis(http, DAG, archive[DAG][1])
         assert {ti["pool"] for ti in archive_tis} == {"sluice_archive"}, archive_tis
     assert max(waited.values()) < START_WITHIN_S, waited
 
 
-def test_released_every_archive_run_succeeds_and_coverage_is_contiguous(system: System) -> None:
+def test_released_every_archive_run_succeeds_and_coverage_is_contiguous(system: Deployment) -> None:
     system.hold.unlink(missing_ok=True)
     began = time.monotonic()
     with system.client() as http:
 
         def ended() -> list[dict[str, Any]] | None:
-            runs = _get(http, f"/api/v2/dags/{DAG}/dagRuns", limit=100)["dag_runs"]
+            runs = dag_runs(http)
             over = all(r["state"] in ("success", "failed") for r in runs)
             return runs if over and len(runs) == 4 else None  # scheduled, manual, 2 backfill
 
-        runs = _wait("every archive run to end", ended)
-        failed = _failures(http, runs)
+        runs = wait("every archive run to end", ended)
+        failed = failures(http, runs)
     log.info("archive runs ended %.1fs after the release", time.monotonic() - began)
     assert not failed, "\n\n".join(failed)
     assert {r["run_type"]: r["state"] for r in runs} == {
@@ -320,7 +216,7 @@ def test_released_every_archive_run_succeeds_and_coverage_is_contiguous(system: 
     }, runs  # fmt: skip
     assert [r["state"] for r in runs] == ["success"] * 4
     # Days -3..-1 archived once each, contiguous, and the lake holds exactly what Redis held.
-    assert [(lo, hi) for lo, hi, _ in _log_rows(system.lake)] == [
+    assert [(lo, hi) for lo, hi, _ in log_rows(system.lake, STREAM)] == [
         system.interval(d) for d in (-3, -2, -1)
     ]
-    assert _lake_ids(system.lake) == [i for d in (-3, -2, -1) for i in system.ids[d]]
+    assert lake_ids(system.lake, STREAM) == [i for d in (-3, -2, -1) for i in system.ids[d]]

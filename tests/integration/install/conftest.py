@@ -61,7 +61,10 @@ def _venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path, extra: str) -> 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     spec = str(wheel) if extra == "core" else f"sluice[{extra}] @ {wheel.as_uri()}"
     constraints = str(ROOT / "constraints.txt")
-    _pip("--python", str(venv / "bin" / "python"), "install", "-q", "-c", constraints, spec)
+    # --no-compile: pip byte-compiles every module it installs (pyspark's, pandas', ...),
+    # most of an install's time on a loaded machine; the commands compile what they import.
+    python = str(venv / "bin" / "python")
+    _pip("--python", python, "install", "-q", "--no-compile", "-c", constraints, spec)
     INSTALL_S[extra] = time.perf_counter() - began
     return venv
 
