@@ -4,8 +4,9 @@ Phase 4 of resumption before live (:mod:`pipeline.chain.history.resumption`):
 every entry after the plan's last id goes through the subscriber's
 :class:`~pipeline.chain.forkchoice.Sender` (fork choice, production order),
 read and decoded a turn at a time (:mod:`pipeline.chain.history.turns`).
-Entries trimmed from Redis meanwhile show up as a jump in block numbers:
-that range is read from the lake first (:meth:`Replay._fill`).
+Entries trimmed from Redis meanwhile show up as a jump in block numbers
+(above what was sent, or above the plan's start when nothing was): that
+range is read from the lake first (:meth:`Replay._fill`).
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ class Replay:
                     block = self._decode(entry_id, fields)
                     if block is None:
                         continue
+                    # A jump: above the head, not linked to what was sent. With nothing
+                    # sent yet, any block above the plan's start is one (a plan on a stale
+                    # tail index whose next entries were trimmed: history checker seed 1068).
                     if (
-                        sender.sent
-                        and block.num > sender.head
+                        block.num > sender.head
+                        and (sender.sent or block.num > sender.head + 1)
                         and not sender.knows(block.num - 1, block.parent.hex())
                     ):
                         turn.release()

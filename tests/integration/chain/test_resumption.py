@@ -274,3 +274,49 @@ async def test_a_plan_from_the_lake_is_sent_in_the_subscribers_dialect(
     assert not seed_shaped, (
         f"{len(seed_shaped)} blocks not in the cardinal shape, first {seed_shaped[:5]}"
     )
+
+
+async def test_a_replay_that_begins_above_the_plans_start_reads_the_gap_from_the_lake(
+    settings, redis_url, redis_client: redis.Redis
+) -> None:
+    """A plan made on a stale tail index (its refresh skipped: catch-ups held the index)
+    sends nothing from the tail; the entries after the index's last id were archived and
+    trimmed meanwhile, so the first entry replayed is above the plan's start. With
+    nothing sent yet it went out as the subscriber's first block: a gap (history
+    checker seed 1068: a raw subscriber from 304 got 307 first)."""
+    gen = SyntheticChain(seed=15)
+    canon = gen.take(10)
+    key = keys.stream(STREAM)
+    write_blocks(redis_client, STREAM, canon[:5])
+    client = connect(redis_url, Role.SERVE)
+    try:
+        resumption = TieredResumption(
+            redis=client,
+            stream=STREAM,
+            hub=WebsocketHub(),
+            history_factory=lambda: LakeReader(settings.lake),
+            reorg_threshold=8,
+        )
+        await resumption.warm()  # the index holds 0..4
+        write_blocks(redis_client, STREAM, canon[5:])
+        write_lake(settings.lake.uri, canon)
+        eight = redis_client.xrange(key, "-", "+")[8][0]
+        redis_client.xtrim(key, minid=eight, approximate=False)  # 0..7 archived, trimmed
+        async with resumption._tail.reading():  # a catch-up holds it: the refresh is skipped
+            plan = await resumption.resolve(7, canon[7].hash, None)
+        assert plan.start > plan.tail.hi, "the plan was to be made on the stale index"
+        sink = CollectingSink()
+        task = asyncio.create_task(resumption.stream(plan, None, sink))
+        try:
+            await until(lambda: sink.head is not None or task.done(), within_s=30)
+            if task.done():
+                task.result()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await client.aclose()
+    got = [(e.num, e.hash) for e in sink.blocks]
+    assert got == [(b.num, b.hash.hex()) for b in canon[plan.start :]]
+    assert sink.head == 9
