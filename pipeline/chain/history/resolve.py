@@ -11,6 +11,7 @@ tail through the shared :class:`~pipeline.chain.history.tail.SharedTail` index a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,8 +31,12 @@ from pipeline.chain.planning import History, Plan, Reason, TailReads, rewind_sta
 from pipeline.chain.tailindex import TailIndex
 from pipeline.errors import BadParams, ResumptionError
 
+log = logging.getLogger(__name__)
+
 #: Lake lookups a fork-point walk makes below the Redis tail before it gives up (then rewind).
 LAKE_WALK = 1024
+#: Refreshes a plan tries before it is made on the index as it is (each waits up to 2 s).
+FRESH_ATTEMPTS = 10
 
 
 class Locator:
@@ -90,11 +95,22 @@ class Locator:
                 if plan.reason is Reason.MATCH:
                     plan.tail = self._tail.snapshot(plan.start)
                     return plan
-        await self._tail.refresh()
+        await self._fresh_index()
         async with self._tail.reading() as tail:
             plan = await self._resolve(tail, num, hash, keep)
             plan.tail = self._tail.snapshot(plan.start)
         return plan
+
+    async def _fresh_index(self) -> None:
+        """Refresh the tail index, again while readers hold it (a refresh waits for them a
+        while, then gives up). A plan made on a stale index lacked a deep reorg's new
+        branch and resumed its subscriber past it (history checker seed 1079, catch-ups
+        holding the index through their lake walks). After :data:`FRESH_ATTEMPTS` the
+        plan is made on the index as it is: the replay after it still reads what is newer."""
+        for _ in range(FRESH_ATTEMPTS):
+            if await self._tail.refresh():
+                return
+        log.warning("tail index still busy after %d refreshes: planning on it", FRESH_ATTEMPTS)
 
     async def _resolve(self, tail: TailIndex, num: int, hash: bytes, keep: KeyTest | None) -> Plan:
         fresh = getattr(self._history_factory, "fresh", None)  # a SharedHistory's, no I/O

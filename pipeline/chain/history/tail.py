@@ -153,20 +153,23 @@ class SharedTail:
             if not self._readers:
                 self._idle.set()
 
-    async def refresh(self) -> None:
+    async def refresh(self) -> bool:
         """Index what was added since the last refresh (one round trip when nothing was).
 
         Calls that arrive while a refresh runs share the next one: a refresh
-        covers every call that arrived before it started.
+        covers every call that arrived before it started. False: skipped (readers
+        held the index too long), the index may lack what was added before the call.
         """
         self._arrivals += 1
         me = self._arrivals
         async with self._lock:
             if self._fresh_as_of >= me:
-                return
+                return True
             mark = self._arrivals
             if await self._refresh():
                 self._fresh_as_of = mark  # (a skipped refresh leaves the next caller to retry)
+                return True
+            return False
 
     async def _refresh(self) -> bool:
         """Bring the index up to date; False when readers held it too long (nothing applied)."""

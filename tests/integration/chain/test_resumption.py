@@ -302,8 +302,13 @@ async def test_a_replay_that_begins_above_the_plans_start_reads_the_gap_from_the
         write_lake(settings.lake.uri, canon)
         eight = redis_client.xrange(key, "-", "+")[8][0]
         redis_client.xtrim(key, minid=eight, approximate=False)  # 0..7 archived, trimmed
-        async with resumption._tail.reading():  # a catch-up holds it: the refresh is skipped
-            plan = await resumption.resolve(7, canon[7].hash, None)
+        # What a plan was when its refresh was skipped (catch-ups held the index): made on
+        # the index as it was (a plan now refreshes again first, _fresh_index; the replay
+        # must still never send a jump as the first block)
+        tail = resumption._tail
+        async with tail.reading() as index:
+            plan = await resumption._locator._resolve(index, 7, canon[7].hash, None)
+            plan.tail = tail.snapshot(plan.start)
         assert plan.start > plan.tail.hi, "the plan was to be made on the stale index"
         sink = CollectingSink()
         task = asyncio.create_task(resumption.stream(plan, None, sink))
