@@ -32,6 +32,19 @@ def final_state(chain: OrderedChain, blocks) -> dict[int, bytes]:
     return state
 
 
+async def _until_ready(work, sink: CollectingSink) -> None:
+    """Run a subscription until its sink is live (or it fails: then its error), then cancel it."""
+    task = asyncio.create_task(work)
+    try:
+        await until(lambda: sink.head is not None or task.done(), within_s=30)
+        if task.done():
+            task.result()  # the failure, if it failed
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def test_no_gap_no_duplicate_while_producing_archiving_and_trimming(
     settings, serve, connect, redis_client: redis.Redis
 ) -> None:
@@ -216,15 +229,7 @@ async def test_a_lost_branch_behind_a_trim_is_no_history_gap(
         redis_client.xtrim(key, minid=ten_a, approximate=False)
         redis_client.xdel(key, ten_a)
         sink = CollectingSink()
-        task = asyncio.create_task(resumption.stream(plan, None, sink))
-        try:
-            await until(lambda: sink.head is not None or task.done(), within_s=30)
-            if task.done():
-                task.result()  # the failure, if it failed
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _until_ready(resumption.stream(plan, None, sink), sink)
     finally:
         await client.aclose()
     got = [(e.num, e.hash) for e in sink.blocks]
@@ -256,15 +261,7 @@ async def test_a_plan_from_the_lake_is_sent_in_the_subscribers_dialect(
         )
         sink = CollectingSink()
         keep = encoding_for(None, CARDINAL, False)
-        task = asyncio.create_task(resumption.blocks_from(10, canon[10].hash, keep, sink))
-        try:
-            await until(lambda: sink.head is not None or task.done(), within_s=30)
-            if task.done():
-                task.result()
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _until_ready(resumption.blocks_from(10, canon[10].hash, keep, sink), sink)
     finally:
         await client.aclose()
     assert [e.num for e in sink.blocks] == list(range(10, 65))
@@ -311,15 +308,7 @@ async def test_a_replay_that_begins_above_the_plans_start_reads_the_gap_from_the
             plan.tail = tail.snapshot(plan.start)
         assert plan.start > plan.tail.hi, "the plan was to be made on the stale index"
         sink = CollectingSink()
-        task = asyncio.create_task(resumption.stream(plan, None, sink))
-        try:
-            await until(lambda: sink.head is not None or task.done(), within_s=30)
-            if task.done():
-                task.result()
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _until_ready(resumption.stream(plan, None, sink), sink)
     finally:
         await client.aclose()
     got = [(e.num, e.hash) for e in sink.blocks]
