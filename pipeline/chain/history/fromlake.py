@@ -97,7 +97,9 @@ class LakeCatchup:
         self._locator = locator
         self._turns = turns
         self._shared = shared
-        #: Catch-ups reading the lake now: the shared results are used while two or more do.
+        #: Catch-ups reading the lake now: the shared results are filled while two or more
+        #: do, and read while they hold anything (the last one still reads what the others
+        #: encoded ahead of it: a catch-up behind another is the one that gains).
         self._reading = 0
 
     async def send(
@@ -139,8 +141,9 @@ class LakeCatchup:
                     if rows is None:
                         return pos
                     async with Turn(self._turns):
-                        shared = self._shared if self._reading > 1 else None
-                        emits = page_emits(rows, keep, shared, shape)
+                        fill = self._reading > 1
+                        shared = self._shared if fill or len(self._shared) else None
+                        emits = page_emits(rows, keep, shared, shape, fill=fill)
                 if not emits:
                     continue  # every block of the slice was skipped (see page_emits)
                 emits = _in_order(emits, pos, sender)
@@ -149,8 +152,8 @@ class LakeCatchup:
                     pos = emits[-1].num + 1
         finally:
             self._reading -= 1
-            if self._reading < 2:
-                self._shared.clear()  # nobody to share with: an idle server keeps none of it
+            if self._reading == 0:
+                self._shared.clear()  # nobody reads: an idle server keeps none of it
             ahead.close()
 
 

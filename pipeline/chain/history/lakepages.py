@@ -81,11 +81,14 @@ def page_emits(
     keep: KeyTest | None,
     shared: SharedResults | None = None,
     shape: Hashable | None = None,
+    *,
+    fill: bool = True,
 ) -> list[Emit]:
     """The blocks of an Arrow page as :class:`Emit` lists (a block that cannot be encoded is skipped).
 
     With ``shared`` (and the subscription's ``shape``, :func:`~pipeline.chain.history.shared.shape_of`),
-    blocks another catch-up encoded are taken from it, and the others put in it.
+    blocks another catch-up encoded are taken from it, and the others put in it
+    unless ``fill`` is false (nobody else would read them).
     """
     nums = table.column("num").to_pylist()
     hashes = table.column("hash").to_pylist()
@@ -109,8 +112,9 @@ def page_emits(
         [payloads[i] for i in missing],
         keep,
     )
-    for emit in fresh:
-        shared.put((emit.hash, shape), emit.results, emit.weight)
+    if fill:
+        for emit in fresh:
+            shared.put((emit.hash, shape), emit.results, emit.weight)
     shared.count(len(kept), len(missing))
     if not kept:
         return fresh

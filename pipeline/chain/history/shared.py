@@ -8,12 +8,13 @@ encoded results and weight, keyed by the block's hash and the subscription's
 *shape* (:func:`shape_of`: dialect, weight opt-in, key patterns), so the
 others only look them up.
 
-Resumption hands it to :func:`~pipeline.chain.history.lakepages.page_emits` only while
-two or more catch-ups read history: a lone catch-up pays nothing for it.
-Bounded: at most ``max_blocks`` blocks and ``max_chars`` characters of
-results; reaching either empties it (no per-entry bookkeeping on the hot
-path), and it is emptied when the concurrent catch-ups are done, so an idle
-server holds none of it. Hits, misses and clears are counted in
+Resumption fills it (:func:`~pipeline.chain.history.lakepages.page_emits`) only
+while two or more catch-ups read history; the last one still reads what the
+others left in it (it is usually the one behind, that gains most), and a lone
+catch-up pays nothing for it. Bounded: at most ``max_blocks`` blocks and
+``max_chars`` characters of results; reaching either empties it (no
+per-entry bookkeeping on the hot path), and it is emptied when no catch-up
+reads the lake, so an idle server holds none of it. Hits, misses and clears are counted in
 ``sluice_serve_catchup_shared_*``.
 
 Pure: no I/O.

@@ -6,14 +6,17 @@ import asyncio
 import dataclasses
 import os
 
+import pytest
+
 from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.chain.serve.appkeys import METRICS, RESUMPTION
 
 from .conftest import write_lake
 
 
+@pytest.mark.parametrize("lag_s", [0.0, 1.5], ids=["together", "one-behind"])
 async def test_two_catch_ups_at_once_share_encoded_blocks_and_each_gets_every_block(
-    settings, serve, connect
+    settings, serve, connect, lag_s
 ) -> None:
     chain = SyntheticChain(seed=12)
     # 16 MB of frames: more than the sockets' buffers hold, so the first catch-up is

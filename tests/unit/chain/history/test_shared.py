@@ -78,3 +78,11 @@ def test_bounded_by_blocks_and_by_characters() -> None:
     assert sum(len(t) for texts, _w in small._blocks.values() for t in texts) <= 1000
     with pytest.raises(ValueError):
         SharedResults(max_blocks=0)
+
+
+def test_a_reader_left_alone_reads_what_the_others_left_and_adds_nothing() -> None:
+    shared = SharedResults()
+    page_emits(_page(0, 50), None, shared, shape_of(None))  # put there by a reader now done
+    alone = page_emits(_page(30, 90), None, shared, shape_of(None), fill=False)
+    assert alone == page_emits(_page(30, 90), None)
+    assert (shared.hits, shared.misses, len(shared)) == (20, 50 + 40, 50)
