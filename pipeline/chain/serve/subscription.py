@@ -94,11 +94,19 @@ class Subscription:
     first one sent). The library applies a ``reorg`` result at once, on its
     reader, ahead of blocks still queued behind it: sent for every reorg during
     a catch-up burst, it made the library drop whole runs of heights.
+
+    A reorg forking below the lowest block the library holds as *finished*
+    (``_floor``: the subscriber's own block, or after an announce the first block
+    sent, since ``HandleReorg`` moves ``lastHash`` to the ancestor without
+    finishing it) cannot be linked by the library either: it queued such a
+    branch for ever with no error (history checker seed 1062). It is treated as
+    a deep one: named before the first block, else the connection is closed.
     """
 
     __slots__ = (
         "_announce",
         "_deep_reorg",
+        "_floor",
         "_outbox",
         "_prefix",
         "_suffix",
@@ -127,6 +135,8 @@ class Subscription:
         self.keep = encoding_for(params.keep, dialect, params.weight)
         self.cardinal = dialect == CARDINAL
         self._announce = announce and self.cardinal
+        #: the lowest block number the library holds as finished (see the class doc)
+        self._floor = params.num
         self._deep_reorg = deep_reorg
         self._outbox = outbox
         # Without the envelope each text is the bare result object (the Dialogue feed).
@@ -156,6 +166,7 @@ class Subscription:
                     and (
                         emit.reorg > self._deep_reorg
                         or emit.reorg + len(emits) - i + 2 > 2 * self._deep_reorg
+                        or emit.num - 1 < self._floor
                     )
                     or self._announce
                 ):
@@ -163,6 +174,7 @@ class Subscription:
                         # blocks went out before: the library may still hold some unread
                         raise ReorgReconnect(f"reorg of {emit.reorg} at block {emit.num}")
                     self._announce = False
+                    self._floor = emit.num
                     ancestor = reorg_text(max(emit.num - 1, 0), emit.parent)
                     out.append((prefix + ancestor + suffix).encode())
             elif emit.reorg and self.params.reorgs:
