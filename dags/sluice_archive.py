@@ -1,7 +1,8 @@
 """``sluice_archive``: archive every configured stream's data interval into Delta.
 
 Each run owns exactly its data interval: one lake job archives every stream
-(``archive_streams``), each stream's task reports its result (``archive``),
+(``archive_streams``), a task per shard of at most ``SLUICE_ARCHIVE_SHARD_STREAMS``
+streams reports each one's result and archives those that failed (``archive``),
 chain streams are marked canonical, Redis is trimmed below what ``archive_log``
 proves archived, and the lake Asset is emitted; every step is idempotent.
 Schedule ``SLUICE_ARCHIVE_CRON`` (UTC), two runs at a time (a manual run starts
@@ -53,10 +54,20 @@ def chain_streams(names: list[str]) -> list[str]:
     return [name for name in names if is_chain(lake, name)]
 
 
+@task
+def shards(names: list[str]) -> list[list[str]]:
+    """The run's streams in shards of at most ``SLUICE_ARCHIVE_SHARD_STREAMS``: one
+    ``archive`` task each (the coverage board links a stream to its shard's task)."""
+    from pipeline.lake.intake.streamset import shards as cut
+
+    return cut(names, load_settings().lake.archive_shard_streams)
+
+
 # No chain stream configured: the mapped canonical task is skipped, not failed.
 @task(trigger_rule="none_failed", outlets=[LAKE_BLOCKS])
-def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str, Any]:
+def publish(by_shard: list[list[dict[str, Any]]], trimmed: dict[str, Any]) -> dict[str, Any]:
     """Emit the lake Asset (schedules ``sluice_audit``) with a summary of the run."""
+    archived = [result for shard in by_shard for result in shard]
     context = get_current_context()
     start_ms, end_ms = interval_ms(
         context.get("data_interval_start"), context.get("data_interval_end")
@@ -94,9 +105,9 @@ def publish(archived: list[dict[str, Any]], trimmed: dict[str, Any]) -> dict[str
     doc_md=__doc__,
 )
 def sluice_archive() -> None:
-    # Each stream's result: read from the shared job's XCom, no job of its own unless the
-    # stream failed there (or on a retry). Not bounded: 100 of them would otherwise run
-    # one after another, each costing a task's start-up to read one XCom.
+    # Each shard's results: read from the shared job's XCom, no job of its own unless a
+    # stream failed there (or on a retry). A task per shard, not per stream: 1,000 streams
+    # made 1,000 task start-ups to read one XCom each (issue 33). Not bounded.
     archive = StreamArchiveOperator.partial(task_id="archive", batch_task_id="archive_streams")
     canonical = LakeJobOperator.partial(
         task_id="canonical",
@@ -105,11 +116,11 @@ def sluice_archive() -> None:
     )
     names = streams()
     # One job for every stream (a retry of it skips what it archived already), then
-    # each stream's result; a stream that failed in the job is archived by its task.
+    # each shard's results; a stream that failed in the job is archived by its shard's task.
     # Bounded by the pool and the runs, not across runs: a backfill's runs go beside the
     # scheduled one (each stream's archive lock keeps their writes apart).
     shared = ArchiveStreamsOperator(task_id="archive_streams", streams=names)
-    archived = archive.expand(stream=names)
+    archived = archive.expand(streams=shards(names))
     shared >> archived
     marked = canonical.expand(stream=chain_streams(cast(Any, names)))
     # One trim job for every stream: each stream's result in its XCom and log lines (a

@@ -60,7 +60,7 @@ from pipeline.board.runs import (
     log_path,
     run_path,
 )
-from pipeline.board.runs import stream_list as _stream_list
+from pipeline.board.runs import shard_lists as _shard_lists
 from pipeline.settings import Settings
 
 if TYPE_CHECKING:
@@ -109,9 +109,9 @@ def read_dag_runs(named: Iterable[str]) -> dict[str, RunInfo]:
             run_type=r.run_type,
             start_ms=epoch_ms(r.data_interval_start),
             end_ms=epoch_ms(r.data_interval_end),
-            streams=_stream_list(r.xcom),
+            shards=_shard_lists(r.xcom),
         )
-        for r in internals.read_runs(DAG_ID, DAG_RUNS, wanted, xcom_task="streams")
+        for r in internals.read_runs(DAG_ID, DAG_RUNS, wanted, xcom_task="shards")
     }
 
 

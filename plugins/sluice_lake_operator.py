@@ -236,59 +236,87 @@ class TrimStreamsOperator(StreamsJobOperator):
         return result
 
 
-def _shared_result(context: Any, task_id: str, stream: str) -> dict[str, Any] | None:
-    """``stream``'s result in the shared job of ``task_id``, on a task's first try (else None)."""
+def _shared_results(context: Any, task_id: str) -> Any:
+    """The shared job's result (``task_id``'s XCom) on a task's first try; None on a retry,
+    which archives every stream of its shard again (each one's done intervals are skipped)."""
     ti = context.get("ti")
     if ti is None or int(getattr(ti, "try_number", 1) or 1) > 1:
         return None
-    return _stream_result(ti.xcom_pull(task_ids=task_id, map_indexes=-1), stream) or {
-        "error": "no result for it"
-    }
+    return ti.xcom_pull(task_ids=task_id, map_indexes=-1)
 
 
 class StreamArchiveOperator(ArchiveStreamsOperator):
-    """One stream's archive of the run, mapped over ``stream``; see the module docstring.
+    """One shard of the run's streams, mapped over ``streams``; see the module docstring.
 
     ``batch_task_id`` names the :class:`ArchiveStreamsOperator` task of the
-    run. The XCom is the stream's own result (``caught_up`` and ``warnings``
-    included), the same whether the shared job or this task's job archived it.
+    run. Each stream of the shard gets its log line from the shared job's
+    result; the streams that failed there (all of them on a retry) are archived
+    by one job of this task. The XCom is the list of the shard's per-stream
+    results (``caught_up`` and ``warnings`` included), the same whichever job
+    archived a stream. A stream that still fails fails the task, naming it.
     """
 
-    template_fields: Sequence[str] = ("stream", "extra_args")
+    template_fields: Sequence[str] = ("streams", "extra_args")
 
     def __init__(self, *, batch_task_id: str = "archive_streams", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.batch_task_id = batch_task_id
+        #: the streams this task's own job archives (those the shared job did not)
+        self._redo: list[str] | None = None
 
     def names(self) -> list[str]:
-        return [str(self.stream)]
+        return self._redo if self._redo is not None else super().names()
 
     def execute(self, context: Any) -> Any:
-        stream = str(self.stream)
-        mine = _shared_result(context, self.batch_task_id, stream)
-        if mine is not None and "error" not in mine:
-            log.info(
-                "stream %s: archived by %s: %s entries read, %s in the lake for the interval, "
-                "%s blocks, %s invalid", stream, self.batch_task_id, mine.get("read"),
-                mine.get("entries"), mine.get("blocks"), mine.get("invalid"),
-            )  # fmt: skip
-            _log_caught_up(stream, mine)
-            if mine.get("warnings"):
-                log.warning("stream %s: %d warning(s), see %s", stream, mine["warnings"],
-                            self.batch_task_id)  # fmt: skip
-            return mine
-        if mine is not None:
-            log.warning(
-                "stream %s: %s: %s; archiving it here", stream, self.batch_task_id, mine["error"]
-            )
-        mine = _stream_result(LakeJobOperator.execute(self, context), stream)
-        if mine is None or "error" in mine:
-            raise LakeJobError(
-                f"archive of {stream!r} failed: {(mine or {}).get('error', 'no result')}",
-                returncode=1,
-                stderr_tail="",
-            )
-        return mine
+        shard = super().names()
+        shared = _shared_results(context, self.batch_task_id)
+        results: dict[str, dict[str, Any]] = {}
+        redo: list[str] = []
+        for stream in shard:
+            mine = _stream_result(shared, stream) if shared is not None else None
+            if mine is not None and "error" not in mine:
+                _log_archived(stream, self.batch_task_id, mine)
+                results[stream] = mine
+                continue
+            if shared is not None:
+                error = (mine or {}).get("error", "no result for it")
+                log.warning(
+                    "stream %s: %s: %s; archiving it here", stream, self.batch_task_id, error
+                )
+            redo.append(stream)
+        if redo:
+            self._redo = redo
+            try:
+                result = LakeJobOperator.execute(self, context)
+            finally:
+                self._redo = None
+            failed = {}
+            for stream in redo:
+                mine = _stream_result(result, stream)
+                if mine is None or "error" in mine:
+                    failed[stream] = (mine or {}).get("error", "no result")
+                else:
+                    _log_archived(stream, "this task", mine)
+                    results[stream] = mine
+            if failed:
+                raise LakeJobError(
+                    f"archive failed for {len(failed)} of {len(shard)} stream(s): "
+                    + "; ".join(f"{name!r}: {error}" for name, error in failed.items()),
+                    returncode=1,
+                    stderr_tail="",
+                )
+        return [results[stream] for stream in shard]
+
+
+def _log_archived(stream: str, by: str, mine: dict[str, Any]) -> None:
+    log.info(
+        "stream %s: archived by %s: %s entries read, %s in the lake for the interval, "
+        "%s blocks, %s invalid", stream, by, mine.get("read"), mine.get("entries"),
+        mine.get("blocks"), mine.get("invalid"),
+    )  # fmt: skip
+    _log_caught_up(stream, mine)
+    if mine.get("warnings"):
+        log.warning("stream %s: %d warning(s), see %s", stream, mine["warnings"], by)
 
 
 def _log_caught_up(stream: str, mine: dict[str, Any]) -> None:

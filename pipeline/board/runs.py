@@ -26,19 +26,28 @@ class RunInfo:
     run_type: str | None
     start_ms: int | None
     end_ms: int | None
-    #: The ``streams`` task's output: which mapped ``archive`` task archived which stream.
-    streams: tuple[str, ...] | None = None
+    #: The ``shards`` task's output: which mapped ``archive`` task (a shard's index)
+    #: archived which stream.
+    shards: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def streams(self) -> tuple[str, ...] | None:
+        """The run's streams, in the order of its shards (None: not known)."""
+        return None if self.shards is None else tuple(s for shard in self.shards for s in shard)
 
 
-def stream_list(value: object) -> tuple[str, ...] | None:
-    """The ``streams`` XCom as stored (JSON, possibly still a JSON string); None if it is not one."""
+def shard_lists(value: object) -> tuple[tuple[str, ...], ...] | None:
+    """The ``shards`` XCom as stored (JSON, possibly still a JSON string: a list of lists of
+    stream names); None if it is not one."""
     if isinstance(value, str | bytes):
         try:
             value = json.loads(value)
         except ValueError:
             return None
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
+    if isinstance(value, list) and all(
+        isinstance(shard, list) and all(isinstance(v, str) for v in shard) for shard in value
+    ):
+        return tuple(tuple(shard) for shard in value)
     return None
 
 
@@ -55,15 +64,16 @@ def run_path(run_id: str) -> str:
 def log_path(run_id: str, stream: str, run: RunInfo | None) -> str:
     """The ``archive`` task of ``stream`` in that run (its log tab), relative to the UI's root.
 
-    The archive task is mapped over the run's streams; the ``streams`` task's
-    output says which map index archived ``stream``. Unknown (the run is not
-    in the metadata database, or it never got that far): the list of the
+    The archive task is mapped over the run's shards of streams; the ``shards``
+    task's output says which map index archived ``stream``. Unknown (the run is
+    not in the metadata database, or it never got that far): the list of the
     run's mapped archive tasks.
     """
     base = f"{run_path(run_id)}/tasks/archive/mapped"
-    if run is not None and run.streams is not None and stream in run.streams:
-        return f"{base}/{run.streams.index(stream)}"
+    for index, shard in enumerate(run.shards if run is not None and run.shards else ()):
+        if stream in shard:
+            return f"{base}/{index}"
     return base
 
 
-__all__ = ["DAG_ID", "DAG_RUNS", "RunInfo", "epoch_ms", "log_path", "run_path", "stream_list"]
+__all__ = ["DAG_ID", "DAG_RUNS", "RunInfo", "epoch_ms", "log_path", "run_path", "shard_lists"]

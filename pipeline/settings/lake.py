@@ -51,6 +51,10 @@ class LakeSettings:
     #: How many canonical jobs of the archive DAG's runs may run at once (the DAG's tasks are
     #: bounded together by its Airflow pool, ``sluice_archive``).
     archive_parallelism: PositiveInt = bare(1)
+    #: Streams per ``archive`` task of a ``sluice_archive`` run: the run's streams are cut
+    #: into shards of at most this many, each one task that reports its streams' results
+    #: from the shared job (and archives those that failed there in one job of its own).
+    archive_shard_streams: PositiveInt = bare(100)
     #: How many streams one shared archive job (``archive-streams``) archives at once: a slow
     #: stream (a MERGE, a catch-up) holds one of them, never the rest.
     archive_job_workers: PositiveInt = bare(64)

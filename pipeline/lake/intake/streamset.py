@@ -18,6 +18,7 @@ why), and the archive, canonical and trim jobs call it before any write.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -126,6 +127,15 @@ def resolve_now(settings: Settings, items: tuple[str, ...] | None = None) -> Res
         client.close()
 
 
+def shards(streams: Sequence[str], size: int) -> list[list[str]]:
+    """``streams`` cut in order into shards of at most ``size``: one ``archive`` task of a
+    ``sluice_archive`` run each (``SLUICE_ARCHIVE_SHARD_STREAMS``), so a run's tasks grow with
+    its streams divided by ``size``, not with its streams."""
+    if size < 1:
+        raise ValueError(f"a shard holds at least one stream, got {size}")
+    return [list(streams[i : i + size]) for i in range(0, len(streams), size)]
+
+
 def _scan(client: Any, pattern: str) -> list[str]:
     names: set[str] = set()
     for key in client.scan_iter(match=keys.stream(pattern), count=SCAN_COUNT, _type="stream"):
@@ -155,4 +165,5 @@ __all__ = [
     "resolve",
     "resolve_now",
     "sample",
+    "shards",
 ]

@@ -37,11 +37,13 @@ def test_archive_dag_is_an_interval_timetable_with_catchup_off(bag: Any) -> None
     # two runs at once: a manual run starts beside the scheduled one
     assert dag.catchup is False and dag.max_active_runs == 2
     assert {t.task_id for t in dag.tasks} == {
-        "streams", "chain_streams", "archive_streams", "archive", "canonical", "trim", "publish",
+        "streams", "shards", "chain_streams", "archive_streams", "archive", "canonical", "trim",
+        "publish",
     }  # fmt: skip
     archive, canonical, trim = (dag.get_task(t) for t in ("archive", "canonical", "trim"))
-    # one job for every stream, then each stream's result
+    # one job for every stream, then each shard's results (a task per shard, not per stream)
     assert dag.get_task("archive_streams").downstream_task_ids == {"archive"}
+    assert "shards" in archive.upstream_task_ids and archive.is_mapped
     assert "streams" in dag.get_task("archive_streams").upstream_task_ids
     assert "canonical" in archive.downstream_task_ids
     assert "trim" in canonical.downstream_task_ids and "trim" in archive.downstream_task_ids

@@ -29,11 +29,10 @@ def test_both_runs_succeed_for_exactly_the_interval(archived: Any) -> None:
     for (states, start, end), streams in ((archived["first"], 2), (archived["second"], 1)):
         assert all(state == "success" for state in states.values()), states
         assert (start, end) == (sc.START, sc.END)
-        # one job for all streams, then one mapped archive per configured stream...
+        # one job for all streams, then one mapped archive per shard of streams (one here)...
         assert states["archive_streams[-1]"] == "success"
-        assert [states.get(f"archive[{i}]") for i in range(streams + 1)] == [
-            *["success"] * streams, None,
-        ]  # fmt: skip
+        assert (states["shards[-1]"], states["archive[0]"]) == ("success", "success")
+        assert "archive[1]" not in states, (states, streams)
         # ...then one trim job for every stream
         assert states["trim[-1]"] == "success" and "trim[0]" not in states
         # ...and canonical marking for the chain stream only
@@ -157,7 +156,9 @@ def test_redis_down_fails_the_archive_and_trims_nothing(
     assert not (lake / "archive_log").exists() or sc.table_rows(str(lake), "archive_log") == []
 
 
+@pytest.mark.parametrize("shard", [1, 2], ids=["a-shard-each", "one-shard"])
 def test_a_stream_failing_in_the_shared_job_fails_only_its_own_task(
+    shard: int,
     dag_runner: DagRunner,
     lake_redis: Any,
     lake_redis_url: str,
@@ -180,6 +181,7 @@ def test_a_stream_failing_in_the_shared_job_fails_only_its_own_task(
         "SLUICE_LAKE_URI": str(lake),
         "SLUICE_STREAMS": f"{broken},{good}",
         "SLUICE_CHAIN_STREAMS": "",
+        "SLUICE_ARCHIVE_SHARD_STREAMS": str(shard),
     }
     try:
         run = dag_runner.run("sluice_archive", sc.END + day, env=env)
@@ -189,8 +191,15 @@ def test_a_stream_failing_in_the_shared_job_fails_only_its_own_task(
     # the shared job ran both streams and reported the broken one without failing...
     assert states["archive_streams[-1]"] == "success", states
     assert f"1 stream(s) failed in this job: {broken}" in caplog.text
-    # ...whose own task archived it again, and failed with its error; the good one did not
-    assert (states["archive[0]"], states["archive[1]"]) == ("failed", "success"), states
+    # ...whose shard's task archived it again (it alone), and failed with its error; the
+    # good one's shard did not, or its result came from the shared job in the same task
+    if shard == 1:
+        assert (states["archive[0]"], states["archive[1]"]) == ("failed", "success"), states
+    else:
+        assert states["archive[0]"] == "failed" and "archive[1]" not in states, states
+    assert f"stream {good}: archived by archive_streams: 5 entries read" in caplog.text
+    # the shard's own job archived the failed stream alone
+    assert f"0 of 1 stream(s) archived, 1 failed: {broken}" in caplog.text
     failures = [
         r for r in caplog.records if r.getMessage().startswith(f"stream {broken}: archive failed")
     ]
@@ -273,7 +282,7 @@ def test_a_stream_pattern_archives_and_trims_every_matching_stream(
         run = dag_runner.run("sluice_archive", sc.END + 5 * day, env=env)
         states = task_states(run)
         assert str(run.state) == "success", states
-        assert {f"archive[{i}]": "success" for i in range(2)}.items() <= states.items(), states
+        assert states["archive[0]"] == "success" and "archive[1]" not in states, states
         assert states["trim[-1]"] == "success", states
         rows = sc.table_rows(lake, "archive_log")
         assert sorted((r["stream"], r["entries"]) for r in rows) == [(n, 3) for n in names]

@@ -32,7 +32,7 @@ def test_links_name_the_run_and_the_stream_s_map_index(plugin: ModuleType) -> No
     assert plugin.run_path(run_id) == f"/dags/sluice_archive/runs/{quoted}"
     run = plugin.RunInfo(
         run_id=run_id, state="success", run_type="scheduled", start_ms=0, end_ms=1,
-        streams=("a", "b"),
+        shards=(("a",), ("b",)),
     )  # fmt: skip
     base = f"/dags/sluice_archive/runs/{quoted}/tasks/archive/mapped"
     assert plugin.log_path(run_id, "b", run) == f"{base}/1"
@@ -43,12 +43,12 @@ def test_links_name_the_run_and_the_stream_s_map_index(plugin: ModuleType) -> No
     assert plugin.log_path(run_id, "a", None) == base
 
 
-def test_streams_output_as_stored(plugin: ModuleType) -> None:
-    assert plugin._stream_list(["a", "b"]) == ("a", "b")
-    assert plugin._stream_list(json.dumps(["a"])) == ("a",)
-    assert plugin._stream_list("not json") is None
-    assert plugin._stream_list([1, 2]) is None
-    assert plugin._stream_list({"a": 1}) is None
+def test_shards_output_as_stored(plugin: ModuleType) -> None:
+    assert plugin._shard_lists([["a", "b"]]) == (("a", "b"),)
+    assert plugin._shard_lists(json.dumps([["a"]])) == (("a",),)
+    assert plugin._shard_lists("not json") is None
+    assert plugin._shard_lists([[1, 2]]) is None
+    assert plugin._shard_lists({"a": 1}) is None
 
 
 def test_newest_rows_first_and_bounded(plugin: ModuleType) -> None:

@@ -48,10 +48,10 @@ def system(api_server: ApiServer) -> dict[str, Any]:
         )
         assert reply.status_code == 200, reply.text
         run_id = reply.json()["dag_run_id"]
-        # What the run's `streams` task returns: archive[0] is the chain stream, [1] the plain one.
+        # What the run's `shards` task returns: archive[0] has the chain stream, [1] the plain one.
         reply = http.post(
-            f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/streams/xcomEntries",
-            json={"key": "return_value", "value": [CHAIN, PLAIN]},
+            f"/api/v2/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/shards/xcomEntries",
+            json={"key": "return_value", "value": [[CHAIN], [PLAIN]]},
         )
         assert reply.status_code in (200, 201), reply.text
     write_archive_log(

@@ -65,7 +65,7 @@ async def test_one_snapshot_reports_the_lake_redis_and_the_runs(
     )
     redis_client.xadd(keys.stream("chain:a"), {"v": "1"}, id=f"{MINUTE // 2}-0")
     run = RunInfo(run_id=RUN, state="success", run_type="manual", start_ms=0, end_ms=MINUTE,
-                  streams=("events:x", "chain:a"))  # fmt: skip
+                  shards=(("events:x",), ("chain:a",)))  # fmt: skip
     board = CoverageBoard(_host(redis_url, {RUN: run}), lambda: _settings(lake_uri))
     try:
         data = await _body(board)
