@@ -32,6 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from pipeline import keys
+from pipeline.redisio import conn as redisconn
 from tests.history.bushandler import CMD, payload
 
 #: How long past its ``exp`` a call waits for its first answer before it counts as lost.
@@ -43,12 +44,17 @@ ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSErr
 @dataclass(slots=True)
 class Loss:
     """A Redis losing its data: from ``start`` (before the kill or FLUSHALL) to ``end``
-    (after it: infinite while it goes on), in loop time and in ``time.time()``."""
+    (after it: infinite while it goes on), in loop time and in ``time.time()``.
+
+    ``partial``: a failover to a replica that lacked the master's last writes: only what
+    was written after ``start`` may be gone (the replica provably held everything before:
+    :mod:`tests.history.busredis`)."""
 
     start: float
     wall_start: float
     end: float = math.inf
     wall_end: float = math.inf
+    partial: bool = False
 
 
 @dataclass(slots=True)
@@ -105,7 +111,10 @@ def draw_calls(rng: random.Random, first: int, count: int, dst: int) -> list[Cal
 
 def client(url: str) -> aioredis.Redis:
     """One connection that never repeats a command by itself (a repeated RPUSH would be a
-    second call); after an error, the next command connects again."""
+    second call); after an error, the next command connects again (on Sentinel: to the
+    master the Sentinels name then, with the bus's own client of no retries)."""
+    if url.startswith("redis+sentinel://"):
+        return redisconn.connect(url, redisconn.Role.BUS, block_s=1.0, max_connections=1)
     return aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), single_connection_client=True)
 
 

@@ -2,8 +2,9 @@
 
 The sending twin (:data:`SENDER`) and the receiving twin (:data:`RECEIVER`)
 each have a ``redis-server`` (appendonly, fsync always: a restart loses
-nothing unless the nemesis deletes its files), a key pair, and one ``sluice
-bus`` process (two when standbys are on: :class:`BusProc` per process). The
+nothing unless the nemesis deletes its files) or a Sentinel group of its own
+(:mod:`tests.history.busredis`), a key pair, and one ``sluice bus`` process
+(two when the seed draws standbys: :class:`BusProc` per process). The
 buses reach each other only through Toxiproxy: the twin directory names each
 twin by its proxy's port, so every POST between them crosses a link the
 nemesis can cut, slow or hold half-open. The handler of the receiving twin runs
@@ -29,6 +30,7 @@ from pipeline.local.redisserver import LocalRedis
 from pipeline.runtime.ports import free_port
 from pipeline.settings.bus import BusSettings
 from tests.history.buscallers import Loss
+from tests.history.busredis import TwinRedis, env_of, start_twin_redis
 from tests.support.toxiproxy import Proxy, Toxiproxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +76,7 @@ class Twin:
     """One twin: its Redis, its bus's port, its key, the link peers reach it through."""
 
     id: int
-    redis: LocalRedis
+    redis: TwinRedis
     port: int
     key_file: Path
     signer: Signer
@@ -115,7 +117,8 @@ class BusProc:
                 sys.executable, "-m", "pipeline.cli", "bus", "--twin", str(t.id),
                 "--listen", f"127.0.0.1:{t.port}", "--directory", str(self.directory),
                 "--key", str(t.key_file), "--redis", t.redis.url,
-                env=bus_env(self.workdir, self.health_port), stdout=out, stderr=out, cwd=ROOT,
+                env=bus_env(self.workdir, self.health_port) | env_of(t.redis), stdout=out,
+                stderr=out, cwd=ROOT,
             )  # fmt: skip
         await _started(self.proc, log, "listening on", f"bus {t.name}/{self.name}")
 
@@ -195,14 +198,16 @@ class HandlerProc:
             await self.proc.wait()
 
 
-def make_twins(workdir: Path, toxiproxy: Toxiproxy, tag: str) -> tuple[Twin, Twin, Path]:
+def make_twins(workdir: Path, toxiproxy: Toxiproxy, tag: str, *,
+               sentinel: bool = False) -> tuple[Twin, Twin, Path]:  # fmt: skip
     """The sender and the receiver (Redis started, links made) and their directory file."""
     twins = []
     for twin_id in (SENDER, RECEIVER):
         signer = Signer.generate()
         key_file = workdir / f"twin{twin_id}.key"
         signer.write(key_file)
-        redis = LocalRedis(workdir / f"redis-{twin_id}", aof=True).start()
+        where = workdir / f"{'sentinel' if sentinel else 'redis'}-{twin_id}"
+        redis = start_twin_redis(where, sentinel=sentinel)
         twin = Twin(twin_id, redis, free_port(), key_file, signer)
         twin.link = toxiproxy.proxy(f"bus-{tag}-{twin_id}", twin.port)
         twins.append(twin)

@@ -3,7 +3,9 @@
 Two twins (:mod:`tests.history.busprocs`): the sender, whose callers push
 requests to its Redis, and the receiver, whose handler (its own process)
 logs every execution; each twin's ``sluice bus`` reaches the other only
-through Toxiproxy. A seeded schedule (:mod:`tests.history.busschedule`) starts
+through Toxiproxy. The seed's variant (:func:`tests.history.busschedule.draw_variant`)
+adds a standby bus to each twin, or puts each twin's Redis on a Sentinel
+group, or both. A seeded schedule (:mod:`tests.history.busschedule`) starts
 bursts of calls that run in the background while the nemesis
 (:mod:`tests.history.busnemesis`) strikes; at the end every fault is healed,
 every call has had its ``exp`` plus slack to be answered, a while passes for a
@@ -17,6 +19,7 @@ interleaving (as Jepsen's seeds do).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import random
@@ -26,14 +29,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis.asyncio as aioredis
-
 from tests.history import buscallers, harness
 from tests.history.buscallers import Call
 from tests.history.buschecker import Execution, check
 from tests.history.busnemesis import BusNemesis
 from tests.history.busprocs import RECEIVER, BusProc, HandlerProc, Twin, make_twins
-from tests.history.busschedule import Step, draw_schedule
+from tests.history.busschedule import Step, Variant, draw_schedule, draw_variant, vary
 from tests.support.toxiproxy import Toxiproxy
 
 #: After the last call's wait: how long a second answer has to show up.
@@ -44,6 +45,7 @@ TEST_FILE = "tests/history/test_bus_history.py"
 @dataclass
 class Report:
     seed: int
+    variant: Variant = field(default_factory=Variant)
     steps: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
     violations: dict[str, list[str]] = field(default_factory=dict)
@@ -60,11 +62,10 @@ class Report:
             f"{k} {v}" + (f" ({self.ran[k]} ran)" if self.ran[k] else "")
             for k, v in sorted(self.outcomes.items())
         )
-        allowed = (
-            f", {len(self.allowed)} second runs after a wipe (allowed)" if self.allowed else ""
-        )
+        allowed = f", {len(self.allowed)} allowed by a data loss" if self.allowed else ""
+        variant = f" ({self.variant.text()})" if self.variant.text() else ""
         return (
-            f"bus seed {self.seed}: {self.calls} calls ({outcomes}), {self.executions} "
+            f"bus seed {self.seed}{variant}: {self.calls} calls ({outcomes}), {self.executions} "
             f"executions{allowed}, faults {self.faults}, {self.seconds:.0f}s"
         )
 
@@ -72,14 +73,13 @@ class Report:
 class BusHistory:
     """The processes and state of one run (see the module doc)."""
 
-    def __init__(self, seed: int, workdir: Path, toxiproxy: Toxiproxy, *,
-                 standby: bool = False) -> None:  # fmt: skip
+    def __init__(self, seed: int, workdir: Path, toxiproxy: Toxiproxy, variant: Variant) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.workdir = workdir
         self.toxiproxy = toxiproxy
-        self.standby = standby
-        self.report = Report(seed)
+        self.variant = variant
+        self.report = Report(seed, variant)
         self.calls: list[Call] = []
         self.bursts: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
@@ -89,19 +89,25 @@ class BusHistory:
 
     async def run(self, steps: int) -> Report:
         began = time.monotonic()
+        standby = self.variant.standby
         sender, receiver, directory = await asyncio.to_thread(
-            make_twins, self.workdir, self.toxiproxy, str(self.seed)
-        )
+            functools.partial(make_twins, self.workdir, self.toxiproxy, str(self.seed),
+                              sentinel=self.variant.sentinel)
+        )  # fmt: skip
         for twin in (sender, receiver):
-            twin.procs.append(BusProc(twin, directory, self.workdir, "p0", health=self.standby))
+            for name in ("p0", "p1") if standby else ("p0",):
+                twin.procs.append(BusProc(twin, directory, self.workdir, name, health=standby))
         handler = HandlerProc(receiver.redis.url, self.workdir / "executions.jsonl",
                               self.workdir / "handler.log")  # fmt: skip
-        client = aioredis.Redis.from_url(sender.redis.url)  # for the last look at every ret
-        nemesis = BusNemesis(self.rng, sender, receiver, directory, self.workdir)
+        client = buscallers.client(sender.redis.url)  # for the last look at every ret
+        nemesis = BusNemesis(self.rng, sender, receiver)
+        schedule = vary(draw_schedule(self.rng, steps), self.variant, self.seed)
         try:
             await asyncio.gather(*(t.procs[0].start() for t in (sender, receiver)),
                                  handler.start())  # fmt: skip
-            for step in draw_schedule(self.rng, steps, standby=self.standby):
+            # the standbys after the first: p0 is active
+            await asyncio.gather(*(p.start() for t in (sender, receiver) for p in t.procs[1:]))
+            for step in schedule:
                 self.report.steps.append(await self.do(step, nemesis, sender))
             await nemesis.heal()
             await asyncio.gather(*self.bursts)
@@ -155,6 +161,10 @@ class BusHistory:
         self.report.allowed = verdict.allowed
         self.report.calls = len(self.calls)
         self.report.executions = len(executions)
+        with (self.workdir / "losses.jsonl").open("w") as out:  # to judge a run again by
+            for twin in (sender, receiver):
+                for loss in twin.losses:
+                    out.write(json.dumps({"twin": twin.name, **dataclasses.asdict(loss)}) + "\n")
         with (self.workdir / "calls.jsonl").open("w") as out:  # to read a failure by
             for call in self.calls:
                 out.write(json.dumps({
@@ -176,18 +186,31 @@ async def _every(*steps: Callable[[], Awaitable[object]]) -> None:
         raise ExceptionGroup("cleaning up a bus history", errors)
 
 
-def replay_command(seed: int, steps: int, default_steps: int, standby: bool) -> str:
-    env = {}
+def replay_command(seed: int, steps: int, default_steps: int, forced: dict[str, str]) -> str:
+    """The line that runs ``seed`` again (``forced``: the variant's overrides in force)."""
+    env = dict(forced)
     if steps != default_steps:
         env["CHECKER_STEPS"] = str(steps)
-    if standby:
-        env["BUS_CHECKER_STANDBY"] = "1"
     return harness.replay_command(TEST_FILE, seed, env)
 
 
-async def run_seed(seed: int, workdir: Path, toxiproxy: Toxiproxy, steps: int, *,
-                   standby: bool = False) -> Report:  # fmt: skip
-    return await BusHistory(seed, workdir, toxiproxy, standby=standby).run(steps)
+#: variable -> the part of the variant it forces ("1" on, "0" off; else the seed's draw)
+OVERRIDES = {"BUS_CHECKER_STANDBY": "standby", "BUS_CHECKER_SENTINEL": "sentinel"}
 
 
-__all__ = ["BusHistory", "Report", "replay_command", "run_seed"]
+def variant_of(seed: int, environ: dict[str, str]) -> tuple[Variant, dict[str, str]]:
+    """Seed ``seed``'s variant with the overrides of ``environ``, and those overrides."""
+    bad = [f"{k}={environ[k]!r}" for k in OVERRIDES if environ.get(k) not in (None, "", "0", "1")]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: 1 forces that part on, 0 off, unset draws it")
+    forced = {k: environ[k] for k in OVERRIDES if environ.get(k) in ("0", "1")}
+    parts = {OVERRIDES[k]: v == "1" for k, v in forced.items()}
+    return dataclasses.replace(draw_variant(seed), **parts), forced
+
+
+async def run_seed(seed: int, workdir: Path, toxiproxy: Toxiproxy, steps: int,
+                   variant: Variant) -> Report:  # fmt: skip
+    return await BusHistory(seed, workdir, toxiproxy, variant).run(steps)
+
+
+__all__ = ["OVERRIDES", "BusHistory", "Report", "replay_command", "run_seed", "variant_of"]

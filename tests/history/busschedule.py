@@ -1,19 +1,36 @@
-"""The generator of a bus history: a seeded schedule of steps.
+"""The generator of a bus history: a seeded schedule of steps, and the seed's variant.
 
 Each step is one of: a burst of calls (how many, at what concurrency and pace,
 and a seed for each call's ``exp``, ``try`` and handler hold: the burst runs
 in the background while the next steps go on), a quiet while, or one fault of
-the nemesis (:data:`tests.history.busnemesis.FAULTS`, plus the standby faults
-when they are on). Every history starts with a burst and has at least two
-faults; the faults it draws are spread over every kind.
+the nemesis (:data:`tests.history.busnemesis.FAULTS`). Every history starts
+with a burst and has at least two faults; the faults it draws are spread over
+every kind.
+
+A seed also draws its variant (:func:`draw_variant`), each from a stream of
+draws of its own, so a seed that draws neither runs the schedule it always
+drew: a standby bus for each twin (about one seed in two), and the twins'
+Redis on Sentinel groups (about one in four). :func:`vary` then turns the
+schedule's faults into the variant's, from a third stream: on Sentinel a
+Redis restart or wipe of a twin becomes a failover of its group, with
+standbys some kills of a twin's bus become kills of its standby; and adds one
+of each where the schedule drew none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
-from tests.history.busnemesis import FAULTS, STANDBY_FAULTS
+from tests.history.busnemesis import FAULTS
+from tests.history.redisgroup import SENTINEL_SHARE
+
+#: the share of seeds whose twins each run a standby bus
+STANDBY_SHARE = 0.5
+#: of the kills of a twin's bus, the share that kill its standby (with standbys on)
+KILL_STANDBY_SHARE = 0.5
+SIDES = ("sender", "receiver")
 
 #: op -> relative weight
 OPS = {"calls": 3, "fault": 3, "wait": 1}
@@ -42,9 +59,9 @@ def calls_step(rng: random.Random) -> Step:
                 pace_s=rng.uniform(0, 0.1), seed=rng.randrange(1 << 30))  # fmt: skip
 
 
-def draw_schedule(rng: random.Random, steps: int, *, standby: bool = False) -> list[Step]:
+def draw_schedule(rng: random.Random, steps: int) -> list[Step]:
     """``steps`` steps (and a first burst) drawn from ``rng``."""
-    faults = FAULTS + (STANDBY_FAULTS if standby else ())
+    faults = FAULTS
     out = [calls_step(rng)]
     ops, weights = zip(*OPS.items(), strict=True)
     for _ in range(steps):
@@ -60,4 +77,57 @@ def draw_schedule(rng: random.Random, steps: int, *, standby: bool = False) -> l
     return out
 
 
-__all__ = ["OPS", "Step", "calls_step", "draw_schedule"]
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """What a seed runs beside its schedule (see the module doc)."""
+
+    standby: bool = False
+    sentinel: bool = False
+
+    def text(self) -> str:
+        return ", ".join(
+            what for on, what in ((self.standby, "standbys"), (self.sentinel, "sentinel Redis"))
+            if on
+        )  # fmt: skip
+
+
+def draw_variant(seed: int) -> Variant:
+    """Seed ``seed``'s variant, each part from its own stream of draws."""
+    return Variant(
+        standby=random.Random(f"bus-standby/{seed}").random() < STANDBY_SHARE,
+        sentinel=random.Random(f"bus-redis/{seed}").random() < SENTINEL_SHARE,
+    )
+
+
+def vary(steps: list[Step], variant: Variant, seed: int) -> list[Step]:
+    """``steps`` with the faults of ``variant`` (see the module doc)."""
+    rng = random.Random(f"bus-faults/{seed}")
+    out = []
+    for step in steps:
+        action, _, side = step.fault.rpartition("_")
+        if variant.sentinel and action in ("restart_redis", "wipe_redis"):
+            step = dataclasses.replace(step, fault=f"failover_{side}")
+        elif variant.standby and action == "kill" and rng.random() < KILL_STANDBY_SHARE:
+            step = dataclasses.replace(step, fault=f"kill_standby_{side}")
+        out.append(step)
+    wanted = (["failover"] if variant.sentinel else []) + (
+        ["kill", "kill_standby"] if variant.standby else []
+    )
+    for action in wanted:
+        if not any(step.fault.rpartition("_")[0] == action for step in out):
+            fault = f"{action}_{rng.choice(SIDES)}"
+            out.insert(rng.randint(1, len(out)), Step("fault", fault=fault))
+    return out
+
+
+__all__ = [
+    "KILL_STANDBY_SHARE",
+    "OPS",
+    "STANDBY_SHARE",
+    "Step",
+    "Variant",
+    "calls_step",
+    "draw_schedule",
+    "draw_variant",
+    "vary",
+]

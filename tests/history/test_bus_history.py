@@ -2,15 +2,16 @@
 
 ``make test`` runs :data:`SEEDS`; ``make soak`` runs ``CHECKER_SEEDS`` more (from
 1000 up; ``BUS_CHECKER_SEEDS`` for this checker alone); ``CHECKER_SEED=N`` runs
-seed N alone (what a failure prints). ``BUS_CHECKER_STANDBY=1`` adds the standby
-faults (a second bus of a twin, then kill -9 of the active one). The checker's
-own rules are tested first, on histories written by hand.
+seed N alone (what a failure prints). A seed draws its variant (standby buses,
+Sentinel groups: :func:`tests.history.busschedule.draw_variant`);
+``BUS_CHECKER_STANDBY`` and ``BUS_CHECKER_SENTINEL`` (``1`` or ``0``) force a
+part on or off for every seed. The checker's own rules are tested first, on
+histories written by hand; the draws in ``test_bus_draws.py``.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +21,22 @@ from tests.history import harness
 from tests.history.buscallers import Answer, Call, Loss
 from tests.history.buschecker import Execution, check
 from tests.history.bushandler import answer_of
-from tests.history.busrun import replay_command, run_seed
-from tests.history.busschedule import draw_schedule
+from tests.history.busrun import replay_command, run_seed, variant_of
 from tests.history.conftest import SUMMARIES, TALLY
 
-SEEDS = [43, 118, 208]
+SEEDS = [43, 208, 356]  # 43 with standbys, 356 with standbys on Sentinel
 STEPS = 8
 PREFIX = "BUS_"
-
-
-def _standby() -> bool:
-    return os.environ.get("BUS_CHECKER_STANDBY", "") == "1"
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", harness.seeds(SEEDS, PREFIX))
 async def test_bus_history(seed: int, tmp_path: Path, toxiproxy: Any) -> None:
-    steps, standby = harness.steps(STEPS, PREFIX), _standby()
-    replay = replay_command(seed, steps, STEPS, standby)
+    steps = harness.steps(STEPS, PREFIX)
+    variant, forced = variant_of(seed, dict(os.environ))
+    replay = replay_command(seed, steps, STEPS, forced)
     try:
-        report = await run_seed(seed, tmp_path, toxiproxy, steps, standby=standby)
+        report = await run_seed(seed, tmp_path, toxiproxy, steps, variant)
     except Exception as exc:  # the harness itself failed: say which seed, and how to replay it
         raise AssertionError(f"bus seed {seed} could not run: {exc!r}\nreplay: {replay}") from exc
     for fault in report.faults:
@@ -137,11 +134,32 @@ def test_data_loss_owes_what_the_docs_say() -> None:
     assert "c5" in _bad([unreachable], [Execution("c5", "1002.5", 99.0)], receiver=100.0)
 
 
-def test_a_seed_draws_the_same_schedule_with_at_least_two_faults() -> None:
-    for seed in range(50):
-        one = draw_schedule(random.Random(seed), 4)
-        assert one == draw_schedule(random.Random(seed), 4)
-        assert one[0].op == "calls" and sum(s.op == "fault" for s in one) >= 2
-    standby = {s.fault for seed in range(50) for s in draw_schedule(random.Random(seed), 8,
-                                                                   standby=True)}  # fmt: skip
-    assert {"standby_sender", "standby_receiver"} <= standby
+def test_a_failover_that_lost_writes_excuses_only_runs_after_its_fence() -> None:
+    # the receiver's group failed over at 100..103 and provably lost what followed the
+    # fence at 100: a run from before the fence was kept (its uid survived)
+    lag = [Loss(100.0, 100.0, 103.0, 103.0, partial=True)]
+    runs = [
+        *(Execution("c1", "1002.1", t) for t in (100.5, 104.0)),  # its first run after the fence
+        *(Execution("c2", "1002.2", t) for t in (99.0, 104.0)),  # its first run before it
+    ]
+    calls = [_call(1, (6.0, "")), _call(2, (6.0, ""))]
+    verdict = check(calls, runs, sender_losses=[], receiver_losses=lag)
+    assert list(verdict.violations) == ["c2"] and [a[:3] for a in verdict.allowed] == ["c1:"]
+    # the same runs after a wipe (everything lost): both excused
+    wiped = check(calls, runs, sender_losses=[],
+                  receiver_losses=[Loss(100.0, 100.0, 103.0, 103.0)])  # fmt: skip
+    assert wiped.violations == {} and len(wiped.allowed) == 2
+
+
+def test_an_answer_a_senders_failover_took_back_may_be_followed_by_another() -> None:
+    # the sender's group lost what was written from 5 to 8: c1's answer at 6 was among it,
+    # and the new master, holding c1 still pending, expired it; c2's answer at 4 was kept
+    lag = [Loss(5.0, 5.0, 8.0, 8.0, partial=True)]
+    calls = [_call(1, (6.0, ""), (-1, "request expired")),
+             _call(2, (4.0, ""), (-1, "request expired"))]  # fmt: skip
+    verdict = check(calls, _runs(1, 2), sender_losses=lag, receiver_losses=[])
+    assert list(verdict.violations) == ["c2"] and [a[:3] for a in verdict.allowed] == ["c1:"]
+    # a wipe takes no answer back: the second answer is a violation
+    wiped = check(calls, _runs(1, 2), sender_losses=[Loss(5.0, 5.0, 8.0, 8.0)],
+                  receiver_losses=[])  # fmt: skip
+    assert set(wiped.violations) == {"c1", "c2"}
