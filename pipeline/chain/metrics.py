@@ -64,6 +64,10 @@ class Metrics:
             "gauge",
             "bytes the Dialogue feed's duplexes hold queued now (per connection at most 8 MiB)",
         ),
+        "sluice_serve_dialogue_dropped_total": (
+            "counter",
+            "Dialogue feed connections dropped: the peer read nothing of a duplex's end for 10 s",
+        ),
         "sluice_serve_upgrades_lost_total": (
             "counter",
             "websocket upgrades whose peer was gone before the answer could be written",

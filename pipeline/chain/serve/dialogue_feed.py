@@ -19,6 +19,16 @@ catch-up waits for room in both, and is ended as too slow when none comes
 within ``stall_s``; a live block that does not fit ends its duplex at once.
 Before, each of up to 1,024 duplexes had its own 4,096 messages and one
 connection grew the server by over a gigabyte.
+
+A duplex ended as too slow gives back what it held queued at once, and no end
+of the feed waits more than ``linger_s`` (:data:`SLOW_CLOSE_S`, as a websocket
+closed with 1008) for its connection to take it (:func:`end_duplex`). An end is
+queued on the connection at once, but waits while the connection holds more
+than ``write_high`` unwritten, which it does for good once the peer reads
+nothing (whether it did when a stall came depended on where the connection's
+writer was): before, every stalled duplex of such a peer then waited there
+forever, never let go, its budget held. Past ``linger_s`` the peer has read
+nothing of the whole connection: it is aborted, and every duplex on it let go.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from pipeline.chain.outbox import Budget, Outbox
 from pipeline.chain.planning import Plan
 from pipeline.chain.serve.subscription import SubscribeParams, Subscription, parse_subscribe
 from pipeline.chain.serve.wsconn import MAX_SUBSCRIPTIONS
+from pipeline.chain.serve.wswrite import SLOW_CLOSE_S
 from pipeline.dialogue.connection import Connection
 from pipeline.dialogue.duplex import Duplex
 from pipeline.dialogue.server import DialogueServer
@@ -74,6 +85,10 @@ class Feed:
         self.max_bytes = max_bytes
         #: told each Redis error that ended a duplex (serve counts them by kind)
         self.on_redis_error = on_redis_error
+        #: how long ending a duplex waits for its connection to take the end (see the module doc)
+        self.linger_s = SLOW_CLOSE_S
+        #: connections aborted for reading nothing of an end for ``linger_s``
+        self.dropped = 0
         #: per connection: its budget and how many of its duplexes are served
         self._budgets: dict[object, tuple[Budget, int]] = {}
         self.server: DialogueServer | None = None
@@ -107,7 +122,11 @@ class Feed:
             "sluice_serve_dialogue_duplexes_open": sum(n for _b, n in self._budgets.values()),
             "sluice_serve_dialogue_queued_messages": sum(b.messages for b in budgets),
             "sluice_serve_dialogue_queued_bytes": sum(b.nbytes for b in budgets),
+            "sluice_serve_dialogue_dropped_total": self.dropped,
         }
+
+    def count_drop(self) -> None:
+        self.dropped += 1
 
 
 async def serve_duplex(
@@ -118,25 +137,32 @@ async def serve_duplex(
     stall_s: float | None = None,
     budget: Budget | None = None,
     on_redis_error: RedisErrors | None = None,
+    linger_s: float = SLOW_CLOSE_S,
+    on_drop: Callable[[], None] | None = None,
 ) -> None:
     """Serve one subscription on an incoming duplex until the peer leaves or falls behind
     (``budget``: what it may queue, shared with the other duplexes of its connection;
-    ``on_redis_error``: told each Redis error that ends it)."""
+    ``on_redis_error``: told each Redis error that ends it; ``linger_s`` and
+    ``on_drop``: see :func:`end_duplex`)."""
     parsed = _parse(duplex.initial or b"null")
     if isinstance(parsed, bytes):
-        await duplex.end(error=parsed)
+        await end_duplex(duplex, parsed, linger_s, on_drop)
         return
     keep = encoding_for(parsed.keep, SEED, parsed.weight)  # the seed shape; weight if asked
     plan = await _plan(resumption, parsed, keep, on_redis_error)
     if isinstance(plan, bytes):
-        await duplex.end(error=plan)
+        await end_duplex(duplex, plan, linger_s, on_drop)
         return
     outbox = Outbox(send_buffer, stall_s=stall_s, budget=budget)
     sub = Subscription("0x1", parsed, outbox, envelope=False)
     try:
-        await _feed(resumption, duplex, outbox, plan, keep, sub, on_redis_error)
+        ending = await _feed(resumption, duplex, outbox, plan, keep, sub, on_redis_error)
     finally:
-        outbox.clear()  # what it held goes back to its connection's budget
+        # What it held goes back to its connection's budget, before the end (as a slow
+        # websocket's queue is dropped before its 1008).
+        outbox.clear()
+    if not isinstance(ending, _Gone):
+        await end_duplex(duplex, ending, linger_s, on_drop)
 
 
 def _invalid(text: str) -> bytes:
@@ -185,6 +211,13 @@ async def _plan(
         return error.encode()
 
 
+class _Gone:
+    """The duplex or its connection is gone: nothing to end."""
+
+
+_GONE = _Gone()
+
+
 async def _feed(
     resumption: TieredResumption,
     duplex: Duplex,
@@ -193,8 +226,9 @@ async def _feed(
     keep: KeyTest | None,
     sub: Subscription,
     on_redis_error: RedisErrors | None = None,
-) -> None:
-    """Stream the plan into the duplex until the peer leaves, falls behind or resumption fails."""
+) -> bytes | None | _Gone:
+    """Stream the plan into the duplex until the peer leaves, falls behind or resumption
+    fails; what to end our half with then (None: no error; :data:`_GONE`: nothing to end)."""
 
     async def write() -> None:
         # A text leaves the outbox (and its connection's budget) once sent, not before:
@@ -210,6 +244,7 @@ async def _feed(
             pass  # a subscriber sends nothing more; the end of its half means it left
         raise PeerLeft
 
+    ending: bytes | None | _Gone = None
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(write())
@@ -221,19 +256,54 @@ async def _feed(
         # The subscriber went away mid-send (a closed duplex or connection): one line,
         # not a traceback of the task group.
         log.info("dialogue subscriber gone: %r", gone.exceptions[0])
+        ending = _GONE
     except* SlowConsumer:
-        await duplex.end(error=b"subscriber too slow: send buffer full")
+        ending = b"subscriber too slow: send buffer full"
     except* ResumptionError as group_exc:
         first = group_exc.exceptions[0]
         log.warning("dialogue subscription ended: %r", first)
         text = first.public_message if isinstance(first, ResumptionError) else "cannot resume"
-        await duplex.end(error=text.encode()[:200])
+        ending = text.encode()[:200]
     except* (aioredis.RedisError, OSError) as group_exc:  # a catch-up's read of the tail
         lost = group_exc.exceptions[0]
         log.warning("dialogue subscription: redis error %r", lost)
         if on_redis_error is not None:
             on_redis_error(lost)
-        await duplex.end(error=b"redis unavailable, resubscribe later")
+        ending = b"redis unavailable, resubscribe later"
+    return ending
+
+
+async def end_duplex(
+    duplex: Duplex,
+    error: bytes | None,
+    linger_s: float,
+    on_drop: Callable[[], None] | None = None,
+) -> None:
+    """End our half of ``duplex`` (``error``: its error data), waiting at most ``linger_s``
+    for its connection to take the end (``on_drop``: told when the connection is dropped).
+
+    The end is queued on the connection at once; what may wait is the connection's
+    writing, which stops while the peer reads nothing. Past ``linger_s`` the peer has
+    read nothing of the whole connection: it is aborted (every duplex on it let go), as a
+    websocket subscriber too slow is dropped when it does not read its 1008. A connection
+    already gone is nothing to end.
+    """
+    try:
+        async with asyncio.timeout(linger_s):
+            await duplex.end(error=error)
+    except TimeoutError:
+        host = duplex.host
+        if isinstance(host, Connection) and not host.closed:
+            log.warning(
+                "dialogue peer %s read nothing for %gs after a duplex ended: connection dropped",
+                host.name,
+                linger_s,
+            )
+            host.abort(f"peer read nothing for {linger_s:g}s")
+            if on_drop is not None:
+                on_drop()
+    except (DialogueError, ConnectionError) as exc:
+        log.info("dialogue subscriber gone: %r", exc)
 
 
 def dialogue_server(
@@ -251,7 +321,7 @@ def dialogue_server(
     async def on_duplex(duplex: Duplex) -> None:
         budget = state.enter(duplex.host)
         if budget is None:  # as a websocket connection's subscriptions are bounded
-            await duplex.end(error=_TOO_MANY)
+            await end_duplex(duplex, _TOO_MANY, state.linger_s, state.count_drop)
             return
         try:
             await serve_duplex(
@@ -261,6 +331,8 @@ def dialogue_server(
                 stall_s=stall_s,
                 budget=budget,
                 on_redis_error=state.on_redis_error,
+                linger_s=state.linger_s,
+                on_drop=state.count_drop,
             )
         finally:
             state.leave(duplex.host)
