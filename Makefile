@@ -83,12 +83,15 @@ test: install
 # The long scenarios `make test` leaves out (tests marked soak: the whole demo check on a
 # Redis Cluster, serve under a 20 s attack), then the history checkers (tests/history,
 # docs/history-checker.md) over many seeds: make soak [SEEDS=200] [STEPS=12]; about
-# 20-40 s a seed. A failure prints its replay command.
+# 20-40 s a seed. A failure prints its replay command; serve logs at DEBUG in the seed's
+# directory (the failures left open pass when replayed: the log of the run that failed is
+# the evidence). SERVE_LOG=WARNING for quieter logs.
 SEEDS ?= 200
 STEPS ?= 12
+SERVE_LOG ?= DEBUG
 soak: install
 	PYTHONASYNCIODEBUG=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)
-	CHECKER_SEEDS=$(SEEDS) CHECKER_STEPS=$(STEPS) $(PY) -m pytest tests/history $(PYTEST_ARGS)
+	CHECKER_SEEDS=$(SEEDS) CHECKER_STEPS=$(STEPS) CHECKER_SERVE_LOG=$(SERVE_LOG) $(PY) -m pytest tests/history $(PYTEST_ARGS)
 
 # The unit suite on another Python: make test-unit-py PYV=3.12 (or 3.13). Its own venv,
 # .venv-py$(PYV), from pyenv's python$(PYV) or the one on PATH; not part of `make test`.
