@@ -17,11 +17,19 @@ and each stream's result is reported as soon as that stream is done. Per stream:
 - all of it under the stream's archive lock, taken for this stream and
   released when it is done;
 - a stream that fails is recorded with its error and the job goes on with the
-  next one. After the Spark server or Redis was lost, the streams not tried
-  yet are recorded as failed with that cause (each would wait and fail the
-  same way); so are the streams left when 90% of the job's time limit has
-  passed (the limit kills the job as a whole, and what it finished must
-  still be reported).
+  next one. A Spark Connect server lost mid-job is waited for instead: the
+  first stream that lost it waits up to ``spark.reconnect_s``
+  (``SLUICE_SPARK_RECONNECT_S``, within 90% of the job's time limit) for it
+  to listen again, the streams that lost it meanwhile wait for that outcome,
+  and once it is back the job drops its session, builds one on the server that
+  is back, and archives every stream it had not finished from the start of
+  that stream (each step is idempotent: what was committed is found, not
+  written again). Not back in time, or lost once too often
+  (:data:`~pipeline.lake.spark.lazyspark.MAX_REJOINS`), or Redis lost: the
+  streams not tried yet are recorded as failed with that cause (each would
+  wait and fail the same way); so are the streams left when 90% of the job's
+  time limit has passed (the limit kills the job as a whole, and what it
+  finished must still be reported).
 
 What a caller can rely on: the result names every stream it was given, each
 with its own archive result (what ``sluice lake archive`` prints, plus
@@ -180,50 +188,23 @@ class _Run:
             return True
 
     def one(self, stream: str) -> None:
-        """Archive one stream (its catch-up steps, then the interval) under its lock."""
-        from pipeline.lake.runsteps import run_steps
-
+        """Archive one stream; again from the start after the Connect server it lost is back."""
         if self._skip(stream):
             return
-        start_ms, end_ms = self.start_ms, self.end_ms
         began, before = time.perf_counter(), self.warnings()
-        try:
-            with self.locked(stream):
-                steps = [(start_ms, end_ms)]
-                if self.catchup:
-                    steps = run_steps(self.settings, stream, start_ms, end_ms)
-                if len(steps) > 1:
-                    log.info(
-                        "stream %s: archiving %d earlier interval(s) no run archived yet, "
-                        "first [%d, %d)", stream, len(steps) - 1, *steps[0],
-                    )  # fmt: skip
-                caught_up: list[dict[str, Any]] = []
-                for done, (lo, hi) in enumerate(steps[:-1]):
-                    if time.monotonic() > self.budget:
-                        log.warning(
-                            "stream %s: %d earlier interval(s) left for the next run (time budget)",
-                            stream, len(steps) - 1 - done,
-                        )  # fmt: skip
-                        break
-                    earlier, warned = self.step(stream, lo, hi)
-                    caught_up.append(
-                        {k: earlier.get(k) for k in CAUGHT_UP_FIELDS} | {"warnings": warned}
-                    )
-                own, _ = self.step(stream, start_ms, end_ms)
-        except JobCancelled:
-            raise
-        except Exception as exc:  # one stream's failure must not stop the others
-            self.check()  # a stop made the work fail: that is the stop, not this stream's error
-            text = message(exc)
-            log.error("stream %s: archive failed: %s", stream, text)
-            log.debug("stream %s: archive failed", stream, exc_info=True)
-            with self.guard:
-                if isinstance(exc, FATAL) and self.fatal is None:
-                    self.fatal = text
-                self.results[stream] = {
-                    "stream": stream, "error": text, "warnings": self.warnings() - before
-                }  # fmt: skip
-            return
+        while True:
+            seen = self.generation()
+            try:
+                own, caught_up = self.attempt(stream)
+                break
+            except JobCancelled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one stream's failure must not stop the others
+                self.check()  # a stop made the work fail: that is the stop, not this stream's error
+                if self.rejoined(exc, seen):
+                    continue  # every step is idempotent: what was committed is found, not redone
+                self.failed(stream, exc, before)
+                return
         seconds = time.perf_counter() - began
         if self.catchup:
             own["caught_up"] = caught_up
@@ -232,6 +213,68 @@ class _Run:
             self.report(own, seconds)
         with self.guard:
             self.results[stream] = own
+
+    def generation(self) -> int:
+        """How many times the job's session was dropped after its server was lost."""
+        return int(getattr(self.spark, "generation", 0))
+
+    def rejoined(self, exc: Exception, seen: int) -> bool:
+        """True when the stream is to be tried again: its work ran on a session dropped since
+        (whatever it raised), or it lost the Connect server and the server came back within
+        ``spark.reconnect_s`` (and the job's time to start streams)."""
+        if self.generation() != seen:
+            return True
+        rejoin = getattr(self.spark, "rejoin", None)
+        if not isinstance(exc, SparkUnavailable) or rejoin is None:
+            return False
+        left = self.last_start - time.monotonic()
+        wait_s = max(0.0, min(self.settings.spark.reconnect_s, left))
+        return bool(rejoin(seen, wait_s, self.check))
+
+    def failed(self, stream: str, exc: Exception, before: int) -> None:
+        """Record ``stream``'s failure (after Redis or the Spark server was lost, the streams
+        not started yet are not tried)."""
+        text = message(exc)
+        gave_up = str(getattr(self.spark, "gave_up", ""))
+        if isinstance(exc, SparkUnavailable) and gave_up:
+            text = f"{text}; {gave_up}"
+        log.error("stream %s: archive failed: %s", stream, text)
+        log.debug("stream %s: archive failed", stream, exc_info=True)
+        with self.guard:
+            if isinstance(exc, FATAL) and self.fatal is None:
+                self.fatal = text
+            self.results[stream] = {
+                "stream": stream, "error": text, "warnings": self.warnings() - before
+            }  # fmt: skip
+
+    def attempt(self, stream: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Archive one stream (its catch-up steps, then the interval) under its lock."""
+        from pipeline.lake.runsteps import run_steps
+
+        start_ms, end_ms = self.start_ms, self.end_ms
+        with self.locked(stream):
+            steps = [(start_ms, end_ms)]
+            if self.catchup:
+                steps = run_steps(self.settings, stream, start_ms, end_ms)
+            if len(steps) > 1:
+                log.info(
+                    "stream %s: archiving %d earlier interval(s) no run archived yet, "
+                    "first [%d, %d)", stream, len(steps) - 1, *steps[0],
+                )  # fmt: skip
+            caught_up: list[dict[str, Any]] = []
+            for done, (lo, hi) in enumerate(steps[:-1]):
+                if time.monotonic() > self.budget:
+                    log.warning(
+                        "stream %s: %d earlier interval(s) left for the next run (time budget)",
+                        stream, len(steps) - 1 - done,
+                    )  # fmt: skip
+                    break
+                earlier, warned = self.step(stream, lo, hi)
+                caught_up.append(
+                    {k: earlier.get(k) for k in CAUGHT_UP_FIELDS} | {"warnings": warned}
+                )
+            own, _ = self.step(stream, start_ms, end_ms)
+        return own, caught_up
 
 
 class _ThreadWarnings(logging.Handler):

@@ -29,6 +29,9 @@ class SparkSettings:
     #: Port ``sluice spark`` listens on.
     connect_port: Port = 15002
     shuffle_partitions: PositiveInt = 4
+    #: Seconds a shared archive job waits for a lost Spark Connect server to listen again
+    #: before the streams it had not finished fail (0: fail at once).
+    reconnect_s: float = 300.0
 
     def __post_init__(self) -> None:
         check(self)

@@ -9,11 +9,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.settings import Settings
 
 log = logging.getLogger("pipeline.lake.job")
+
+#: Seconds between two looks for a lost Connect server while :meth:`LazySpark.rejoin` waits.
+REJOIN_POLL_S = 1.0
+#: Seconds one such look (a TCP connect) may take.
+REJOIN_PROBE_S = 1.0
+#: Most times one job rejoins a lost Connect server; lost once more, its streams fail.
+MAX_REJOINS = 5
 
 
 class LazySpark:
@@ -36,6 +44,10 @@ class LazySpark:
         self.tag = ""
         #: seconds it took to get the session (0 when never started)
         self.start_s = 0.0
+        #: sessions dropped after their Connect server was lost (:meth:`rejoin`)
+        self.generation = 0
+        self._rejoining = threading.Lock()
+        self._gave_up = ""
 
     @property
     def started(self) -> bool:
@@ -70,6 +82,65 @@ class LazySpark:
                 session.addTag(self.tag)
                 self._tagged.add(threading.get_ident())
         return session
+
+    def rejoin(self, seen: int, wait_s: float, check: Callable[[], None]) -> bool:
+        """After the Connect server was lost: wait up to ``wait_s`` for it to listen again,
+        then drop the session, so the next use builds one on the server that is back.
+
+        ``seen`` is the :attr:`generation` the caller's failed work ran on. Threads that
+        lost the same server wait for the first one's outcome: True when a session newer
+        than ``seen`` can be built (the server is back), False when the server did not
+        come back in time (then at once for every later caller too). ``check`` is called
+        while waiting (a stop raises out of it). A local session never rejoins, nor a job
+        that never reached its server (a server down from the start is one line at once).
+        """
+        from pipeline.errors import SparkUnavailable
+        from pipeline.lake.spark.session import probe
+
+        url = self._settings.spark.remote
+        if not url or not self.started:
+            return False
+        with self._rejoining:
+            if self.generation != seen:
+                return True
+            if self._gave_up:
+                return False
+            if self.generation >= MAX_REJOINS:
+                self._gave_up = f"lost {self.generation + 1} times in one job"
+                log.error("the Spark Connect server at %s: %s", url, self._gave_up)
+                return False
+            began = time.monotonic()
+            log.warning(
+                "the Spark Connect server at %s went away: waiting up to %.0fs for it to "
+                "come back", url, wait_s,
+            )  # fmt: skip
+            while True:
+                check()
+                try:
+                    probe(url, timeout_s=REJOIN_PROBE_S)
+                    break
+                except SparkUnavailable:
+                    if time.monotonic() - began >= wait_s:
+                        self._gave_up = f"not back within {wait_s:g}s"
+                        log.error("the Spark Connect server at %s: %s", url, self._gave_up)
+                        return False
+                    time.sleep(REJOIN_POLL_S)
+            with self._guard:
+                # The old client is left to the garbage collector: closing it would wait on
+                # release calls to the server it lost.
+                self._session = None
+                self._tagged.clear()
+                self.generation += 1
+            log.info(
+                "the Spark Connect server at %s is back after %.1fs: resuming", url,
+                time.monotonic() - began,
+            )  # fmt: skip
+            return True
+
+    @property
+    def gave_up(self) -> str:
+        """Why :meth:`rejoin` stopped waiting (empty while it never did)."""
+        return self._gave_up
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # copy/pickle probes: never start Spark for them

@@ -18,6 +18,13 @@ Lifecycle guarantees a caller can rely on:
 - :meth:`ConnectServer.stop` sends SIGTERM to the group (Spark's shutdown
   hooks stop the context and its Python workers), then SIGKILL after
   :data:`STOP_GRACE_S`; safe to call twice.
+- a task's fatal error (a ``java.lang.OutOfMemoryError``) fails that task's
+  job only: by default Spark exits the JVM that ran the task, which with a
+  local master is the server every job shares;
+- ``sluice spark`` starts the Python workers of the lake jobs' shared session
+  before it prints its URL (:func:`warm_workers`), and when its JVM exits on
+  its own it says why in one line (:func:`exit_cause`: exit code or signal,
+  and the log line naming the cause).
 
 The JVM's output (Spark's log4j lines, Ivy) goes to a log file, never to the
 terminal or a task log.
@@ -28,14 +35,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from pipeline.errors import SparkUnavailable
 from pipeline.lake.spark.session import probe, require_java, spark_conf
@@ -50,6 +58,10 @@ READY_TIMEOUT_S = 180.0
 STOP_GRACE_S = 15.0
 #: Lines of the log quoted when the server fails to start.
 LOG_TAIL = 15
+#: Bytes of one start's log searched for why the JVM exited.
+CAUSE_SCAN_BYTES = 32 << 20
+#: Seconds ``sluice spark`` gives its Python workers to start before it prints its URL anyway.
+WARM_TIMEOUT_S = 300.0
 
 
 def spark_home() -> Path:
@@ -80,6 +92,8 @@ class ConnectServer:
         self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        #: where this start's lines begin in the log (it is appended to across starts)
+        self._log_from = 0
 
     @property
     def url(self) -> str:
@@ -91,6 +105,11 @@ class ConnectServer:
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.connect.grpc.port.maxRetries": "0",
+            # A local master runs every job's tasks in this one JVM, and by default a task's
+            # fatal error (a java.lang.OutOfMemoryError) exits it (code 52, after its shutdown
+            # hooks): one job out of heap stopped the server every other job shares (issue 33,
+            # "the restarted sluice spark stopped by itself"). Now only that task fails.
+            "spark.executor.killOnFatalError.depth": "0",
         }
         cmd = [
             str(spark_home() / "bin" / "spark-submit"),
@@ -109,6 +128,7 @@ class ConnectServer:
             raise RuntimeError("the server was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        self._log_from = self._log.tell()
         env = {
             **os.environ,
             "SPARK_HOME": str(spark_home()),
@@ -159,6 +179,18 @@ class ConnectServer:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    def exit_cause(self) -> str:
+        """Why the JVM exited, in one line (:func:`exit_cause`); empty while it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_from)
+                text = log.read(CAUSE_SCAN_BYTES).decode(errors="replace")
+        except OSError:
+            text = ""
+        return exit_cause(self.proc.returncode, text)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -186,6 +218,99 @@ class ConnectServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: Exit codes a Spark JVM gives itself (``SparkExitCode``).
+_SPARK_EXITS = {50: "an uncaught exception", 52: "out of memory"}
+#: Lines of a JVM's log that say why it stopped, most telling first.
+_CAUSES = (
+    re.compile(r"Uncaught exception in thread"),
+    re.compile(r"java\.lang\.OutOfMemoryError.*"),
+    re.compile(r"RECEIVED SIGNAL \w+"),
+)
+
+
+def exit_cause(code: int, log: str) -> str:
+    """Why a server's JVM exited, in one line: its exit code or signal, what Spark's code
+    means, and the log line that names the cause (the first error of the fatal kind).
+
+    >>> exit_cause(-9, "")
+    'killed by SIGKILL'
+    """
+    if code < 0:
+        text = f"killed by {_signal_name(-code)}"
+    elif code > 128 and _signal_name(code - 128):
+        text = f"exit code {code}: {_signal_name(code - 128)}, its shutdown hooks ran"
+    else:
+        meaning = _SPARK_EXITS.get(code)
+        text = f"exit code {code}" + (f": {meaning}" if meaning else "")
+    lines = log.splitlines()
+    for pattern in _CAUSES:
+        for at, line in enumerate(lines):
+            found = pattern.search(line)
+            if found is None:
+                continue
+            said = line[found.start() :].strip()
+            if said.startswith("Uncaught") and at + 1 < len(lines):
+                said += ": " + lines[at + 1].strip()  # the exception, on the next line
+            return f"{text} ({said[:300]})"
+    return text
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return ""
+
+
+def warm_workers(
+    url: str, master: str, jobs_url: str = "", timeout_s: float = WARM_TIMEOUT_S
+) -> float:
+    """Start the server's Python workers for the lake jobs' session; the seconds it took.
+
+    The server starts a Python worker daemon per session (its imports: pyarrow,
+    redis-py, the data source) on the first Python task; the lake jobs share
+    one session per URL they are given (``jobs_url``, default ``url``:
+    :func:`~pipeline.lake.spark.session.shared_session_id`), so one small
+    Python task per core in that session, run now by a child Connect client of
+    ``url``, spares the first job that start (~160 s on a loaded machine).
+    Raises :class:`SparkUnavailable` (one line) when it fails.
+    """
+    from pipeline.lake.spark.session import shared_session_id
+
+    found = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master.strip())
+    cores = os.cpu_count() or 2
+    slots = cores if found is None or found.group(1) == "*" else int(found.group(1))
+    target = f"{url}/;session_id={shared_session_id(jobs_url or url)}"
+    began = time.monotonic()
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pipeline.lake.spark.server", "--warm", target, str(slots)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            timeout=timeout_s, check=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise SparkUnavailable(f"not warm within {timeout_s:g}s") from None
+    except subprocess.CalledProcessError as exc:
+        said = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
+        raise SparkUnavailable(said[-1][:300] if said else f"exit code {exc.returncode}") from None
+    return time.monotonic() - began
+
+
+def _warm_client(url: str, slots: int) -> None:
+    """``--warm``: one Python task per slot in the shared session of ``url``."""
+    from pipeline.lake.spark.session import close_session, connect_session
+
+    spark = connect_session(url)
+    try:
+        spark.range(0, slots, 1, slots).mapInArrow(_same, "id long").collect()
+    finally:
+        close_session(spark)
+
+
+def _same(batches: Iterator[Any]) -> Iterator[Any]:
+    yield from batches
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -249,13 +374,22 @@ def main(argv: Sequence[str]) -> int:
     try:
         _say(f"sluice spark: starting ({args.master}), log {args.log_file}")
         server.start()
+        try:
+            # the jobs' URL may name this server otherwise (in docker/: sc://spark-connect:15002)
+            took = warm_workers(server.url, args.master, settings.spark.remote)
+            _say(f"sluice spark: Python workers started in {took:.1f}s")
+        except SparkUnavailable as exc:  # the first job starts them itself: slower, not broken
+            _say(f"sluice spark: could not start the Python workers ahead ({exc})")
         ready = True
         _say(server.url, sys.stdout)
         _say(f"sluice spark: listening; export SLUICE_SPARK_REMOTE={server.url}")
         while not stopping and server.alive():
             time.sleep(0.2)
         if not stopping:
-            _say(f"sluice spark: the server exited; log {args.log_file}:\n{server.log_tail()}")
+            _say(
+                f"sluice spark: the server exited ({server.exit_cause()}); log {args.log_file}:"
+                f"\n{server.log_tail()}"
+            )
             return 1
         return 0
     finally:
@@ -263,3 +397,8 @@ def main(argv: Sequence[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _say("sluice spark: stopped")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--warm"]:
+        _warm_client(sys.argv[2], int(sys.argv[3]))

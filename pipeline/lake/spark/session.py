@@ -29,7 +29,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlparse
 
 from pipeline.errors import ConfigError, SparkUnavailable
@@ -45,6 +45,8 @@ APP_NAME = "sluice"
 CONNECT_RETRIES = 4
 #: Seconds a TCP connect to the Connect server may take before the job gives up.
 CONNECT_PROBE_S = 3.0
+#: The gRPC channel argument that gives a channel its own connections (see connect_session).
+LOCAL_SUBCHANNELS = "grpc.use_local_subchannel_pool"
 #: The manifest of cached Delta jar paths, next to the interpreter that resolved them.
 MANIFEST = Path(sys.prefix) / "share" / "sluice" / "delta-jars.json"
 
@@ -241,17 +243,24 @@ def connect_session(url: str, *, shared: bool = True) -> SparkSession:
     ``session_id`` itself; end the job with :func:`close_session`, which
     keeps the shared session alive on the server.
     """
-    from pyspark.sql import SparkSession as AnySession
+    from pyspark.sql.connect.client import DefaultChannelBuilder
     from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     probe(url)
     target = url
     if shared and "session_id=" not in url:
         target = f"{url.rstrip('/')}/;session_id={shared_session_id(url)}"
-    # The classic builder also switches pyspark.sql.functions to Connect for this
-    # process (an environment flag): a process is either a Connect client or
-    # a local driver, never both.
-    session = AnySession.builder.remote(target).create()
+    # What the classic builder's remote() does first: pyspark.sql.functions switch to
+    # Connect for this process (an environment flag). A process is either a Connect
+    # client or a local driver, never both.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    # A channel of its own connections: by default gRPC shares them between channels
+    # to the same address, so a session built after the server was lost and started
+    # again would reuse the lost connection, refused until its reconnect backoff (up
+    # to minutes) ends, though the server listens again.
+    channel = DefaultChannelBuilder(target, channelOptions=[(LOCAL_SUBCHANNELS, 1)])
+    session = ConnectSession.builder.channelBuilder(channel).create()
     session.client.set_retry_policies(
         [
             DefaultPolicy(
@@ -263,7 +272,7 @@ def connect_session(url: str, *, shared: bool = True) -> SparkSession:
             )
         ]
     )
-    return session
+    return cast("SparkSession", session)  # the classic type, as the classic builder returns
 
 
 def close_session(spark: Any) -> None:
