@@ -138,10 +138,8 @@ def test_one_job_archives_every_stream_with_catch_up_except_in_backfills() -> No
     assert op.job_args(_context()) == [*args, "--run-id", "r1", "--catchup"]
     # a backfill's own runs cover the other intervals: no catch-up steps
     assert op.job_args(_context("backfill")) == [*args, "--run-id", "r1"]
-    assert ops.StreamArchiveOperator(task_id="archive", stream="b").job_args(_context())[:2] == [
-        "--stream",
-        "b",
-    ]
+    shard = ops.StreamArchiveOperator(task_id="archive", streams=["b", "c"])
+    assert shard.job_args(_context())[:4] == ["--stream", "b", "--stream", "c"]
 
 
 class _TI:
@@ -157,28 +155,37 @@ class _TI:
         return self.shared
 
 
-def test_a_stream_task_takes_its_result_from_the_shared_job_or_archives_itself(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_shard_task_takes_its_results_from_the_shared_job_or_archives_the_rest(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("SLUICE_CONFIG", os.devnull)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, str(ROOT)]))
+    caplog.set_level("INFO")
     ops = _operators()
-    op = ops.StreamArchiveOperator(task_id="archive", stream="b", module="job_child")
-    done = {"streams": {"b": {"stream": "b", "entries": 7, "warnings": 0}}, "failed": []}
+    op = ops.StreamArchiveOperator(task_id="archive", streams=["a", "b"], module="job_child")
+    mine = {"a": {"stream": "a", "entries": 5, "warnings": 0}}
+    done = {"streams": {**mine, "b": {"stream": "b", "entries": 7, "warnings": 0}}, "failed": []}
     ti = _TI(1, done)
-    # first try, archived by the shared job: its result, and no job of its own
-    assert op.execute(_context(ti=ti)) == done["streams"]["b"]
+    # first try, both archived by the shared job: their results, and no job of its own
+    assert op.execute(_context(ti=ti)) == [done["streams"]["a"], done["streams"]["b"]]
     assert ti.pulled == [("archive_streams", -1)]
-    # it failed there (or the job left no result): this task archives the stream itself
-    failed = {"streams": {"b": {"stream": "b", "error": "boom"}}, "failed": ["b"]}
-    for shared in (failed, None):
-        assert op.execute(_context(ti=_TI(1, shared))) == {"stream": "b", "entries": 2}
-    # a retry always runs its own job, whatever the shared job said
+    assert "archived by this task" not in caplog.text
+    # b failed there (or the job left no result for it): this task archives b, alone
+    failed = {"streams": {**mine, "b": {"stream": "b", "error": "boom"}}, "failed": ["b"]}
+    for shared in (failed, {"streams": mine, "failed": []}):
+        caplog.clear()
+        got = op.execute(_context(ti=_TI(1, shared)))
+        assert got == [mine["a"], {"stream": "b", "entries": 2}]
+        assert "stream b: archived by this task" in caplog.text
+        assert "stream a: archived by this task" not in caplog.text
+    # a retry always runs its own job for the whole shard, whatever the shared job said
     ti = _TI(2, done)
-    assert op.execute(_context(ti=ti)) == {"stream": "b", "entries": 2} and ti.pulled == []
-    # its own job fails for the stream: the task fails with the stream's error
+    got = op.execute(_context(ti=ti))
+    assert got == [{"stream": "a", "entries": 2}, {"stream": "b", "entries": 2}]
+    assert ti.pulled == []
+    # its own job fails for the streams: the task fails naming each with its error
     monkeypatch.setenv("SLUICE_TEST_X", "fail")
-    with pytest.raises(Exception, match="archive of 'b' failed: it broke"):
+    with pytest.raises(Exception, match="archive failed for 2 of 2 stream.*'a': it broke"):
         op.execute(_context(ti=_TI(2, done)))
 
 
