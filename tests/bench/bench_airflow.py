@@ -30,6 +30,15 @@ Metrics (JSON lines via Report), each in one run with its baseline:
 - ``airflow_run_100_streams_sched_s`` (``SLUICE_BENCH_ONLY=sched`` only): the same run through
   a real ``airflow scheduler`` and ``api-server`` on PostgreSQL (:mod:`airflow_sched`);
   baseline the chain stream's run alone in the same system.
+- ``airflow_run_100_streams_celery_s``, ``airflow_run_1000_streams_s``
+  (``SLUICE_BENCH_ONLY=celery`` only): runs through a real scheduler and api-server
+  on PostgreSQL with docs/operations/celery.md's setup, two ``airflow celery
+  worker`` of concurrency 4 (``SLUICE_BENCH_CELERY_CONCURRENCY``;
+  :mod:`airflow_celery`), warmed by an untimed run of an empty interval: the chain
+  stream (20 blocks/s) alone (the baseline of both), then with 99 plain streams at
+  20 messages/s (goal 30 s), then with 999 at 2 messages/s (goal 90 s), one
+  5-minute interval each (a run's plain streams are deleted after it). ``tasks``
+  sums durations per task id; ``load`` is the 1-minute load before and after.
 
 The Connect server is warmed up first (one untimed archive), as a deployment's
 long-lived server is.
@@ -216,6 +225,56 @@ def _run_sched(
     )  # fmt: skip
 
 
+#: The Celery runs after the baseline: (metric, streams, plain streams' messages/s, goal s).
+CELERY_RUNS = (
+    ("airflow_run_100_streams_celery_s", 100, 20, 30.0),
+    ("airflow_run_1000_streams_s", 1000, 2, 90.0),
+)
+
+
+def _run_celery(
+    tmp: Path, env: dict[str, str], server: LocalRedis, end: datetime, report: Report
+) -> None:
+    """:data:`CELERY_RUNS` and their baseline (the chain stream's run alone) in one
+    :class:`airflow_celery.CelerySystem`, each run over the next 5-minute interval."""
+    from airflow_celery import WORKERS, CelerySystem
+
+    from tests.integration.airflow_view.deployment import fresh_db
+
+    n = int(INTERVAL.total_seconds()) * 20
+    first = end - len(CELERY_RUNS) * INTERVAL - INTERVAL
+    client = redis.Redis.from_url(env["SLUICE_REDIS_URL"])
+    client.flushall()
+    # the chain over every run's interval: the baseline's first
+    _fill(client, "chain:run", int(first.timestamp() * 1000), (len(CELERY_RUNS) + 1) * n, 50)
+    broker, broker_client = fresh_db(server, 13)
+    broker_client.close()
+    af_env = {**env, "SLUICE_LAKE_URI": str(tmp / "lake-celery"),
+              "SLUICE_STREAMS": "chain:*,events:*", "SLUICE_CHAIN_STREAMS": "chain:*"}  # fmt: skip
+    with CelerySystem(tmp, af_env, broker) as system:
+        # untimed: each worker's first tasks pay its imports (an empty interval: no Spark)
+        system.run("bench-warm", first - INTERVAL, first)
+        one_s, one = system.run("bench-one", first, first + INTERVAL)
+        for i, (metric, n_streams, rate, goal_s) in enumerate(CELERY_RUNS, start=1):
+            lo = first + i * INTERVAL
+            names = [f"events:r{n_streams}-{j:04d}" for j in range(n_streams - 1)]
+            per = int(INTERVAL.total_seconds()) * rate
+            began = time.perf_counter()
+            for name in names:
+                _fill_plain(client, name, int(lo.timestamp() * 1000), per, 1000 // rate)
+            fill_s = round(time.perf_counter() - began, 1)
+            seconds, stats = system.run(f"bench-{n_streams}", lo, lo + INTERVAL)
+            report.emit(
+                metric, seconds, one_s, streams=n_streams, goal_s=goal_s, plain_msgs_per_s=rate,
+                chain_blocks_per_s=20, entries=n + (n_streams - 1) * per, workers=len(WORKERS),
+                concurrency=system.concurrency, parallelism=system.env["AIRFLOW__CORE__PARALLELISM"],
+                **stats, loadavg=[round(x, 2) for x in os.getloadavg()], fill_s=fill_s,
+                baseline_stats=one,
+            )  # fmt: skip
+            client.delete(*(keys.stream(name) for name in names))
+    client.close()
+
+
 def _airflow_env(home: Path, env: dict[str, str]) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_"))}
     return {
@@ -293,6 +352,10 @@ def main() -> int:
                 # Warm the server (Python workers, Delta classes), untimed.
                 _job({**env, "SLUICE_LAKE_URI": str(tmp / "lake-warm")}, WARM, start_ms, end_ms)
 
+                if only == "celery":
+                    _run_celery(tmp, env, server, end, report)
+                    report.save()
+                    return 0
                 if only == "sched":
                     _run_sched(tmp, env, end, start_ms, run_streams, report)
                     report.save()
