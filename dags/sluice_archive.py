@@ -120,7 +120,7 @@ def sluice_archive() -> None:
     # Bounded by the pool and the runs, not across runs: a backfill's runs go beside the
     # scheduled one (each stream's archive lock keeps their writes apart).
     shared = ArchiveStreamsOperator(task_id="archive_streams", streams=names)
-    archived = archive.expand(streams=shards(names))
+    archived = archive.expand(streams=shards(cast(Any, names)))
     shared >> archived
     marked = canonical.expand(stream=chain_streams(cast(Any, names)))
     # One trim job for every stream: each stream's result in its XCom and log lines (a
