@@ -6,7 +6,8 @@ the metadata database's DAG runs and XComs (``airflow.models``,
 ``airflow.utils.session``), the UI's base URL (``airflow.configuration``) and
 the core API's own access check (``airflow.api_fastapi``); the pools plugin needs
 the pool table, ``[core] parallelism`` and the (experimental) priority weight
-strategy interface (``airflow.task.priority_strategy``). They are behind the
+strategy interface (``airflow.task.priority_strategy``); the Celery plugin
+needs the Celery provider's default configuration. They are behind the
 functions here, which take and return plain values, so an Airflow upgrade
 that moves them breaks this module alone, and
 ``tests/integration/airflow_view/test_airflow_internals.py`` checks each
@@ -26,6 +27,7 @@ from typing import Any
 __all__ = [
     "DagRunRow",
     "authorize_dag_runs",
+    "celery_default_config",
     "db_errors",
     "downstream_weight",
     "ensure_pool",
@@ -173,3 +175,11 @@ def downstream_weight(ti: Any) -> int:
     from airflow.task.priority_strategy import validate_and_load_priority_weight_strategy
 
     return int(validate_and_load_priority_weight_strategy("downstream").get_weight(ti))
+
+
+def celery_default_config() -> Any:
+    """The Celery provider's default Celery configuration (what ``[celery]
+    celery_config_options`` names when it is not set)."""
+    from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+
+    return DEFAULT_CELERY_CONFIG

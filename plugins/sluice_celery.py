@@ -72,9 +72,9 @@ def __getattr__(name: str) -> Any:
     """``CELERY_CONFIG``, what ``[celery] celery_config_options`` names: the provider's own
     defaults, as they are (read when asked for: every task runner imports this module)."""
     if name == "CELERY_CONFIG":
-        from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+        import sluice_airflow_internals  # (Airflow puts the plugins folder on the path)
 
-        return DEFAULT_CELERY_CONFIG
+        return sluice_airflow_internals.celery_default_config()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -81,6 +81,8 @@ def test_the_run_query_runs_on_the_migrated_metadata_database(adapter: ModuleTyp
 
     assert issubclass(OperationalError, error)
     assert adapter.ui_base_url().startswith(("/", "http"))
+    # the Celery plugin's configuration: the provider's own, a mapping Celery reads
+    assert "broker_url" in adapter.celery_default_config()
 
 
 # Airflow's API modules import starlette's test client, which warns about httpx (a library's
