@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -25,6 +25,9 @@ from pipeline.errors import DemoError
 
 #: Seconds the Spark warm-up may take before it is abandoned.
 WARM_TIMEOUT_S = 300.0
+#: Seconds the traffic and watch tasks get to end once cancelled (Ctrl-C) before the
+#: components are stopped anyway.
+CANCEL_WAIT_S = 10.0
 
 
 def progress_bar() -> Progress:
@@ -113,7 +116,12 @@ def warmer(plan: Plan, event: Callable[[str], None]) -> Callable[[], Awaitable[f
 
 @contextlib.asynccontextmanager
 async def running(activity: Activity, supervisor: Supervisor) -> AsyncIterator[None]:
-    """The demo's traffic and the supervisor's watch, cancelled and awaited on exit."""
+    """The demo's traffic and the supervisor's watch, cancelled and awaited on exit.
+
+    Awaited at most :data:`CANCEL_WAIT_S`: Ctrl-C must reach the components whatever a
+    task does with its cancellation (a CI run saw a Ctrl-C that stopped nothing for 60 s,
+    no "stopping every component" line, right after a component's restart).
+    """
     tasks = [
         asyncio.create_task(activity.run(), name="activity"),
         asyncio.create_task(supervisor.watch(), name="watch"),
@@ -123,6 +131,12 @@ async def running(activity: Activity, supervisor: Supervisor) -> AsyncIterator[N
     finally:
         for task in tasks:
             task.cancel()
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, Exception):
-                raise result
+        done, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+        for task in pending:
+            supervisor.on_event(
+                f"the {task.get_name()} task did not stop within {CANCEL_WAIT_S:g}s; "
+                "stopping the components anyway"
+            )
+        for task in done:
+            if not task.cancelled() and isinstance(task.exception(), Exception):
+                raise cast(Exception, task.exception())
