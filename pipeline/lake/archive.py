@@ -79,6 +79,7 @@ from pipeline.lake.archivelog import logged_entries, write_log
 from pipeline.lake.archivewrite import write_interval
 from pipeline.lake.intake import streamset
 from pipeline.lake.intake.redisread import connect
+from pipeline.lake.logsnapshot import LogSnapshot
 from pipeline.lake.storage.intervalstats import Stats, interval_stats
 from pipeline.lake.write.heights import Heights
 from pipeline.lake.write.jobs import ensure_tables, run_spark
@@ -137,6 +138,7 @@ def archive_interval(
     force: bool = False,
     guard: Callable[[], None] | None = None,
     shared: Any = None,
+    snapshot: LogSnapshot | None = None,
 ) -> ArchiveResult:
     """Archive entries of ``stream`` with ids in ``[start_ms-0, end_ms-0)``; idempotent.
 
@@ -153,7 +155,10 @@ def archive_interval(
     commit (the archive lock's check): if it raises, nothing is logged.
     ``shared`` (a :class:`pipeline.lake.write.arrowbatch.SharedWrites`) runs the Arrow
     writer's Spark job, its commits and the ``archive_log`` row together with
-    other streams' of the same job.
+    other streams' of the same job. ``snapshot`` (a shared job's
+    :class:`~pipeline.lake.logsnapshot.LogSnapshot`) answers whether the interval
+    is logged already instead of a read of ``archive_log``, and is told the row
+    this run logs.
     """
     clock = _StageClock()
     if not 0 <= start_ms < end_ms:
@@ -162,18 +167,28 @@ def archive_interval(
     chain = streamset.is_chain(settings.lake, stream)
     in_redis = _check_redis(settings, stream, key, start_ms, end_ms)
     lake = settings.lake
-    ensure_tables(lake)
+    if shared is not None:
+        shared.once("tables", partial(ensure_tables, lake))
+    else:
+        ensure_tables(lake)
     job = WriteJob(
         settings=settings, stream=stream, key=key, start_ms=start_ms, end_ms=end_ms,
         chain=chain, archived_at=datetime.now(UTC), lap=clock.lap, shared=shared,
     )  # fmt: skip
-    done = None if force else logged_entries(lake, stream, start_ms, end_ms)
+    if force:
+        done = None
+    elif snapshot is not None:
+        done = snapshot.entries(stream, start_ms, end_ms)
+    else:
+        done = logged_entries(lake, stream, start_ms, end_ms)
     clock.lap("check")
     work = partial(_archive, spark, job, done=done, in_redis=in_redis, force=force)
     result, read, skipped = run_spark(f"archive of {stream!r} [{start_ms}, {end_ms})", work)
     if guard is not None:
         guard()
     write_log(lake, result, run_id, job.archived_at, shared)
+    if snapshot is not None:
+        snapshot.add(stream, start_ms, end_ms, result.entries)
     clock.lap("log")
     seconds = round(time.perf_counter() - clock.began, 3)
     heights = job.heights

@@ -42,11 +42,16 @@ def write_interval(spark: Any, job: WriteJob) -> Stats:
     after), so Redis is read and each payload's head decoded once.
     """
     lake = job.settings.lake
-    ensure_entries_columns(lake)
+
+    def layout() -> bool:
+        ensure_entries_columns(lake)
+        return _arrow_writer(lake)
+
+    # the same for every stream of a shared job: checked once per job
+    arrow = job.shared.once("layout", layout) if job.shared is not None else layout()
     empty = not any_rows(
         lake, tables.STREAM_ENTRIES, job.stream, "entry_ms", job.start_ms, job.end_ms - 1
     )
-    arrow = _arrow_writer(lake)
     if arrow and empty:
         return _write_arrow(spark, job)
     if arrow:
@@ -130,6 +135,7 @@ def _write_options(job: WriteJob) -> WriteOptions:
         first=(job.start_ms, 0),
         last=(job.end_ms - 1, MAX_SEQ),
         partitions=lake.archive_partitions,
+        range_entries=lake.archive_range_entries,
         page=DEFAULT_PAGE,
         entries_table=lake.table(tables.STREAM_ENTRIES),
         blocks_table=lake.table(tables.BLOCKS),

@@ -15,7 +15,9 @@ and each stream's result is reported as soon as that stream is done. Per stream:
   while the job is within its catch-up budget (half the job's time limit, for
   all streams together); then the interval itself, always;
 - all of it under the stream's archive lock, taken for this stream and
-  released when it is done;
+  released when it is done; what ``archive_log`` holds of the streams is read
+  once for the whole job, before the first stream starts
+  (:mod:`pipeline.lake.logsnapshot`);
 - a stream that fails is recorded with its error and the job goes on with the
   next one. A Spark Connect server lost mid-job is waited for instead: the
   first stream that lost it waits up to ``spark.reconnect_s``
@@ -55,6 +57,7 @@ from typing import Any
 from pipeline.errors import JobCancelled, RedisUnavailable, SluiceError, SparkUnavailable
 from pipeline.lake.catchup import CAUGHT_UP_FIELDS
 from pipeline.lake.intake import streamset
+from pipeline.lake.logsnapshot import LogSnapshot
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -91,6 +94,7 @@ def archive_streams(
         raise SluiceError(f"bad interval [{start_ms}, {end_ms})")
     names = list(dict.fromkeys(streams))
     run = _Run(settings, start_ms, end_ms, run_id, catchup, locked, check, report, spark)
+    run.snapshot = _snapshot(settings, names, start_ms, end_ms)
     workers = max(1, min(settings.lake.archive_job_workers, len(names)))
     with _ThreadWarnings() as counted:
         run.counted = counted
@@ -126,6 +130,17 @@ def archive_streams(
     }, not failed
 
 
+def _snapshot(settings: Settings, names: list[str], start_ms: int, end_ms: int) -> LogSnapshot:
+    """The job's one read of ``archive_log`` (:mod:`pipeline.lake.logsnapshot`), with its line."""
+    began = time.perf_counter()
+    snapshot = LogSnapshot(settings.lake, names, start_ms, end_ms)
+    log.info(
+        "archive_log: %d row(s) of %d stream(s) read once in %.2fs", snapshot.rows, len(names),
+        time.perf_counter() - began,
+    )  # fmt: skip
+    return snapshot
+
+
 class _Run:
     """One job's streams, archived by :meth:`one` from any number of worker threads."""
 
@@ -155,6 +170,7 @@ class _Run:
         self.fatal: str | None = None
         self.guard = threading.Lock()
         self.counted: _ThreadWarnings | None = None
+        self.snapshot: LogSnapshot | None = None
 
     def warnings(self) -> int:
         return self.counted.mine() if self.counted is not None else 0
@@ -165,7 +181,7 @@ class _Run:
         before = self.warnings()
         result = archive_interval(
             self.spark, self.settings, stream, lo, hi, run_id=self.run_id, guard=self.check,
-            shared=self.shared,
+            shared=self.shared, snapshot=self.snapshot,
         )  # fmt: skip
         return dataclasses.asdict(result), self.warnings() - before
 
@@ -255,7 +271,7 @@ class _Run:
         with self.locked(stream):
             steps = [(start_ms, end_ms)]
             if self.catchup:
-                steps = run_steps(self.settings, stream, start_ms, end_ms)
+                steps = run_steps(self.settings, stream, start_ms, end_ms, self.snapshot)
             if len(steps) > 1:
                 log.info(
                     "stream %s: archiving %d earlier interval(s) no run archived yet, "

@@ -43,7 +43,12 @@ class LakeSettings:
     chain_streams: Names = bare(("chain:demo",))
     #: When the archive runs: five cron fields (UTC), or a preset such as ``@hourly``.
     archive_cron: str = bare("*/5 * * * *")
+    #: Most Spark tasks (id ranges) one stream's interval is archived in.
     archive_partitions: PositiveInt = bare(4)
+    #: Entries one of those ranges is planned for: an interval expected to hold fewer
+    #: entries than ``archive_partitions`` times this gets fewer ranges (each costs a Spark
+    #: task, a Redis connection and a file per table). 1: always ``archive_partitions``.
+    archive_range_entries: PositiveInt = bare(4096)
     #: How the archive writes: ``arrow`` (tasks write Parquet with pyarrow, the driver commits
     #: with delta-rs; the Spark writer where the lake already holds part of the interval) or
     #: ``spark`` (always the Spark writer). See :mod:`pipeline.lake.write.arrowwrite`.

@@ -162,6 +162,7 @@ def test_archive_job_runs_on_a_standalone_cluster(
             "SLUICE_STREAMS": stream,
             "SLUICE_CHAIN_STREAMS": stream,
             "SLUICE_ARCHIVE_PARTITIONS": "2",
+            "SLUICE_ARCHIVE_RANGE_ENTRIES": "1",
             "SLUICE_SPARK_SHUFFLE_PARTITIONS": "1",
             "SLUICE_SPARK_DRIVER_MEMORY": "768m",
             "SPARK_LOCAL_IP": "127.0.0.1",

@@ -117,6 +117,7 @@ class ChainHistory:
             streams=(STREAM,),
             chain_streams=(STREAM,),
             archive_partitions=2,
+            archive_range_entries=1,  # two ranges however small the interval
             hot_retention_s=0,
             reorg_threshold=self.threshold,
         )

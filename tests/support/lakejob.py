@@ -51,6 +51,7 @@ def job_env(
         "SLUICE_STREAMS": "c",
         "SLUICE_CHAIN_STREAMS": "c",
         "SLUICE_ARCHIVE_PARTITIONS": "2",
+        "SLUICE_ARCHIVE_RANGE_ENTRIES": "1",
         "SLUICE_LAKE_LOCK_WAIT_S": "5",
         "SLUICE_CONFIG": os.devnull,  # no config file
         **extra,

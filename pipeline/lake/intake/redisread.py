@@ -126,6 +126,39 @@ def balanced_ranges(
     return split_occupied(first, last, edges, busy, parts)
 
 
+def ranges_for(
+    client: Any, key: str, first: StreamId, last: StreamId, parts: int, per_range: int
+) -> int:
+    """How many ranges ``[first, last]`` is cut into: ``parts`` at most, one per
+    ``per_range`` entries it is expected to hold (``archive_range_entries``: a range
+    costs a Spark task's start, a Redis connection and a file per table, more than a few
+    thousand small entries cost to write).
+
+    The estimate is the stream's length times the share of its time span that
+    ``[first, last]`` covers (``XLEN`` and its first and last ids: one pipelined
+    round trip): exact for a stream written at a steady rate, and a bursty one
+    only gets more or fewer Spark tasks, never other rows.
+    """
+    from pipeline.redisio.conn import UNAVAILABLE
+
+    if parts < 2 or per_range <= 1:
+        return max(1, parts)  # 1 entry a range: as many ranges as allowed, no estimate
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(key)
+    pipe.xrange(key, "-", "+", count=1)
+    pipe.xrevrange(key, "+", "-", count=1)
+    try:
+        length, head, tail = pipe.execute()
+    except UNAVAILABLE as exc:
+        raise RedisUnavailable(f"redis unavailable while reading {key}: {exc}") from exc
+    if not head or not tail:
+        return 1
+    span = parse_id(tail[0][0])[0] - parse_id(head[0][0])[0] + 1
+    share = (last[0] - first[0] + 1) / span
+    expected = int(length) * min(1.0, share)
+    return max(1, min(parts, -(-int(expected) // per_range)))
+
+
 def connect(url: str) -> Any:
     """A redis-py client for lake jobs (raw bytes responses), from the one client factory."""
     from pipeline.redisio.conn import Role, connect_sync

@@ -23,7 +23,9 @@ driver plans between these calls is unchanged (:mod:`pipeline.lake.archive`).
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,6 +45,8 @@ from pipeline.lake.write.arrowwrite import (
     plan_task,
 )
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -50,6 +54,9 @@ R = TypeVar("R")
 BATCH_DDL = RESULT_DDL + ", request BIGINT"
 #: Most id ranges one batched Spark job writes; further requests wait for the next job.
 MAX_RANGES = 512
+#: Ranges one Spark task of a batched job writes, at most (more tasks when one stream's
+#: interval has more ranges).
+RANGES_PER_TASK = 32
 #: Most streams' rows (or files) one batched commit takes.
 MAX_COMMIT = 256
 
@@ -148,6 +155,17 @@ class SharedWrites:
         self._commits: dict[str, Coalescer[tuple[tuple[DataFile, ...], str], None]] = {}
         self._guard = threading.Lock()
         self.logs: Coalescer[pa.Table, None] | None = None
+        self._once: dict[str, Any] = {}
+        self._once_guard = threading.Lock()
+
+    def once(self, key: str, work: Callable[[], R]) -> R:
+        """``work()``, run once per job for ``key`` (the lake's layout checks, the same for
+        every stream): the first thread runs it while the others wait, and all get its
+        result. A failure is raised to that thread and not kept: the next one tries again."""
+        with self._once_guard:
+            if key not in self._once:
+                self._once[key] = work()
+            return self._once[key]  # type: ignore[no-any-return]
 
     def write_files(self, spark: Any, options: WriteOptions) -> Written:
         """:func:`pipeline.lake.write.arrowwrite.write_files`, in one Spark job with other threads'
@@ -192,24 +210,34 @@ class SharedWrites:
 
     def _write(self, tasks: list[Any]) -> list[Written]:
         """One Spark job for the id ranges of every task: as many Spark tasks as one
-        stream's interval gets, each writing its share of the ranges (a Spark task costs
-        more to start, 0.1-0.2 s on two busy cores, than a small range costs to write)."""
+        stream's interval gets, and one more per :data:`RANGES_PER_TASK` ranges, each
+        writing its share of the ranges (a Spark task costs more to start, 0.1-0.2 s on
+        two busy cores, than a small range costs to write; a few hundred ranges on one
+        task left every core but one idle)."""
         flat = tuple((i, r) for i, task in enumerate(tasks) for r in range(len(task.ranges)))
         n = len(flat)
-        slots = min(n, max(len(task.ranges) for task in tasks))
+        widest = max(len(task.ranges) for task in tasks)
+        slots = min(n, max(widest, -(-n // RANGES_PER_TASK)))
+        began = time.perf_counter()
         rows = (
             self._spark.range(0, n, 1, slots)
             .mapInArrow(partial(write_many, tuple(tasks), flat), BATCH_DDL)
             .toArrow()
         )
+        ran = time.perf_counter()
         index = rows.column("request")
-        return [
+        written = [
             collect(
                 rows.filter(pc.equal(index, i)).drop_columns(["request"]).cast(RESULT_ARROW),
                 task.partition,
             )
             for i, task in enumerate(tasks)
         ]
+        log.debug(
+            "one Spark job wrote %d range(s) of %d stream(s) in %d task(s): %.2fs, then %.2fs "
+            "to sort its rows", n, len(tasks), slots, ran - began, time.perf_counter() - ran,
+        )  # fmt: skip
+        return written
 
 
 def _commit(

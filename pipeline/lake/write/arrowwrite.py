@@ -14,7 +14,9 @@ session has, so a cluster scales the work out.
 
 Theory of operation, for one interval:
 
-1. The driver splits the ids Redis holds in the interval into ranges of
+1. The driver splits the ids Redis holds in the interval into ranges (at most
+   ``archive_partitions``, one per ``archive_range_entries`` entries it expects
+   the interval to hold: :func:`~pipeline.lake.intake.redisread.ranges_for`) of
    about as many busy millisecond slices each (probed with ``XRANGE .. COUNT 1``:
    an interval whose entries came in a burst still gets a range per task,
    :func:`~pipeline.lake.intake.redisread.balanced_ranges`) and runs one Spark task per
@@ -51,7 +53,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.lake.intake.redisread import StreamId, balanced_ranges, bounds, connect
+from pipeline.lake.intake.redisread import StreamId, balanced_ranges, bounds, connect, ranges_for
 from pipeline.lake.storage import tables
 from pipeline.lake.write.arrowtask import (
     MAX_INVALID_IDS,
@@ -116,6 +118,8 @@ class WriteOptions:
     first: StreamId
     last: StreamId
     partitions: int
+    #: entries a range is planned for (``archive_range_entries``)
+    range_entries: int
     page: int
     entries_table: str
     blocks_table: str
@@ -146,7 +150,12 @@ def plan_task(options: WriteOptions) -> WriteTask | None:
         found = bounds(client, options.key, options.first, options.last)
         ranges = (
             [] if found is None
-            else balanced_ranges(client, options.key, *found, options.partitions)
+            else balanced_ranges(
+                client, options.key, *found,
+                ranges_for(
+                    client, options.key, *found, options.partitions, options.range_entries
+                ),
+            )
         )  # fmt: skip
     finally:
         client.close()

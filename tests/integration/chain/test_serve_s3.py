@@ -56,6 +56,7 @@ async def test_catch_up_from_block_0_through_reorgs_from_an_s3_lake(
             reorg_threshold=8,
             hot_retention_s=0,
             archive_partitions=2,
+            archive_range_entries=1,
         )
         chain = SyntheticChain(seed=11, reorg_every=25, reorg_depth=3)
         write_blocks(redis_client, STREAM, chain.take(300))

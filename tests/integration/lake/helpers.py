@@ -75,6 +75,7 @@ def settings_for(redis_url: str, lake_uri: str, **extra: Any) -> Any:
         "streams": ("c", "plain"),
         "chain_streams": ("c",),
         "archive_partitions": 2,
+        "archive_range_entries": 1,  # two ranges however small the interval
         "hot_retention_s": 0,
     }
     values.update(extra)

@@ -165,7 +165,7 @@ def test_repeated_and_known_hashes_keep_the_arrow_writer(
     for lake_uri, writer in ((arrow, "arrow"), (slow, "spark")):
         settings = settings_for(
             redis_url, lake_uri, streams=(STREAM,), chain_streams=(STREAM,),
-            archive_writer=writer, archive_partitions=3,
+            archive_writer=writer, archive_partitions=3, archive_range_entries=1,
         )  # fmt: skip
         archive_interval(spark, settings, STREAM, 900, 1000)
     lake = LakeSettings.from_url(arrow)

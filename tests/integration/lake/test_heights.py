@@ -74,7 +74,9 @@ def test_the_archive_keeps_blocks_whose_height_lies_out_of_blocks(
 ) -> None:
     told = _fill(redis_client)
     lakes = {
-        writer: settings_for(redis_url, str(tmp_path / writer), archive_partitions=2)
+        writer: settings_for(
+            redis_url, str(tmp_path / writer), archive_partitions=2, archive_range_entries=1
+        )
         for writer in ("merge", "arrow")
     }
     reports = {}

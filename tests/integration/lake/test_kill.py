@@ -55,6 +55,7 @@ def test_killed_archive_is_invisible_then_rerun_is_exact(
         "SLUICE_CHAIN_STREAMS": "c",
         "SLUICE_STREAMS": "c",
         "SLUICE_ARCHIVE_PARTITIONS": "2",
+        "SLUICE_ARCHIVE_RANGE_ENTRIES": "1",
         "SLUICE_CONFIG": os.devnull,  # no config file
         "SPARK_LOCAL_DIRS": str(tmp_path / "spark"),
     }

@@ -59,3 +59,28 @@ def test_split_occupied_gives_each_range_as_many_busy_slices() -> None:
         ((0, 0), (69, MAX_SEQ)), ((70, 0), (79, MAX_SEQ)), ((80, 0), (89, MAX_SEQ)),
         ((90, 0), (99, 7)),
     ]  # fmt: skip
+
+
+def test_ranges_for_gives_a_small_interval_one_range_and_a_busy_one_up_to_parts(
+    redis_url: str,
+) -> None:
+    """One Spark task per ``per_range`` expected entries, at most ``parts`` (a real Redis)."""
+    from pipeline.lake.intake.redisread import connect, ranges_for
+
+    per = 4096
+
+    client = connect(redis_url)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for ms in range(10_000):  # one entry a millisecond: 10,000 in [0, 9999]
+            pipe.xadd("s", {"f": "v"}, id=f"{ms + 1}-0")
+        pipe.execute()
+        assert ranges_for(client, "s", (1, 0), (600, 0), 4, per) == 1  # 600 expected
+        assert ranges_for(client, "s", (1, 0), (per + 1, 0), 4, per) == 2
+        assert ranges_for(client, "s", (1, 0), (10_000, 0), 4, per) == 3  # 10,000 expected
+        assert ranges_for(client, "s", (1, 0), (10_000, 0), 2, per) == 2  # never more than parts
+        assert ranges_for(client, "s", (1, 0), (10_000, 0), 1, per) == 1
+        assert ranges_for(client, "absent", (1, 0), (10_000, 0), 4, per) == 1
+        assert ranges_for(client, "s", (1, 0), (600, 0), 4, 1) == 4  # 1: as many as allowed
+    finally:
+        client.close()
