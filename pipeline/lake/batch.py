@@ -4,7 +4,7 @@
 [--run-id R] [--catchup]`` is what each ``sluice_archive`` DAG run starts once,
 instead of one job per stream (each job pays for its process and its Spark
 session: see the DAG's docstring for the figures). Up to ``archive_job_workers``
-(``SLUICE_ARCHIVE_JOB_WORKERS``, default 64) streams are archived at once, each
+(``SLUICE_ARCHIVE_JOB_WORKERS``, default 256) streams are archived at once, each
 on a worker thread of the job, chain streams started first: a slow stream (a
 MERGE, a long catch-up) holds one worker while the others go on with the rest,
 and each stream's result is reported as soon as that stream is done. Per stream:

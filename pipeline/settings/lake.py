@@ -62,7 +62,7 @@ class LakeSettings:
     archive_shard_streams: PositiveInt = bare(100)
     #: How many streams one shared archive job (``archive-streams``) archives at once: a slow
     #: stream (a MERGE, a catch-up) holds one of them, never the rest.
-    archive_job_workers: PositiveInt = bare(64)
+    archive_job_workers: PositiveInt = bare(256)
     #: Entries younger than this stay in Redis even when archived.
     hot_retention_s: int = bare(3600)
     reorg_threshold: int = bare(64)
