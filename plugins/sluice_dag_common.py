@@ -27,7 +27,7 @@ LAKE_BLOCKS = Asset("sluice://lake/blocks", group="sluice")
 
 
 #: First retry after this long; each further one waits twice as long, up to the cap.
-RETRY_DELAY = timedelta(seconds=30)
+RETRY_DELAY = timedelta(seconds=10)
 RETRY_MAX_DELAY = timedelta(minutes=10)
 
 
@@ -35,9 +35,12 @@ def default_args(settings: Settings) -> dict[str, Any]:
     """Task defaults of the lake DAGs: Delta commits are atomic and every job is
     idempotent for its interval, so a retry is always safe.
 
-    Retries back off exponentially (30 s, 1 min, 2 min ... capped at 10 min,
-    with Airflow's jitter): a Redis or Spark server that is restarting gets
-    room, and a long outage does not turn into a retry every minute.
+    Retries back off exponentially (10 s, 20 s, 40 s ... capped at 10 min,
+    each up to twice that with Airflow's jitter): a task lost with its worker
+    is retried within about a minute of the loss (docs/operations/celery.md),
+    the default three retries still span more than a minute of a Redis, Spark
+    or store outage, and a long outage does not turn into a retry every
+    minute.
     """
     return {
         "owner": "sluice",

@@ -69,7 +69,7 @@ class LakeSettings:
     #: Wall-clock limit of one lake job child process (archive, canonical, trim...).
     job_timeout_s: PositiveInt = 1800
     #: Retries of a failed lake task (every lake job is idempotent, so retrying is safe).
-    task_retries: int = 2
+    task_retries: int = 3
     #: How long a lake job waits for its stream's archive lock (another job on the stream).
     lock_wait_s: int = 600
     # Object storage (a lake at ``s3://bucket/prefix``): passed to delta-rs, pyarrow and

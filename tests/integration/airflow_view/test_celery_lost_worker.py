@@ -94,6 +94,10 @@ LOST_WORKER_SETTINGS = {
 #: From the kill to the task instance declared lost: the heartbeat timeout (30 s), the
 #: scheduler's check every 10 s, room for load. Airflow's default took 300 s.
 LOST_WITHIN_S = 75.0
+#: From the kill to the retry running on the other worker: that, plus the DAG's first retry
+#: delay (10-20 s, sluice_dag_common.RETRY_DELAY) and the Celery hand-over; the old 30-60 s
+#: delay made it 83 s.
+RETRY_WITHIN_S = 90.0
 #: From the kill to the end of every process the worker had started (the lake job's
 #: shutdown included).
 ENDED_WITHIN_S = 30.0
@@ -296,6 +300,10 @@ def test_a_worker_killed_mid_task_loses_a_retry_not_its_slots(lost: Lost) -> Non
             "the lost task to be failed for a retry", lambda: _retried(http, run_id), LOST_WITHIN_S
         )
         log.info("declared lost %.1f s after the kill", time.monotonic() - killed)
+        # ... and its retry starts on the other worker after the DAG's retry delay (10-20 s)
+        left_s = max(1.0, RETRY_WITHIN_S - (time.monotonic() - killed))
+        wait("the retry to start", lambda: _retry_started(http, run_id), left_s)
+        log.info("retry started %.1f s after the kill", time.monotonic() - killed)
         run = wait("the run to end", lambda: _ended(http, run_id))
         retried = _ti(http, run_id, "archive_streams")
         assert run["state"] == "success", failures(http, [run])
@@ -311,6 +319,11 @@ def test_a_worker_killed_mid_task_loses_a_retry_not_its_slots(lost: Lost) -> Non
     # The executor's running set (its slots) no longer has the lost try.
     dump = _executor_dump(lost)
     assert lost_try not in dump, dump
+
+
+def _retry_started(http: httpx.Client, run_id: str) -> bool:
+    ti = _ti(http, run_id, "archive_streams")
+    return bool(ti["try_number"] >= 2 and ti["state"] in ("running", "success"))
 
 
 def _retried(http: httpx.Client, run_id: str) -> bool:

@@ -154,7 +154,7 @@ def test_retries_back_off_exponentially_with_a_cap() -> None:
     from sluice_dag_common import default_args
 
     args = default_args(Settings.load())
-    assert args["retry_delay"] == timedelta(seconds=30)
+    assert args["retry_delay"] == timedelta(seconds=10)
     assert args["retry_exponential_backoff"] == 2.0
     assert args["max_retry_delay"] == timedelta(minutes=10)
 
