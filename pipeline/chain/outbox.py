@@ -231,27 +231,28 @@ class Outbox:
 
         :class:`SlowConsumer` when no room came (the queue did not drain to half
         its limit) within ``stall_s``: a reader that stopped reading is let go,
-        not waited for forever.
+        not waited for forever. One clock for the whole wait: room that another
+        outbox of the budget took first does not start it again.
         """
         budget = self._budget
         nbytes = sum(map(len, texts)) if budget is not None else 0
         room: Awaitable[object]
-        while True:
-            if self._items and len(self._items) + len(texts) > self.limit:
-                self._room.clear()
-                room = self._room.wait()
-            elif budget is not None and not budget.fits(len(texts), nbytes):
-                room = budget.wait()
-            else:
-                break
-            try:
-                async with asyncio.timeout(self.stall_s):
+        try:
+            async with asyncio.timeout(self.stall_s):
+                while True:
+                    if self._items and len(self._items) + len(texts) > self.limit:
+                        self._room.clear()
+                        room = self._room.wait()
+                    elif budget is not None and not budget.fits(len(texts), nbytes):
+                        room = budget.wait()
+                    else:
+                        break
                     await room
-            except TimeoutError:
-                raise SlowConsumer(
-                    f"send buffer of {self.limit} messages full for {self.stall_s}s",
-                    public=f"subscriber too slow: send buffer of {self.limit} messages full",
-                ) from None
+        except TimeoutError:
+            raise SlowConsumer(
+                f"send buffer of {self.limit} messages full for {self.stall_s}s",
+                public=f"subscriber too slow: send buffer of {self.limit} messages full",
+            ) from None
         if budget is not None:
             budget.take(len(texts), nbytes)
         self._items.extend(texts)

@@ -184,3 +184,27 @@ async def test_a_put_waits_for_its_budget_and_gives_up_after_the_stall() -> None
     assert held.offer([b"123456"])
     with pytest.raises(SlowConsumer):
         await waiting.put([b"cd"])  # nothing drains the budget: too slow
+
+
+async def test_a_put_whose_room_others_keep_taking_still_stops_at_its_stall() -> None:
+    """Each time the budget falls to half, another outbox of it fills it again first: the
+    wait's clock is not started again at each wake-up (it was, so the put waited for ever
+    while the connection's other duplexes kept the budget busy)."""
+    import pytest
+
+    from pipeline.chain.outbox import Budget
+    from pipeline.errors import SlowConsumer
+
+    budget = Budget(max_messages=100, max_bytes=8)
+    busy, waiting = Outbox(100, budget=budget), Outbox(4, budget=budget, stall_s=0.3)
+    assert busy.offer([b"12345678"])
+    put = asyncio.create_task(waiting.put([b"abcdefgh"]))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while not put.done() and loop.time() - began < 2.0:
+        await asyncio.sleep(0.1)  # under the stall: each wake-up alone would restart it
+        busy.pop_many(100)  # room: the waiting put is woken ...
+        assert busy.offer([b"12345678"])  # ... and finds it taken again
+    with pytest.raises(SlowConsumer):
+        await put
+    assert loop.time() - began < 1.0
