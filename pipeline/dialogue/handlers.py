@@ -258,7 +258,10 @@ class HandlerRunner:
             error = HANDLER_FAILED
         duplex.detach()
         if duplex.sending and not self.conn.closed:
-            await duplex.end(error)
+            try:
+                await duplex.end(error)
+            except DialogueError as exc:  # closed while the end waited to be flushed
+                log.debug("%s: duplex %d: end not sent: %s", self.conn.name, duplex.id, exc)
 
     def _duplex_done(self, task: asyncio.Task[None]) -> None:
         self._duplex_tasks.discard(task)
