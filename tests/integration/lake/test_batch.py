@@ -163,3 +163,40 @@ def test_streams_left_near_the_time_limit_are_reported_not_started(
     assert result["failed"] == ["q", "r"]
     assert result["streams"]["q"]["error"].startswith("not tried: 90% of the job's 1s limit")
     assert log_rows(lake_uri, "p") == [(0, W, 0)] and log_rows(lake_uri, "q") == []
+
+
+def test_a_stream_another_job_archived_after_the_snapshot_is_not_written_twice(
+    spark: Any, redis_client: Any, redis_url: str, lake_uri: str
+) -> None:
+    """The job reads archive_log once, before any stream (pipeline.lake.logsnapshot). A
+    job that held a stream's lock first (a backfill, a shard's own retry) and archived the
+    same interval is not in that snapshot: the shared job then finds the lake's rows and
+    takes the merge writer, which adds none of them again."""
+    from contextlib import contextmanager
+
+    from pipeline.lake.archive import archive_interval
+    from pipeline.lake.batch import archive_streams
+    from tests.integration.lake.helpers import settings_for
+
+    ids = {name: _plain(redis_client, name, [5, 9, 200, W - 1]) for name in ("p", "q")}
+    settings = settings_for(redis_url, lake_uri, streams=("p", "q"), chain_streams=())
+    other: dict[str, Any] = {}
+
+    @contextmanager
+    def locked(stream: str) -> Any:
+        if stream == "p":  # another job had p's lock first and archived the interval
+            other["p"] = archive_interval(spark, settings, "p", 0, W)
+        yield
+
+    result, ok = archive_streams(
+        spark, settings, ["p", "q"], 0, W, locked=locked, check=lambda: None
+    )
+
+    assert ok, result
+    assert other["p"].entries == 4 and "merge_entries" not in other["p"].stages
+    p = result["streams"]["p"]
+    assert p["entries"] == 4, p
+    assert "merge_entries" in p["stages"], p["stages"]  # found the rows: no second append
+    for name in ("p", "q"):
+        assert _lake_ids(lake_uri, name) == ids[name], name  # each entry once
+        assert log_rows(lake_uri, name) == [(0, W, 4)], name
