@@ -172,6 +172,24 @@ class Locator:
         row = await asyncio.to_thread(history.canonical_at, self._stream, num)
         return None if row is None else bytes(row.hash).hex()
 
+    async def _lookup_fresh(
+        self, tail: TailIndex, history: History | None, h: str, fresh: list[bool]
+    ) -> tuple[int, str, bool] | None:
+        """:meth:`_lookup`; a hash found nowhere is looked up again once the shared lake
+        reader was moved to the latest version (``fresh``: whether it was, once per walk).
+
+        The reader may be a little behind the lake: a walk down a replaced branch whose
+        lower blocks an archive had just committed (and trim taken out of Redis) found
+        nothing, so the subscriber was rewound by the threshold from its own height
+        instead of from the fork point, and a cardinal consumer kept the replaced blocks
+        below it (history checker seed 1071)."""
+        found = await self._lookup(tail, history, h)
+        if found is None and history is not None and not fresh[0]:
+            fresh[0] = True
+            await refresh_history(history)
+            found = await self._lookup(tail, history, h)
+        return found
+
     async def _lookup(
         self, tail: TailIndex, history: History | None, h: str
     ) -> tuple[int, str, bool] | None:
@@ -195,7 +213,8 @@ class Locator:
     async def _fork_point(
         self, tail: TailIndex, history: History | None, want: str
     ) -> tuple[int, Reason] | None:
-        found = await self._lookup(tail, history, want)
+        fresh = [False]
+        found = await self._lookup_fresh(tail, history, want, fresh)
         if found is None:
             return None
         num, parent, canonical = found
@@ -210,7 +229,7 @@ class Locator:
                 lake_steps += 1
                 if lake_steps > LAKE_WALK:
                     return None
-            found = await self._lookup(tail, history, parent)
+            found = await self._lookup_fresh(tail, history, parent, fresh)
             if found is None or found[0] != num - 1:
                 return None
             num, parent, canonical = found
