@@ -153,12 +153,9 @@ def archive_interval(
     and delta-rs reads alone (``spark`` may be a lazy stand-in that is never
     started then). ``guard`` is called right before the ``archive_log``
     commit (the archive lock's check): if it raises, nothing is logged.
-    ``shared`` (a :class:`pipeline.lake.write.arrowbatch.SharedWrites`) runs the Arrow
-    writer's Spark job, its commits and the ``archive_log`` row together with
-    other streams' of the same job. ``snapshot`` (a shared job's
-    :class:`~pipeline.lake.logsnapshot.LogSnapshot`) answers whether the interval
-    is logged already instead of a read of ``archive_log``, and is told the row
-    this run logs.
+    A shared job passes ``shared`` (:class:`pipeline.lake.write.arrowbatch.SharedWrites`:
+    Spark jobs, commits and log rows run with other streams') and ``snapshot``
+    (:class:`~pipeline.lake.logsnapshot.LogSnapshot`: ``archive_log`` read once).
     """
     clock = _StageClock()
     if not 0 <= start_ms < end_ms:
@@ -166,21 +163,12 @@ def archive_interval(
     key = keys.stream(stream)
     chain = streamset.is_chain(settings.lake, stream)
     in_redis = _check_redis(settings, stream, key, start_ms, end_ms)
-    lake = settings.lake
-    if shared is not None:
-        shared.once("tables", partial(ensure_tables, lake))
-    else:
-        ensure_tables(lake)
+    _ensure_tables(lake := settings.lake, shared)
     job = WriteJob(
         settings=settings, stream=stream, key=key, start_ms=start_ms, end_ms=end_ms,
         chain=chain, archived_at=datetime.now(UTC), lap=clock.lap, shared=shared,
     )  # fmt: skip
-    if force:
-        done = None
-    elif snapshot is not None:
-        done = snapshot.entries(stream, start_ms, end_ms)
-    else:
-        done = logged_entries(lake, stream, start_ms, end_ms)
+    done = None if force else _logged(lake, stream, start_ms, end_ms, snapshot)
     clock.lap("check")
     work = partial(_archive, spark, job, done=done, in_redis=in_redis, force=force)
     result, read, skipped = run_spark(f"archive of {stream!r} [{start_ms}, {end_ms})", work)
@@ -197,6 +185,23 @@ def archive_interval(
         result, seconds=seconds, read=read, skipped=skipped, stages=clock.stages,
         bad_height=heights.bad, bad_height_blocks=tuple(heights.named), set_aside=heights.aside,
     )  # fmt: skip
+
+
+def _ensure_tables(lake: Any, shared: Any) -> None:
+    """The lake's tables, created if missing: once per shared job (the same for every stream)."""
+    if shared is not None:
+        shared.once("tables", partial(ensure_tables, lake))
+    else:
+        ensure_tables(lake)
+
+
+def _logged(
+    lake: Any, stream: str, start_ms: int, end_ms: int, snapshot: LogSnapshot | None
+) -> int | None:
+    """The entries ``archive_log`` records for the interval (from a shared job's snapshot)."""
+    if snapshot is not None:
+        return snapshot.entries(stream, start_ms, end_ms)
+    return logged_entries(lake, stream, start_ms, end_ms)
 
 
 def _log_heights(stream: str, start_ms: int, end_ms: int, heights: Heights) -> None:
