@@ -72,6 +72,8 @@ class History(Protocol):
 
     def canonical_at(self, stream: str, num: int) -> Any: ...
 
+    def head(self, stream: str) -> Any: ...
+
     def find_hash(self, stream: str, hash: bytes) -> Any: ...
 
     def iter_canonical_arrow(
@@ -105,6 +107,30 @@ class Reason(enum.Enum):
     REWIND = "rewind"
 
 
+@dataclass(frozen=True, slots=True)
+class Seam:
+    """Blocks just below the Redis tail that are canonical though the lake does not mark
+    them so yet (:mod:`pipeline.chain.history.seam`): the lake's flags lag the tail.
+
+    ``rows`` are ``(num, hash hex, parent hex, payload)``, lowest first, from
+    :attr:`lo` to the block below the tail's first one, with no gap.
+    """
+
+    rows: tuple[tuple[int, str, str, bytes], ...]
+
+    @property
+    def lo(self) -> int:
+        return self.rows[0][0]
+
+    def hash_at(self, num: int) -> str | None:
+        """The seam's hash at ``num``, or None when ``num`` is not in it."""
+        i = num - self.lo
+        return self.rows[i][1] if 0 <= i < len(self.rows) else None
+
+    def rows_from(self, start: int) -> tuple[tuple[int, str, str, bytes], ...]:
+        return self.rows[max(0, start - self.lo) :]
+
+
 @dataclass(slots=True)
 class Plan:
     """Where a subscription starts, why, and the snapshot of the tail it will stream."""
@@ -115,6 +141,9 @@ class Plan:
     reason: Reason
     #: the lake pages already opened at ``start`` while checking the hash, and the first one
     prefetched: tuple[Iterator[pa.Table], list[Emit]] | None = None
+    #: the canonical blocks below the tail the lake does not mark yet: sent instead of
+    #: the lake's from their lowest height up (None when the lake agrees with the tail)
+    seam: Seam | None = None
 
 
 def rewind_start(num: int, threshold: int) -> int:
@@ -129,6 +158,7 @@ __all__ = [
     "History",
     "Plan",
     "Reason",
+    "Seam",
     "TailReads",
     "rewind_start",
 ]

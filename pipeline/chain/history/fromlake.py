@@ -23,11 +23,12 @@ from pipeline.chain.history.lakepages import (
     close_pages,
     drop_read,
     page_emits,
+    rows_emits,
 )
 from pipeline.chain.history.resolve import Locator
 from pipeline.chain.history.shared import SharedResults, shape_of
 from pipeline.chain.history.turns import Turn, Turns
-from pipeline.chain.planning import BlockSink, Emit, History
+from pipeline.chain.planning import BlockSink, Emit, History, Seam
 from pipeline.errors import ResumptionError
 
 
@@ -155,6 +156,23 @@ class LakeCatchup:
             if self._reading == 0:
                 self._shared.clear()  # nobody reads: an idle server keeps none of it
             ahead.close()
+
+    async def send_seam(
+        self, seam: Seam, pos: int, keep: KeyTest | None, sink: BlockSink, sender: Sender
+    ) -> int:
+        """Send the seam's blocks from ``pos`` (those the lake does not mark canonical yet,
+        read by hash: :mod:`pipeline.chain.history.seam`); the next position."""
+        rows = seam.rows_from(pos)
+        if not rows:
+            return pos
+        async with Turn(self._turns):
+            emits = rows_emits(rows, keep)
+        if emits:
+            emits = _in_order(emits, pos, sender)
+        if emits:
+            await sink.put(emits)
+            pos = emits[-1].num + 1
+        return pos
 
 
 __all__ = ["LakeCatchup"]

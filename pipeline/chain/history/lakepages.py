@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -123,6 +123,14 @@ def page_emits(
     return out
 
 
+def rows_emits(rows: Sequence[tuple[int, str, str, bytes]], keep: KeyTest | None) -> list[Emit]:
+    """Blocks given as ``(num, hash hex, parent hex, payload)`` rows (a
+    :class:`~pipeline.chain.planning.Seam`'s) as :class:`Emit` lists, as :func:`page_emits`."""
+    return _encode_rows(
+        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows], keep
+    )
+
+
 def _num(emit: Emit) -> int:
     return emit.num
 
@@ -168,5 +176,6 @@ __all__ = [
     "next_page",
     "page_emits",
     "refresh_history",
+    "rows_emits",
     "short_first",
 ]

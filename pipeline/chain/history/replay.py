@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.blockcodec import ENTRY_FIELD, Block, KeyTest
+from pipeline.blockcodec import ENTRY_FIELD, Block, KeyTest, effective_weight
 from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history.entries import Refusals
-from pipeline.chain.history.lakepages import HISTORY_GAP, next_page, refresh_history
+from pipeline.chain.history.lakepages import HISTORY_GAP, next_page, refresh_history, rows_emits
 from pipeline.chain.history.live import live_emit
+from pipeline.chain.history.seam import walk_branch
 from pipeline.chain.history.tail import PAGE
 from pipeline.chain.history.turns import Turn, Turns
 from pipeline.chain.planning import BlockSink, Emit, History, TailReads
@@ -153,13 +154,46 @@ class Replay:
         if history is not None:
             row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(parent))
             if row is not None and row.num == stop - 1 and not row.canonical:
-                return False
+                return await self._late_branch(history, block, keep, sender)
         if sender.first_unlinked(block.hash.hex()):
             raise BranchUnlinked(stop, block.hash.hex())
         raise ResumptionError(
             f"history gap: redis resumed at block {stop} but the lake does not link to it",
             public=HISTORY_GAP,
         )
+
+    async def _late_branch(
+        self, history: History, block: Block, keep: KeyTest | None, sender: Sender
+    ) -> bool:
+        """The entry's parent is in the lake, not marked canonical: on a branch that lost
+        (False), or on one the lake's flags lag (:mod:`pipeline.chain.history.seam`: a tie
+        the canonical job marked the other way, then broken by this entry's branch).
+
+        The entry is on a branch that lost when the lake marks no block at its parent's
+        height (it marked nothing there: the flag is all it knows) or its canonical
+        head is at least as heavy as the entry. Otherwise the lake chose another
+        block at that height and the entry outweighs it: its ancestors the lake does
+        not mark are read by hash and held, and fork choice (:meth:`Sender.take`)
+        sends them with the entry, as a reorg, when the entry is heavier than what the
+        subscriber holds (history checker seed 1028: the entry was dropped as lost,
+        and its subscriber with it).
+        """
+        marked = await asyncio.to_thread(history.canonical_at, self._stream, block.num - 1)
+        if marked is None:
+            return False
+        walked = await asyncio.to_thread(
+            walk_branch, history, self._stream, block.parent.hex(), block.num - 1
+        )
+        if not walked:
+            return False
+        head = await asyncio.to_thread(history.head, self._stream)
+        if head is not None and effective_weight(head.num, head.weight) >= effective_weight(
+            block.num, block.weight
+        ):
+            return False
+        for emit in rows_emits(walked, keep):
+            sender.hold(emit)
+        return True
 
 
 __all__ = ["Replay"]

@@ -26,15 +26,14 @@ from pipeline.chain.history.lakepages import (
     refresh_history,
     short_first,
 )
+from pipeline.chain.history.seam import LAKE_WALK, seam_of
 from pipeline.chain.history.tail import SharedTail
-from pipeline.chain.planning import History, Plan, Reason, TailReads, rewind_start
+from pipeline.chain.planning import History, Plan, Reason, Seam, TailReads, rewind_start
 from pipeline.chain.tailindex import TailIndex
 from pipeline.errors import BadParams, ResumptionError
 
 log = logging.getLogger(__name__)
 
-#: Lake lookups a fork-point walk makes below the Redis tail before it gives up (then rewind).
-LAKE_WALK = 1024
 #: Refreshes a plan tries before it is made on the index as it is (each waits up to 2 s).
 FRESH_ATTEMPTS = 10
 
@@ -58,6 +57,8 @@ class Locator:
         self._history_factory = history_factory
         self._threshold = reorg_threshold
         self._batch_rows = batch_rows
+        #: the last seam found, by (tail's first height and hash, lake version, reader)
+        self._seam: tuple[tuple[Any, ...], Seam | None] | None = None
 
     async def scan_tail(self) -> TailIndex:
         """The shared tail index, brought up to date; it may change at the caller's next await."""
@@ -119,15 +120,20 @@ class Locator:
             history = await asyncio.to_thread(self.open_history)
         want = hash.hex()
         lo = tail.lo
-        if num not in tail.chain and history is not None and (lo is None or num < lo):
+        in_tail = tail.chain.get(num)
+        seam = None
+        if history is not None and not (in_tail is not None and in_tail[0] == want):
+            seam = await self._seam_for(tail, history)
+        stop = lo if seam is None else seam.lo  # the lake's flags hold below it
+        if in_tail is None and history is not None and (stop is None or num < stop):
             # Check the hash on the first page the stream will send anyway: one lake read, not two.
-            pages = self.history_pages(history, num, lo)
+            pages = self.history_pages(history, num, stop)
             first = await asyncio.to_thread(next_page, pages, keep)
             if not (first and first[0].num == num):
                 # A shared reader may be a little behind the lake: look again at the latest version.
                 await refresh_history(history)
                 close_pages(pages)
-                pages = self.history_pages(history, num, lo)
+                pages = self.history_pages(history, num, stop)
                 first = await asyncio.to_thread(next_page, pages, keep)
             if first and first[0].num == num and first[0].hash == want:
                 return Plan(
@@ -136,23 +142,45 @@ class Locator:
                     history=history,
                     reason=Reason.MATCH,
                     prefetched=(pages, first),
+                    seam=seam,
                 )
             close_pages(pages)
             canonical = first[0].hash if first and first[0].num == num else None
         else:
-            canonical = await self._canonical_hash(tail, history, num)
+            canonical = await self._canonical_hash(tail, history, num, seam)
         if canonical == want:
-            return Plan(start=num, tail=tail, history=history, reason=Reason.MATCH)
-        fork = await self._fork_point(tail, history, want)
+            return Plan(start=num, tail=tail, history=history, reason=Reason.MATCH, seam=seam)
+        fork = await self._fork_point(tail, history, want, seam)
         if fork is not None:
             start, reason = fork
-            return Plan(start=start, tail=tail, history=history, reason=reason)
+            return Plan(start=start, tail=tail, history=history, reason=reason, seam=seam)
         return Plan(
             start=rewind_start(num, self._threshold),
             tail=tail,
             history=history,
             reason=Reason.REWIND,
+            seam=seam,
         )
+
+    async def _seam_for(self, tail: TailIndex, history: History) -> Seam | None:
+        """:func:`~pipeline.chain.history.seam.seam_of`, kept while the tail's first block
+        and the lake's version stay the same (one lake read per change, not per subscribe)."""
+        lo = tail.lo
+        if lo is None:
+            return None
+        key = (lo, tail.chain[lo][0], getattr(history, "version", None), id(history))
+        cached = self._seam
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        seam = await asyncio.to_thread(seam_of, history, self._stream, tail)
+        if seam is not None:
+            log.info(
+                "stream %s: the lake does not mark %d..%d canonical yet, below the tail's "
+                "first block %d: sent from the lake by hash",
+                self._stream, seam.lo, lo - 1, lo,
+            )  # fmt: skip
+        self._seam = (key, seam)
+        return seam
 
     def history_pages(self, history: History, start: int, stop: int | None) -> Iterator[pa.Table]:
         """Lake pages from ``start``; the first one short, so the first block goes out soon."""
@@ -160,11 +188,13 @@ class Locator:
         return short_first(pages, FIRST_PAGE)
 
     async def _canonical_hash(
-        self, tail: TailIndex, history: History | None, num: int
+        self, tail: TailIndex, history: History | None, num: int, seam: Seam | None
     ) -> str | None:
         hit = tail.chain.get(num)
         if hit is not None:
             return hit[0]
+        if seam is not None and num >= seam.lo and (tail.lo is None or num < tail.lo):
+            return seam.hash_at(num)
         if history is None or (tail.chain and num > tail.hi):
             # Nothing above the tail's head is canonical, whatever the lake last marked:
             # a shorter, heavier branch in Redis replaced it (the lake is marked later).
@@ -173,7 +203,12 @@ class Locator:
         return None if row is None else bytes(row.hash).hex()
 
     async def _lookup_fresh(
-        self, tail: TailIndex, history: History | None, h: str, fresh: list[bool]
+        self,
+        tail: TailIndex,
+        history: History | None,
+        h: str,
+        fresh: list[bool],
+        seam: Seam | None,
     ) -> tuple[int, str, bool] | None:
         """:meth:`_lookup`; a hash found nowhere is looked up again once the shared lake
         reader was moved to the latest version (``fresh``: whether it was, once per walk).
@@ -183,15 +218,15 @@ class Locator:
         nothing, so the subscriber was rewound by the threshold from its own height
         instead of from the fork point, and a cardinal consumer kept the replaced blocks
         below it (history checker seed 1071)."""
-        found = await self._lookup(tail, history, h)
+        found = await self._lookup(tail, history, h, seam)
         if found is None and history is not None and not fresh[0]:
             fresh[0] = True
             await refresh_history(history)
-            found = await self._lookup(tail, history, h)
+            found = await self._lookup(tail, history, h, seam)
         return found
 
     async def _lookup(
-        self, tail: TailIndex, history: History | None, h: str
+        self, tail: TailIndex, history: History | None, h: str, seam: Seam | None
     ) -> tuple[int, str, bool] | None:
         """(num, parent, canonical) of a block hash, from the tail first, then the lake."""
         seen = tail.seen.get(h)
@@ -200,21 +235,21 @@ class Locator:
             in_chain = tail.chain.get(num)
             if in_chain is not None:
                 return num, parent, in_chain[0] == h
-            canonical = await self._canonical_hash(tail, history, num)
+            canonical = await self._canonical_hash(tail, history, num, seam)
             return num, parent, canonical == h
         if history is None:
             return None
         row = await asyncio.to_thread(history.find_hash, self._stream, bytes.fromhex(h))
         if row is None:
             return None
-        canonical = await self._canonical_hash(tail, history, row.num)
+        canonical = await self._canonical_hash(tail, history, row.num, seam)
         return row.num, bytes(row.parent).hex(), canonical == h
 
     async def _fork_point(
-        self, tail: TailIndex, history: History | None, want: str
+        self, tail: TailIndex, history: History | None, want: str, seam: Seam | None
     ) -> tuple[int, Reason] | None:
         fresh = [False]
-        found = await self._lookup_fresh(tail, history, want, fresh)
+        found = await self._lookup_fresh(tail, history, want, fresh, seam)
         if found is None:
             return None
         num, parent, canonical = found
@@ -229,7 +264,7 @@ class Locator:
                 lake_steps += 1
                 if lake_steps > LAKE_WALK:
                     return None
-            found = await self._lookup_fresh(tail, history, parent, fresh)
+            found = await self._lookup_fresh(tail, history, parent, fresh, seam)
             if found is None or found[0] != num - 1:
                 return None
             num, parent, canonical = found
@@ -262,6 +297,12 @@ class Locator:
         history = await asyncio.to_thread(self.open_history)
         if history is None:
             return None
+        seam = (
+            await self._seam_for(tail, history) if tail.lo is not None and num < tail.lo else None
+        )
+        if seam is not None and seam.hash_at(num) is not None:
+            n, h, p, payload = seam.rows_from(num)[0]
+            return decode_raw(payload), n, h, p
         row = await asyncio.to_thread(history.canonical_at, self._stream, num)
         if row is None:
             return None

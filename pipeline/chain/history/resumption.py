@@ -64,7 +64,7 @@ from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.fromlake import LakeCatchup
 from pipeline.chain.history.fromtail import TailCatchup
-from pipeline.chain.history.lakepages import HISTORY_GAP, refresh_history
+from pipeline.chain.history.lakepages import HISTORY_GAP, close_pages, refresh_history
 from pipeline.chain.history.live import LIVE_ATTEMPTS, LiveGroups, LiveListener
 from pipeline.chain.history.replay import Replay
 from pipeline.chain.history.resolve import Locator
@@ -217,14 +217,7 @@ class TieredResumption:
             "resume %s from %d: tail [%s, %d] up to %r", plan.reason, pos, lo, tail.hi, tail.last_id
         )
         if plan.history is not None and (lo is None or pos < lo):
-            pos = await self._from_lake.send(
-                plan.history, pos, lo, keep, sink, sender, prefetched=plan.prefetched
-            )
-            if lo is not None and pos < lo:
-                # The lake looked shorter than Redis says it must be: read on at the latest version.
-                await refresh_history(plan.history)
-                pos = await self._from_lake.send(plan.history, pos, lo, keep, sink, sender)
-            log.debug("history sent up to %d", pos - 1)
+            pos = await self._send_history(plan, plan.history, pos, keep, sink, sender)
         if lo is not None:
             if pos < lo and sender.sent:
                 raise ResumptionError(
@@ -234,6 +227,34 @@ class TieredResumption:
             await self._from_tail.send(plan, max(pos, lo), keep, sink, sender)
         tail.chain.clear()  # the plan's snapshot is spent: live subscriptions hold none of it
         await self._replay_and_live(plan.history, tail.last_id, keep, sink, sender)
+
+    async def _send_history(
+        self,
+        plan: Plan,
+        history: History,
+        pos: int,
+        keep: KeyTest | None,
+        sink: BlockSink,
+        sender: Sender,
+    ) -> int:
+        """The lake's blocks from ``pos`` up to the tail (the seam's, by hash, where the
+        lake does not mark them yet); the next position."""
+        lo, seam = plan.tail.lo, plan.seam
+        stop = lo if seam is None else seam.lo
+        if stop is None or pos < stop:
+            pos = await self._from_lake.send(
+                history, pos, stop, keep, sink, sender, prefetched=plan.prefetched
+            )
+            if stop is not None and pos < stop:
+                # The lake looked shorter than Redis says it must be: read on at the latest version.
+                await refresh_history(history)
+                pos = await self._from_lake.send(history, pos, stop, keep, sink, sender)
+        elif plan.prefetched is not None:
+            close_pages(plan.prefetched[0])
+        if seam is not None and pos >= seam.lo:
+            pos = await self._from_lake.send_seam(seam, pos, keep, sink, sender)
+        log.debug("history sent up to %d", pos - 1)
+        return pos
 
     async def _replay_and_live(
         self,
