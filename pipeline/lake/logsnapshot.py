@@ -22,9 +22,11 @@ What a caller can rely on:
   reads ``stream_entries`` itself, under the stream's lock) and takes the
   merge writer, which adds none of them again, and the log's MERGE keeps the
   first row. Slower, never wrong;
-- it holds the merged coverage runs of each stream and the entry counts of
-  the job's own interval only, not every row: memory grows with the holes in
-  the streams' coverage, not with their history.
+- it holds the merged coverage runs of each stream, the entry counts read of
+  the job's own interval, and those of every row the job logs itself (its
+  interval and its catch-up steps), not every row of the table: memory grows
+  with the holes in the streams' coverage and the job's steps, not with their
+  history.
 """
 
 from __future__ import annotations

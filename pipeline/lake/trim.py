@@ -75,24 +75,6 @@ def stream_is(stream: str) -> Any:
     return pc.field("stream").cast(pa.string()) == stream
 
 
-def all_logged_intervals(lake: LakeSettings) -> dict[str, list[tuple[int, int]]]:
-    """Per stream, the ``[start_ms, end_ms)`` intervals ``archive_log`` records (one read)."""
-    if not store.is_table(lake, tables.ARCHIVE_LOG):
-        return {}
-    try:
-        table = store.open_table(lake, tables.ARCHIVE_LOG).to_pyarrow_table(
-            columns=["stream", "start_ms", "end_ms"]
-        )
-    except OSError as exc:
-        uri = lake.table(tables.ARCHIVE_LOG)
-        raise LakePathError(f"cannot read {uri}: {store.describe(exc)}") from exc
-    found: dict[str, list[tuple[int, int]]] = {}
-    columns = (table.column(name).to_pylist() for name in ("stream", "start_ms", "end_ms"))
-    for stream, start_ms, end_ms in zip(*columns, strict=True):
-        found.setdefault(stream, []).append((start_ms, end_ms))
-    return found
-
-
 def safe_trim(
     settings: Settings,
     stream: str,
@@ -103,7 +85,7 @@ def safe_trim(
     """``XTRIM MINID`` the stream of ``stream`` to what is both archived and out of hot retention.
 
     ``intervals`` are the stream's ``archive_log`` intervals when the caller read
-    them already (:func:`all_logged_intervals`); read from the log otherwise.
+    them already (:class:`~pipeline.lake.logsnapshot.LogSnapshot`); read from the log otherwise.
     """
 
     from pipeline.redisio.conn import UNAVAILABLE

@@ -4,7 +4,7 @@ What each ``sluice_archive`` run starts once after its archive, instead of one
 ``trim`` job per stream: each job child pays for its process, its imports and
 its first open of ``archive_log`` (about a second together), while trimming a
 stream costs a few milliseconds. ``archive_log`` is read once for all streams
-(:func:`pipeline.lake.trim.all_logged_intervals`, taken before any stream is
+(:class:`pipeline.lake.logsnapshot.LogSnapshot`, taken before any stream is
 trimmed: a row logged meanwhile only makes the next run trim further).
 
 Per stream, :data:`WORKERS` at once, under the stream's archive lock: what
@@ -47,10 +47,11 @@ def trim_streams(
     check: Callable[[], None],
 ) -> tuple[dict[str, Any], bool]:
     """Trim every stream; returns (result, ok). See the module doc."""
-    from pipeline.lake.trim import all_logged_intervals, safe_trim
+    from pipeline.lake.logsnapshot import LogSnapshot
+    from pipeline.lake.trim import safe_trim
 
     names = list(dict.fromkeys(streams))
-    logged = all_logged_intervals(settings.lake)
+    logged = LogSnapshot(settings.lake, names, 0, 0)  # the named streams' runs, one read
     results: dict[str, dict[str, Any]] = {}
     fatal: list[str] = []
     guard = threading.Lock()
@@ -63,7 +64,7 @@ def trim_streams(
         try:
             check()
             with locked(stream):
-                done = safe_trim(settings, stream, now_ms=now_ms, intervals=logged.get(stream, []))
+                done = safe_trim(settings, stream, now_ms=now_ms, intervals=logged.intervals(stream))
         except JobCancelled:
             raise
         except Exception as exc:  # one stream's failure must not stop the others
