@@ -344,3 +344,17 @@ class CollectingSink:
 
     def ready(self, num: int, hash: str) -> None:
         self.head = num
+
+
+async def apply_updates(updates: Any, state: dict[int, bytes], done: Callable[[Any], bool]) -> None:
+    """Apply a Sluice client's updates to ``state`` (num -> hash) until an added block is
+    ``done``; each removal must name the block ``state`` holds at its height."""
+    from pipeline.chain.client.ordered import Added
+
+    async for update in updates:
+        if isinstance(update, Added):
+            state[update.block.num] = update.block.hash
+            if done(update.block):
+                return
+        else:
+            assert state.pop(update.num) == update.hash

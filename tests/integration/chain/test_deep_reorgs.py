@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.chain.produce.generator import SyntheticChain, write_blocks
 
-from .conftest import STREAM
+from .conftest import STREAM, apply_updates
 
 pytestmark = pytest.mark.asyncio
 
@@ -179,7 +179,6 @@ async def test_sluice_client_follows_a_reorg_below_where_it_started(
     heavier branch forking at 120 must still replace 121..299 (it took the branch's first
     block, below its memory, for a stale duplicate and held the rest forever)."""
     from pipeline.chain.client.consumer import subscribe
-    from pipeline.chain.client.ordered import Added
 
     gen = SyntheticChain(seed=78)
     first = gen.take(300)
@@ -190,21 +189,10 @@ async def test_sluice_client_follows_a_reorg_below_where_it_started(
         updates = subscribe(url, 250, first[250].hash)
         try:
             async with asyncio.timeout(10):
-                async for update in updates:
-                    if isinstance(update, Added):
-                        state[update.block.num] = update.block.hash
-                        if update.block.num == 299:
-                            break
-                    else:
-                        assert state.pop(update.num) == update.hash
+                await apply_updates(updates, state, lambda b: b.num == 299)
                 write_blocks(redis_client, STREAM, gen.reorg(179, 5))  # 121..125
-                async for update in updates:
-                    if isinstance(update, Added):
-                        state[update.block.num] = update.block.hash
-                        if update.block.hash == gen.canonical[-1].hash:
-                            break
-                    else:
-                        assert state.pop(update.num) == update.hash
+                head = gen.canonical[-1].hash
+                await apply_updates(updates, state, lambda b: b.hash == head)
         finally:
             await updates.aclose()  # type: ignore[attr-defined]
     assert state == {b.num: b.hash for b in gen.canonical if b.num >= 121}

@@ -22,9 +22,8 @@ import pytest
 
 from pipeline.blockcodec import Block
 from pipeline.chain.client.consumer import subscribe
-from pipeline.chain.client.ordered import Added
 from pipeline.chain.produce.generator import write_blocks
-from tests.integration.chain.conftest import STREAM, write_lake
+from tests.integration.chain.conftest import STREAM, apply_updates, write_lake
 
 pytestmark = pytest.mark.asyncio
 
@@ -93,13 +92,7 @@ async def test_sluice_client_resuming_at_the_replaced_block_gets_the_new_branch(
         updates = subscribe(base.replace("http://", "ws://") + "/ws", 20, old[-1].hash)
         try:
             async with asyncio.timeout(10):
-                async for update in updates:
-                    if isinstance(update, Added):
-                        state[update.block.num] = update.block.hash
-                        if update.block.num == 25:
-                            break
-                    else:
-                        assert state.pop(update.num) == update.hash
+                await apply_updates(updates, state, lambda b: b.num == 25)
         finally:
             await updates.aclose()  # type: ignore[attr-defined]
     assert state == _hashes(heaviest)
