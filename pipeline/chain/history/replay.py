@@ -19,7 +19,7 @@ from pipeline.chain.history.entries import Refusals
 from pipeline.chain.history.lakepages import HISTORY_GAP, next_page, refresh_history, rows_emits
 from pipeline.chain.history.live import live_emit
 from pipeline.chain.history.seam import walk_branch
-from pipeline.chain.history.tail import PAGE
+from pipeline.chain.history.tail import PAGE, SharedTail
 from pipeline.chain.history.turns import Turn, Turns
 from pipeline.chain.planning import BlockSink, Emit, History, TailReads
 from pipeline.chain.produce.producer import LiveBlock
@@ -38,8 +38,11 @@ class Replay:
         turns: Turns,
         refused: Refusals,
         reorg_threshold: int,
+        tail: SharedTail | None = None,
     ) -> None:
         self._stream = stream
+        #: the server's tail index: which of two branches Redis holds is the heaviest
+        self._tail = tail
         self._entries = entries
         self._turns = turns
         self._refused = refused
@@ -169,18 +172,24 @@ class Replay:
         (False), or on one the lake's flags lag (:mod:`pipeline.chain.history.seam`: a tie
         the canonical job marked the other way, then broken by this entry's branch).
 
-        The entry is on a branch that lost when the lake marks no block at its parent's
-        height (it marked nothing there: the flag is all it knows) or its canonical
-        head is at least as heavy as the entry. Otherwise the lake chose another
-        block at that height and the entry outweighs it: its ancestors the lake does
-        not mark are read by hash and held, and fork choice (:meth:`Sender.take`)
-        sends them with the entry, as a reorg, when the entry is heavier than what the
+        The entry is on a branch that lost when the server's tail index (refreshed:
+        fork choice over all Redis holds now) has another block at its height, or
+        the lake's canonical head is at least as heavy as the entry. Where the index
+        does not know the height, the lake's flags decide: lost when the lake marks
+        no block at the parent's height. Otherwise its ancestors the lake does not
+        mark are read by hash and held, and fork choice (:meth:`Sender.take`) sends
+        them with the entry, as a reorg, when the entry is heavier than what the
         subscriber holds (history checker seed 1028: the entry was dropped as lost,
-        and its subscriber with it).
+        and its subscriber with it; every later block descends from it, so the
+        subscriber stalled for good).
         """
-        marked = await asyncio.to_thread(history.canonical_at, self._stream, block.num - 1)
-        if marked is None:
+        verdict = await self._on_tail_chain(block)
+        if verdict is False:
             return False
+        if verdict is None:
+            marked = await asyncio.to_thread(history.canonical_at, self._stream, block.num - 1)
+            if marked is None:
+                return False
         walked = await asyncio.to_thread(
             walk_branch, history, self._stream, block.parent.hex(), block.num - 1
         )
@@ -194,6 +203,15 @@ class Replay:
         for emit in rows_emits(walked, keep):
             sender.hold(emit)
         return True
+
+    async def _on_tail_chain(self, block: Block) -> bool | None:
+        """Whether ``block`` is on the tail index's heaviest chain; None when the index
+        has no block at its height (or there is no index)."""
+        if self._tail is None:
+            return None
+        await self._tail.refresh()
+        hit = self._tail.index.chain.get(block.num)
+        return None if hit is None else hit[0] == block.hash.hex()
 
 
 __all__ = ["Replay"]

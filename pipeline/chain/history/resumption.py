@@ -138,6 +138,7 @@ class TieredResumption:
             turns=self.turns,
             refused=self._refused,
             reorg_threshold=reorg_threshold,
+            tail=self._tail,
         )
 
     # --- resolve (pipeline.chain.history.resolve) ----------------------------------------

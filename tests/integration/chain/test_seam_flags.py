@@ -30,15 +30,16 @@ pytestmark = pytest.mark.asyncio
 FORK = 16  # the first height of the tie
 
 
-def _block(num: int, parent: bytes, tag: str) -> Block:
+def _block(num: int, parent: bytes, tag: str, weight: int) -> Block:
     digest = hashlib.sha256(f"{tag}:{num}".encode()).digest()
-    return Block(num=num, hash=digest, parent=parent, updates={"k": tag.encode()}, weight=num + 1)
+    return Block(num=num, hash=digest, parent=parent, updates={"k": tag.encode()}, weight=weight)
 
 
-def _chain(start: int, stop: int, parent: bytes, tag: str) -> list[Block]:
+def _chain(start: int, stop: int, parent: bytes, tag: str, extra: int = 0) -> list[Block]:
+    """Blocks ``start..stop-1`` weighing ``num + 1 + extra`` each."""
     out = []
     for num in range(start, stop):
-        out.append(_block(num, parent, tag))
+        out.append(_block(num, parent, tag, num + 1 + extra))
         parent = out[-1].hash
     return out
 
@@ -124,7 +125,7 @@ async def test_the_library_resuming_at_the_replaced_block_ends_on_the_heaviest_c
     assert chain[0]["num"] <= FORK, chain[:3]
 
 
-async def _replay(settings, redis_url: str, sender) -> list:
+async def _replay(settings, redis_url: str, sender, *, tail: bool = False) -> list:
     """Replay Redis's entries to ``sender`` as serve does after a catch-up (the lake read
     through a real LakeReader); the blocks it sends."""
     import redis.asyncio as aioredis
@@ -132,7 +133,7 @@ async def _replay(settings, redis_url: str, sender) -> list:
     from pipeline import keys
     from pipeline.chain.history.entries import Refusals
     from pipeline.chain.history.replay import Replay
-    from pipeline.chain.history.tail import RedisTail
+    from pipeline.chain.history.tail import RedisTail, SharedTail
     from pipeline.chain.history.turns import Turns
     from pipeline.lake.storage.reader import LakeReader
     from tests.integration.chain.conftest import CollectingSink
@@ -146,6 +147,7 @@ async def _replay(settings, redis_url: str, sender) -> list:
             turns=Turns(),
             refused=refused,
             reorg_threshold=8,
+            tail=SharedTail(client, keys.stream(STREAM)) if tail else None,
         )
         sink = CollectingSink()
         await replay.run(LakeReader(settings.lake.uri), b"0-0", None, sink, sender)
@@ -175,7 +177,10 @@ async def test_replay_sends_the_branch_the_lake_marked_late(settings, redis_url,
     assert sent[0].reorg == 5
 
 
-async def test_replay_still_drops_a_branch_that_lost(settings, redis_url, redis_client) -> None:
+@pytest.mark.parametrize("tail", [False, True], ids=["lake-flags", "tail-index"])
+async def test_replay_still_drops_a_branch_that_lost(
+    settings, redis_url, redis_client, tail
+) -> None:
     """The same shape, but the lake marks a heavier chain (16..24): 21 on 20' lost, never sent."""
     base = _chain(0, FORK, b"\0" * 32, "base")
     won = _chain(FORK, 25, base[-1].hash, "won")
@@ -183,5 +188,24 @@ async def test_replay_still_drops_a_branch_that_lost(settings, redis_url, redis_
     write_lake(settings.lake.uri, base + won + lost, {b.hash for b in base + won})
     write_blocks(redis_client, STREAM, _chain(21, 23, lost[-1].hash, "child"))
     sender = _sent(base[10:] + won)
-    assert await _replay(settings, redis_url, sender) == []
+    assert await _replay(settings, redis_url, sender, tail=tail) == []
     assert sender.head == 24
+
+
+async def test_replay_follows_a_longer_branch_revived_past_a_shorter_heavier_one(
+    settings, redis_url, redis_client
+) -> None:
+    """The lake marks a shorter, heavier branch 16'..18' and holds the longer 16..20 unmarked:
+    nothing is marked at 20. Then 21, a child of 20 in Redis, outweighs 18': the tail index
+    has it on its heaviest chain, so 16..21 are sent as a reorg (by the lake's flags alone,
+    21 and everything after it were dropped as lost)."""
+    base = _chain(0, FORK, b"\0" * 32, "base")
+    short = _chain(FORK, 19, base[-1].hash, "short", extra=10)  # 18' weighs 29
+    long = _chain(FORK, 21, base[-1].hash, "long")  # 20 weighs 21
+    write_lake(settings.lake.uri, base + short + long, {b.hash for b in base + short})
+    revived = _chain(21, 23, long[-1].hash, "revived", extra=10)  # 21 weighs 32
+    write_blocks(redis_client, STREAM, revived)
+    sender = _sent(base[10:] + short)
+    sent = await _replay(settings, redis_url, sender, tail=True)
+    assert [e.hash for e in sent] == [b.hash.hex() for b in long + revived]
+    assert sent[0].reorg == 3
