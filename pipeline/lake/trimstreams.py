@@ -64,7 +64,9 @@ def trim_streams(
         try:
             check()
             with locked(stream):
-                done = safe_trim(settings, stream, now_ms=now_ms, intervals=logged.intervals(stream))
+                done = safe_trim(
+                    settings, stream, now_ms=now_ms, intervals=logged.intervals(stream)
+                )
         except JobCancelled:
             raise
         except Exception as exc:  # one stream's failure must not stop the others
