@@ -205,13 +205,16 @@ class Replay:
         return True
 
     async def _on_tail_chain(self, block: Block) -> bool | None:
-        """Whether ``block`` is on the tail index's heaviest chain; None when the index
-        has no block at its height (or there is no index)."""
-        if self._tail is None:
+        """Whether ``block`` is on the tail index's heaviest chain; None when that is not
+        known: no index, a refresh skipped (readers held it), a block the index has not
+        seen or no block at its height there."""
+        if self._tail is None or not await self._tail.refresh():
             return None
-        await self._tail.refresh()
-        hit = self._tail.index.chain.get(block.num)
-        return None if hit is None else hit[0] == block.hash.hex()
+        index, hash = self._tail.index, block.hash.hex()
+        hit = index.chain.get(block.num)
+        if hit is None or hash not in index.seen:
+            return None
+        return hit[0] == hash
 
 
 __all__ = ["Replay"]
