@@ -71,24 +71,37 @@ class _PagesAhead:
 def _in_order(emits: list[Emit], pos: int, sender: Sender) -> list[Emit]:
     """The blocks of ``emits`` to send, noted by ``sender``; they must follow ``pos`` with no gap.
 
-    A slice that does not start at ``pos``, or has a hole, goes block by block
-    through the sender (blocks sent already are dropped); a gap left after that
-    raises :class:`ResumptionError`.
+    A slice that does not start at ``pos``, has a hole, or reaches below what was
+    sent goes block by block through the sender: blocks sent already are dropped,
+    and the first that replaces sent ones carries the reorg's depth (a catch-up
+    planned again below the subscriber's head: the sink must announce it, or a
+    cardinal subscriber holds the new branch for ever, history checker seed 1156).
+    A gap left after that raises :class:`ResumptionError`.
     """
     expected = pos if sender.sent else emits[0].num
-    if emits[0].num != expected or emits[-1].num - expected + 1 != len(emits):
-        emits = [e for e in emits if sender.accept(e.num, e.hash, e.weight, e) is not None]
-        if emits and (emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)):
-            raise ResumptionError(
-                f"history gap in the lake after block {expected - 1}",
-                public=HISTORY_GAP,
-            )
-    elif emits[0].num > sender.head:
-        sender.extend(emits)
-    else:
-        for emit in emits:
-            sender.accept(emit.num, emit.hash, emit.weight, emit)
+    if emits[0].num == expected and emits[-1].num - expected + 1 == len(emits):
+        if emits[0].num > sender.head:
+            sender.extend(emits)
+            return emits
+        return _accepted(emits, sender)
+    emits = _accepted(emits, sender)
+    if emits and (emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)):
+        raise ResumptionError(
+            f"history gap in the lake after block {expected - 1}",
+            public=HISTORY_GAP,
+        )
     return emits
+
+
+def _accepted(emits: list[Emit], sender: Sender) -> list[Emit]:
+    """``emits`` through :meth:`Sender.accept` one by one: those it takes, with their depth."""
+    out = []
+    for emit in emits:
+        depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
+        if depth is not None:
+            emit.reorg = depth
+            out.append(emit)
+    return out
 
 
 class LakeCatchup:
@@ -147,10 +160,11 @@ class LakeCatchup:
                         emits = page_emits(rows, keep, shared, shape, fill=fill)
                 if not emits:
                     continue  # every block of the slice was skipped (see page_emits)
+                last = emits[-1].num
                 emits = _in_order(emits, pos, sender)
                 if emits:
                     await sink.put(emits)
-                    pos = emits[-1].num + 1
+                pos = max(pos, last + 1)  # (blocks sent before, dropped, count as passed)
         finally:
             self._reading -= 1
             if self._reading == 0:
@@ -167,12 +181,13 @@ class LakeCatchup:
             return pos
         async with Turn(self._turns):
             emits = rows_emits(rows, keep)
-        if emits:
-            emits = _in_order(emits, pos, sender)
+        if not emits:
+            return pos
+        last = emits[-1].num
+        emits = _in_order(emits, pos, sender)
         if emits:
             await sink.put(emits)
-            pos = emits[-1].num + 1
-        return pos
+        return max(pos, last + 1)
 
 
 __all__ = ["LakeCatchup"]
