@@ -101,6 +101,24 @@ async def test_pruning_releases_at_once_whatever_the_backoff() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_the_last_client_leaving_makes_a_check_due_whatever_the_backoff() -> None:
+    """Releases made while clients held their memory gave nothing and backed off (to 16
+    times the period); once the last one left, the next check is due at once."""
+    proc = Process(100 * MB)
+    rel = memory.Releaser(
+        every_s=10, growth_bytes=32 * MB, measure=lambda: proc.rss, give_back=proc.give_back
+    )
+    proc.rss = 900 * MB  # the clients' buffers: a release gives nothing while they stay
+    for _ in range(5):
+        await rel.check()
+    assert rel.wait_s == 160
+    assert rel.due_after(False, now=1000.0, due=1160.0) == 1160.0  # clients connected
+    assert rel.due_after(False, now=1010.0, due=1160.0) == 1160.0
+    assert rel.due_after(True, now=1020.0, due=1160.0) == 1020.0  # the last one left
+    assert rel.wait_s == 10
+    assert rel.due_after(True, now=1030.0, due=1040.0) == 1040.0  # still idle: no change
+
+
 def test_release_and_rss_work_on_this_machine() -> None:
     memory.release()
     assert memory.rss_bytes() > 0
