@@ -91,6 +91,17 @@ class Sender:
         self._note(num, hash, weight, emit)
         return depth
 
+    def accepted(self, emits: Iterable[Emit]) -> list[Emit]:
+        """:meth:`accept` for each of ``emits`` in turn (a canonical source's blocks, in
+        height order): those to send, the first replacing sent ones carrying the depth."""
+        out = []
+        for emit in emits:
+            depth = self.accept(emit.num, emit.hash, emit.weight, emit)
+            if depth is not None:
+                emit.reorg = depth
+                out.append(emit)
+        return out
+
     def extend(self, emits: list[Emit]) -> None:
         """Note a run of consecutive blocks above the head, in one step.
 

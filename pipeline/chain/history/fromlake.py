@@ -83,25 +83,14 @@ def _in_order(emits: list[Emit], pos: int, sender: Sender) -> list[Emit]:
         if emits[0].num > sender.head:
             sender.extend(emits)
             return emits
-        return _accepted(emits, sender)
-    emits = _accepted(emits, sender)
+        return sender.accepted(emits)
+    emits = sender.accepted(emits)
     if emits and (emits[0].num != expected or emits[-1].num - expected + 1 != len(emits)):
         raise ResumptionError(
             f"history gap in the lake after block {expected - 1}",
             public=HISTORY_GAP,
         )
     return emits
-
-
-def _accepted(emits: list[Emit], sender: Sender) -> list[Emit]:
-    """``emits`` through :meth:`Sender.accept` one by one: those it takes, with their depth."""
-    out = []
-    for emit in emits:
-        depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
-        if depth is not None:
-            emit.reorg = depth
-            out.append(emit)
-    return out
 
 
 class LakeCatchup:

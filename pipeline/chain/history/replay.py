@@ -144,12 +144,7 @@ class Replay:
             start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
             pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
             while (page := await asyncio.to_thread(next_page, pages, keep)) is not None:
-                emits = []
-                for emit in page:
-                    depth = sender.accept(emit.num, emit.hash, emit.weight, emit)
-                    if depth is not None:
-                        emit.reorg = depth
-                        emits.append(emit)
+                emits = sender.accepted(page)
                 if emits:
                     await sink.put(emits)
         if sender.head == stop - 1 and sender.hash_at(stop - 1) == parent:
