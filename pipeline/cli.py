@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -80,6 +81,10 @@ def _wants_help(args: Sequence[str]) -> bool:
     return any(arg in ("-h", "--help") for arg in args)
 
 
+#: Commands whose finished process leaves with ``os._exit`` (see :func:`_run`).
+_NATIVE_EXIT = frozenset({"lake"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -99,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return _run(name, rest, helping)
+        return _run(name, rest, helping, leave=argv is None)
     except MissingExtra as exc:  # its text names the command: "sluice serve needs pyarrow..."
         print(exc, file=sys.stderr)
         return 2
@@ -126,8 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _run(name: str, rest: list[str], helping: bool) -> int:
-    """Command ``name``: its extra checked (unless for --help), tuned, imported and run."""
+def _run(name: str, rest: list[str], helping: bool, *, leave: bool = False) -> int:
+    """Command ``name``: its extra checked (unless for --help), tuned, imported and run.
+
+    ``leave`` (a process of its own, not a call in-process): a finished lake job leaves
+    without the interpreter's teardown, as ``python -m pipeline.lake.cli`` does. Native
+    thread pools (Arrow, delta-rs, the Connect client's gRPC) torn down at exit aborted
+    ``sluice lake replay`` after it had printed its result ("terminate called without an
+    active exception", exit -6; ``test_backfill.py::test_replay_tells_its_progress``).
+    """
     if name in EXTRAS and not helping:
         extra, packages = EXTRAS[name]
         require(f"sluice {name}", extra, packages)
@@ -137,6 +149,11 @@ def _run(name: str, rest: list[str], helping: bool) -> int:
             logging.getLogger(__name__).info("allocators give memory back: %s", ", ".join(tuned))
     module = importlib.import_module(COMMANDS[name][0])
     code: int = module.main(rest)
+    if leave and name in _NATIVE_EXIT and not helping:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
     return code
 
 
