@@ -67,6 +67,10 @@ class Answer:
     late: bool = False
     #: ``time.time()`` when it came (the handler's log is in wall time)
     wall: float = 0.0
+    #: ``time.time()`` when the bus made it (the envelope's ``now``, whole seconds, rounded
+    #: down; 0: not stamped): a late answer may have been made while the caller still
+    #: had the right to wait, since a call exposed to a loss waits less (see the module doc)
+    made: float = 0.0
 
 
 @dataclass(slots=True)
@@ -78,6 +82,8 @@ class Call:
     dst: int
     #: loop time of the push (0: not pushed)
     issued: float = 0.0
+    #: ``time.time()`` of the push
+    issued_wall: float = 0.0
     #: True: pushed; False: never pushed; None: the push failed and may have landed
     sent: bool | None = False
     answers: list[Answer] = field(default_factory=list)
@@ -128,6 +134,7 @@ async def _push(r: aioredis.Redis, call: Call, now: Callable[[], float]) -> None
             await asyncio.sleep(0.1)
             continue
         call.issued = now()
+        call.issued_wall = time.time()
         try:
             await r.rpush(keys.BUS_LOCAL, call.envelope())
             call.sent = True
@@ -170,8 +177,10 @@ async def run_call(
 
 def decode_answer(raw: bytes | str, t: float, *, late: bool = False) -> Answer:
     doc = json.loads(raw)
+    made = doc.get("now")
     return Answer(t, str(doc.get("err", "")), base64.b64decode(doc.get("dat") or ""),
-                  int(doc.get("src", 0)), late, time.time())  # fmt: skip
+                  int(doc.get("src", 0)), late, time.time(),
+                  float(made) if isinstance(made, int | float) else 0.0)  # fmt: skip
 
 
 async def burst(

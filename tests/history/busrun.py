@@ -170,7 +170,7 @@ class BusHistory:
                 out.write(json.dumps({
                     "call": call.id, "exp": call.exp, "try": call.tries, "hold_ms": call.hold_ms,
                     "issued": round(call.issued, 3), "sent": call.sent,
-                    "answers": [[round(a.t, 3), a.err, a.late] for a in call.answers],
+                    "answers": [[round(a.t, 3), a.err, a.late, a.made] for a in call.answers],
                 }) + "\n")  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.history import harness
-from tests.history.buscallers import Answer, Call, Loss
+from tests.history.buscallers import SLACK_S, Answer, Call, Loss
 from tests.history.buschecker import Execution, check
 from tests.history.bushandler import answer_of
 from tests.history.busrun import replay_command, run_seed, variant_of
@@ -163,3 +163,20 @@ def test_an_answer_a_senders_failover_took_back_may_be_followed_by_another() -> 
     wiped = check(calls, _runs(1, 2), sender_losses=[Loss(5.0, 5.0, 8.0, 8.0)],
                   receiver_losses=[])  # fmt: skip
     assert set(wiped.violations) == {"c1", "c2"}
+
+
+def test_a_late_answer_counts_by_when_the_bus_made_it() -> None:
+    # seed 1068: pushed as the sender's failover began, so the caller waited only exp + 2;
+    # the new master's bus answered 'request expired' 4 s after the push, and the caller
+    # found it in ret only at the end. Made within exp + slack: no violation.
+    def late(n: int, made: float) -> Call:
+        call = _call(n, (-1, "request expired"))
+        call.issued_wall, call.answers[0].made = 1000.0, made
+        return call
+
+    lag = [Loss(0.5, 999.5, 4.0, 1003.0, partial=True)]
+    calls = [late(1, 1004.0), late(2, 1000.0 + 5 + SLACK_S + 2), late(3, 0.0)]
+    verdict = check(calls, [], sender_losses=lag, receiver_losses=[])
+    assert sorted(verdict.violations) == ["c2", "c3"]
+    assert all("only after exp" in v[0] for v in verdict.violations.values())
+    assert verdict.outcomes["expired"] == 1
