@@ -2,8 +2,8 @@
 
 Phase 3 of resumption (:mod:`pipeline.chain.history.resumption`): the
 heights of the plan's :class:`~pipeline.chain.tailindex.TailIndex` from a
-position up, read a page at a time, decoded and encoded a turn at a time
-(:mod:`pipeline.chain.history.turns`). An entry trimmed from Redis since the
+position up, read a page at a time (pages of about :data:`PAGE_BYTES`), decoded
+and encoded a turn at a time (:mod:`pipeline.chain.history.turns`). An entry trimmed from Redis since the
 plan was made is read from the lake instead.
 """
 
@@ -20,6 +20,22 @@ from pipeline.chain.history.turns import Turn, Turns
 from pipeline.chain.planning import BlockSink, Emit, History, Plan, TailReads
 from pipeline.errors import ResumptionError
 from pipeline.redisio.conn import parse_entry_id
+
+#: Heights a catch-up's first page reads; the next ones read :func:`page_after` heights.
+FIRST_PAGE = 128
+#: Bytes of payloads a page of a catch-up holds, about: a subscriber waiting for room holds
+#: its page (16 duplexes of one Dialogue connection, each with a page of 1,000 blocks of
+#: 2 KB, held 35 MB beside the connection's 8 MiB budget).
+PAGE_BYTES = 512 << 10
+
+
+def page_after(payloads: dict[bytes, bytes]) -> int:
+    """Heights the next page reads: :data:`PAGE_BYTES` at this page's mean payload size,
+    between 16 and the tail's :data:`~pipeline.chain.history.tail.PAGE`."""
+    if not payloads:
+        return FIRST_PAGE
+    mean = sum(map(len, payloads.values())) / len(payloads)
+    return max(16, min(PAGE, int(PAGE_BYTES / max(mean, 1.0))))
 
 
 class TailCatchup:
@@ -38,15 +54,15 @@ class TailCatchup:
         :class:`ResumptionError` when an entry was trimmed and the lake lacks its block.
         """
         tail = plan.tail
-        for chunk_start in range(pos, tail.hi + 1, PAGE):
-            nums = [
-                n
-                for n in range(chunk_start, min(chunk_start + PAGE, tail.hi + 1))
-                if n in tail.chain
-            ]
+        size, chunk_start = FIRST_PAGE, pos
+        while chunk_start <= tail.hi:
+            stop = min(chunk_start + size, tail.hi + 1)
+            nums = [n for n in range(chunk_start, stop) if n in tail.chain]
+            chunk_start = stop
             if not nums:
                 continue
             payloads = await self._payloads(plan, nums)
+            size = page_after(payloads)
             i = 0
             while i < len(
                 nums
