@@ -77,8 +77,12 @@ demo: install
 demo-check: install
 	$(VENV)/bin/sluice demo --check
 
+# The suite in TEST_WORKERS processes (pytest-xdist; a test file stays in one worker, with its
+# fixtures): its time is mostly waiting on real servers, so two halve it even on two cores.
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: install
-	PYTHONASYNCIODEBUG=1 $(PY) -m pytest $(PYTEST_ARGS)
+	PYTHONASYNCIODEBUG=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The long scenarios `make test` leaves out (tests marked soak: the whole demo check on a
 # Redis Cluster, serve under a 20 s attack), then the history checkers (tests/history,

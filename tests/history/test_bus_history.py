@@ -12,6 +12,7 @@ histories written by hand; the draws in ``test_bus_draws.py``.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from tests.history.buscallers import SLACK_S, Answer, Call, Loss
 from tests.history.buschecker import Execution, check
 from tests.history.bushandler import answer_of
 from tests.history.busrun import replay_command, run_seed, variant_of
-from tests.history.conftest import SUMMARIES, TALLY
+from tests.history.conftest import record
 
 SEEDS = [43, 208, 356]  # 43 with standbys, 356 with standbys on Sentinel
 STEPS = 8
@@ -31,7 +32,9 @@ PREFIX = "BUS_"
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("seed", harness.seeds(SEEDS, PREFIX))
-async def test_bus_history(seed: int, tmp_path: Path, toxiproxy: Any) -> None:
+async def test_bus_history(
+    seed: int, tmp_path: Path, toxiproxy: Any, request: pytest.FixtureRequest
+) -> None:
     steps = harness.steps(STEPS, PREFIX)
     variant, forced = variant_of(seed, dict(os.environ))
     replay = replay_command(seed, steps, STEPS, forced)
@@ -39,12 +42,11 @@ async def test_bus_history(seed: int, tmp_path: Path, toxiproxy: Any) -> None:
         report = await run_seed(seed, tmp_path, toxiproxy, steps, variant)
     except Exception as exc:  # the harness itself failed: say which seed, and how to replay it
         raise AssertionError(f"bus seed {seed} could not run: {exc!r}\nreplay: {replay}") from exc
-    for fault in report.faults:
-        TALLY[f"bus fault {fault}"] += 1
+    draws: Counter[str] = Counter(f"bus fault {fault}" for fault in report.faults)
     for kind, n in report.outcomes.items():
-        TALLY[f"bus outcome {kind}"] += n
-    SUMMARIES.append(report.summary())
-    SUMMARIES.extend(f"  allowed: {line}" for line in report.allowed)
+        draws[f"bus outcome {kind}"] += n
+    lines = [report.summary(), *(f"  allowed: {line}" for line in report.allowed)]
+    record(request, lines, draws)
     if report.violations:
         pytest.fail(
             harness.failure(report.summary(), report.violations, report.steps, replay),

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 from tests.history import harness
 from tests.history.chainrun import replay_command, run_seed
-from tests.history.conftest import SUMMARIES, TALLY
+from tests.history.conftest import record
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -25,18 +26,19 @@ SEEDS = [1, 2, 3, 1071]
 
 @pytest.mark.parametrize("seed", harness.seeds(SEEDS))
 async def test_chain_history(
-    seed: int, tmp_path: Path, spark: Any, go_programs: dict[str, str], toxiproxy: Any
+    seed: int,
+    tmp_path: Path,
+    spark: Any,
+    go_programs: dict[str, str],
+    toxiproxy: Any,
+    request: pytest.FixtureRequest,
 ) -> None:
     steps = harness.steps(12)
     report = await run_seed(seed, tmp_path, spark, go_programs["consumer"], toxiproxy, steps)
-    for fault in report.faults:
-        TALLY[f"fault {fault}"] += 1
-    for name in report.consumers:
-        TALLY["consumer " + re.sub(r"-\d+$", "", name)] += 1
-    for step in report.steps:
-        if step.startswith("reorg"):
-            TALLY[" ".join(step.split()[:2])] += 1
-    SUMMARIES.append(report.summary())
+    draws: Counter[str] = Counter(f"fault {fault}" for fault in report.faults)
+    draws.update("consumer " + re.sub(r"-\d+$", "", name) for name in report.consumers)
+    draws.update(" ".join(s.split()[:2]) for s in report.steps if s.startswith("reorg"))
+    record(request, [report.summary()], draws)
     if report.violations:
         text = harness.failure(
             report.summary(), report.violations, report.steps, replay_command(seed)

@@ -147,13 +147,7 @@ class LakeCatchup:
                         fill = self._reading > 1
                         shared = self._shared if fill or len(self._shared) else None
                         emits = page_emits(rows, keep, shared, shape, fill=fill)
-                if not emits:
-                    continue  # every block of the slice was skipped (see page_emits)
-                last = emits[-1].num
-                emits = _in_order(emits, pos, sender)
-                if emits:
-                    await sink.put(emits)
-                pos = max(pos, last + 1)  # (blocks sent before, dropped, count as passed)
+                pos = await _put(emits, pos, sink, sender)
         finally:
             self._reading -= 1
             if self._reading == 0:
@@ -170,13 +164,20 @@ class LakeCatchup:
             return pos
         async with Turn(self._turns):
             emits = rows_emits(rows, keep)
-        if not emits:
-            return pos
-        last = emits[-1].num
-        emits = _in_order(emits, pos, sender)
-        if emits:
-            await sink.put(emits)
-        return max(pos, last + 1)
+        return await _put(emits, pos, sink, sender)
+
+
+async def _put(emits: list[Emit], pos: int, sink: BlockSink, sender: Sender) -> int:
+    """Put ``emits`` (read from ``pos`` up) into ``sink`` in order; the next position. Blocks
+    sent before are dropped and count as passed; none at all: every block of the slice was
+    skipped (see :func:`~pipeline.chain.history.lakepages.page_emits`)."""
+    if not emits:
+        return pos
+    last = emits[-1].num
+    emits = _in_order(emits, pos, sender)
+    if emits:
+        await sink.put(emits)
+    return max(pos, last + 1)
 
 
 __all__ = ["LakeCatchup"]
