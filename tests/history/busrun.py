@@ -169,7 +169,8 @@ class BusHistory:
             for call in self.calls:
                 out.write(json.dumps({
                     "call": call.id, "exp": call.exp, "try": call.tries, "hold_ms": call.hold_ms,
-                    "issued": round(call.issued, 3), "sent": call.sent,
+                    "issued": round(call.issued, 3), "issued_wall": round(call.issued_wall, 3),
+                    "sent": call.sent,
                     "answers": [[round(a.t, 3), a.err, a.late, a.made] for a in call.answers],
                 }) + "\n")  # fmt: skip
 
