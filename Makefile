@@ -78,7 +78,8 @@ demo-check: install
 	$(VENV)/bin/sluice demo --check
 
 # The suite in TEST_WORKERS processes (pytest-xdist; a test file stays in one worker, with its
-# fixtures): its time is mostly waiting on real servers, so two halve it even on two cores.
+# fixtures): its time is mostly waiting on real servers, so two take about two thirds of it
+# even on two cores.
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: install

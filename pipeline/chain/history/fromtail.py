@@ -3,8 +3,8 @@
 Phase 3 of resumption (:mod:`pipeline.chain.history.resumption`): the
 heights of the plan's :class:`~pipeline.chain.tailindex.TailIndex` from a
 position up, read a page at a time (pages of about :data:`PAGE_BYTES`), decoded
-and encoded a turn at a time (:mod:`pipeline.chain.history.turns`). An entry trimmed from Redis since the
-plan was made is read from the lake instead.
+and encoded a turn at a time (:mod:`pipeline.chain.history.turns`). An entry
+trimmed from Redis since the plan was made is read from the lake instead.
 """
 
 from __future__ import annotations
