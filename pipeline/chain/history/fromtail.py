@@ -27,6 +27,10 @@ FIRST_PAGE = 128
 #: its page (16 duplexes of one Dialogue connection, each with a page of 1,000 blocks of
 #: 2 KB, held 35 MB beside the connection's 8 MiB budget).
 PAGE_BYTES = 512 << 10
+#: Bytes of payloads encoded in one turn, at most (and one more block): the encoded blocks
+#: of a turn are held until they fit the subscriber's queue (a 5 ms turn encoded about
+#: 1.5 MB of 2 KB blocks).
+TURN_BYTES = 128 << 10
 
 
 def page_after(payloads: dict[bytes, bytes]) -> int:
@@ -67,13 +71,15 @@ class TailCatchup:
             while i < len(
                 nums
             ):  # decoded and encoded a turn at a time (pipeline/chain/history/turns.py)
-                emits = []
+                emits, held = [], 0
                 async with Turn(self._turns) as turn:
-                    while i < len(nums) and not turn.over():
+                    while i < len(nums) and held < TURN_BYTES and not turn.over():
                         n = nums[i]
                         i += 1
                         h, parent, eid = tail.chain[n]
-                        raw = decode_raw(payloads[eid])
+                        payload = payloads.pop(eid)  # (what was sent is not held on)
+                        held += len(payload)
+                        raw = decode_raw(payload)
                         emit = Emit(n, h, parent, [], 0, effective_weight(n, raw_weight(raw)))
                         depth = sender.accept(n, h, emit.weight, emit)
                         if depth is None:

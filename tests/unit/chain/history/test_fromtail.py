@@ -7,7 +7,13 @@ import dataclasses
 
 from pipeline.blockcodec import ENTRY_FIELD, encode_block
 from pipeline.chain.forkchoice import Sender
-from pipeline.chain.history.fromtail import FIRST_PAGE, PAGE_BYTES, TailCatchup, page_after
+from pipeline.chain.history.fromtail import (
+    FIRST_PAGE,
+    PAGE_BYTES,
+    TURN_BYTES,
+    TailCatchup,
+    page_after,
+)
 from pipeline.chain.history.tail import PAGE
 from pipeline.chain.history.turns import Turns
 from pipeline.chain.planning import Emit, Plan, Reason
@@ -36,9 +42,11 @@ class Reads:
 class Sink:
     def __init__(self) -> None:
         self.nums: list[int] = []
+        self.puts: list[int] = []
 
     async def put(self, emits: list[Emit]) -> None:
         self.nums.extend(e.num for e in emits)
+        self.puts.append(len(emits))
 
     def put_nowait(self, emits: list[Emit]) -> None:
         raise AssertionError("catch-up only")
@@ -73,6 +81,11 @@ async def test_pages_of_large_blocks_hold_about_page_bytes() -> None:
     assert reads.pages[0][0] == FIRST_PAGE
     assert max(nbytes for _n, nbytes in reads.pages[1:]) <= PAGE_BYTES * 1.05
     assert sum(n for n, _b in reads.pages) == 3000
+    # and each put holds one turn of at most TURN_BYTES of payloads (and one block more):
+    # before, a 5 ms turn (about 1.5 MB of such blocks encoded) waited for room whole
+    block = reads.pages[0][1] / reads.pages[0][0]
+    assert max(sink.puts) <= TURN_BYTES / block + 1
+    assert max(sink.puts) * block <= 256 << 10  # whatever TURN_BYTES says
 
 
 async def test_small_blocks_read_whole_pages() -> None:
