@@ -67,10 +67,10 @@ class TailCatchup:
                 continue
             payloads = await self._payloads(plan, nums)
             size = page_after(payloads)
+            # decoded and encoded a turn at a time (pipeline/chain/history/turns.py), each
+            # turn at most TURN_BYTES of payloads
             i = 0
-            while i < len(
-                nums
-            ):  # decoded and encoded a turn at a time (pipeline/chain/history/turns.py)
+            while i < len(nums):
                 emits, held = [], 0
                 async with Turn(self._turns) as turn:
                     while i < len(nums) and held < TURN_BYTES and not turn.over():
