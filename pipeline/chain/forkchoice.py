@@ -125,8 +125,12 @@ class Sender:
         self.sent += len(emits)
         self.head = last.num
         self.head_weight = last.weight
-        for emit in emits[-2 * self.RETAIN :]:
-            self._keep(emit)
+        # what _keep keeps of a run, in one step: blocks at or above head - RETAIN
+        blocks = self._blocks
+        for emit in emits[-(self.RETAIN + 1) :]:
+            blocks[emit.hash] = emit
+        if len(blocks) > 2 * self.RETAIN:
+            self._prune()
 
     def take(self, emit: Emit) -> list[Emit]:
         """Fork choice for one block in production order: the blocks to send now (maybe none)."""
@@ -299,11 +303,15 @@ class Sender:
     def _keep(self, emit: Emit) -> None:
         self._blocks[emit.hash] = emit
         if len(self._blocks) > 2 * self.RETAIN:
-            low = self.head - self.RETAIN
-            for h in [h for h, e in self._blocks.items() if e.num < low]:
-                del self._blocks[h]
-            while len(self._blocks) > 2 * self.RETAIN:  # many side blocks up high: oldest first
-                del self._blocks[next(iter(self._blocks))]
+            self._prune()
+
+    def _prune(self) -> None:
+        """Drop the blocks below ``head - RETAIN``, then the oldest while over ``2 * RETAIN``."""
+        blocks, low = self._blocks, self.head - self.RETAIN
+        for h in [h for h, e in blocks.items() if e.num < low]:
+            del blocks[h]
+        while len(blocks) > 2 * self.RETAIN:  # many side blocks up high: oldest first
+            del blocks[next(iter(blocks))]
 
     def _note(self, num: int, hash: str, weight: int | None, emit: Emit | None) -> None:
         self.sent += 1
