@@ -18,12 +18,14 @@ import pyarrow as pa
 from pipeline.blockcodec import KeyTest
 from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history.lakepages import (
+    ENCODE_BYTES,
     ENCODE_ROWS,
     HISTORY_GAP,
     close_pages,
     drop_read,
     page_emits,
     rows_emits,
+    rows_within,
 )
 from pipeline.chain.history.resolve import Locator
 from pipeline.chain.history.shared import SharedResults, shape_of
@@ -33,7 +35,8 @@ from pipeline.errors import ResumptionError
 
 
 class _PagesAhead:
-    """Lake pages read in a worker thread one page ahead, handed out ``ENCODE_ROWS`` rows at a time."""
+    """Lake pages read in a worker thread one page ahead, handed out ``ENCODE_ROWS`` rows
+    (or ``ENCODE_BYTES`` of payloads) at a time."""
 
     def __init__(self, pages: Iterator[pa.Table]) -> None:
         self._pages = pages
@@ -49,7 +52,8 @@ class _PagesAhead:
         self._ahead = self._read()
 
     async def next_rows(self) -> pa.Table | None:
-        """The next rows to encode (at most ``ENCODE_ROWS``); None once the pages ran out."""
+        """The next rows to encode (at most ``ENCODE_ROWS`` and ``ENCODE_BYTES``); None once
+        the pages ran out."""
         table = self._table
         if table is None or table.num_rows == 0:
             assert self._ahead is not None  # None only once the pages ran out
@@ -58,8 +62,9 @@ class _PagesAhead:
                 self._ahead = None
                 return None
             self._ahead = self._read()
-        self._table = table.slice(ENCODE_ROWS)
-        return table.slice(0, ENCODE_ROWS)
+        n = rows_within(table, ENCODE_ROWS, ENCODE_BYTES)
+        self._table = table.slice(n)
+        return table.slice(0, n)
 
     def close(self) -> None:
         """Drop the read in flight, if any, and close the pages."""

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Hashable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.blockcodec import KeyTest, decode_raw, raw_results, weight_from_bytes
 from pipeline.chain.cardinal import Encoding, encode_results
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 FIRST_PAGE = 32
 #: Rows encoded in one go in the event loop (about 2 ms): other connections wait no longer.
 ENCODE_ROWS = 512
+#: Payload bytes encoded in one go (whichever of this and ENCODE_ROWS comes first, at least
+#: one block): the encoded blocks are held while the subscriber has no room for them.
+ENCODE_BYTES = 512 * 1024
 #: What a subscriber is told when history has a hole (details go to the log).
 HISTORY_GAP = "history gap: blocks missing between the lake and redis, resubscribe later"
 
@@ -48,6 +52,32 @@ def short_first(pages: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
                 table = table.slice(rows)
             first = False
             yield table
+    finally:
+        close_pages(pages)
+
+
+def rows_within(table: pa.Table, rows: int, nbytes: int) -> int:
+    """How many of ``table``'s first rows to take: at most ``rows``, whose payloads add
+    up to at most ``nbytes`` (one row at least, whatever its size)."""
+    head = table.slice(0, rows)
+    if head.num_rows <= 1:
+        return int(head.num_rows)
+    sizes = pc.cast(pc.binary_length(head.column("payload")), pa.int64())
+    if (pc.sum(sizes).as_py() or 0) <= nbytes:
+        return int(head.num_rows)
+    within = pc.sum(pc.less_equal(pc.cumulative_sum(sizes), nbytes)).as_py() or 0
+    return max(1, int(within))
+
+
+def byte_pages(pages: Iterator[pa.Table], rows: int, nbytes: int) -> Iterator[pa.Table]:
+    """``pages`` cut into slices of at most ``rows`` rows and ``nbytes`` of payloads
+    (:func:`rows_within`); closing it closes ``pages``."""
+    try:
+        for table in pages:
+            while table.num_rows:
+                n = rows_within(table, rows, nbytes)
+                yield table.slice(0, n)
+                table = table.slice(n)
     finally:
         close_pages(pages)
 
@@ -168,14 +198,17 @@ def _encode_rows(
 
 
 __all__ = [
+    "ENCODE_BYTES",
     "ENCODE_ROWS",
     "FIRST_PAGE",
     "HISTORY_GAP",
+    "byte_pages",
     "close_pages",
     "drop_read",
     "next_page",
     "page_emits",
     "refresh_history",
     "rows_emits",
+    "rows_within",
     "short_first",
 ]

@@ -16,7 +16,14 @@ import asyncio
 from pipeline.blockcodec import ENTRY_FIELD, Block, KeyTest, effective_weight
 from pipeline.chain.forkchoice import Sender
 from pipeline.chain.history.entries import Refusals
-from pipeline.chain.history.lakepages import HISTORY_GAP, next_page, refresh_history, rows_emits
+from pipeline.chain.history.lakepages import (
+    ENCODE_BYTES,
+    HISTORY_GAP,
+    byte_pages,
+    next_page,
+    refresh_history,
+    rows_emits,
+)
 from pipeline.chain.history.live import live_emit
 from pipeline.chain.history.seam import walk_branch
 from pipeline.chain.history.tail import PAGE, SharedTail
@@ -142,7 +149,13 @@ class Replay:
         if history is not None:
             await refresh_history(history)
             start = max(0, min(sender.head + 1, stop) - 1 - self._threshold)
-            pages = history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE)
+            # pages bounded in bytes as well: each is held, encoded, while the subscriber
+            # has no room for it
+            pages = byte_pages(
+                history.iter_canonical_arrow(self._stream, start, stop, batch_rows=PAGE),
+                PAGE,
+                ENCODE_BYTES,
+            )
             while (page := await asyncio.to_thread(next_page, pages, keep)) is not None:
                 emits = sender.accepted(page)
                 if emits:

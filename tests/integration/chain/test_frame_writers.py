@@ -112,7 +112,7 @@ async def test_lake_pages_encoded_in_slices_arrive_whole_and_in_order(
     settings, serve, connect, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lake page longer than ENCODE_ROWS is encoded slice by slice: no block lost or repeated."""
-    monkeypatch.setattr(fromlake, "ENCODE_ROWS", 100)  # pages of the server are 512 rows
+    monkeypatch.setattr(fromlake, "ENCODE_ROWS", 100)  # pages of the server are 8,192 rows
     chain = SyntheticChain(seed=8)
     write_lake(settings.lake.uri, chain.take(1100))
     async with serve(settings) as (base, _app), connect(base) as client:

@@ -1,11 +1,12 @@
-"""The lake catch-up's ordering rule (pure: a Sender and Emit lists)."""
+"""The lake catch-up's ordering rule (pure: a Sender and Emit lists) and its slices of pages."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from pipeline.chain.forkchoice import Sender
-from pipeline.chain.history.fromlake import _in_order
+from pipeline.chain.history.fromlake import _in_order, _PagesAhead
 from pipeline.chain.planning import Emit
 from pipeline.errors import ResumptionError
 
@@ -46,3 +47,24 @@ def test_a_first_slice_is_taken_whole() -> None:
     sender = Sender(5)
     out = _in_order(emits(5, 9, "a"), 5, sender)
     assert [e.num for e in out] == [5, 6, 7, 8, 9] and sender.head == 9
+
+
+async def test_big_blocks_are_handed_out_a_few_at_a_time() -> None:
+    """A page of 200 KiB blocks goes to the encoder 2 at a time (ENCODE_BYTES, 512 KiB), not
+    512 (ENCODE_ROWS): the encoded slice is held while the subscriber has no room for it."""
+    page = pa.table(
+        {
+            "num": list(range(10)),
+            "hash": ["h"] * 10,
+            "parent": ["p"] * 10,
+            "payload": [bytes(200 << 10)] * 10,
+        }
+    )
+    small = page.slice(0, 3).set_column(3, "payload", pa.array([b"x"] * 3))
+    ahead = _PagesAhead(iter([page, small]))
+    ahead.start()
+    taken = []
+    while (rows := await ahead.next_rows()) is not None:
+        taken.append(rows.num_rows)
+    ahead.close()
+    assert taken == [2, 2, 2, 2, 2, 3]
