@@ -21,7 +21,12 @@ from pipeline.demo import airflowdb
 from pipeline.local.postgres import LocalPostgres
 from pipeline.local.redisserver import LocalRedis
 from pipeline.local.s3 import LocalStore
-from tests.support import hangwatch
+from tests.support.hangwatch import (  # noqa: F401 (hooks, found here by name)
+    pytest_configure,
+    pytest_runtest_protocol,
+    pytest_runtest_teardown,
+    pytest_unconfigure,
+)
 from tests.support.spark import SparkHolder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,31 +139,6 @@ def spark(spark_holder: SparkHolder, request: pytest.FixtureRequest) -> Iterator
     yield session
     if request.node.stash.get(FAILED, False):
         spark_holder.suspect = True
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    hangwatch.configure(config)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    hangwatch.unconfigure(config)
-
-
-@pytest.hookimpl(wrapper=True, trylast=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """A test stuck past its timeout ends its worker, with every stack (tests/support/hangwatch.py)."""
-    hangwatch.arm_test(item)
-    try:
-        return (yield)
-    finally:
-        hangwatch.disarm()
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    # armed again: a failed call (a timeout's) has pytest's faulthandler cancel the watch
-    hangwatch.arm(item, hangwatch.GRACE_S)
-    return (yield)
 
 
 #: Set on a test item whose call phase failed (see pytest_runtest_makereport).

@@ -11,9 +11,9 @@ failure, exactly then.
 So each test gets :func:`faulthandler.dump_traceback_later` (a C thread: it
 fires even while the main thread holds the GIL in a blocking call) of its
 timeout plus :data:`GRACE_S`, armed again with :data:`GRACE_S` when its
-teardown starts. When it fires, every thread's stack goes to the real stderr
-and the process exits: xdist reports the test as crashed, starts another
-worker and the run goes on.
+teardown starts (neither for a test whose timeout is off, 0). When it fires,
+every thread's stack goes to the real stderr and the process exits: xdist
+reports the test as crashed, starts another worker and the run goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -61,12 +63,64 @@ def arm(item: pytest.Item, seconds: float) -> None:
 
 
 def arm_test(item: pytest.Item) -> None:
-    """The whole test: its timeout plus the grace."""
-    arm(item, _timeout(item) + GRACE_S)
+    """The whole test: its timeout plus the grace (nothing for a test whose timeout is off)."""
+    timeout = _timeout(item)
+    if timeout > 0:
+        arm(item, timeout + GRACE_S)
+
+
+def arm_teardown(item: pytest.Item) -> None:
+    """The teardown: the grace (nothing for a test whose timeout is off)."""
+    if _timeout(item) > 0:
+        arm(item, GRACE_S)
 
 
 def disarm() -> None:
     faulthandler.cancel_dump_traceback_later()
 
 
-__all__ = ["GRACE_S", "arm", "arm_test", "configure", "disarm", "unconfigure"]
+# The hooks: a conftest imports them (found there by name), tests/conftest.py for the suite.
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    configure(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    unconfigure(config)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, Any, Any]:
+    """A test stuck past its timeout ends its process, with every stack."""
+    arm_test(item)
+    try:
+        return (yield)
+    finally:
+        disarm()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, Any, Any]:
+    # armed again: a failed call (a timeout's) has pytest's faulthandler cancel the watch
+    arm_teardown(item)
+    return (yield)
+
+
+__all__ = [
+    "GRACE_S",
+    "arm",
+    "arm_teardown",
+    "arm_test",
+    "configure",
+    "disarm",
+    "pytest_configure",
+    "pytest_runtest_protocol",
+    "pytest_runtest_teardown",
+    "pytest_unconfigure",
+    "unconfigure",
+]
