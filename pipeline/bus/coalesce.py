@@ -82,16 +82,9 @@ class Coalescer:
             # A cancel turned into a connection error must still end run(): nothing
             # else would wake its queue.get() once the bus is stopping.
             reraise_if_cancelling(exc)
-            _fail(batch, exc)
-            return
-        except RuntimeError as exc:
-            # uvloop's transports raise RuntimeError, not OSError, for a write on a connection
-            # already closed (Redis restarted under a pipeline): a connection lost like any
-            # other, never the end of the loop (the bus process died of it, bus history seed 208)
-            if "closed" not in str(exc):
-                raise
-            reraise_if_cancelling(exc)
-            _fail(batch, redis.exceptions.ConnectionError(f"connection lost: {exc}"))
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
             return
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():
@@ -108,10 +101,3 @@ class Coalescer:
                 if isinstance(added, Awaitable):
                     await added
             return list(await pipe.execute(raise_on_error=False))
-
-
-def _fail(batch: list[tuple[Command, asyncio.Future[Any]]], exc: BaseException) -> None:
-    """Each caller of ``batch`` still waiting gets ``exc``."""
-    for _, future in batch:
-        if not future.done():
-            future.set_exception(exc)

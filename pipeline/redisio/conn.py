@@ -18,7 +18,11 @@ a blocking one. The ``role`` picks the bounds:
   failover), and ``redis+cluster://`` URLs a ``RedisCluster`` that follows MOVED/ASK
   (see :mod:`pipeline.redisio.url` for the forms, :mod:`pipeline.redisio.ha` for the clients);
 - a dropped connection is retried a few times with backoff for roles whose
-  commands are safe to repeat (reads, idempotent writes).
+  commands are safe to repeat (reads, idempotent writes);
+- a write on a connection the event loop has closed already (the server went away
+  while it sat in the pool) is a ``ConnectionError`` on every event loop: uvloop's
+  transports raise ``RuntimeError`` for it, which no caller's ``except RedisError``
+  took (it ended the bus's loops: bus history seed 208, a Redis wiped under the bus).
 
 Background tailers (the server's live tail) get a pool of their own
 (``Role.TAIL``) so that a burst of client requests can never starve them.
@@ -117,6 +121,42 @@ def _kwargs(role: Role, block_s: float, max_connections: int | None) -> dict[str
     }
 
 
+def _transport_closed(exc: RuntimeError) -> bool:
+    """uvloop's ``RuntimeError`` for an operation on a closed transport ("unable to perform
+    operation on <TCPTransport closed=True ...>; the handler is closed")."""
+    return "handler is closed" in str(exc) or "closed=True" in str(exc)
+
+
+_LOST_CLASSES: dict[type[Any], type[Any]] = {}
+
+
+def _lost_as_connection_error(base: type[Any]) -> type[Any]:
+    """``base`` whose writes turn a closed transport's ``RuntimeError`` into a
+    ``ConnectionError`` (so the pool's retry, and every caller's handling of a lost
+    connection, take it). One subclass per base class, made once."""
+    made = _LOST_CLASSES.get(base)
+    if made is not None:
+        return made
+
+    async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        try:
+            await base.send_packed_command(self, command, check_health)
+        except RuntimeError as exc:
+            if not _transport_closed(exc):
+                raise
+            raise RedisConnectionError(f"connection lost: {exc}") from exc
+
+    made = type(base.__name__, (base,), {"send_packed_command": send_packed_command})
+    _LOST_CLASSES[base] = made
+    return made
+
+
+def _pool_lost_as_connection_error(client: aioredis.Redis) -> aioredis.Redis:
+    pool = client.connection_pool
+    pool.connection_class = _lost_as_connection_error(pool.connection_class)
+    return client
+
+
 def connect(
     url: str, role: Role, *, block_s: float = 0.0, max_connections: int | None = None
 ) -> aioredis.Redis:
@@ -131,11 +171,13 @@ def connect(
     retry = AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries)
     kwargs = _kwargs(role, block_s, max_connections)
     if target.topology is Topology.SENTINEL:
-        return redisha.sentinel_async(target, retry, kwargs)
+        return _pool_lost_as_connection_error(redisha.sentinel_async(target, retry, kwargs))
     if target.topology is Topology.CLUSTER:
+        # redis-py's cluster nodes build plain Connections whatever they are given; no
+        # uvloop process (the bus) runs on a cluster
         return cast(aioredis.Redis, redisha.cluster_async(target, retry, kwargs))
     pool = aioredis.BlockingConnectionPool.from_url(url, retry=retry, **kwargs)
-    return aioredis.Redis.from_pool(pool)
+    return _pool_lost_as_connection_error(aioredis.Redis.from_pool(pool))
 
 
 def connect_sync(

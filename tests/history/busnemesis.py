@@ -61,7 +61,12 @@ class BusNemesis:
         self._loop = asyncio.get_running_loop()
 
     async def strike(self, fault: str) -> str:
-        """Apply ``fault`` and heal it; what was done, for the report."""
+        """Apply ``fault`` and heal it; what was done, for the report.
+
+        ``AssertionError`` when a bus process exited by itself since the last fault: a
+        crash the checker reports as such (not a fault it could apply)."""
+        crashed = [d for t in self.twins.values() for p in t.procs if (d := p.died())]
+        assert not crashed, "; ".join(crashed)
         action, _, side = fault.rpartition("_")
         twin = self.twins[{"requests": "receiver", "replies": "sender"}.get(side, side)]
         if action == "kill":

@@ -103,15 +103,26 @@ class BusProc:
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
         self.paused = False
+        #: the log of its current start
+        self.log: Path | None = None
+        #: the nemesis or the run ended this start (a kill or a stop)
+        self.ended = False
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
+    def died(self) -> str | None:
+        """How this bus ended without a kill or stop of the run's (a crash), else None."""
+        if self.proc is None or self.proc.returncode is None or self.ended:
+            return None
+        return f"bus {self.twin.name}/{self.name} exited by itself ({self.proc.returncode}); its log: {self.log}"
+
     async def start(self) -> None:
         t = self.twin
         self.starts += 1
-        log = self.workdir / f"bus-{t.name}-{self.name}-{self.starts}.log"
+        self.ended = False
+        log = self.log = self.workdir / f"bus-{t.name}-{self.name}-{self.starts}.log"
         with log.open("ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "pipeline.cli", "bus", "--twin", str(t.id),
@@ -123,6 +134,7 @@ class BusProc:
         await _started(self.proc, log, "listening on", f"bus {t.name}/{self.name}")
 
     async def kill(self) -> None:
+        self.ended = True
         if self.running:
             assert self.proc is not None
             self.proc.kill()
@@ -141,6 +153,7 @@ class BusProc:
         self.paused = False
 
     async def stop(self) -> None:
+        self.ended = True
         if not self.running:
             return
         assert self.proc is not None
