@@ -24,7 +24,6 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -39,7 +38,7 @@ from pipeline.errors import ConfigError
 from pipeline.redisio import check as redischeck
 from pipeline.redisio import conn as redisconn
 from pipeline.redisio.durability import Durability
-from pipeline.runtime import health
+from pipeline.runtime import health, loops
 from pipeline.settings import Settings
 
 
@@ -415,14 +414,4 @@ def main(argv: list[str]) -> int:
             "the bus needs a private key: --key FILE (see 'sluice bus keygen'), "
             "or SLUICE_BUS_LEGACY_PEERS=1 to run unsigned"
         )
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(_serve(settings, signer))
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (it is faster), else asyncio's default."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    return loops.run(_serve(settings, signer))

@@ -53,11 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import redis.asyncio as aioredis  # noqa: E402
 from common import Report, percentile  # noqa: E402
 
-from pipeline.bus.cli import loop_factory  # noqa: E402
 from pipeline.bus.envelope import Envelope  # noqa: E402
 from pipeline.bus.server import BusServer  # noqa: E402
 from pipeline.bus.signing import Signer  # noqa: E402
 from pipeline.local.redisserver import LocalRedis  # noqa: E402
+from pipeline.runtime.loops import loop_factory  # noqa: E402
 from pipeline.runtime.ports import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.bus.cli import loop_factory  # noqa: E402
+from pipeline.runtime.loops import loop_factory  # noqa: E402
 
 LOCAL, REPLY = "msgbus.system.local", "msgbus.system.reply"
 TWIN_A, TWIN_B = 1001, 1002

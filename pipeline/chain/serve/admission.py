@@ -42,7 +42,7 @@ import enum
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -115,8 +115,8 @@ class _Guarded(asyncio.Protocol):
         self._head = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # (uvloop's transports have a Transport's methods but are not its subclass)
+        self._transport = cast(asyncio.Transport, transport)
         self.seat = self._guard._admit(self)
         if self.seat is _Seat.ADMITTED:
             self._inner.connection_made(transport)

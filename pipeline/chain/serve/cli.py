@@ -32,6 +32,7 @@ from pipeline.cliargs import non_negative, plain
 from pipeline.errors import MuxError, StreamKindError
 from pipeline.redisio import check as redischeck
 from pipeline.redisio.conn import UNAVAILABLE, Role, connect, connect_sync
+from pipeline.runtime import loops
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -194,5 +195,5 @@ def main(argv: list[str]) -> int:
     settings = Settings.load(parts=("redis", "serve", "lake"), **overrides)
     redischeck.check(settings.redis.url, command="serve")
     check_stream(settings)
-    asyncio.run(serve(settings, in_process=args.in_process, rate=args.rate))
+    loops.run(serve(settings, in_process=args.in_process, rate=args.rate))
     return 0
