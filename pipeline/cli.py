@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pipeline import __version__
 from pipeline.cliargs import non_negative
@@ -81,7 +82,7 @@ def _wants_help(args: Sequence[str]) -> bool:
     return any(arg in ("-h", "--help") for arg in args)
 
 
-#: Commands whose finished process leaves with ``os._exit`` (see :func:`_run`).
+#: Commands whose process leaves with ``os._exit``, whatever its outcome (see :func:`_leave`).
 _NATIVE_EXIT = frozenset({"lake"})
 
 
@@ -103,8 +104,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    code = _outcome(name, rest, helping)
+    if argv is None and name in _NATIVE_EXIT and not helping:
+        _leave(code)
+    return code
+
+
+def _leave(code: int) -> NoReturn:
+    """End a process of its own now, without the interpreter's teardown.
+
+    Native thread pools (Arrow, delta-rs, the Connect client's gRPC) torn down at exit
+    aborted ``sluice lake replay`` after it had printed its result ("terminate called
+    without an active exception", exit -6; ``test_backfill.py::test_replay_tells_its_progress``),
+    and held ``sluice lake maintain`` stopped by Ctrl-C for over a minute under load
+    (``test_newcomer.py::test_ctrl_c_in_a_lake_job_exits_130_with_one_line``, only the
+    finished job left this way then). Every outcome leaves so: result, error, interrupt.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _outcome(name: str, rest: list[str], helping: bool) -> int:
+    """Run command ``name``; its exit code, every failure of the kinds below in one line."""
     try:
-        return _run(name, rest, helping, leave=argv is None)
+        return _run(name, rest, helping)
     except MissingExtra as exc:  # its text names the command: "sluice serve needs pyarrow..."
         print(exc, file=sys.stderr)
         return 2
@@ -131,15 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _run(name: str, rest: list[str], helping: bool, *, leave: bool = False) -> int:
-    """Command ``name``: its extra checked (unless for --help), tuned, imported and run.
-
-    ``leave`` (a process of its own, not a call in-process): a finished lake job leaves
-    without the interpreter's teardown, as ``python -m pipeline.lake.cli`` does. Native
-    thread pools (Arrow, delta-rs, the Connect client's gRPC) torn down at exit aborted
-    ``sluice lake replay`` after it had printed its result ("terminate called without an
-    active exception", exit -6; ``test_backfill.py::test_replay_tells_its_progress``).
-    """
+def _run(name: str, rest: list[str], helping: bool) -> int:
+    """Command ``name``: its extra checked (unless for --help), tuned, imported and run."""
     if name in EXTRAS and not helping:
         extra, packages = EXTRAS[name]
         require(f"sluice {name}", extra, packages)
@@ -149,11 +167,6 @@ def _run(name: str, rest: list[str], helping: bool, *, leave: bool = False) -> i
             logging.getLogger(__name__).info("allocators give memory back: %s", ", ".join(tuned))
     module = importlib.import_module(COMMANDS[name][0])
     code: int = module.main(rest)
-    if leave and name in _NATIVE_EXIT and not helping:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        logging.shutdown()
-        os._exit(code)
     return code
 
 

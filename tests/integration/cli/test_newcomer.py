@@ -196,7 +196,20 @@ def test_a_bad_lake_range_exits_2(args: list[str], needle: str, tmp_path: Path) 
     _one_line(sluice(["lake", *args], env, tmp_path), needle)
 
 
+#: ``sluice`` as its console script runs it (``main()`` reads sys.argv), with a mark written
+#: by the interpreter's teardown: a lake process must leave without it (pipeline.cli._leave)
+_SLUICE_MARKING_TEARDOWN = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: sys.stderr.write('interpreter teardown\\n'))\n"
+    "from pipeline.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
 def test_ctrl_c_in_a_lake_job_exits_130_with_one_line(redis_url: str, tmp_path: Path) -> None:
+    """...and leaves without the interpreter's teardown: native thread pools torn down at
+    exit held the interrupted job for over a minute under load (a CI run beside two busy
+    loops, 2026-11-30; before, only a finished lake job left that way)."""
     hold = tmp_path / "hold"
     hold.write_text("maintain")  # the job holds right before its Spark work (jobs.HOLD_ENV)
     env = {
@@ -209,7 +222,7 @@ def test_ctrl_c_in_a_lake_job_exits_130_with_one_line(redis_url: str, tmp_path: 
         "SLUICE_TEST_HOLD_FILE": str(hold),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "lake", "maintain"],
+        [sys.executable, "-c", _SLUICE_MARKING_TEARDOWN, "lake", "maintain"],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
