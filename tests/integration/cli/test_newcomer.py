@@ -197,9 +197,12 @@ def test_a_bad_lake_range_exits_2(args: list[str], needle: str, tmp_path: Path) 
 
 
 #: ``sluice`` as its console script runs it (``main()`` reads sys.argv), with a mark written
-#: by the interpreter's teardown: a lake process must leave without it (pipeline.cli._leave)
+#: by the interpreter's teardown: a lake process must leave without it (pipeline.cli._leave).
+#: Ctrl-C handled as Python does by default even if this process ignores SIGINT (a child
+#: inherits that: tests/support/signalguard.py)
 _SLUICE_MARKING_TEARDOWN = (
-    "import atexit, sys\n"
+    "import atexit, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "atexit.register(lambda: sys.stderr.write('interpreter teardown\\n'))\n"
     "from pipeline.cli import main\n"
     "sys.exit(main())\n"
