@@ -115,10 +115,10 @@ def _leave(code: int) -> NoReturn:
 
     Native thread pools (Arrow, delta-rs, the Connect client's gRPC) torn down at exit
     aborted ``sluice lake replay`` after it had printed its result ("terminate called
-    without an active exception", exit -6; ``test_backfill.py::test_replay_tells_its_progress``),
-    and held ``sluice lake maintain`` stopped by Ctrl-C for over a minute under load
-    (``test_newcomer.py::test_ctrl_c_in_a_lake_job_exits_130_with_one_line``, only the
-    finished job left this way then). Every outcome leaves so: result, error, interrupt.
+    without an active exception", exit -6; ``test_backfill.py::test_replay_tells_its_progress``).
+    Every outcome leaves so (result, error, Ctrl-C): before, only a finished job did, and
+    a failed or interrupted one still ran that teardown
+    (``test_newcomer.py::test_ctrl_c_in_a_lake_job_exits_130_with_one_line`` checks it).
     """
     sys.stdout.flush()
     sys.stderr.flush()

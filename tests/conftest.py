@@ -27,7 +27,6 @@ from tests.support.hangwatch import (  # noqa: F401 (hooks, found here by name)
     pytest_runtest_teardown,
     pytest_unconfigure,
 )
-from tests.support.signalguard import _signal_handlers_kept  # noqa: F401 (autouse)
 from tests.support.spark import SparkHolder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -48,11 +48,6 @@ def unconfigure(config: pytest.Config) -> None:
         del config.stash[_STDERR]
 
 
-def real_stderr(config: pytest.Config) -> int | None:
-    """The process's own stderr (a copy of fd 2 from before output capture), if kept."""
-    return config.stash.get(_STDERR, None)
-
-
 def _timeout(item: pytest.Item) -> float:
     marker = item.get_closest_marker("timeout")
     if marker is not None and marker.args:
@@ -127,6 +122,5 @@ __all__ = [
     "pytest_runtest_protocol",
     "pytest_runtest_teardown",
     "pytest_unconfigure",
-    "real_stderr",
     "unconfigure",
 ]

@@ -198,8 +198,9 @@ def test_a_bad_lake_range_exits_2(args: list[str], needle: str, tmp_path: Path) 
 
 #: ``sluice`` as its console script runs it (``main()`` reads sys.argv), with a mark written
 #: by the interpreter's teardown: a lake process must leave without it (pipeline.cli._leave).
-#: Ctrl-C handled as Python does by default even if this process ignores SIGINT (a child
-#: inherits that: tests/support/signalguard.py)
+#: Ctrl-C handled as Python does by default even where the suite runs with SIGINT ignored
+#: (started as a background job of a non-interactive shell: its children inherit that, and
+#: Python installs no Ctrl-C handler over an ignored SIGINT)
 _SLUICE_MARKING_TEARDOWN = (
     "import atexit, signal, sys\n"
     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
@@ -210,9 +211,9 @@ _SLUICE_MARKING_TEARDOWN = (
 
 
 def test_ctrl_c_in_a_lake_job_exits_130_with_one_line(redis_url: str, tmp_path: Path) -> None:
-    """...and leaves without the interpreter's teardown: native thread pools torn down at
-    exit held the interrupted job for over a minute under load (a CI run beside two busy
-    loops, 2026-11-30; before, only a finished lake job left that way)."""
+    """...and leaves without the interpreter's teardown (pipeline.cli._leave: before, only a
+    finished lake job did). The child handles SIGINT itself: a suite run in the background
+    of a script ignored SIGINT, and so did the job (2026-11-30, 60 s without an exit)."""
     hold = tmp_path / "hold"
     hold.write_text("maintain")  # the job holds right before its Spark work (jobs.HOLD_ENV)
     env = {
