@@ -31,8 +31,9 @@
   the same CPU, counted only from the
   first block produced until every subscriber received every block (the
   per-message cost of fan-out itself); ``fanout_cpu_us_per_message`` also
-  counts the 500 subscribes before it, which ``subscribe_cpu_ms`` gives per
-  subscriber (the raw server's subscribe is a handshake and one reply, sent
+  counts the 500 subscribes before it, which ``subscribe_cpu_ms`` (Python
+  clients) and ``fanout_go_subscribe_cpu_ms`` (the Go client's, all at once) give
+  per subscriber (the raw server's subscribe is a handshake and one reply, sent
   from nowhere: lake and Redis lookups are not in its figure).
 
 The servers run in child processes so server and clients use both cores.
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -294,20 +296,34 @@ def subscribe_frame(num: int, h: bytes) -> str:
 
 
 async def catchup(port: int, expected: int) -> float:
+    """Blocks per second of one catch-up from block 0 to ``expected`` blocks.
+
+    The client is this process: its garbage is collected first, so that each run starts
+    with the same heap (the collector's full passes over the lake's write had fallen in
+    the second run only, 4 more of 24 ms each). On stderr: when the first block came,
+    and how long the client waited for the server (wall time less its CPU time)."""
+    gc.collect()
     async with (
         aiohttp.ClientSession() as session,
         session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=1 << 22) as ws,
     ):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await ws.send_str(subscribe_frame(0, block_hash(0)))
         await ws.receive()  # the subscription id
         count = 0
+        first = 0.0
         while count < expected:
             msg = await ws.receive(timeout=60)
             if msg.type != aiohttp.WSMsgType.TEXT:
                 raise RuntimeError(f"stream ended after {count}: {msg}")
+            if not count:
+                first = time.perf_counter() - start
             count += 1
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
+        print(f"# catch-up on :{port}: first block after {first * 1e3:.1f} ms; the client "
+              f"used {cpu / expected * 1e6:.2f} us of CPU a block and waited "
+              f"{max(0.0, elapsed - cpu):.2f} s of {elapsed:.2f} s", file=sys.stderr)  # fmt: skip
         await ws.send_str("bye")
         return expected / elapsed
 
@@ -687,6 +703,10 @@ async def fanouts(
     stop(server)
     raw = await raw_fanout(GoClients(go_client, FANOUT_SUBS), redis_url, procs)
     emit_fanout(report, "fanout_go", sluice, raw)
+    if sluice.subscribe is not None and raw.subscribe is not None:
+        # (in fanout_go_cpu_us_per_message, beside the publish phase's own figure)
+        report.emit("fanout_go_subscribe_cpu_ms", sluice.subscribe / FANOUT_SUBS * 1e3,
+                    raw.subscribe / FANOUT_SUBS * 1e3, subscribers=FANOUT_SUBS)  # fmt: skip
 
 
 async def raw_fanout(
