@@ -138,27 +138,45 @@ class PythonConsumer(ProcessConsumer):
 
 
 class RawConsumer(Consumer):
-    """The protocol by hand: see the module doc."""
+    """The protocol by hand: see the module doc.
 
-    def __init__(self, record: Record, url: str, num: int, hash: str) -> None:
+    With ``logs`` (the run's directory), ``<name>.jsonl`` keeps what it was sent: one
+    line per connection (``{"subscribe": [num, hash]}``) and per notification
+    (``{"t": type, "num", "hash", "parent", "depth"}``, as far as each has them), so a
+    seed that fails shows what serve sent, not only what the consumer ended with.
+    """
+
+    def __init__(
+        self, record: Record, url: str, num: int, hash: str, logs: Path | None = None
+    ) -> None:
         super().__init__(record)
         self.url = url
         self.head = (num, hash)
         self.state: dict[int, str] = {}
         #: notifications it could not parse (each one a violation)
         self.malformed: list[str] = []
+        self._log = (logs / f"{record.name}.jsonl").open("a") if logs is not None else None
         self.task = asyncio.create_task(self._run(), name=f"consumer {record.name}")
 
+    def _note(self, obj: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps({"at": round(self.now(), 3), **obj}) + "\n")
+
     async def _run(self) -> None:
-        async with aiohttp.ClientSession() as session:
-            while True:
-                with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
-                    await self._connection(session)
-                await asyncio.sleep(0.2)
+        try:
+            async with aiohttp.ClientSession() as session:
+                while True:
+                    with contextlib.suppress(aiohttp.ClientError, ConnectionError, TimeoutError):
+                        await self._connection(session)
+                    await asyncio.sleep(0.2)
+        finally:
+            if self._log is not None:
+                self._log.close()
 
     async def _connection(self, session: aiohttp.ClientSession) -> None:
         async with session.ws_connect(self.url, heartbeat=5, max_msg_size=16 << 20) as ws:
             num, h = self.head
+            self._note({"subscribe": [num, h]})
             params: list[Any] = ["streams", hex(num), "0x" + h]
             if self.record.dialect == "seed":
                 params += [[], {"weight": True}]
@@ -182,6 +200,12 @@ class RawConsumer(Consumer):
 
     def _result(self, result: dict[str, Any], assembler: BlockAssembler) -> None:
         kind = result.get("type")
+        self._note(
+            {
+                "t": kind,
+                **{k: result[k] for k in ("num", "hash", "parent", "depth") if k in result},
+            }
+        )
         cardinal = self.record.dialect == "cardinal"
         if kind == "reorg" and cardinal:
             ancestor, _ = parse_cardinal_reorg(result)
@@ -221,7 +245,7 @@ async def start(
     if kind != "raw":  # these start holding the block they name (a wrong hash must go)
         record.add(asyncio.get_running_loop().time(), num, hash, "")
     if kind == "raw":
-        return RawConsumer(record, url, num, hash)
+        return RawConsumer(record, url, num, hash, logs)
     if kind == "go":
         consumer: ProcessConsumer = GoConsumer(record)
         consumer.logs = logs

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -39,6 +40,10 @@ async def test_chain_history(
     draws.update("consumer " + re.sub(r"-\d+$", "", name) for name in report.consumers)
     draws.update(" ".join(s.split()[:2]) for s in report.steps if s.startswith("reorg"))
     record(request, [report.summary()], draws)
+    for name in report.consumers:  # what each raw consumer was sent, for a failing seed
+        if name.startswith("raw-"):
+            lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+            assert lines and "subscribe" in json.loads(lines[0]), f"{name}: no log of its frames"
     if report.violations:
         text = harness.failure(
             report.summary(), report.violations, report.steps, replay_command(seed)

@@ -31,6 +31,7 @@ So every subscriber gets exactly what its own Sender would send it
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Hashable
 
 from pipeline.blockcodec import KeyTest
@@ -40,6 +41,7 @@ from pipeline.chain.produce.producer import UNSHARED, LiveBlock, share_key
 from pipeline.errors import BranchUnlinked, SlowConsumer
 from pipeline.redisio.conn import parse_entry_id
 
+log = logging.getLogger(__name__)
 #: Replays tried before a subscriber that cannot catch up with the live head is dropped.
 LIVE_ATTEMPTS = 5
 #: Blocks a live group delivers before its members' Senders are brought up to date.
@@ -161,10 +163,30 @@ class LiveListener:
             self._put(emits)
 
     def _put(self, emits: list[Emit]) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_reorgs(emits)
         try:
             self._sink.put_nowait(emits)
         except SlowConsumer as exc:
             self._fail(exc)
+
+    def _log_reorgs(self, emits: list[Emit]) -> None:
+        """One DEBUG line per reorg sent live (rare): what a history checker's failing seed
+        needs to see of what this subscriber was sent."""
+        for i, emit in enumerate(emits):
+            if emit.reorg:
+                log.debug(
+                    "live: reorg of depth %d sent to subscription %s (%s) from block %d "
+                    "(%.16s, parent %.16s), %d blocks up to %d",
+                    emit.reorg,
+                    getattr(self._sink, "id", "?"),
+                    "cardinal" if getattr(self._sink, "cardinal", False) else "seed",
+                    emit.num,
+                    emit.hash,
+                    emit.parent,
+                    len(emits) - i,
+                    emits[-1].num,
+                )
 
     def _fail(self, exc: SlowConsumer | BranchUnlinked) -> None:
         self.close()

@@ -200,7 +200,12 @@ class TieredResumption:
             except BranchUnlinked as exc:
                 self.resyncs += 1
                 head = sender.head
-                log.debug("resume again from %d: %s", head, exc)
+                log.debug(
+                    "resume again from %d: %s (subscription %s)",
+                    head,
+                    exc,
+                    getattr(sink, "id", "?"),
+                )
                 if plan.history is not None:  # the lake may have marked the reorg since
                     await refresh_history(plan.history)
                 # (with keep: a plan's first lake page comes encoded, in the subscriber's
@@ -215,7 +220,13 @@ class TieredResumption:
         lo = tail.lo
         pos = plan.start
         log.debug(
-            "resume %s from %d: tail [%s, %d] up to %r", plan.reason, pos, lo, tail.hi, tail.last_id
+            "resume %s from %d: tail [%s, %d] up to %r (subscription %s)",
+            plan.reason,
+            pos,
+            lo,
+            tail.hi,
+            tail.last_id,
+            getattr(sink, "id", "?"),
         )
         if plan.history is not None and (lo is None or pos < lo):
             pos = await self._send_history(plan, plan.history, pos, keep, sink, sender)
