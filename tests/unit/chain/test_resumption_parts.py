@@ -89,6 +89,37 @@ def test_sender_raises_for_a_branch_deeper_than_it_holds() -> None:
     assert [(e.hash, e.reorg) for e in out] == [("c301", 99), ("c302", 0)]
 
 
+def test_a_canonical_block_that_replaces_sent_ones_must_link_below() -> None:
+    """A canonical source (the lake, the tail) replacing sent blocks with a block whose
+    parent is not the block sent below it forks deeper than that block: raised once so
+    resumption plans again and finds the fork point, never sent as a reorg from its own
+    height on the old branch (history checker seed 1591: a replay's fill from the lake,
+    which reads a few heights below the head, sent a deep reorg's 116 on the old 115)."""
+    s = Sender(start=0)
+    for n in range(125):
+        s.take(_e(n, f"a{n}", f"a{n - 1}", n + 1))
+    deep = [_e(n, f"b{n}", f"b{n - 1}" if n > 14 else "a13", n + 2) for n in range(14, 126)]
+    with pytest.raises(BranchUnlinked) as caught:
+        s.accepted(deep[116 - 14 :])  # from 116: the fork (at 14) is below what it reads
+    assert (caught.value.num, s.head, s.hash_at(115)) == (116, 124, "a115")
+    # planned again from the fork point: the branch goes out whole, one reorg above a13
+    out = s.accepted(deep)
+    assert (out[0].num, out[0].hash, out[0].reorg, len(out)) == (14, "b14", 111, 112)
+    assert s.head == 125 and s.hash_at(115) == "b115"
+    # a replacement that links below is sent as before, its depth from its own height
+    r = Sender(start=0)
+    for n in range(10):
+        r.take(_e(n, f"a{n}", f"a{n - 1}", n + 1))
+    assert [(e.hash, e.reorg) for e in r.accepted([_e(8, "c8", "a7", 20)])] == [("c8", 2)]
+    # and the same unlinked block offered again (nothing links it anywhere) is taken as is
+    q = Sender(start=0)
+    for n in range(10):
+        q.take(_e(n, f"a{n}", f"a{n - 1}", n + 1))
+    with pytest.raises(BranchUnlinked):
+        q.accepted([_e(8, "d8", "d7", 20)])
+    assert [(e.hash, e.reorg) for e in q.accepted([_e(8, "d8", "d7", 20)])] == [("d8", 2)]
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

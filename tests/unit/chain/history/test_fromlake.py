@@ -25,7 +25,9 @@ def test_a_catch_up_below_what_was_sent_carries_the_reorg_depth() -> None:
     """Planned again at 15 with 10..20 sent (seed 1156): 15'..22' go out, 15' as a reorg of 6
     (before, none was marked, and a cardinal subscriber held the new branch for ever)."""
     sender = sent(10, 20)
-    out = _in_order(emits(15, 22, "b"), 15, sender)
+    branch = emits(15, 22, "b")
+    branch[0] = Emit(15, "b15", "a14", ["r15"], 0, 16)  # the fork: on the block sent at 14
+    out = _in_order(branch, 15, sender)
     assert [(e.num, e.reorg) for e in out] == [(n, 6 if n == 15 else 0) for n in range(15, 23)]
     assert sender.head == 22 and sender.hash_at(15) == "b15"
 
