@@ -76,8 +76,8 @@ class Sender:
         does a block that replaces sent ones but names another parent than the block
         sent below it: the source's chain forks deeper than this block (a replay's
         fill from the lake reads only ``threshold`` heights below the head, and a
-        reorg of depth 111 was sent from its 103rd block, on the old 102nd: history
-        checker seed 1591); planned again, the fork point is found.
+        reorg of depth 111 was sent from block 116 on the old 115: history checker
+        seed 1591); planned again, the fork point is found. Both are :meth:`_check_link`.
         """
         if num > self.head:
             if emit is not None and num == self.head + 1:
@@ -90,9 +90,7 @@ class Sender:
         if self._hashes.get(num) == hash:
             return None
         if emit is not None:
-            below = self._hashes.get(num - 1)
-            if below is not None and below != emit.parent and self.first_unlinked(hash):
-                raise BranchUnlinked(num, hash)
+            self._check_link(emit)
         depth = self.head - num + 1
         for height in range(num, self.head + 1):
             self._hashes.pop(height, None)
@@ -262,8 +260,9 @@ class Sender:
         return out
 
     def _check_link(self, emit: Emit) -> None:
-        """Raise once if ``emit``, right above the head, names another parent than the head."""
-        at = self._hashes.get(self.head) if self.sent else None
+        """Raise once if ``emit`` names another parent than the block sent below it (the head,
+        for a block right above it; a sent block, for one that replaces sent ones)."""
+        at = self._hashes.get(emit.num - 1) if self.sent else None
         if at is not None and at != emit.parent and self.first_unlinked(emit.hash):
             raise BranchUnlinked(emit.num, emit.hash)
 
