@@ -53,7 +53,26 @@ class Serve:
                 env=self.env, stdout=out, stderr=out,
             )  # fmt: skip
         self.starts += 1
-        await listening(self.port, 60)
+        await self._listening(self.proc)
+
+    async def _listening(self, proc: asyncio.subprocess.Process) -> None:
+        """Until ``proc`` itself listens on the port; one line if it exits first or takes 60 s.
+
+        A connection that succeeds is not enough: with many histories on the machine,
+        another process may hold the port, and serve then exits "cannot listen".
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not _listens(proc.pid, self.port):
+            if proc.returncode is not None or loop.time() > deadline:
+                lines = self.log.read_text(errors="replace").strip().splitlines()
+                why = f"exit {proc.returncode}" if proc.returncode is not None else "60 s"
+                raise RuntimeError(
+                    f"serve never started on :{self.port} ({why}): "
+                    f"{lines[-1] if lines else 'no output'}; its log: {self.log}"
+                )
+            await asyncio.sleep(0.05)
+        await listening(self.port, 10)
 
     async def kill(self) -> None:
         assert self.proc is not None
@@ -72,6 +91,22 @@ class Serve:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a listening TCP socket on ``port`` (from ``/proc``)."""
+    try:
+        inodes = set()
+        for table in ("tcp", "tcp6"):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{cols[9]}]")
+        return bool(inodes) and any(
+            os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir()
+        )
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
 
 
 class Nemesis:
