@@ -35,11 +35,11 @@ from pipeline.chain.produce import probes
 from pipeline.chain.produce.generator import SyntheticChain
 from pipeline.chain.produce.writer import BlockWriter
 from pipeline.cliargs import non_negative, plain
-from pipeline.errors import ConfigError, ProducerGaveUp
+from pipeline.errors import ConfigError, ProducerGaveUp, SluiceError
 from pipeline.redisio import check as redischeck
 from pipeline.redisio.durability import Durability
 from pipeline.runtime import health
-from pipeline.settings import Settings
+from pipeline.settings import LakeSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--from-genesis",
         action="store_true",
-        help="start at block 0 even if the stream holds a chain (default: go on from its head)",
+        help="start at block 0 even if the stream or the lake holds a chain (default: go on "
+        "from the stream's head; refuse if only the lake holds it)",
     )
     p.add_argument(
         "--retry-for",
@@ -144,7 +145,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
             ),
         ):
             code = await _until_signalled(
-                lambda stopping: _produce(args, chain, writer, stream, stopping)
+                lambda stopping: _produce(args, chain, writer, stream, stopping, settings.lake)
             )
     except (ProducerGaveUp, RedisError) as exc:  # e.g. WRONGTYPE: retrying cannot help
         sys.stderr.write(f"sluice produce: {exc}; {record.written} blocks produced\n")
@@ -193,10 +194,15 @@ async def _until_signalled(work: Callable[[asyncio.Event], Coroutine[Any, Any, i
 
 
 async def _resume(
-    args: argparse.Namespace, chain: SyntheticChain, writer: BlockWriter, stream: str
+    args: argparse.Namespace,
+    chain: SyntheticChain,
+    writer: BlockWriter,
+    stream: str,
+    lake: LakeSettings | None = None,
 ) -> int:
     """Go on from the stream's head unless ``--from-genesis``: 0, or 2 when the stream was
-    trimmed empty (its chain goes on in the lake, which produce does not read)."""
+    trimmed empty or is gone while the lake holds its chain (which produce does not go on
+    from: it reads the lake's head only, to refuse)."""
     if args.from_genesis:
         return 0
     resumed = chain.continue_from(await writer.resume_from(args.reorg_depth))
@@ -207,6 +213,17 @@ async def _resume(
             "to start a new chain at block 0\n"
         )
         return 2
+    if resumed is None and lake is not None:
+        head = await asyncio.to_thread(_lake_head, lake, stream)
+        if head is not None:
+            # Redis lost the stream (a wipe, a restart without persistence): a new chain
+            # from block 0 would be lighter than the lake's, and never canonical
+            sys.stderr.write(
+                f"sluice produce: {stream} is not in Redis, but the lake holds its chain up "
+                f"to block {head} (did Redis lose its data?); produce does not go on from "
+                "the lake: pass --from-genesis to start a new chain at block 0\n"
+            )
+            return 2
     if resumed is not None:
         log.warning(
             "%s holds a chain: going on from its head, block %d (0x%s)",
@@ -227,9 +244,10 @@ async def _produce(
     writer: BlockWriter,
     stream: str,
     stopping: asyncio.Event,
+    lake: LakeSettings | None = None,
 ) -> int:
     """Write ``--count`` blocks (0: until stopped) at ``--rate``; the exit code."""
-    code = await _resume(args, chain, writer, stream)
+    code = await _resume(args, chain, writer, stream, lake)
     if code:
         return code
     sent = 0
@@ -246,8 +264,24 @@ async def _produce(
     return 0
 
 
+def _lake_head(lake: LakeSettings, stream: str) -> int | None:
+    """The lake's highest block of ``stream``, or None: none there, or the lake cannot be
+    read here (no ``[serve]`` extra, or the store fails: then one warning, and produce
+    starts a new chain as it would on a new stream)."""
+    try:
+        from pipeline.lake.storage.reader import LakeReader
+    except ImportError:
+        return None
+    try:
+        row = LakeReader(lake).head(stream)
+    except (SluiceError, OSError) as exc:
+        log.warning("the lake could not be read to check for %s's chain: %s", stream, exc)
+        return None
+    return None if row is None else row.num
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    settings = Settings.load(parts=("redis", "serve"))
+    settings = Settings.load(parts=("redis", "serve", "lake"))
     redischeck.check(settings.redis.url, command="produce")
     return asyncio.run(_run(args, settings))

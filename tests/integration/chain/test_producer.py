@@ -17,6 +17,8 @@ from pipeline.chain.produce.generator import GENESIS_PARENT, SyntheticChain
 from pipeline.chain.produce.producer import MuxProducer, RedisStreamProducer, WebsocketHub
 from pipeline.chain.serve.server import HUB
 from pipeline.errors import ChainError, MuxError
+from tests.integration.lake.helpers import append_blocks
+from tests.integration.lake.helpers import chain as lake_chain
 
 from .conftest import STREAM
 
@@ -146,3 +148,37 @@ def test_produce_refuses_to_start_a_new_chain_on_a_stream_trimmed_empty(
     assert len(lines) == 1 and "trimmed empty" in lines[0] and "--from-genesis" in lines[0]
     assert run([*produce, "--from-genesis"]).returncode == 0
     assert redis_client.xlen(keys.stream(stream)) == 5
+
+
+def test_produce_refuses_a_new_chain_where_redis_lost_a_stream_the_lake_holds(
+    settings, redis_client: redis.Redis, lake_uri: str
+) -> None:
+    """The neighbour of the stream trimmed empty: Redis lost its data (FLUSHALL, a restart
+    without persistence), so nothing in Redis says the stream ever was. Its chain is in the
+    lake: a new chain from block 0 would be lighter than the lake's, never canonical.
+    ``sluice produce`` refuses in one line that names the lake's head, unless told
+    ``--from-genesis``; a stream the lake does not hold starts as before."""
+    stream = "chain:wiped"
+    append_blocks(lake_uri, stream, lake_chain(0, 12))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_LAKE_URI": lake_uri,
+        "SLUICE_CONFIG": os.devnull,
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    produce = [sys.executable, "-m", "pipeline.cli", "produce", "--rate", "0", "--count", "3"]
+    run = partial(subprocess.run, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert redis_client.exists(keys.stream(stream)) == 0
+    refused = run([*produce, "--stream", stream])
+    assert refused.returncode == 2 and redis_client.exists(keys.stream(stream)) == 0
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    assert "not in Redis" in lines[0] and "up to block 11" in lines[0], lines[0]
+    assert "--from-genesis" in lines[0]
+    told = run([*produce, "--stream", stream, "--from-genesis"])
+    assert told.returncode == 0, told.stderr
+    assert redis_client.xlen(keys.stream(stream)) == 3
+    other = run([*produce, "--stream", "chain:new"])  # the lake has none of it: a new chain
+    assert other.returncode == 0, other.stderr
+    assert redis_client.xlen(keys.stream("chain:new")) == 3
