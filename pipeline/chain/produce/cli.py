@@ -270,12 +270,14 @@ def _lake_head(lake: LakeSettings, stream: str) -> int | None:
     starts a new chain as it would on a new stream)."""
     try:
         from pipeline.lake.storage.reader import LakeReader
+        from pipeline.lake.storage.store import describe, store_errors
     except ImportError:
         return None
+    failures: tuple[type[BaseException], ...] = (SluiceError, *store_errors())
     try:
         row = LakeReader(lake).head(stream)
-    except (SluiceError, OSError) as exc:
-        log.warning("the lake could not be read to check for %s's chain: %s", stream, exc)
+    except failures as exc:
+        log.warning("the lake could not be read to check for %s's chain: %s", stream, describe(exc))
         return None
     return None if row is None else row.num
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from functools import partial
@@ -182,3 +183,37 @@ def test_produce_refuses_a_new_chain_where_redis_lost_a_stream_the_lake_holds(
     other = run([*produce, "--stream", "chain:new"])  # the lake has none of it: a new chain
     assert other.returncode == 0, other.stderr
     assert redis_client.xlen(keys.stream("chain:new")) == 3
+
+
+def test_produce_starts_a_new_stream_when_the_lake_cannot_be_read(
+    settings, redis_client: redis.Redis
+) -> None:
+    """The lake's head is only asked to refuse: a store that does not answer costs one warning
+    with its cause, and a new stream starts as it always did."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+        "SLUICE_REDIS_URL": settings.redis.url,
+        "SLUICE_LAKE_URI": "s3://nowhere/lake",
+        "SLUICE_LAKE_S3_ENDPOINT": f"http://127.0.0.1:{port}",
+        "SLUICE_LAKE_S3_ALLOW_HTTP": "true",
+        "SLUICE_LAKE_S3_ACCESS_KEY": "a",
+        "SLUICE_LAKE_S3_SECRET_KEY": "b",
+        "SLUICE_LAKE_S3_TIMEOUT_S": "2",
+        "SLUICE_LAKE_S3_MAX_RETRIES": "0",
+        "SLUICE_CONFIG": os.devnull,
+        "SLUICE_LOG_LEVEL": "WARNING",
+    }
+    stream = "chain:lake-down"
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "produce", "--rate", "0", "--count", "2",
+         "--stream", stream],
+        env=env, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert redis_client.xlen(keys.stream(stream)) == 2
+    warned = [line for line in done.stderr.splitlines() if "could not be read" in line]
+    assert len(warned) == 1 and stream in warned[0], done.stderr
