@@ -13,7 +13,9 @@ new plan: as resumption does, the driver reads again from the fork point.
 The subscriber applies what it was sent as a client does (a block with a
 reorg depth replaces everything from its height up). After every page it holds
 a contiguous, parent-linked chain; after each chain is read to its end it
-holds exactly that chain.
+holds exactly that chain. Sluice's own client (:class:`OrderedChain`, told of
+each reorg as the seed dialect's ``reorgs`` notice tells it) is fed the same
+blocks and must hold the same chain after every page.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.blockcodec import Block
+from pipeline.chain.client.ordered import Added, OrderedChain
 from pipeline.chain.forkchoice import Sender
 from pipeline.chain.planning import Emit
 from pipeline.errors import BranchUnlinked
@@ -34,8 +38,33 @@ class Subscriber:
 
     def __init__(self) -> None:
         self.chain: dict[int, tuple[str, str]] = {}
+        #: Sluice's client fed the same notifications, and the chain its updates build
+        self.client = OrderedChain()
+        self.client_chain: dict[int, str] = {}
 
     def apply(self, emits: list[Emit]) -> None:
+        self._apply(emits)
+        self._feed_client(emits)
+        assert self.client_chain == {n: h for n, (h, _) in self.chain.items()}, (
+            f"the client holds {sorted(self.client_chain.items())[-3:]}, "
+            f"the subscriber was sent {sorted(self.chain.items())[-3:]}"
+        )
+
+    def _feed_client(self, emits: list[Emit]) -> None:
+        for emit in emits:
+            if emit.reorg:
+                self.client.expect_rewind()  # the reorg notice before the block
+            block = Block(
+                num=emit.num, hash=bytes.fromhex(emit.hash), parent=bytes.fromhex(emit.parent),
+                weight=emit.weight,
+            )  # fmt: skip
+            for update in self.client.accept(block):
+                if isinstance(update, Added):
+                    self.client_chain[update.block.num] = update.block.hash.hex()
+                else:
+                    assert self.client_chain.pop(update.num) == update.hash.hex()
+
+    def _apply(self, emits: list[Emit]) -> None:
         for emit in emits:
             if emit.reorg:
                 assert emit.num in self.chain, f"a reorg at {emit.num} above the head"
@@ -54,10 +83,16 @@ class Subscriber:
         return [self.chain[n][0] for n in sorted(self.chain)]
 
 
-def _chain(hashes: list[str]) -> list[Emit]:
+#: What each chain adds to its own blocks' weights: a later chain's blocks outweigh every
+#: earlier chain's (a canonical source follows the heaviest chain).
+CHAIN_WEIGHT = 1 << 20
+
+
+def _chain(hashes: list[str], weights: dict[str, int]) -> list[Emit]:
     parents = ["00" * 32, *hashes[:-1]]
     return [
-        Emit(n, h, p, [], 0, n + 1) for n, (h, p) in enumerate(zip(hashes, parents, strict=True))
+        Emit(n, h, p, [], 0, weights[h])
+        for n, (h, p) in enumerate(zip(hashes, parents, strict=True))
     ]
 
 
@@ -87,24 +122,26 @@ def _read(sender: Sender, sub: Subscriber, chain: list[Emit], start: int, page: 
         pos += len(emits)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_a_subscriber_of_canonical_sources_holds_the_last_chain(data: st.DataObject) -> None:
     label = iter(range(1, 1 << 30))
     length = data.draw(st.integers(1, 30), "genesis chain")
     hashes = [f"{next(label):064x}" for _ in range(length)]
+    weights = {h: n + 1 for n, h in enumerate(hashes)}
     sender, sub = Sender(0), Subscriber()
-    _read(sender, sub, _chain(hashes), 0, data.draw(st.integers(1, 16), "page"))
+    _read(sender, sub, _chain(hashes, weights), 0, data.draw(st.integers(1, 16), "page"))
     assert sub.hashes() == hashes
-    for _ in range(data.draw(st.integers(1, 8), "reorgs")):
+    for k in range(1, data.draw(st.integers(1, 8), "reorgs") + 1):
         fork = data.draw(st.integers(max(0, len(hashes) - DEEPEST), len(hashes)), "fork at")
         # at least one new block: a chain that only got shorter is a view lagging
         # behind (nothing to replace), not a reorg
         grow = data.draw(st.integers(1, 30), "new blocks")
         hashes = hashes[:fork] + [f"{next(label):064x}" for _ in range(grow)]
+        weights.update({h: n + 1 + k * CHAIN_WEIGHT for n, h in enumerate(hashes) if n >= fork})
         back = data.draw(st.integers(0, 12), "read from below the head")
         start = max(0, min(sender.head + 1 - back, len(hashes) - 1))
-        _read(sender, sub, _chain(hashes), start, data.draw(st.integers(1, 16), "page"))
+        _read(sender, sub, _chain(hashes, weights), start, data.draw(st.integers(1, 16), "page"))
         assert sub.hashes() == hashes
 
 
