@@ -64,6 +64,8 @@ class Report:
     reorgs: int = 0
     #: "single" (one server) or "sentinel" (a Sentinel group)
     redis: str = "single"
+    #: kill_serve faults whose consumers went to the second serve process
+    switches: int = 0
 
     def summary(self) -> str:
         worst = max((max(v) for v in self.reorg_latency.values() if v), default=0.0)
@@ -166,9 +168,12 @@ class ChainHistory:
             redis_link = self.toxiproxy.proxy(f"redis-{self.seed}", self.redis.port)
             serve_url = f"redis://127.0.0.1:{redis_link.port}/0"
         serve = Serve(self._env(serve_url), free_port(), self.workdir / "serve.log")
+        second = Serve(serve.env, 0, self.workdir / "serve-b.log")  # its port when started
         client_link = self.toxiproxy.proxy(f"serve-{self.seed}", serve.port)
         self.base = f"ws://127.0.0.1:{client_link.port}"
-        nemesis = Nemesis(self.rng, serve, self.redis, redis_link, client_link)
+        nemesis = Nemesis(
+            self.rng, serve, self.redis, redis_link, client_link, second, seed=self.seed
+        )
         try:
             self.write(self.gen.take(self.rng.randint(40, 300)))
             if self.rng.random() < 0.5:
@@ -185,7 +190,8 @@ class ChainHistory:
             await nemesis.heal()
             for consumer in self.consumers:
                 await consumer.stop()
-            await serve.stop()
+            await nemesis.stop_serves()
+            self.report.switches = nemesis.switches
             self.redis.stop()
             if redis_link is not None:
                 redis_link.delete()

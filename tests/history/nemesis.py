@@ -1,6 +1,13 @@
 """The nemesis: real faults on real processes and links.
 
-- ``kill_serve``: ``kill -9`` of ``sluice serve``, started again on its port;
+- ``kill_serve``: ``kill -9`` of ``sluice serve``, started again on its port; in
+  about a third of them (:data:`SECOND_SERVE`, drawn from a stream of the seed's
+  own, so every seed keeps the schedule it always drew) a second serve process
+  takes the consumers instead, as behind a load balancer: it is started on a
+  port of its own the first time, the consumers' link is pointed at it, and
+  the killed one is started again, idle, for the next such failover (each
+  instance has its own tail index, lake reader and fork choice state: a
+  subscriber resumes on one that never served it);
 - ``pause_serve``: SIGSTOP, then SIGCONT after a while;
 - ``restart_redis``: Redis shut down and started again on its port and data
   (appendonly, fsync always: nothing written is lost);
@@ -25,6 +32,7 @@ import signal
 import sys
 from pathlib import Path
 
+from pipeline.runtime.ports import free_port
 from tests.history.harness import LINK_FAULTS, heal_link, link_fault
 from tests.history.redisgroup import RedisOfHistory, SentinelRedis
 from tests.integration.chain.test_cardinal_go import _listening as listening
@@ -34,6 +42,8 @@ from tests.support.toxiproxy import Proxy
 FAULTS = ("kill_serve", "pause_serve", "restart_redis", "redis_link", "client_link")
 #: the faults of a history on a Sentinel group
 SENTINEL_FAULTS = ("kill_serve", "pause_serve", "client_link", "failover")
+#: Of the ``kill_serve`` faults, the share where a second serve process takes the consumers.
+SECOND_SERVE = 0.35
 
 
 class Serve:
@@ -114,10 +124,15 @@ class Nemesis:
 
     def __init__(
         self, rng: random.Random, serve: Serve, redis: RedisOfHistory, redis_link: Proxy | None,
-        client_link: Proxy,
+        client_link: Proxy, second: Serve | None = None, seed: int = 0,
     ) -> None:  # fmt: skip
         self.rng = rng
+        #: the serve process behind the consumers' link, and the other one (None: one only)
         self.serve = serve
+        self.second = second
+        #: whether a kill_serve hands the consumers to the second process: the seed's own draws
+        self.second_draws = random.Random(f"second-serve-{seed}")
+        self.switches = 0
         self.redis = redis
         self.links = {"client_link": client_link}
         if redis_link is not None:
@@ -133,11 +148,15 @@ class Nemesis:
         """Apply ``fault`` and heal it; returns what was done, for the report."""
         rng = self.rng
         if fault == "kill_serve":
-            await asyncio.sleep(rng.uniform(0, 0.5))
-            await self.serve.kill()
-            await asyncio.sleep(rng.uniform(0, 1))
-            await self.serve.start()
-            what = fault
+            before, after = rng.uniform(0, 0.5), rng.uniform(0, 1)  # (drawn as always)
+            await asyncio.sleep(before)
+            if self.second is not None and self.second_draws.random() < SECOND_SERVE:
+                what = await self._to_second(after)
+            else:
+                await self.serve.kill()
+                await asyncio.sleep(after)
+                await self.serve.start()
+                what = fault
         elif fault == "pause_serve":
             assert self.serve.proc is not None
             pause = rng.uniform(0.3, 3)
@@ -156,6 +175,28 @@ class Nemesis:
         self.done.append(what)
         return what
 
+    async def _to_second(self, after: float) -> str:
+        """``kill -9`` of the serve process behind the consumers, who go to the other one."""
+        old, new = self.serve, self.second
+        assert new is not None
+        if new.proc is None:
+            new.port = free_port()  # chosen now: a port chosen long before may be taken
+        if new.proc is None or new.proc.returncode is not None:
+            await new.start()
+        await old.kill()
+        await asyncio.to_thread(self.links["client_link"].point, new.port)
+        await asyncio.sleep(after)
+        await old.start()  # back, idle, for the next failover
+        self.serve, self.second = new, old
+        self.switches += 1
+        return f"kill_serve, the consumers to the other serve (:{new.port})"
+
+    async def stop_serves(self) -> None:
+        """Stop every serve process of the history."""
+        for serve in (self.serve, self.second):
+            if serve is not None:
+                await serve.stop()
+
     async def _link(self, fault: str, proxy: Proxy) -> str:
         return f"{fault} {await link_fault(self.rng, proxy, LINK_FAULTS)}"
 
@@ -166,4 +207,4 @@ class Nemesis:
             os.kill(self.serve.proc.pid, signal.SIGCONT)
 
 
-__all__ = ["FAULTS", "SENTINEL_FAULTS", "Nemesis", "Serve", "listening"]
+__all__ = ["FAULTS", "SECOND_SERVE", "SENTINEL_FAULTS", "Nemesis", "Serve", "listening"]

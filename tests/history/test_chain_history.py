@@ -37,6 +37,7 @@ async def test_chain_history(
     steps = harness.steps(12)
     report = await run_seed(seed, tmp_path, spark, go_programs["consumer"], toxiproxy, steps)
     draws: Counter[str] = Counter(f"fault {fault}" for fault in report.faults)
+    draws["fault kill_serve to the second serve"] += report.switches
     draws.update("consumer " + re.sub(r"-\d+$", "", name) for name in report.consumers)
     draws.update(" ".join(s.split()[:2]) for s in report.steps if s.startswith("reorg"))
     record(request, [report.summary()], draws)

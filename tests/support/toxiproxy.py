@@ -171,6 +171,13 @@ class Proxy:
         """Enable the proxy again (its toxics stay; :meth:`clear` removes them)."""
         self._api.call("PATCH", self._path, {"enabled": True})
 
+    def point(self, port: int, host: str = "127.0.0.1") -> None:
+        """Send new connections to ``host:port`` (a load balancer's next pick); Toxiproxy
+        restarts the proxy for it, so open connections are closed."""
+        upstream = f"{host}:{port}"
+        self._api.call("PATCH", self._path, {"upstream": upstream})
+        self.upstream = upstream
+
     def toxics(self) -> list[str]:
         """The names of the proxy's toxics."""
         return [str(t["name"]) for t in self._api.call("GET", f"{self._path}/toxics")]
