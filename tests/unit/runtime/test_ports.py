@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import socket
 
+import pytest
+
 from pipeline.runtime.ports import free_port
 
 
@@ -15,8 +17,26 @@ def test_ports_are_distinct_and_bindable() -> None:
         sock.bind(("127.0.0.1", ports[-1]))
 
 
+def test_ports_are_below_the_ephemeral_range_where_it_is_known() -> None:
+    import pipeline.runtime.ports as ports
+
+    high = ports._below_ephemeral()
+    if high is None:
+        pytest.skip("the kernel's ephemeral range is not known here")
+    picked = [free_port() for _ in range(200)]
+    assert all(ports.LOWEST <= p < high for p in picked)
+    # an outgoing connection's local port comes from the ephemeral range: never one of these
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        socket.create_connection(server.getsockname()) as client,
+    ):
+        assert client.getsockname()[1] >= high
+
+
 def test_a_port_the_kernel_offers_again_is_skipped(monkeypatch) -> None:
     import pipeline.runtime.ports as ports
+
+    monkeypatch.setattr(ports, "_below_ephemeral", lambda: None)  # the kernel picks
 
     first = free_port()
     # `first` twice, then the kernel's own choice for as long as asked: the kernel itself may
