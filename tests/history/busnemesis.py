@@ -75,7 +75,9 @@ class BusNemesis:
             return f"{fault} {await self._kill_standby(twin)}"
         if action == "failover":
             assert isinstance(twin.redis, busredis.SentinelRedis)
+            began = time.time()
             text, loss = await busredis.failover(twin.redis, self.rng)
+            twin.outages.append((began, busredis.promoted_wall(twin.redis)))
             if loss is not None:
                 twin.losses.append(loss)
             return f"{fault} {text}"

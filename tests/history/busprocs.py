@@ -84,6 +84,9 @@ class Twin:
     procs: list[BusProc] = field(default_factory=list)
     #: when this twin's Redis lost its data
     losses: list[Loss] = field(default_factory=list)
+    #: (start, end) in ``time.time()`` of each failover of the twin's Redis: no master
+    #: took writes from the kill until the promotion (nothing can be answered meanwhile)
+    outages: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def name(self) -> str:

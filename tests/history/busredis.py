@@ -136,6 +136,11 @@ async def failover(group: SentinelRedis, rng: random.Random) -> tuple[str, Loss 
     return text, Loss(kept, wall_kept, group.promoted_at, wall_end, partial=True)
 
 
+def promoted_wall(group: SentinelRedis) -> float:
+    """When the last failover's replica was promoted, in ``time.time()``."""
+    return time.time() - (time.monotonic() - group.promoted_at)
+
+
 async def flushall(twin_redis: TwinRedis) -> None:
     """FLUSHALL on the twin's Redis (on Sentinel: its master's)."""
     if isinstance(twin_redis, SentinelRedis):

@@ -154,7 +154,8 @@ class BusHistory:
                 doc = json.loads(line)
                 executions.append(Execution(doc["call"], doc["uid"], doc["t"]))
         verdict = check(self.calls, executions, sender_losses=sender.losses,
-                        receiver_losses=receiver.losses)  # fmt: skip
+                        receiver_losses=receiver.losses,
+                        outages=sender.outages + receiver.outages)  # fmt: skip
         self.report.violations = verdict.violations
         self.report.outcomes = verdict.outcomes
         self.report.ran = verdict.ran
@@ -165,6 +166,8 @@ class BusHistory:
             for twin in (sender, receiver):
                 for loss in twin.losses:
                     out.write(json.dumps({"twin": twin.name, **dataclasses.asdict(loss)}) + "\n")
+                for start, end in twin.outages:  # no master: nothing lost, nothing answered
+                    out.write(json.dumps({"twin": twin.name, "outage": [start, end]}) + "\n")
         with (self.workdir / "calls.jsonl").open("w") as out:  # to read a failure by
             for call in self.calls:
                 out.write(json.dumps({

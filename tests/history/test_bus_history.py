@@ -182,3 +182,31 @@ def test_a_late_answer_counts_by_when_the_bus_made_it() -> None:
     assert sorted(verdict.violations) == ["c2", "c3"]
     assert all("only after exp" in v[0] for v in verdict.violations.values())
     assert verdict.outcomes["expired"] == 1
+
+
+def test_the_time_a_twins_redis_had_no_master_is_added_to_the_slack() -> None:
+    # seed 1437: the sender's failover took 23 s to promote on a loaded machine; calls of
+    # exp 2 pushed just before got 'request expired' within 1 s of the promotion, 24 s
+    # after their push: in time, since no bus could write an answer meanwhile. One made
+    # long after the promotion is still late, and an outage before the push adds nothing.
+    def late(n: int, issued: float, made: float) -> Call:
+        call = _call(n, (-1, "request expired"))
+        call.exp, call.issued_wall, call.answers[0].made = 2, issued, made
+        return call
+
+    outage = [(1000.8, 1023.9)]
+    calls = [
+        late(1, 1000.0, 1024.0),  # 1 s after the promotion: in time
+        late(2, 1000.0, 1024.0 + SLACK_S + 5),  # long after: late
+        late(3, 1030.0, 1030.0 + 2 + SLACK_S + 3),  # pushed after the outage: late
+    ]
+    assert sorted(check(calls, [], sender_losses=[], receiver_losses=[]).violations) == [
+        "c1", "c2", "c3",
+    ]  # fmt: skip
+    verdict = check(calls, [], sender_losses=[], receiver_losses=[], outages=outage)
+    assert sorted(verdict.violations) == ["c2", "c3"]
+    # two overlapping outages (both twins at once) count their union once
+    both = [(1000.8, 1023.9), (1010.0, 1020.0)]
+    assert sorted(check(calls, [], sender_losses=[], receiver_losses=[], outages=both).violations) == [
+        "c2", "c3",
+    ]  # fmt: skip
