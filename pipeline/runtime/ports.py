@@ -43,7 +43,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     if high is not None:
         for _ in range(_TRIES):
             picked = random.randrange(LOWEST, high)
-            if picked not in _handed_out and port_free(picked, host):
+            if picked not in _handed_out and _unused(picked, host):
                 _handed_out.add(picked)
                 return picked
     for _ in range(_TRIES):
@@ -54,6 +54,18 @@ def free_port(host: str = "127.0.0.1") -> int:
             _handed_out.add(port)
             return port
     raise OSError(f"no free TCP port on {host} that was not handed out already")
+
+
+def _unused(port: int, host: str) -> bool:
+    """Whether a bind to (``host``, ``port``) without ``SO_REUSEADDR`` succeeds: no socket
+    uses the port, not even one in TIME_WAIT (``bind`` to port 0 avoids those too, and a
+    server that binds without ``SO_REUSEADDR`` would fail on one)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
