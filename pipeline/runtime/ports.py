@@ -17,6 +17,7 @@ to port 0).
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 from pathlib import Path
@@ -28,6 +29,7 @@ LOWEST = 20000
 _RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+@functools.cache
 def _below_ephemeral() -> int | None:
     """The first ephemeral port, if there are at least 1,000 ports from LOWEST up to it."""
     try:
@@ -43,7 +45,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     if high is not None:
         for _ in range(_TRIES):
             picked = random.randrange(LOWEST, high)
-            if picked not in _handed_out and _unused(picked, host):
+            if picked not in _handed_out and port_free(picked, host, reuse=False):
                 _handed_out.add(picked)
                 return picked
     for _ in range(_TRIES):
@@ -56,22 +58,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError(f"no free TCP port on {host} that was not handed out already")
 
 
-def _unused(port: int, host: str) -> bool:
-    """Whether a bind to (``host``, ``port``) without ``SO_REUSEADDR`` succeeds: no socket
-    uses the port, not even one in TIME_WAIT (``bind`` to port 0 avoids those too, and a
-    server that binds without ``SO_REUSEADDR`` would fail on one)."""
+def port_free(port: int, host: str = "127.0.0.1", *, reuse: bool = True) -> bool:
+    """Whether nothing listens on (``host``, ``port``): a bind there succeeds. With
+    ``reuse=False`` (no ``SO_REUSEADDR``) no socket may use the port at all, not even one
+    in TIME_WAIT, as for ``bind`` to port 0 (a server that binds without it would fail)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether nothing listens on (``host``, ``port``): a bind there succeeds."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -32,6 +32,8 @@ import signal
 import sys
 from pathlib import Path
 
+import psutil
+
 from pipeline.runtime.ports import free_port
 from tests.history.harness import LINK_FAULTS, heal_link, link_fault
 from tests.history.redisgroup import RedisOfHistory, SentinelRedis
@@ -104,19 +106,12 @@ class Serve:
 
 
 def _listens(pid: int, port: int) -> bool:
-    """Whether process ``pid`` holds a listening TCP socket on ``port`` (from ``/proc``)."""
+    """Whether process ``pid`` holds a listening TCP socket on ``port``."""
     try:
-        inodes = set()
-        for table in ("tcp", "tcp6"):
-            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                cols = row.split()
-                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(f"socket:[{cols[9]}]")
-        return bool(inodes) and any(
-            os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir()
-        )
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
         return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
 
 
 class Nemesis:
